@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every test of the project (needs the setup of .ci/run). Prints one summary line per stage and
+# exits non-zero if any stage failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source .ci/env.sh
+failed=()
+stage() {
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  if "$@"; then echo "=== $name: ok ($((SECONDS - t0)) s)"; else echo "=== $name: FAILED ($((SECONDS - t0)) s)"; failed+=("$name"); fi
+}
+stage fmt cargo fmt --all -- --check
+stage clippy cargo clippy --all-targets --locked -- -D warnings
+stage build-release cargo build --release --locked
+# Unit, integration (host harness for ABI v3 and v4, software queue, fabric layer), header freshness.
+stage cargo-test cargo test --release --locked -- --test-threads=1
+stage efa-golden-cuda bash tests/cuda/run_golden.sh
+stage gpu-tests-compile bash tests/gpu/run.sh --compile-only
+stage gda-tests-compile bash tests/gpu_gda/run.sh --compile-only
+stage splice bash tests/splice/run.sh
+stage cxx-example bash tests/cxx/run.sh
+stage fuzz-wqe env FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash tests/fuzz/run.sh
+stage probe ./target/release/efa-gda-probe
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "all stages passed"
+else
+  echo "failed stages: ${failed[*]}"
+  exit 1
+fi

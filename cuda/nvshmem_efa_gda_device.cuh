@@ -1,0 +1,916 @@
+// SPDX-License-Identifier: BSD-3-Clause
+//
+// nvshmem_efa_gda_device.cuh: GPU-initiated one-sided communication over an EFA send queue.
+//
+// Kernels build genuine 64-byte EFA TX WQEs in the send ring, ring the doorbell and poll the
+// completion queue themselves. The queue is either the provider's hardware queue (efa-direct GDA
+// ops) or the library's software EFA queue (same ring format in device-mapped host memory, consumed
+// by a host thread); this code is the same for both, only the doorbell target differs.
+//
+// Requirements
+//   * CUDA C++, sm_70 or newer (independent thread scheduling, acquire/release PTX, __nanosleep),
+//     relocatable device code (-rdc=true).
+//   * include/nvshmem_efa_gda.h (generated from src/gda/state.rs) and cuda/efa_wqe.cuh on the include
+//     path (-I<repo>/include -I<repo>/cuda).
+//   * cuda/nvshmem_efa_gda_state.cu compiled exactly once into the application: it holds the one
+//     definition of the device state below and the host loader nvshmem_efa_gda_load_device_state(),
+//     which must run after the library published its GDA state (after nvshmem_init) and before the
+//     first kernel that posts.
+//
+// Posting protocol (src/gda/state.rs is the reference; the CPU poster in src/gda/host_poster.rs
+// follows the same steps):
+//   1. reserve k slots: base = atomicAdd(&ctrl->resv, k)                 (1 <= k <= sq_entries)
+//   2. wait until base + k - ctrl->done <= sq_entries, polling completions meanwhile
+//   3. write each WQE at slot pc & (n-1), phase (pc / n) & 1, req_id = pc; __threadfence_system()
+//   4. wait until ctrl->ready == base (ordered commit), store (u32)(base+k) into *sq_doorbell
+//      (in steps of at most max_batch WQEs, __threadfence_system() around it), ctrl->ready = base+k
+//   5. completions: the holder of ctrl->cq_lock reads CQEs by phase (expected phase starts at 1 and
+//      flips per CQ wrap), marks slot_status[req_id & (n-1)] = status + 1, counts errors, advances
+//      ctrl->done over consecutive marked slots (clearing them)
+//   6. quiet: wait until ctrl->done >= ctrl->ready as read at entry; report errors.
+//
+// Memory ordering
+//   * WQE stores -> __threadfence_system() (each writing thread) -> ordered-commit turn (acquire load
+//     of ctrl->ready) -> __threadfence_system() -> doorbell store -> __threadfence_system() -> release
+//     store of ctrl->ready. A doorbell value therefore covers only WQEs that are visible system-wide,
+//     and doorbell values are stored in increasing order (the commit turn serialises them).
+//   * CQE / RX entry: flags byte read volatile, phase compared, __threadfence_system(), then the rest.
+//   * ctrl counters: atomics or acquire/release accesses at GPU scope; host_ctrl words: volatile.
+//
+// Deadlock freedom
+//   * Reservations are totally ordered by base. The slots a poster waits for were reserved by posters
+//     with lower bases, which never wait on it; the lowest outstanding reservation can always
+//     proceed, so every poster eventually commits (induction over base).
+//   * Every wait loop polls completions (non-blocking try-lock), so progress never depends on one
+//     particular thread polling. Nobody spins on cq_lock: a thread that does not get it goes on
+//     waiting and retries. The commit turn is held only for the doorbell stores.
+//   * Independent thread scheduling (sm_70+) lets lanes of one warp that posted separately wait for
+//     each other's commit turn safely.
+//   * Every wait is bounded: NVSHMEM_EFA_GDA_TIMEOUT_CYCLES of clock64() without progress marks the
+//     queue failed (ERR_TIMEOUT) and returns. After a fatal error every operation fails fast; the
+//     queue stays failed until the library re-initialises it and the state is reloaded.
+//
+// Addresses: local buffers (sources of puts, destinations of gets) must lie in this PE's symmetric
+// heap [state.heap_base, state.heap_base + state.heap_size) (registered with lkey heap_lkey). Remote
+// locations are given either as symmetric addresses of this PE's heap (same offset on every PE, as
+// nvshmem_malloc returns them) or as heap offsets (the *_offset variants).
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "nvshmem_efa_gda_device.cuh is CUDA C++: compile with nvcc"
+#endif
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include "nvshmem_efa_gda.h"
+#include "efa_wqe.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Configuration (override with -D before including)
+// ---------------------------------------------------------------------------------------------
+
+// Cycles (clock64) a wait may go without progress before the queue is marked failed.
+// Default about 10 s at 2 GHz.
+#ifndef NVSHMEM_EFA_GDA_TIMEOUT_CYCLES
+#define NVSHMEM_EFA_GDA_TIMEOUT_CYCLES (20000000000ULL)
+#endif
+
+// Largest payload of one WQE; larger messages are split into chunks of this size.
+#ifndef NVSHMEM_EFA_GDA_MAX_WQE_BYTES
+#define NVSHMEM_EFA_GDA_MAX_WQE_BYTES (1ULL << 20)
+#endif
+
+// Most WQEs one thread reserves and commits at once (thread-scope chunking).
+#ifndef NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
+#define NVSHMEM_EFA_GDA_MAX_WQES_PER_POST 32u
+#endif
+
+// Upper bound of the back-off sleep in wait loops (nanoseconds).
+#ifndef NVSHMEM_EFA_GDA_MAX_BACKOFF_NS
+#define NVSHMEM_EFA_GDA_MAX_BACKOFF_NS 1024u
+#endif
+
+// Idle cycles after which a wait also checks whether the software queue's consumer stopped.
+#ifndef NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES
+#define NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES (1ULL << 21)
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Status codes. Values below 0x100 are EFA completion statuses (FACTS.md section 3: 1 flushed,
+// 2-6 local errors, 7 remote bad address, ...); the library's own codes start at 0x1000.
+// ---------------------------------------------------------------------------------------------
+#define NVSHMEM_EFA_GDA_OK 0
+#define NVSHMEM_EFA_GDA_ERR_TIMEOUT 0x1001   /* a wait made no progress for TIMEOUT_CYCLES */
+#define NVSHMEM_EFA_GDA_ERR_STOPPED 0x1002   /* the software queue's consumer thread stopped */
+#define NVSHMEM_EFA_GDA_ERR_NOT_READY 0x1003 /* device state not loaded / not ready */
+#define NVSHMEM_EFA_GDA_ERR_INVALID 0x1004   /* bad PE, address outside a heap, bad size */
+#define NVSHMEM_EFA_GDA_ERR_FAILED 0x1005    /* the queue failed earlier (see first_error) */
+
+// Per-application device word next to the state (defined in nvshmem_efa_gda_state.cu): the
+// fail-fast flag of the queue and the two numbers DeepEP-style code reads through
+// ibgda_get_state() (see nvshmem_efa_gda_ibgda.cuh).
+typedef struct NvshmemEfaGdaDeviceLocal {
+    int num_rc_per_pe;            // reported to IBGDA-style code; the queue ignores qp ids
+    int num_devices_initialized;  // reported to IBGDA-style code (1)
+    unsigned int fatal;           // 0, or the code that made the queue unusable
+    unsigned int reserved;
+} NvshmemEfaGdaDeviceLocal;
+
+// Host side (defined in nvshmem_efa_gda_state.cu).
+// Loads the library's device state into this application's nvshmem_efa_gda_state_d (and resets the
+// fail-fast flag). Returns NVSHMEM_EFA_GDA_LOAD_OK when kernels may post on the GDA queue.
+#define NVSHMEM_EFA_GDA_LOAD_OK 0
+#define NVSHMEM_EFA_GDA_LOAD_NOT_READY 1   /* copied, but the library has no usable GDA queue */
+#define NVSHMEM_EFA_GDA_LOAD_EGET (-1)     /* nvshmemt_efa_gda_get_device_state failed */
+#define NVSHMEM_EFA_GDA_LOAD_EVERSION (-2) /* state layout version differs from this header */
+#define NVSHMEM_EFA_GDA_LOAD_EGEOMETRY (-3) /* queue geometry the device code cannot drive */
+#define NVSHMEM_EFA_GDA_LOAD_ECUDA (-4)    /* a CUDA copy failed */
+extern "C" int nvshmem_efa_gda_load_device_state(cudaStream_t stream);
+// Overrides the numbers ibgda_get_state() reports (default: NVSHMEM_IBGDA_NUM_RC_PER_PE or 1, and 1).
+extern "C" int nvshmem_efa_gda_set_ibgda_compat(int num_rc_per_pe, int num_devices_initialized,
+                                                cudaStream_t stream);
+
+// The device state (declaration only: the one definition is in nvshmem_efa_gda_state.cu).
+extern __device__ NvshmemEfaGdaDeviceState nvshmem_efa_gda_state_d;
+extern __device__ NvshmemEfaGdaDeviceLocal nvshmem_efa_gda_local_d;
+
+namespace nvshmem_efa_gda {
+
+// One immediate (or other RX completion) taken from this PE's RX ring.
+struct RxEvent {
+    uint32_t imm;      // immediate data (valid when has_imm)
+    uint32_t length;   // bytes written / received
+    uint16_t ah;       // sender's address handle as the queue reports it
+    uint16_t src_qp;   // sender's QP number
+    uint8_t status;    // EFA completion status (0 = success)
+    uint8_t op;        // EFA op type (0 SEND, 2 RDMA_WRITE)
+    uint8_t has_imm;   // 1 when imm is valid
+    uint8_t reserved;
+};
+
+namespace detail {
+
+#define NVSHMEM_EFA_GDA_DEV __device__ __forceinline__
+
+// ---- small PTX helpers ------------------------------------------------------------------------
+NVSHMEM_EFA_GDA_DEV uint64_t ld_acquire_u64(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+NVSHMEM_EFA_GDA_DEV void st_release_u64(uint64_t *p, uint64_t v) {
+    asm volatile("st.release.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+NVSHMEM_EFA_GDA_DEV uint32_t ld_acquire_u32(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+NVSHMEM_EFA_GDA_DEV uint8_t ld_volatile_u8(const void *p) {
+    return *reinterpret_cast<const volatile uint8_t *>(p);
+}
+NVSHMEM_EFA_GDA_DEV uint16_t ld_volatile_u16(const void *p) {
+    return *reinterpret_cast<const volatile uint16_t *>(p);
+}
+NVSHMEM_EFA_GDA_DEV uint32_t ld_volatile_u32(const void *p) {
+    return *reinterpret_cast<const volatile uint32_t *>(p);
+}
+NVSHMEM_EFA_GDA_DEV uint64_t ld_volatile_u64(const void *p) {
+    return *reinterpret_cast<const volatile uint64_t *>(p);
+}
+NVSHMEM_EFA_GDA_DEV unsigned long long *ull(uint64_t *p) {
+    return reinterpret_cast<unsigned long long *>(p);
+}
+
+NVSHMEM_EFA_GDA_DEV void backoff(unsigned &ns) {
+    __nanosleep(ns);
+    ns = ns < NVSHMEM_EFA_GDA_MAX_BACKOFF_NS ? ns * 2u : NVSHMEM_EFA_GDA_MAX_BACKOFF_NS;
+}
+
+// ---- the state, loaded once per operation through the read-only path ---------------------------
+// The state only changes between kernels (nvshmem_efa_gda_load_device_state), so non-coherent
+// loads are safe and let the compiler drop the fields an operation does not use.
+struct View {
+    uint32_t ready;
+    int32_t my_pe;
+    int32_t n_pes;
+    uint64_t sq;
+    uint32_t *sq_doorbell;
+    const uint8_t *cq;
+    const uint8_t *rx_cq;
+    NvshmemEfaGdaQueueCtrl *ctrl;
+    uint32_t *slot_status;
+    const NvshmemEfaGdaHostCtrl *host_ctrl;
+    uint32_t sq_entries;
+    uint32_t sq_entry_size;
+    uint32_t cq_entries;
+    uint32_t cq_entry_size;
+    uint32_t rx_entries;
+    uint32_t max_batch;
+    uint64_t heap_base;
+    uint64_t heap_size;
+    uint32_t heap_lkey;
+    const NvshmemEfaGdaPeer *peers;
+};
+
+NVSHMEM_EFA_GDA_DEV View view() {
+    const NvshmemEfaGdaDeviceState *s = &nvshmem_efa_gda_state_d;
+    View v;
+    v.ready = __ldg(&s->ready);
+    v.my_pe = __ldg(&s->my_pe);
+    v.n_pes = __ldg(&s->n_pes);
+    v.sq = __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.sq));
+    v.sq_doorbell = reinterpret_cast<uint32_t *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.sq_doorbell)));
+    v.cq = reinterpret_cast<const uint8_t *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.cq)));
+    v.rx_cq = reinterpret_cast<const uint8_t *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.rx_cq)));
+    v.ctrl = reinterpret_cast<NvshmemEfaGdaQueueCtrl *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.ctrl)));
+    v.slot_status = reinterpret_cast<uint32_t *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.slot_status)));
+    v.host_ctrl = reinterpret_cast<const NvshmemEfaGdaHostCtrl *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.host_ctrl)));
+    v.sq_entries = __ldg(&s->queue.sq_entries);
+    v.sq_entry_size = __ldg(&s->queue.sq_entry_size);
+    v.cq_entries = __ldg(&s->queue.cq_entries);
+    v.cq_entry_size = __ldg(&s->queue.cq_entry_size);
+    v.rx_entries = __ldg(&s->queue.rx_entries);
+    v.max_batch = __ldg(&s->queue.max_batch);
+    v.heap_base = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_base));
+    v.heap_size = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_size));
+    v.heap_lkey = __ldg(&s->heap_lkey);
+    v.peers = reinterpret_cast<const NvshmemEfaGdaPeer *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->peers)));
+    return v;
+}
+
+struct PeerView {
+    uint16_t ahn;
+    uint16_t qpn;
+    uint32_t qkey;
+    uint64_t heap_base;
+    uint64_t heap_size;
+    uint32_t rkey;
+    uint32_t flags;
+};
+
+NVSHMEM_EFA_GDA_DEV PeerView peer(const View &v, int pe) {
+    const unsigned long long *w = reinterpret_cast<const unsigned long long *>(v.peers + pe);
+    unsigned long long w0 = __ldg(w + 0), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3);
+    PeerView p;
+    p.ahn = (uint16_t)(w0 & 0xffffu);
+    p.qpn = (uint16_t)((w0 >> 16) & 0xffffu);
+    p.qkey = (uint32_t)(w0 >> 32);
+    p.heap_base = w1;
+    p.heap_size = w2;
+    p.rkey = (uint32_t)(w3 & 0xffffffffu);
+    p.flags = (uint32_t)(w3 >> 32);
+    return p;
+}
+
+// ---- errors --------------------------------------------------------------------------------------
+NVSHMEM_EFA_GDA_DEV unsigned fatal_code() {
+    return *reinterpret_cast<volatile unsigned *>(&nvshmem_efa_gda_local_d.fatal);
+}
+
+// Counts an error in the queue's control block and remembers the first one.
+NVSHMEM_EFA_GDA_DEV void record_error(const View &v, uint32_t code) {
+    atomicAdd(ull(&v.ctrl->errors), 1ull);
+    atomicCAS(&v.ctrl->first_error, 0u, code);
+}
+
+// Marks the queue failed (first fatal code wins) and records the error once.
+NVSHMEM_EFA_GDA_DEV void set_fatal(const View &v, uint32_t code) {
+    if (atomicCAS(&nvshmem_efa_gda_local_d.fatal, 0u, code) == 0u) record_error(v, code);
+}
+
+// Bounded-wait bookkeeping: timeout measured from the last observed progress.
+struct Waiter {
+    long long last;
+    uint64_t seen;
+    unsigned ns;
+    NVSHMEM_EFA_GDA_DEV void start(uint64_t first) {
+        last = clock64();
+        seen = first;
+        ns = 32u;
+    }
+    // Returns 0 to keep waiting, or the code to give up with.
+    NVSHMEM_EFA_GDA_DEV unsigned step(const View &v, uint64_t observed) {
+        long long now = clock64();
+        if (observed != seen) {
+            seen = observed;
+            last = now;
+            ns = 32u;
+            return 0u;
+        }
+        unsigned f = fatal_code();
+        if (f != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
+        unsigned long long idle = (unsigned long long)(now - last);
+        if (idle > NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES && v.host_ctrl != nullptr &&
+            ld_volatile_u64(&v.host_ctrl->stopped) != 0ull) {
+            set_fatal(v, NVSHMEM_EFA_GDA_ERR_STOPPED);
+            return NVSHMEM_EFA_GDA_ERR_STOPPED;
+        }
+        if (idle > NVSHMEM_EFA_GDA_TIMEOUT_CYCLES) {
+            set_fatal(v, NVSHMEM_EFA_GDA_ERR_TIMEOUT);
+            return NVSHMEM_EFA_GDA_ERR_TIMEOUT;
+        }
+        backoff(ns);
+        return 0u;
+    }
+};
+
+// Copies a completion entry (16-byte aligned, size a multiple of 8) with volatile loads.
+template <typename E>
+NVSHMEM_EFA_GDA_DEV E read_entry(const void *src) {
+    static_assert(sizeof(E) % 8 == 0, "entries are read in 8-byte words");
+    E e;
+    uint64_t w[sizeof(E) / 8];
+#pragma unroll
+    for (unsigned i = 0; i < sizeof(E) / 8; ++i) w[i] = ld_volatile_u64(static_cast<const uint64_t *>(src) + i);
+    memcpy(&e, w, sizeof(E));
+    return e;
+}
+
+// ---- completions ---------------------------------------------------------------------------------
+// Consumes the CQEs that are there and advances ctrl->done. Non-blocking: returns at once when
+// another thread holds cq_lock (that thread does the same work). Returns ctrl->done.
+NVSHMEM_EFA_GDA_DEV uint64_t poll_cq(const View &v) {
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    if (ld_volatile_u32(&c->cq_lock) != 0u || atomicCAS(&c->cq_lock, 0u, 1u) != 0u)
+        return ld_acquire_u64(&c->done);
+    __threadfence();  // acquire side of the lock
+    const uint32_t ncq = v.cq_entries;
+    const uint32_t nsq = v.sq_entries;
+    uint64_t ci = ld_volatile_u64(&c->cq_ci);
+    for (uint32_t budget = 0; budget < ncq; ++budget) {
+        const uint8_t *cqe = v.cq + (size_t)nvshmem_efa_sq_slot(ci, ncq) * v.cq_entry_size;
+        if (!nvshmem_efa_cqe_ready(cqe, ci, ncq)) break;
+        __threadfence_system();  // the rest of the CQE is read after its phase
+        const nvshmem_efa_tx_cdesc t = read_entry<nvshmem_efa_tx_cdesc>(cqe);
+        const uint16_t req_id = nvshmem_efa_cqe_req_id(&t.common);
+        const uint8_t status = nvshmem_efa_cqe_status(&t.common);
+        *reinterpret_cast<volatile uint32_t *>(&v.slot_status[req_id & (nsq - 1)]) =
+            (uint32_t)status + 1u;
+        if (status != 0) record_error(v, status);
+        ++ci;
+    }
+    *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
+    uint64_t d = ld_volatile_u64(&c->done);
+    const uint64_t d0 = d;
+    for (uint32_t i = 0; i < nsq; ++i) {
+        volatile uint32_t *m = &v.slot_status[d & (uint64_t)(nsq - 1)];
+        if (*m == 0u) break;
+        *m = 0u;
+        ++d;
+    }
+    if (d != d0) st_release_u64(&c->done, d);
+    __threadfence();
+    atomicExch(&c->cq_lock, 0u);
+    return d;
+}
+
+// Waits until ctrl->done >= target. Returns 0 or an error code.
+NVSHMEM_EFA_GDA_DEV unsigned wait_done(const View &v, uint64_t target) {
+    uint64_t d = ld_acquire_u64(&v.ctrl->done);
+    if (d >= target) return 0u;
+    Waiter w;
+    w.start(d);
+    for (;;) {
+        d = poll_cq(v);
+        if (d >= target) return 0u;
+        unsigned e = w.step(v, d);
+        if (e) return e;
+    }
+}
+
+// ---- posting -------------------------------------------------------------------------------------
+// Step 1 + 2: reserves k (1 <= k <= sq_entries) consecutive slots and waits until they are free.
+// Returns 0 and the base in *base, or an error code (nothing reserved that anyone waits for: the
+// queue is failed then).
+NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) {
+    if (fatal_code() != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
+    const uint64_t b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
+    *base = b;
+    const uint64_t need = b + k - v.sq_entries;  // done must reach this (when b + k > n)
+    if (b + k <= v.sq_entries) return 0u;
+    return wait_done(v, need);
+}
+
+// Step 3 helper: stores one 64-byte WQE into slot pc. The caller fences afterwards.
+NVSHMEM_EFA_GDA_DEV void store_wqe(const View &v, uint64_t pc, const nvshmem_efa_tx_wqe &w) {
+    void *slot = reinterpret_cast<void *>(
+        v.sq + (uint64_t)nvshmem_efa_sq_slot(pc, v.sq_entries) * (uint64_t)v.sq_entry_size);
+    nvshmem_efa_wqe_store(slot, &w);
+}
+
+// Request id, phase and completion request of the WQE at producer count pc.
+NVSHMEM_EFA_GDA_DEV void stamp_wqe(const View &v, uint64_t pc, nvshmem_efa_tx_wqe *w) {
+    nvshmem_efa_wqe_set_req_id(w, (uint16_t)pc);
+    nvshmem_efa_wqe_set_phase(w, nvshmem_efa_sq_phase(pc, v.sq_entries));
+    nvshmem_efa_wqe_set_comp_req(w, 1);
+}
+
+// Step 4: ordered commit of [base, base + k) and doorbell. Returns 0 or an error code.
+NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
+    __threadfence_system();
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    uint64_t r = ld_acquire_u64(&c->ready);
+    if (r != base) {
+        Waiter w;
+        w.start(r + ld_acquire_u64(&c->done));
+        for (;;) {
+            // Progress is the predecessors' commits or completions they may be waiting for.
+            const uint64_t d = poll_cq(v);
+            r = ld_acquire_u64(&c->ready);
+            if (r == base) break;
+            unsigned e = w.step(v, r + d);
+            if (e) return e;
+        }
+    }
+    __threadfence_system();
+    const uint64_t end = base + k;
+    const uint32_t batch = v.max_batch != 0u ? v.max_batch : v.sq_entries;
+    volatile uint32_t *db = v.sq_doorbell;
+    for (uint64_t pc = base; pc < end;) {
+        pc = (end - pc > batch) ? pc + batch : end;
+        *db = (uint32_t)pc;
+        __threadfence_system();
+    }
+    st_release_u64(&c->ready, end);
+    return 0u;
+}
+
+// Builds the WQE of one RDMA chunk at producer count pc.
+enum RdmaKind : uint8_t { kWrite = 0, kWriteImm = 1, kRead = 2 };
+
+NVSHMEM_EFA_GDA_DEV nvshmem_efa_tx_wqe rdma_wqe(const View &v, const PeerView &p, RdmaKind kind,
+                                                uint64_t pc, uint64_t laddr, uint64_t raddr,
+                                                uint32_t len, uint32_t imm) {
+    nvshmem_efa_route r;
+    r.ah = p.ahn;
+    r.dest_qpn = p.qpn;
+    r.qkey = p.qkey;
+    nvshmem_efa_tx_wqe w;
+    if (kind == kRead)
+        nvshmem_efa_write_rdma_read(&w, &r, raddr, p.rkey, laddr, v.heap_lkey, len);
+    else if (kind == kWriteImm)
+        nvshmem_efa_write_rdma_write_imm(&w, &r, raddr, p.rkey, laddr, v.heap_lkey, len, imm);
+    else
+        nvshmem_efa_write_rdma_write(&w, &r, raddr, p.rkey, laddr, v.heap_lkey, len);
+    stamp_wqe(v, pc, &w);
+    return w;
+}
+
+// Argument checks shared by every RDMA operation. On success fills *p and the remote address.
+NVSHMEM_EFA_GDA_DEV unsigned check_rdma(const View &v, int pe, uint64_t laddr, uint64_t roff,
+                                        uint64_t bytes, PeerView *p, uint64_t *raddr) {
+    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    if (pe < 0 || pe >= v.n_pes) return NVSHMEM_EFA_GDA_ERR_INVALID;
+    *p = peer(v, pe);
+    if (!(p->flags & NVSHMEM_EFA_GDA_PEER_VALID)) return NVSHMEM_EFA_GDA_ERR_INVALID;
+    if (laddr < v.heap_base || laddr - v.heap_base > v.heap_size ||
+        bytes > v.heap_size - (laddr - v.heap_base))
+        return NVSHMEM_EFA_GDA_ERR_INVALID;
+    if (roff > p->heap_size || bytes > p->heap_size - roff) return NVSHMEM_EFA_GDA_ERR_INVALID;
+    *raddr = p->heap_base + roff;
+    return 0u;
+}
+
+NVSHMEM_EFA_GDA_DEV uint64_t chunk_count(uint64_t bytes) {
+    return (bytes + NVSHMEM_EFA_GDA_MAX_WQE_BYTES - 1) / NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
+}
+
+NVSHMEM_EFA_GDA_DEV uint32_t chunk_len(uint64_t bytes, uint64_t chunk) {
+    const uint64_t off = chunk * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
+    const uint64_t rest = bytes - off;
+    return (uint32_t)(rest < NVSHMEM_EFA_GDA_MAX_WQE_BYTES ? rest : NVSHMEM_EFA_GDA_MAX_WQE_BYTES);
+}
+
+// One thread posts chunks [c0, c1) of an RDMA operation; the chunk c1 - 1 carries the immediate
+// when kind == kWriteImm and last_has_imm. Returns 0 or an error code; *end_pc gets the producer
+// count after the last posted WQE.
+NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, RdmaKind kind,
+                                              uint64_t laddr, uint64_t raddr, uint64_t bytes,
+                                              uint64_t c0, uint64_t c1, uint32_t imm,
+                                              uint64_t *end_pc) {
+    const uint32_t group_max = v.sq_entries < NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
+                                   ? v.sq_entries
+                                   : NVSHMEM_EFA_GDA_MAX_WQES_PER_POST;
+    for (uint64_t c = c0; c < c1;) {
+        const uint32_t k = (uint32_t)((c1 - c) < group_max ? (c1 - c) : group_max);
+        uint64_t base = 0;
+        unsigned e = reserve(v, k, &base);
+        if (e) return e;
+        for (uint32_t i = 0; i < k; ++i) {
+            const uint64_t ch = c + i;
+            const uint64_t off = ch * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
+            const RdmaKind kk = (kind == kWriteImm && ch + 1 != c1) ? kWrite : kind;
+            store_wqe(v, base + i,
+                      rdma_wqe(v, p, kk, base + i, laddr + off, raddr + off, chunk_len(bytes, ch),
+                               imm));
+        }
+        e = commit(v, base, k);
+        if (e) return e;
+        *end_pc = base + k;
+        c += k;
+    }
+    return 0u;
+}
+
+// A group of `nlanes` lanes (mask `mask`, lane indices 0..nlanes-1) posts an RDMA operation
+// together: the leader (lane 0) reserves up to nlanes slots at a time, every lane writes one WQE,
+// the leader commits. All lanes must call with the same arguments; all return the same status.
+NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes, RdmaKind kind,
+                                             uint64_t laddr, uint64_t roff, uint64_t bytes,
+                                             int pe, uint32_t imm) {
+    const View v = view();
+    PeerView p;
+    uint64_t raddr = 0;
+    unsigned e = check_rdma(v, pe, laddr, roff, bytes, &p, &raddr);
+    if (e) {
+        if (lane == 0 && e != NVSHMEM_EFA_GDA_ERR_NOT_READY) record_error(v, e);
+        return e;
+    }
+    if (bytes == 0 && kind != kWriteImm) return 0u;
+    const uint64_t nch = bytes == 0 ? 1 : chunk_count(bytes);
+    const uint32_t group_max = (uint32_t)nlanes < v.sq_entries ? (uint32_t)nlanes : v.sq_entries;
+    for (uint64_t c = 0; c < nch;) {
+        const uint32_t k = (uint32_t)((nch - c) < group_max ? (nch - c) : group_max);
+        uint64_t base = 0;
+        unsigned st = 0u;
+        if (lane == 0) st = reserve(v, k, &base);
+        base = __shfl_sync(mask, base, 0);
+        st = __shfl_sync(mask, st, 0);
+        if (st) return st;
+        if ((uint32_t)lane < k) {
+            const uint64_t ch = c + (uint64_t)lane;
+            const uint64_t off = ch * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
+            const RdmaKind kk = (kind == kWriteImm && ch + 1 != nch) ? kWrite : kind;
+            const uint32_t len = bytes == 0 ? 0u : chunk_len(bytes, ch);
+            store_wqe(v, base + (uint64_t)lane,
+                      rdma_wqe(v, p, kk, base + (uint64_t)lane, laddr + off, raddr + off, len, imm));
+            __threadfence_system();
+        }
+        __syncwarp(mask);
+        if (lane == 0) st = commit(v, base, k);
+        st = __shfl_sync(mask, st, 0);
+        if (st) return st;
+        c += k;
+    }
+    return 0u;
+}
+
+// Posts one inline SEND carrying an AMO message. Returns 0 or an error code.
+// With has_imm the SEND also carries `imm`: the target applies the AMO first, then delivers the
+// immediate in its RX ring.
+NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size, uint64_t value,
+                                      int pe, bool has_imm = false, uint32_t imm = 0u) {
+    const View v = view();
+    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    if (pe < 0 || pe >= v.n_pes || (roff & (uint64_t)(size - 1)) != 0) {
+        record_error(v, NVSHMEM_EFA_GDA_ERR_INVALID);
+        return NVSHMEM_EFA_GDA_ERR_INVALID;
+    }
+    const PeerView p = peer(v, pe);
+    if (!(p.flags & NVSHMEM_EFA_GDA_PEER_VALID) || roff > p.heap_size ||
+        size > p.heap_size - roff) {
+        record_error(v, NVSHMEM_EFA_GDA_ERR_INVALID);
+        return NVSHMEM_EFA_GDA_ERR_INVALID;
+    }
+    NvshmemEfaGdaAmoMsg m;
+    m.magic = NVSHMEM_EFA_GDA_AMO_MAGIC;
+    m.op = op;
+    m.size = size;
+    m.reserved = 0;
+    m.offset = roff;
+    m.value = value;
+    uint64_t base = 0;
+    unsigned e = reserve(v, 1, &base);
+    if (e) return e;
+    nvshmem_efa_route r;
+    r.ah = p.ahn;
+    r.dest_qpn = p.qpn;
+    r.qkey = p.qkey;
+    nvshmem_efa_tx_wqe w;
+    (void)nvshmem_efa_write_send_inline(&w, &r, &m, (uint32_t)sizeof(m));  // 32 <= INLINE_MAX
+    if (has_imm) nvshmem_efa_wqe_set_imm(&w, imm);
+    stamp_wqe(v, base, &w);
+    store_wqe(v, base, w);
+    return commit(v, base, 1);
+}
+
+// Group helpers: lane index and size of the calling warp / block.
+NVSHMEM_EFA_GDA_DEV int lane_id() {
+    unsigned l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return (int)l;
+}
+NVSHMEM_EFA_GDA_DEV unsigned block_thread() {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+NVSHMEM_EFA_GDA_DEV unsigned block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
+
+static_assert(sizeof(NvshmemEfaGdaAmoMsg) == 32, "AMO message must fill the 32-byte inline room");
+static_assert(sizeof(NvshmemEfaGdaDeviceState) == 136, "device state layout changed");
+static_assert(sizeof(NvshmemEfaGdaPeer) == 32, "peer layout changed");
+static_assert(sizeof(NvshmemEfaGdaQueueCtrl) == 64, "queue control layout changed");
+
+}  // namespace detail
+
+// =================================================================================================
+// Public device API (namespace nvshmem_efa_gda). Status: 0 or an EFA / NVSHMEM_EFA_GDA_ERR_* code.
+// =================================================================================================
+
+// True when the loaded state is complete (kernels may post).
+NVSHMEM_EFA_GDA_DEV bool ready() { return __ldg(&nvshmem_efa_gda_state_d.ready) != 0u; }
+NVSHMEM_EFA_GDA_DEV int my_pe() { return __ldg(&nvshmem_efa_gda_state_d.my_pe); }
+NVSHMEM_EFA_GDA_DEV int n_pes() { return __ldg(&nvshmem_efa_gda_state_d.n_pes); }
+
+// Heap offset of a symmetric address of this PE's heap.
+NVSHMEM_EFA_GDA_DEV uint64_t heap_offset(const void *sym) {
+    return (uint64_t)(uintptr_t)sym -
+           __ldg(reinterpret_cast<const unsigned long long *>(&nvshmem_efa_gda_state_d.heap_base));
+}
+
+// Completions with an error status, plus the library's own errors, since the queue was set up.
+NVSHMEM_EFA_GDA_DEV unsigned long long error_count() {
+    const detail::View v = detail::view();
+    if (!v.ready) return 0ull;
+    return detail::ld_volatile_u64(&v.ctrl->errors);
+}
+
+// First error status recorded on the queue (0 if none).
+NVSHMEM_EFA_GDA_DEV unsigned first_error() {
+    const detail::View v = detail::view();
+    if (!v.ready) return 0u;
+    return detail::ld_volatile_u32(&v.ctrl->first_error);
+}
+
+// Consumes available completions (non-blocking). Any thread may call it at any time.
+NVSHMEM_EFA_GDA_DEV void progress() {
+    const detail::View v = detail::view();
+    if (v.ready) (void)detail::poll_cq(v);
+}
+
+// Waits until every WQE committed before the call has completed. Returns 0 when no error was ever
+// recorded on the queue, else the first error status (EFA status or NVSHMEM_EFA_GDA_ERR_*).
+// Thread scope; any number of threads may call it concurrently.
+NVSHMEM_EFA_GDA_DEV unsigned quiet() {
+    const detail::View v = detail::view();
+    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    const uint64_t target = detail::ld_acquire_u64(&v.ctrl->ready);
+    unsigned e = detail::wait_done(v, target);
+    __threadfence_system();
+    if (e) return e;
+    if (detail::ld_volatile_u64(&v.ctrl->errors) != 0ull) {
+        unsigned f = detail::ld_volatile_u32(&v.ctrl->first_error);
+        return f != 0u ? f : NVSHMEM_EFA_GDA_ERR_FAILED;
+    }
+    return 0u;
+}
+
+// EFA has no ordering between operations: fence is quiet.
+NVSHMEM_EFA_GDA_DEV unsigned fence() { return quiet(); }
+
+// ---- put (RDMA write) ----------------------------------------------------------------------------
+// dst: symmetric address of this PE's heap naming the same offset on `pe`; src: local buffer in this
+// PE's heap. Non-blocking: src may be reused and dst is complete at the target after quiet().
+
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_offset(uint64_t dst_offset, const void *src, size_t bytes,
+                                            int pe) {
+    const detail::View v = detail::view();
+    detail::PeerView p;
+    uint64_t raddr = 0;
+    const uint64_t laddr = (uint64_t)(uintptr_t)src;
+    unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p, &raddr);
+    if (e) {
+        if (e != NVSHMEM_EFA_GDA_ERR_NOT_READY) detail::record_error(v, e);
+        return e;
+    }
+    if (bytes == 0) return 0u;
+    uint64_t end_pc = 0;
+    return detail::post_rdma_thread(v, p, detail::kWrite, laddr, raddr, bytes, 0,
+                                    detail::chunk_count(bytes), 0u, &end_pc);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi(void *dst, const void *src, size_t bytes, int pe) {
+    return put_nbi_offset(heap_offset(dst), src, bytes, pe);
+}
+
+// Warp scope: all 32 lanes of a converged warp call with the same arguments; lanes write the
+// chunks' WQEs in parallel and lane 0 commits them with one doorbell.
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_warp_offset(uint64_t dst_offset, const void *src,
+                                                 size_t bytes, int pe) {
+    return detail::post_rdma_lanes(0xffffffffu, detail::lane_id(), 32, detail::kWrite,
+                                   (uint64_t)(uintptr_t)src, dst_offset, bytes, pe, 0u);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_warp(void *dst, const void *src, size_t bytes, int pe) {
+    return put_nbi_warp_offset(heap_offset(dst), src, bytes, pe);
+}
+
+// Block scope: every thread of the block calls with the same arguments (it contains
+// __syncthreads()); the first warp posts, all threads return the same status.
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_block_offset(uint64_t dst_offset, const void *src,
+                                                  size_t bytes, int pe) {
+    __shared__ unsigned s_status;
+    const unsigned t = detail::block_thread();
+    const unsigned nt = detail::block_threads();
+    __syncthreads();
+    if (t < 32u) {
+        const int nl = nt < 32u ? (int)nt : 32;
+        const unsigned mask = nl == 32 ? 0xffffffffu : ((1u << nl) - 1u);
+        unsigned st = detail::post_rdma_lanes(mask, (int)t, nl, detail::kWrite,
+                                              (uint64_t)(uintptr_t)src, dst_offset, bytes, pe, 0u);
+        if (t == 0u) s_status = st;
+    }
+    __syncthreads();
+    const unsigned st = s_status;
+    __syncthreads();
+    return st;
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_block(void *dst, const void *src, size_t bytes, int pe) {
+    return put_nbi_block_offset(heap_offset(dst), src, bytes, pe);
+}
+
+// ---- put with immediate ---------------------------------------------------------------------------
+// RDMA write with 4 bytes of immediate data: after the payload is placed, the target's RX ring gets
+// exactly one completion carrying `imm` (poll_imm on the target). bytes may be 0. A payload larger
+// than one WQE is written first; the immediate rides on the last chunk, posted only after the
+// earlier chunks completed (EFA does not order WQEs), so the target never sees the immediate before
+// all bytes. Thread scope.
+NVSHMEM_EFA_GDA_DEV unsigned put_imm_offset(uint64_t dst_offset, const void *src, size_t bytes,
+                                            uint32_t imm, int pe) {
+    const detail::View v = detail::view();
+    detail::PeerView p;
+    uint64_t raddr = 0;
+    const uint64_t laddr = (uint64_t)(uintptr_t)src;
+    unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p, &raddr);
+    if (e) {
+        if (e != NVSHMEM_EFA_GDA_ERR_NOT_READY) detail::record_error(v, e);
+        return e;
+    }
+    const uint64_t nch = bytes == 0 ? 1 : detail::chunk_count(bytes);
+    uint64_t end_pc = 0;
+    if (nch > 1) {
+        e = detail::post_rdma_thread(v, p, detail::kWrite, laddr, raddr, bytes, 0, nch - 1, 0u,
+                                     &end_pc);
+        if (e) return e;
+        e = detail::wait_done(v, end_pc);
+        if (e) return e;
+    }
+    return detail::post_rdma_thread(v, p, detail::kWriteImm, laddr, raddr, bytes, nch - 1, nch,
+                                    imm, &end_pc);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_imm(void *dst, const void *src, size_t bytes, uint32_t imm,
+                                     int pe) {
+    return put_imm_offset(heap_offset(dst), src, bytes, imm, pe);
+}
+
+// ---- get (RDMA read) -----------------------------------------------------------------------------
+// dst: local buffer in this PE's heap; src: symmetric address naming the offset on `pe`. The data is
+// in dst after quiet().
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi_offset(void *dst, uint64_t src_offset, size_t bytes, int pe) {
+    const detail::View v = detail::view();
+    detail::PeerView p;
+    uint64_t raddr = 0;
+    const uint64_t laddr = (uint64_t)(uintptr_t)dst;
+    unsigned e = detail::check_rdma(v, pe, laddr, src_offset, bytes, &p, &raddr);
+    if (e) {
+        if (e != NVSHMEM_EFA_GDA_ERR_NOT_READY) detail::record_error(v, e);
+        return e;
+    }
+    if (bytes == 0) return 0u;
+    uint64_t end_pc = 0;
+    return detail::post_rdma_thread(v, p, detail::kRead, laddr, raddr, bytes, 0,
+                                    detail::chunk_count(bytes), 0u, &end_pc);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi(void *dst, const void *src, size_t bytes, int pe) {
+    return get_nbi_offset(dst, heap_offset(src), bytes, pe);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t bytes, int pe) {
+    return detail::post_rdma_lanes(0xffffffffu, detail::lane_id(), 32, detail::kRead,
+                                   (uint64_t)(uintptr_t)dst, heap_offset(src), bytes, pe, 0u);
+}
+
+// ---- non-fetching atomics (applied by the target) --------------------------------------------------
+// EFA has no RDMA atomics: an inline SEND carries NvshmemEfaGdaAmoMsg and the target applies it to
+// its heap; all AMO messages a PE receives are applied in arrival order by one agent, so concurrent
+// adds from every PE are exact. Complete (applied) at the target after quiet() as the queue defines
+// SEND completion; use them only together with other AMOs of this API on the same word.
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_ADD, offset, (uint32_t)sizeof(T), raw, pe);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add(T *heap_ptr, T value, int pe) {
+    return amo_nonfetch_add_offset<T>(heap_offset(heap_ptr), value, pe);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_set_offset(uint64_t offset, T value, int pe) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, offset, (uint32_t)sizeof(T), raw, pe);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_set(T *heap_ptr, T value, int pe) {
+    return amo_set_offset<T>(heap_offset(heap_ptr), value, pe);
+}
+
+// amo_set that also delivers `imm` to the target's RX ring once the value is stored there (one
+// SEND: the target applies the AMO before it produces the RX entry). Thread scope.
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_set_imm(T *heap_ptr, T value, uint32_t imm, int pe) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T), raw,
+                            pe, true, imm);
+}
+
+// ---- RX ring: immediates delivered to this PE -------------------------------------------------------
+namespace detail {
+NVSHMEM_EFA_GDA_DEV RxEvent rx_event(const nvshmem_efa_rx_cdesc &c) {
+    RxEvent r;
+    r.imm = nvshmem_efa_rx_cqe_imm(&c);
+    r.length = nvshmem_efa_rx_cqe_length(&c);
+    r.ah = nvshmem_efa_rx_cqe_ah(&c);
+    r.src_qp = nvshmem_efa_rx_cqe_src_qp(&c);
+    r.status = nvshmem_efa_cqe_status(&c.common);
+    r.op = nvshmem_efa_cqe_op_type(&c.common);
+    r.has_imm = nvshmem_efa_cqe_has_imm(&c.common) ? 1 : 0;
+    r.reserved = 0;
+    return r;
+}
+}  // namespace detail
+
+// Takes the next entry of this PE's RX ring if one is there. Returns 1 and fills *ev when it took
+// one, 0 when the ring is empty, or a negative value: -(NVSHMEM_EFA_GDA_ERR_*) when the state is not
+// ready or has no RX ring. Any number of threads may poll concurrently: each entry is taken by
+// exactly one caller (claimed with a compare-and-swap on ctrl->rx_ci after it was read).
+NVSHMEM_EFA_GDA_DEV int poll_rx(RxEvent *ev) {
+    const detail::View v = detail::view();
+    if (!v.ready) return -(int)NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    if (v.rx_cq == nullptr || v.rx_entries == 0u) return -(int)NVSHMEM_EFA_GDA_ERR_INVALID;
+    uint64_t *rx_ci = &v.ctrl->rx_ci;
+    for (;;) {
+        const uint64_t ci = detail::ld_acquire_u64(rx_ci);
+        // RX ring entries are the 32-byte extended receive form (both queue kinds).
+        const uint8_t *e =
+            v.rx_cq + (size_t)nvshmem_efa_sq_slot(ci, v.rx_entries) * NVSHMEM_EFA_RX_CQE_EX_SIZE;
+        if (!nvshmem_efa_cqe_ready(e, ci, v.rx_entries)) return 0;
+        __threadfence_system();
+        const nvshmem_efa_rx_cdesc_ex x = detail::read_entry<nvshmem_efa_rx_cdesc_ex>(e);
+        RxEvent r = detail::rx_event(x.base);
+        r.length = nvshmem_efa_rx_cqe_ex_length(&x);
+        // The entry's content was read before the claim: a successful CAS proves nobody consumed
+        // it (and the producer cannot reuse the slot before rx_ci passes it).
+        if (atomicCAS(detail::ull(rx_ci), (unsigned long long)ci, (unsigned long long)(ci + 1)) ==
+            (unsigned long long)ci) {
+            __threadfence_system();  // payload reads after the claim see the placed data
+            *ev = r;
+            return 1;
+        }
+    }
+}
+
+// Takes the next immediate from this PE's RX ring, waiting at most `timeout_cycles` (clock64).
+// Returns 1 and the immediate in *imm, 0 on timeout, or a negative error as poll_rx. RX entries
+// without immediate data (none are expected on this ring) are skipped. Thread scope.
+NVSHMEM_EFA_GDA_DEV int poll_imm(uint32_t *imm, unsigned long long timeout_cycles,
+                                 RxEvent *ev_out = nullptr) {
+    const long long start = clock64();
+    unsigned ns = 32u;
+    for (;;) {
+        RxEvent ev;
+        int r = poll_rx(&ev);
+        if (r < 0) return r;
+        if (r == 1) {
+            if (ev.has_imm) {
+                *imm = ev.imm;
+                if (ev_out) *ev_out = ev;
+                return 1;
+            }
+            ns = 32u;
+            continue;
+        }
+        if ((unsigned long long)(clock64() - start) > timeout_cycles) return 0;
+        detail::backoff(ns);
+    }
+}
+
+}  // namespace nvshmem_efa_gda

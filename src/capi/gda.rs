@@ -1,0 +1,289 @@
+//! C API of GPU Direct Async (`nvshmemt_efa_gda_*`), for a patched NVSHMEM and for C/C++ programs.
+//!
+//! Every function returns 0 or a negative errno-style code (`-EINVAL` bad argument, `-ENODEV` not
+//! initialised, `-EOPNOTSUPP` not available here, `-EALREADY` already set up differently, `-ENOSPC`
+//! buffer too small, `-EIO` driver failure), logs every failure with its cause, is thread-safe, and
+//! never lets a panic cross into C.
+use std::ffi::c_void;
+
+use super::ffi_guard;
+use crate::fabric::sys as fi;
+use crate::gda::{self, state::NvshmemEfaGdaDeviceState, GdaError};
+
+/// Opaque `struct fid_domain` (libfabric).
+#[repr(C)]
+pub struct FidDomain {
+    _p: [u8; 0],
+}
+
+/// Opaque `struct fid_ep` (libfabric).
+#[repr(C)]
+pub struct FidEp {
+    _p: [u8; 0],
+}
+
+/// Opaque `struct fid_mr` (libfabric).
+#[repr(C)]
+pub struct FidMr {
+    _p: [u8; 0],
+}
+
+/// Opaque `struct fid_cq` (libfabric).
+#[repr(C)]
+pub struct FidCq {
+    _p: [u8; 0],
+}
+
+fn fail(name: &str, e: GdaError) -> i32 {
+    tracing::error!("{name}: {e}");
+    e.code
+}
+
+fn invalid(name: &str, what: &str) -> i32 {
+    fail(name, GdaError::invalid(what))
+}
+
+/// Starts hardware GDA on an endpoint the caller owns (a patched NVSHMEM's own libfabric transport).
+///
+/// The endpoint must be enabled, belong to `domain`, and be dedicated to GDA from now on (libfabric
+/// must not post sends on it); both stay open until `nvshmemt_efa_gda_fini`. Its transmit CQ is named
+/// afterwards with `nvshmemt_efa_gda_set_cq`. The software queue cannot run on an external endpoint:
+/// with `NVSHMEM_EFA_GDA=soft`, or `auto` without GDA ops, this returns `-EOPNOTSUPP` and logs that
+/// the library must be used as NVSHMEM's transport instead. With `NVSHMEM_EFA_GDA=off` it returns 0
+/// and GDA stays off. Idempotent for the same domain.
+///
+/// # Safety
+/// `domain` and `ep` must be open libfabric objects as described above (or null, rejected).
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_init_on_ep(
+    domain: *mut FidDomain,
+    ep: *mut FidEp,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_init_on_ep";
+    ffi_guard(NAME, -libc::EIO, || {
+        if domain.is_null() || ep.is_null() {
+            return invalid(NAME, "null domain or endpoint");
+        }
+        // SAFETY: non-null; the caller guarantees they are open objects of one domain.
+        match unsafe {
+            gda::init_on_external_ep(domain as *mut fi::fid_domain, ep as *mut fi::fid_ep)
+        } {
+            Ok(_) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// Names the transmit CQ bound to the endpoint given to `nvshmemt_efa_gda_init_on_ep` (hardware GDA
+/// on the caller's endpoint). The CQ is queried and mapped for the GPU; the caller must not read
+/// completions from it afterwards.
+///
+/// # Safety
+/// `cq` must be the open CQ bound to that endpoint for transmit completions, open until fini.
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_set_cq(cq: *mut FidCq) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_set_cq";
+    ffi_guard(NAME, -libc::EIO, || {
+        if cq.is_null() {
+            return invalid(NAME, "null CQ");
+        }
+        // SAFETY: non-null; the caller guarantees it is the endpoint's open transmit CQ.
+        match unsafe { gda::set_cq(cq as *mut fi::fid_cq) } {
+            Ok(()) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent; call it before
+/// closing the endpoint, domain and fabric.
+#[no_mangle]
+pub extern "C" fn nvshmemt_efa_gda_fini() {
+    ffi_guard("nvshmemt_efa_gda_fini", (), gda::fini)
+}
+
+/// Copies the raw name of the GDA endpoint into `buf` (`*len` bytes of room) and sets `*len` to its
+/// length. With `buf` null only the length is returned. `-ENOSPC` (and the length) when the buffer is
+/// too small.
+///
+/// # Safety
+/// `len` must point to a `size_t`; `buf`, when not null, to `*len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_get_address(buf: *mut c_void, len: *mut usize) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_get_address";
+    ffi_guard(NAME, -libc::EIO, || {
+        if len.is_null() {
+            return invalid(NAME, "null length pointer");
+        }
+        let name = match gda::address() {
+            Ok(n) => n,
+            Err(e) => return fail(NAME, e),
+        };
+        // SAFETY: len is non-null and points to a size_t per the contract.
+        let room = unsafe { *len };
+        // SAFETY: as above.
+        unsafe { *len = name.len() };
+        if buf.is_null() {
+            return 0;
+        }
+        if room < name.len() {
+            return fail(
+                NAME,
+                GdaError {
+                    code: -libc::ENOSPC,
+                    message: format!("buffer of {room} bytes for a {}-byte name", name.len()),
+                },
+            );
+        }
+        // SAFETY: buf has room for `room` >= name.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), buf as *mut u8, name.len()) };
+        0
+    })
+}
+
+/// Builds the peer table. `addrs` holds `n_pes` endpoint names of `addr_len` bytes each, back to back
+/// (PE i's name at `i * addr_len`), as gathered from every PE's `nvshmemt_efa_gda_get_address`;
+/// `addr_len` may also be given as the total (`n_pes` times the name length). For hardware GDA on the
+/// caller's endpoint pass `fi_addrs` (`n_pes` addresses of the caller's AV) and `addrs` null.
+///
+/// # Safety
+/// `addrs`, when not null, must point to the bytes described; `fi_addrs`, when not null, to `n_pes`
+/// values.
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_connect(
+    my_pe: i32,
+    n_pes: i32,
+    addrs: *const c_void,
+    addr_len: usize,
+    fi_addrs: *const u64,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_connect";
+    ffi_guard(NAME, -libc::EIO, || {
+        if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
+            return invalid(NAME, &format!("PE {my_pe} of {n_pes}"));
+        }
+        if addrs.is_null() && fi_addrs.is_null() {
+            return invalid(NAME, "neither endpoint names nor fi_addr values");
+        }
+        let n = n_pes as usize;
+        let names: &[u8] = if addrs.is_null() || addr_len == 0 {
+            &[]
+        } else {
+            // Per-name length unless the caller gave the total.
+            let own = gda::address().map(|a| a.len()).unwrap_or(0);
+            let total = if own > 0 && addr_len == own * n {
+                addr_len
+            } else {
+                match addr_len.checked_mul(n) {
+                    Some(t) => t,
+                    None => {
+                        return invalid(
+                            NAME,
+                            &format!("{n_pes} names of {addr_len} bytes overflow"),
+                        )
+                    }
+                }
+            };
+            // SAFETY: the caller provides `total` readable bytes (n_pes names of addr_len bytes).
+            unsafe { std::slice::from_raw_parts(addrs as *const u8, total) }
+        };
+        let fa = if fi_addrs.is_null() {
+            None
+        } else {
+            // SAFETY: the caller provides n_pes values.
+            Some(unsafe { std::slice::from_raw_parts(fi_addrs, n) })
+        };
+        match gda::connect(my_pe, n_pes, names, fa) {
+            Ok(()) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// Sets the local symmetric heap. `mr` is its registration on the GDA domain (kept open until fini),
+/// or null to let the library register it.
+///
+/// # Safety
+/// `[base, base+size)` must stay allocated until fini; `mr`, when not null, must be an open
+/// registration of that range on the domain GDA was initialised on.
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_set_local_heap(
+    base: *mut c_void,
+    size: usize,
+    mr: *mut FidMr,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_set_local_heap";
+    ffi_guard(NAME, -libc::EIO, || {
+        if base.is_null() || size == 0 {
+            return invalid(NAME, &format!("empty heap {base:p}+{size}"));
+        }
+        // SAFETY: forwarded contract.
+        match unsafe { gda::set_local_heap_raw(base as u64, size as u64, mr as *mut fi::fid_mr) } {
+            Ok(()) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// Records PE `pe`'s heap: base address (as that PE's kernels see it), size, and its registration key.
+#[no_mangle]
+pub extern "C" fn nvshmemt_efa_gda_set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_set_remote_heap";
+    ffi_guard(NAME, -libc::EIO, || {
+        if pe < 0 || base == 0 || size == 0 {
+            return invalid(NAME, &format!("PE {pe}, heap {base:#x}+{size}"));
+        }
+        match gda::set_remote_heap(pe, base, size, key) {
+            Ok(()) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
+#[no_mangle]
+pub extern "C" fn nvshmemt_efa_gda_mode() -> i32 {
+    ffi_guard("nvshmemt_efa_gda_mode", -libc::EIO, gda::mode)
+}
+
+/// Copies the device state (host copy; the addresses inside are device addresses) into `out`.
+///
+/// # Safety
+/// `out` must point to a writable `NvshmemEfaGdaDeviceState` (or be null, rejected).
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
+    out: *mut NvshmemEfaGdaDeviceState,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_get_device_state";
+    ffi_guard(NAME, -libc::EIO, || {
+        if out.is_null() {
+            return invalid(NAME, "null output pointer");
+        }
+        match gda::device_state() {
+            Some(s) => {
+                // SAFETY: out is non-null and writable per the contract.
+                unsafe { out.write(s) };
+                0
+            }
+            None => {
+                let e = if gda::mode() < 0 {
+                    GdaError::not_initialised()
+                } else {
+                    GdaError::unsupported("GDA is off: there is no device state")
+                };
+                fail(NAME, e)
+            }
+        }
+    })
+}
+
+/// Address of the device-resident copy of the state, for kernels (a host address when CUDA is not in
+/// use); 0 when there is none.
+#[no_mangle]
+pub extern "C" fn nvshmemt_efa_gda_device_state_ptr() -> u64 {
+    ffi_guard(
+        "nvshmemt_efa_gda_device_state_ptr",
+        0,
+        gda::device_state_device_ptr,
+    )
+}

@@ -1,0 +1,296 @@
+//! Every environment variable the library reads, parsed and validated once.
+//!
+//! NVSHMEM's own variables keep their meaning (`NVSHMEM_LIBFABRIC_PROVIDER`, `NVSHMEM_DEBUG`); the
+//! library's own are `NVSHMEM_EFA_*`. README.md has the table.
+use std::fmt;
+use std::time::Duration;
+
+use crate::fabric::Provider;
+
+/// GPU Direct Async mode (`NVSHMEM_EFA_GDA`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdaMode {
+    /// Hardware queues when the provider's GDA ops answer, the software queue otherwise.
+    Auto,
+    /// Hardware queues or fail.
+    Hw,
+    /// Software queue always.
+    Soft,
+    /// No GDA.
+    Off,
+}
+
+/// How AMOs are executed (`NVSHMEM_EFA_ATOMICS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicsPath {
+    /// Provider atomics where the provider has them for the memory kind, else target-applied.
+    Auto,
+    /// Provider atomics only (error where there are none).
+    Provider,
+    /// Always apply at the target through active messages (no provider atomics, no GDRCopy).
+    Target,
+}
+
+/// The parsed configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `NVSHMEM_LIBFABRIC_PROVIDER`: a provider, or `None` for the automatic order.
+    pub provider: Option<Provider>,
+    /// `NVSHMEM_EFA_GDA`.
+    pub gda: GdaMode,
+    /// `NVSHMEM_EFA_ATOMICS`.
+    pub atomics: AtomicsPath,
+    /// `NVSHMEM_EFA_QUIET_TIMEOUT_MS`: how long quiet/fence wait for outstanding operations.
+    pub quiet_timeout: Duration,
+    /// `NVSHMEM_EFA_PROGRESS_THREAD`: run a background thread that drives libfabric progress.
+    pub progress_thread: bool,
+    /// `NVSHMEM_EFA_MAX_INFLIGHT`: operations in flight per endpoint.
+    pub max_inflight: usize,
+    /// `NVSHMEM_EFA_ALLOW_VMM`: register CUDA VMM memory even where the provider's CUDA IPC path
+    /// cannot export it (shm).
+    pub allow_vmm: bool,
+    /// `NVSHMEM_EFA_SQ_DEPTH`: software queue send ring depth (power of two).
+    pub sq_depth: u32,
+    /// `NVSHMEM_EFA_MAX_BATCH`: software queue doorbell batch limit.
+    pub max_batch: u32,
+}
+
+/// A bad environment variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Variable name.
+    pub var: &'static str,
+    /// Offending value.
+    pub value: String,
+    /// What was expected.
+    pub expected: &'static str,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}='{}' is not valid: expected {}",
+            self.var, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "y" | "yes" | "true" | "on" => Ok(true),
+        "0" | "n" | "no" | "false" | "off" => Ok(false),
+        _ => Err(ConfigError {
+            var,
+            value: v.into(),
+            expected: "a boolean (1/0, yes/no, true/false)",
+        }),
+    }
+}
+
+fn parse_u64(
+    var: &'static str,
+    v: &str,
+    min: u64,
+    max: u64,
+    expected: &'static str,
+) -> Result<u64, ConfigError> {
+    match v.trim().parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(ConfigError {
+            var,
+            value: v.into(),
+            expected,
+        }),
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Parses from any lookup function (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut c = Config {
+            provider: None,
+            gda: GdaMode::Auto,
+            atomics: AtomicsPath::Auto,
+            quiet_timeout: Duration::from_secs(60),
+            progress_thread: true,
+            max_inflight: 4096,
+            allow_vmm: false,
+            sq_depth: 1024,
+            max_batch: 32,
+        };
+        if let Some(v) = get("NVSHMEM_LIBFABRIC_PROVIDER") {
+            if !v.trim().is_empty() && v.trim() != "auto" {
+                c.provider = Some(Provider::parse(&v).map_err(|_| ConfigError {
+                    var: "NVSHMEM_LIBFABRIC_PROVIDER",
+                    value: v.clone(),
+                    expected: "efa, efa-direct, verbs, cxi, tcp, shm or auto",
+                })?);
+            }
+        }
+        if let Some(v) = get("NVSHMEM_EFA_GDA") {
+            c.gda = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => GdaMode::Auto,
+                "hw" => GdaMode::Hw,
+                "soft" => GdaMode::Soft,
+                "off" | "0" => GdaMode::Off,
+                _ => {
+                    return Err(ConfigError {
+                        var: "NVSHMEM_EFA_GDA",
+                        value: v,
+                        expected: "auto, hw, soft or off",
+                    })
+                }
+            };
+        }
+        if let Some(v) = get("NVSHMEM_EFA_ATOMICS") {
+            c.atomics = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => AtomicsPath::Auto,
+                "provider" => AtomicsPath::Provider,
+                "target" => AtomicsPath::Target,
+                _ => {
+                    return Err(ConfigError {
+                        var: "NVSHMEM_EFA_ATOMICS",
+                        value: v,
+                        expected: "auto, provider or target",
+                    })
+                }
+            };
+        }
+        if let Some(v) = get("NVSHMEM_EFA_QUIET_TIMEOUT_MS") {
+            let ms = parse_u64(
+                "NVSHMEM_EFA_QUIET_TIMEOUT_MS",
+                &v,
+                1,
+                86_400_000,
+                "milliseconds, 1 to 86400000",
+            )?;
+            c.quiet_timeout = Duration::from_millis(ms);
+        }
+        if let Some(v) = get("NVSHMEM_EFA_PROGRESS_THREAD") {
+            c.progress_thread = parse_bool("NVSHMEM_EFA_PROGRESS_THREAD", &v)?;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_MAX_INFLIGHT") {
+            c.max_inflight =
+                parse_u64("NVSHMEM_EFA_MAX_INFLIGHT", &v, 16, 1 << 20, "16 to 1048576")? as usize;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_ALLOW_VMM") {
+            c.allow_vmm = parse_bool("NVSHMEM_EFA_ALLOW_VMM", &v)?;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_SQ_DEPTH") {
+            let d = parse_u64(
+                "NVSHMEM_EFA_SQ_DEPTH",
+                &v,
+                2,
+                32768,
+                "a power of two from 2 to 32768",
+            )?;
+            if !d.is_power_of_two() {
+                return Err(ConfigError {
+                    var: "NVSHMEM_EFA_SQ_DEPTH",
+                    value: v,
+                    expected: "a power of two from 2 to 32768",
+                });
+            }
+            c.sq_depth = d as u32;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_MAX_BATCH") {
+            c.max_batch = parse_u64("NVSHMEM_EFA_MAX_BATCH", &v, 1, 32768, "1 to 32768")? as u32;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.provider, None);
+        assert_eq!(c.gda, GdaMode::Auto);
+        assert!(c.progress_thread);
+        assert_eq!(c.sq_depth, 1024);
+    }
+
+    #[test]
+    fn nvshmem_provider_names_and_extensions() {
+        assert_eq!(
+            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "efa")])
+                .unwrap()
+                .provider,
+            Some(Provider::Efa)
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "tcp")])
+                .unwrap()
+                .provider,
+            Some(Provider::Tcp)
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "shm")])
+                .unwrap()
+                .provider,
+            Some(Provider::Shm)
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "auto")])
+                .unwrap()
+                .provider,
+            None
+        );
+        let e = cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "bogus")]).unwrap_err();
+        assert_eq!(e.var, "NVSHMEM_LIBFABRIC_PROVIDER");
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_variable_named() {
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_GDA", "maybe")]).unwrap_err().var,
+            "NVSHMEM_EFA_GDA"
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SQ_DEPTH", "1000")]).unwrap_err().var,
+            "NVSHMEM_EFA_SQ_DEPTH"
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_QUIET_TIMEOUT_MS", "0")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_QUIET_TIMEOUT_MS"
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_PROGRESS_THREAD", "2")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_PROGRESS_THREAD"
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_GDA", "soft")]).unwrap().gda,
+            GdaMode::Soft
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_QUIET_TIMEOUT_MS", "250")])
+                .unwrap()
+                .quiet_timeout,
+            Duration::from_millis(250)
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! The few CUDA driver calls the library makes, through cudarc's dynamically loaded driver API: the
+//! library loads and runs its host paths on machines without CUDA; every call here first checks that
+//! the driver is present and initialised.
+use std::ffi::{c_void, CStr};
+use std::fmt;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+/// A CUDA driver error with context.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaError {
+    /// The driver's result code (`CUresult` as an integer); -1 when the driver is absent.
+    pub code: i32,
+    /// What was being done.
+    pub context: String,
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.code < 0 {
+            return write!(f, "{}: CUDA driver not available", self.context);
+        }
+        write!(f, "{}: CUDA error {}", self.context, self.code)?;
+        if let Some(s) = error_string(self.code) {
+            write!(f, " ({s})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+/// Result of a CUDA call.
+pub type CudaResult<T> = Result<T, CudaError>;
+
+fn error_string(code: i32) -> Option<String> {
+    if !available() {
+        return None;
+    }
+    // SAFETY: code came from the driver; transmute into the enum is valid for driver-returned values.
+    unsafe {
+        let r: sys::CUresult = std::mem::transmute::<u32, sys::CUresult>(code as u32);
+        let mut p: *const libc::c_char = std::ptr::null();
+        if sys::cuGetErrorString(r, &mut p) == sys::CUresult::CUDA_SUCCESS && !p.is_null() {
+            return Some(CStr::from_ptr(p).to_string_lossy().into_owned());
+        }
+    }
+    None
+}
+
+fn check(r: sys::CUresult, context: impl FnOnce() -> String) -> CudaResult<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError {
+            code: r as i32,
+            context: context(),
+        })
+    }
+}
+
+fn require(context: &str) -> CudaResult<()> {
+    if available() {
+        Ok(())
+    } else {
+        Err(CudaError {
+            code: -1,
+            context: context.to_string(),
+        })
+    }
+}
+
+/// True when libcuda could be loaded and `cuInit` succeeded (cached).
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        // SAFETY: probing for the library has no preconditions; cuInit is only called if it loads.
+        unsafe { sys::is_culib_present() && sys::cuInit(0) == sys::CUresult::CUDA_SUCCESS }
+    })
+}
+
+/// Where a pointer points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PtrKind {
+    /// Host memory (pageable, or not known to CUDA).
+    Host,
+    /// Device memory of `ordinal`; `legacy_ipc` tells whether cudaIpcGetMemHandle accepts it (false
+    /// for VMM allocations made with cuMemCreate).
+    Device {
+        /// Device ordinal.
+        ordinal: i32,
+        /// Whether legacy CUDA IPC can export the allocation.
+        legacy_ipc: bool,
+    },
+}
+
+/// Classifies `ptr`. Without a CUDA driver everything is host memory.
+pub fn pointer_kind(ptr: *const c_void) -> PtrKind {
+    if !available() || ptr.is_null() {
+        return PtrKind::Host;
+    }
+    // SAFETY: cuPointerGetAttribute writes into properly sized outputs; failure means "not CUDA".
+    unsafe {
+        let mut mem_type: u32 = 0;
+        let r = sys::cuPointerGetAttribute(
+            &mut mem_type as *mut u32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr as sys::CUdeviceptr,
+        );
+        if r != sys::CUresult::CUDA_SUCCESS
+            || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+        {
+            return PtrKind::Host;
+        }
+        let mut ordinal: i32 = 0;
+        let _ = sys::cuPointerGetAttribute(
+            &mut ordinal as *mut i32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr as sys::CUdeviceptr,
+        );
+        let mut ipc: i32 = 0;
+        let r = sys::cuPointerGetAttribute(
+            &mut ipc as *mut i32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            ptr as sys::CUdeviceptr,
+        );
+        PtrKind::Device {
+            ordinal,
+            legacy_ipc: r == sys::CUresult::CUDA_SUCCESS && ipc != 0,
+        }
+    }
+}
+
+/// The calling thread's current context (null if none), to make current in helper threads.
+pub fn current_context() -> usize {
+    if !available() {
+        return 0;
+    }
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one pointer.
+    unsafe {
+        let _ = sys::cuCtxGetCurrent(&mut ctx);
+    }
+    ctx as usize
+}
+
+/// Makes `ctx` (from `current_context`) current in this thread; no-op for 0.
+pub fn set_current_context(ctx: usize) -> CudaResult<()> {
+    if ctx == 0 {
+        return Ok(());
+    }
+    require("cuCtxSetCurrent")?;
+    // SAFETY: ctx is a context handle obtained from the driver in this process.
+    check(
+        unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) },
+        || "cuCtxSetCurrent".into(),
+    )
+}
+
+/// Synchronous copy between any two addresses (host or device, unified addressing).
+///
+/// # Safety
+/// Both ranges must be valid for `len` bytes.
+pub unsafe fn memcpy(dst: *mut c_void, src: *const c_void, len: usize) -> CudaResult<()> {
+    require("cuMemcpy")?;
+    // SAFETY: caller guarantees the ranges.
+    check(
+        unsafe { sys::cuMemcpy(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, len) },
+        || format!("cuMemcpy({dst:p} <- {src:p}, {len} bytes)"),
+    )
+}
+
+/// Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP)`), zeroed. Freed on drop.
+pub struct MappedHostBuffer {
+    host: *mut u8,
+    device: u64,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory shared with the GPU; access is coordinated by its users.
+unsafe impl Send for MappedHostBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for MappedHostBuffer {}
+
+impl MappedHostBuffer {
+    /// Allocates `len` bytes.
+    pub fn new(len: usize) -> CudaResult<MappedHostBuffer> {
+        require("cuMemHostAlloc")?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: allocation with valid flags; results written to locals.
+        unsafe {
+            check(
+                sys::cuMemHostAlloc(&mut host, len, sys::CU_MEMHOSTALLOC_DEVICEMAP),
+                || format!("cuMemHostAlloc({len} bytes, DEVICEMAP)"),
+            )?;
+            std::ptr::write_bytes(host as *mut u8, 0, len);
+            let mut dev: sys::CUdeviceptr = 0;
+            if let Err(e) = check(sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), || {
+                "cuMemHostGetDevicePointer".into()
+            }) {
+                let _ = sys::cuMemFreeHost(host);
+                return Err(e);
+            }
+            Ok(MappedHostBuffer {
+                host: host as *mut u8,
+                device: dev,
+                len,
+            })
+        }
+    }
+
+    /// Host address.
+    pub fn host(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Device address of the same memory.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for MappedHostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: host came from cuMemHostAlloc.
+        unsafe {
+            let _ = sys::cuMemFreeHost(self.host as *mut c_void);
+        }
+    }
+}
+
+/// Device memory (`cuMemAlloc`), zeroed. Freed on drop.
+pub struct DeviceBuffer {
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    /// Allocates `len` zeroed bytes on the current context's device.
+    pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
+        require("cuMemAlloc")?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: allocation into a local; memset of the new allocation.
+        unsafe {
+            check(sys::cuMemAlloc_v2(&mut p, len), || {
+                format!("cuMemAlloc({len} bytes)")
+            })?;
+            if let Err(e) = check(sys::cuMemsetD8_v2(p, 0, len), || "cuMemsetD8".into()) {
+                let _ = sys::cuMemFree_v2(p);
+                return Err(e);
+            }
+        }
+        Ok(DeviceBuffer { ptr: p, len })
+    }
+
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from cuMemAlloc.
+        unsafe {
+            let _ = sys::cuMemFree_v2(self.ptr);
+        }
+    }
+}
+
+/// Maps an existing host range (an MMIO doorbell or a provider's ring) for the GPU:
+/// `cuMemHostRegister(flags)` then `cuMemHostGetDevicePointer`. Unregistered on drop.
+pub struct HostRegistration {
+    host: *mut c_void,
+    device: u64,
+}
+
+// SAFETY: a registration is an immutable mapping.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers `[host, host+len)`; `iomemory` for MMIO (doorbells).
+    ///
+    /// # Safety
+    /// The range must stay mapped until the registration is dropped.
+    pub unsafe fn new(
+        host: *mut c_void,
+        len: usize,
+        iomemory: bool,
+    ) -> CudaResult<HostRegistration> {
+        require("cuMemHostRegister")?;
+        let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        if iomemory {
+            flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
+        }
+        // SAFETY: caller guarantees the range; outputs are locals.
+        unsafe {
+            check(sys::cuMemHostRegister_v2(host, len, flags), || {
+                format!("cuMemHostRegister({host:p}, {len} bytes, flags {flags:#x})")
+            })?;
+            let mut dev: sys::CUdeviceptr = 0;
+            if let Err(e) = check(sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), || {
+                format!("cuMemHostGetDevicePointer({host:p})")
+            }) {
+                let _ = sys::cuMemHostUnregister(host);
+                return Err(e);
+            }
+            Ok(HostRegistration { host, device: dev })
+        }
+    }
+
+    /// Device address of the registered range.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        // SAFETY: host was registered by new().
+        unsafe {
+            let _ = sys::cuMemHostUnregister(self.host);
+        }
+    }
+}

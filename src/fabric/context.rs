@@ -1,0 +1,144 @@
+//! Operation contexts. Providers that require FI_CONTEXT / FI_CONTEXT2 (efa-direct) own the first
+//! bytes of every operation's context until its completion, so each posted operation gets one from a
+//! fixed pool; the completion hands it back. The `tag` says what the completion means to the caller.
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+
+use parking_lot::Mutex;
+
+/// One operation context: 64 bytes for the provider (`struct fi_context2`), then the caller's data.
+#[repr(C)]
+pub struct OpContext {
+    provider: [usize; 8],
+    /// What the completion means to the caller.
+    pub tag: u64,
+    /// Caller data (e.g. an index or a pointer).
+    pub data: u64,
+    /// Scratch space that lives as long as the operation (operands, small messages).
+    pub scratch: [u64; 8],
+    slot: u32,
+}
+
+/// A fixed pool of contexts.
+pub struct OpContexts {
+    slots: Box<[UnsafeCell<OpContext>]>,
+    free: Mutex<Vec<u32>>,
+}
+
+// SAFETY: a context is handed to exactly one user between alloc and free; the free list is locked.
+unsafe impl Send for OpContexts {}
+// SAFETY: as above.
+unsafe impl Sync for OpContexts {}
+
+impl OpContexts {
+    /// A pool of `n` contexts.
+    pub fn new(n: usize) -> OpContexts {
+        let slots: Vec<UnsafeCell<OpContext>> = (0..n)
+            .map(|i| {
+                UnsafeCell::new(OpContext {
+                    provider: [0; 8],
+                    tag: 0,
+                    data: 0,
+                    scratch: [0; 8],
+                    slot: i as u32,
+                })
+            })
+            .collect();
+        OpContexts {
+            slots: slots.into_boxed_slice(),
+            free: Mutex::new((0..n as u32).rev().collect()),
+        }
+    }
+
+    /// Takes a context, or `None` when all are in flight (reap completions, then retry).
+    pub fn alloc(&self, tag: u64, data: u64) -> Option<*mut c_void> {
+        let slot = self.free.lock().pop()?;
+        let p = self.slots[slot as usize].get();
+        // SAFETY: the slot was free, so nobody else refers to it.
+        unsafe {
+            (*p).provider = [0; 8];
+            (*p).tag = tag;
+            (*p).data = data;
+            (*p).scratch = [0; 8];
+        }
+        Some(p as *mut c_void)
+    }
+
+    /// Reads the tag and data of a context this pool handed out, or `None` for a foreign pointer.
+    pub fn get(&self, ctx: *mut c_void) -> Option<(u64, u64)> {
+        let slot = self.slot_of(ctx)?;
+        // SAFETY: slot_of checked that ctx is one of our slots.
+        let c = unsafe { &*self.slots[slot].get() };
+        Some((c.tag, c.data))
+    }
+
+    /// Pointer to the scratch space of a context this pool handed out.
+    pub fn scratch(&self, ctx: *mut c_void) -> Option<*mut u64> {
+        let slot = self.slot_of(ctx)?;
+        // SAFETY: slot_of checked that ctx is one of our slots; the field address is in bounds.
+        Some(unsafe { (*self.slots[slot].get()).scratch.as_mut_ptr() })
+    }
+
+    /// The whole slab `(address, bytes)`, so that it can be registered once for FI_MR_LOCAL providers.
+    pub fn region(&self) -> (*const u8, usize) {
+        (
+            self.slots.as_ptr() as *const u8,
+            std::mem::size_of_val(&*self.slots),
+        )
+    }
+
+    /// Returns a context to the pool. Foreign or null pointers are ignored (returns false).
+    pub fn free(&self, ctx: *mut c_void) -> bool {
+        match self.slot_of(ctx) {
+            Some(slot) => {
+                self.free.lock().push(slot as u32);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Contexts currently handed out.
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.lock().len()
+    }
+
+    fn slot_of(&self, ctx: *mut c_void) -> Option<usize> {
+        if ctx.is_null() || self.slots.is_empty() {
+            return None;
+        }
+        let base = self.slots.as_ptr() as usize;
+        let size = std::mem::size_of::<UnsafeCell<OpContext>>();
+        let off = (ctx as usize).checked_sub(base)?;
+        if off % size != 0 || off / size >= self.slots.len() {
+            return None;
+        }
+        Some(off / size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_free_roundtrip_and_foreign_pointers() {
+        let pool = OpContexts::new(3);
+        let a = pool.alloc(1, 10).unwrap();
+        let b = pool.alloc(2, 20).unwrap();
+        let c = pool.alloc(3, 30).unwrap();
+        assert!(pool.alloc(4, 40).is_none());
+        assert_eq!(pool.get(b), Some((2, 20)));
+        assert_eq!(pool.in_flight(), 3);
+        assert!(pool.free(b));
+        assert!(!pool.free(std::ptr::null_mut()));
+        let mut x = 0u64;
+        assert!(!pool.free(&mut x as *mut u64 as *mut c_void));
+        assert_eq!(pool.get((a as usize + 1) as *mut c_void), None);
+        let d = pool.alloc(5, 50).unwrap();
+        assert_eq!(d, b);
+        assert_eq!(pool.get(d), Some((5, 50)));
+        assert!(pool.free(a) && pool.free(c) && pool.free(d));
+        assert_eq!(pool.in_flight(), 0);
+    }
+}

@@ -1,0 +1,353 @@
+//! A CPU implementation of the device side of the posting protocol in [`super::state`]: the thread
+//! that "plays the GPU" in tests and benchmarks, and the reference the CUDA header follows.
+//!
+//! Step by step (numbers as in the protocol):
+//! 1. reserve `k` slots: `base = fetch_add(ctrl.resv, k)`;
+//! 2. wait until `base + k - ctrl.done <= sq_entries`, polling completions meanwhile;
+//! 3. write each WQE at slot `pc & (sq_entries - 1)` with phase `(pc / sq_entries) & 1` and request
+//!    id `pc` (low 16 bits), then a full fence (`__threadfence_system()` on the GPU);
+//! 4. wait until `ctrl.ready == base`, store the producer count into the doorbell (in steps of at
+//!    most `max_batch` WQEs), fence, set `ctrl.ready = base + k`;
+//! 5. completions: the holder of `ctrl.cq_lock` (CAS 0 → 1) reads CQEs at `ctrl.cq_ci` while their
+//!    phase is `((cq_ci / cq_entries) & 1) ^ 1`, marks `slot_status[req_id & (sq_entries - 1)] =
+//!    status + 1`, counts errors (`ctrl.errors`, `ctrl.first_error`), advances `ctrl.done` over
+//!    consecutive marked slots (clearing them), releases the lock;
+//! 6. quiet: wait until `ctrl.done >= ctrl.ready` as read at entry; report `ctrl.errors`.
+//!
+//! Receive completions (an extension of the protocol for the RX ring): also under `cq_lock`, entries
+//! are read at `ctrl.rx_ci` with the same phase rule on `rx_entries`, and `ctrl.rx_ci` is advanced
+//! after each one (the software queue reads it to know the ring has room).
+//!
+//! Once a reservation is made it must be committed (later posters wait for it in step 4), so the
+//! deadlines here are safety nets: a poster that gives up leaves the queue stuck and says so.
+use std::mem::offset_of;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::efa::cqe::{self, RxCqe, RX_CQE_EX_SIZE, TX_CQE_SIZE};
+use crate::efa::wqe::{self, WqeDesc, WQE_SIZE};
+
+use super::mem::{self, read_shared};
+use super::softq::{HostView, SoftQueue};
+use super::state::NvshmemEfaGdaQueueCtrl;
+use super::{GdaError, Result};
+
+const OFF_RESV: usize = offset_of!(NvshmemEfaGdaQueueCtrl, resv);
+const OFF_READY: usize = offset_of!(NvshmemEfaGdaQueueCtrl, ready);
+const OFF_DONE: usize = offset_of!(NvshmemEfaGdaQueueCtrl, done);
+const OFF_CQ_CI: usize = offset_of!(NvshmemEfaGdaQueueCtrl, cq_ci);
+const OFF_ERRORS: usize = offset_of!(NvshmemEfaGdaQueueCtrl, errors);
+const OFF_FIRST_ERROR: usize = offset_of!(NvshmemEfaGdaQueueCtrl, first_error);
+const OFF_CQ_LOCK: usize = offset_of!(NvshmemEfaGdaQueueCtrl, cq_lock);
+const OFF_RX_CI: usize = offset_of!(NvshmemEfaGdaQueueCtrl, rx_ci);
+
+/// Called by whichever poster polls a completion: the full producer count of the WQE it completes,
+/// its status byte, and the 16 raw bytes of the CQE.
+pub type CqeObserver = dyn Fn(u64, u8, &[u8; TX_CQE_SIZE]) + Send + Sync;
+
+/// A CPU poster on a software queue whose control block is in host memory.
+pub struct HostPoster<'q> {
+    v: HostView,
+    observer: Option<Arc<CqeObserver>>,
+    timeout: Duration,
+    duplicates: AtomicU64,
+    _queue: std::marker::PhantomData<&'q SoftQueue>,
+}
+
+impl<'q> HostPoster<'q> {
+    /// A poster on `q`, which must have its control block in host memory
+    /// ([`super::mem::CtrlPlacement::Host`], or no CUDA).
+    pub fn new(q: &'q SoftQueue) -> Result<HostPoster<'q>> {
+        let v = q.host_view().ok_or_else(|| {
+            GdaError::invalid(
+                "the queue's control block is in GPU memory: create it with CtrlPlacement::Host",
+            )
+        })?;
+        Ok(HostPoster {
+            v,
+            observer: None,
+            timeout: Duration::from_secs(60),
+            duplicates: AtomicU64::new(0),
+            _queue: std::marker::PhantomData,
+        })
+    }
+
+    /// Calls `f` for every completion any poster of this value reads.
+    pub fn with_observer(mut self, f: Arc<CqeObserver>) -> Self {
+        self.observer = Some(f);
+        self
+    }
+
+    /// How long a wait may last before the poster reports the queue stuck (default 60 s).
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// The queue's geometry.
+    pub fn view(&self) -> &HostView {
+        &self.v
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: 8-byte aligned word of the control block, which the queue keeps alive for 'q.
+        unsafe { mem::atomic_u64(self.v.ctrl.add(off)) }
+    }
+
+    fn word32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: 4-byte aligned word of the control block.
+        unsafe { mem::atomic_u32(self.v.ctrl.add(off)) }
+    }
+
+    fn status_word(&self, slot: u64) -> &AtomicU32 {
+        // SAFETY: slot < sq_entries, inside the status array.
+        unsafe { mem::atomic_u32(self.v.slot_status.add(slot as usize) as *mut u8) }
+    }
+
+    fn stuck(&self, what: &str) -> GdaError {
+        GdaError {
+            code: -libc::ETIMEDOUT,
+            message: format!(
+                "host poster: {what} did not happen within {:?} (resv {}, ready {}, done {}, cq_ci {})",
+                self.timeout,
+                self.resv(),
+                self.ready(),
+                self.done(),
+                self.word(OFF_CQ_CI).load(Ordering::Acquire)
+            ),
+        }
+    }
+
+    /// Posts `k` WQEs; `fill(pc, phase)` returns the 64 bytes for producer count `pc` (request id
+    /// `pc as u16`, phase `phase` for a well-formed WQE). Returns the first producer count.
+    pub fn post_with(
+        &self,
+        k: usize,
+        mut fill: impl FnMut(u64, u8) -> [u8; WQE_SIZE],
+    ) -> Result<u64> {
+        let n = u64::from(self.v.sq_entries);
+        if k == 0 {
+            return Ok(self.ready());
+        }
+        if k as u64 > n {
+            return Err(GdaError::invalid(format!(
+                "cannot post {k} WQEs at once on a queue of {n}"
+            )));
+        }
+        // 1. reserve
+        let base = self.word(OFF_RESV).fetch_add(k as u64, Ordering::AcqRel);
+        let end = base + k as u64;
+        // 2. wait for free slots
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while end - self.word(OFF_DONE).load(Ordering::Acquire) > n {
+            if self.poll_cq() == 0 {
+                spins = spins.saturating_add(1);
+                backoff(spins);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(self.stuck("free send-queue slots"));
+            }
+        }
+        // 3. write the WQEs
+        for pc in base..end {
+            let bytes = fill(pc, wqe::phase_for(pc, self.v.sq_entries));
+            let slot = (pc & (n - 1)) as usize;
+            // SAFETY: the slot lies inside the SQ ring; nobody else writes it until `done` passes pc.
+            unsafe { mem::write_shared(self.v.sq.add(slot * WQE_SIZE), &bytes) };
+        }
+        fence(Ordering::SeqCst);
+        // 4. ordered commit
+        let mut spins = 0u32;
+        while self.word(OFF_READY).load(Ordering::Acquire) != base {
+            if self.poll_cq() == 0 {
+                spins = spins.saturating_add(1);
+                backoff(spins);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(self.stuck("the ordered commit of earlier posters"));
+            }
+        }
+        let batch = u64::from(self.v.max_batch.max(1));
+        let mut at = base;
+        while at < end {
+            at = (at + batch).min(end);
+            // SAFETY: the doorbell record lives in the queue's ring memory.
+            unsafe { mem::atomic_u32(self.v.doorbell as *mut u8) }
+                .store(at as u32, Ordering::Release);
+            fence(Ordering::SeqCst);
+        }
+        self.word(OFF_READY).store(end, Ordering::Release);
+        Ok(base)
+    }
+
+    /// Posts well-formed WQEs: each description gets request id and phase from its producer count.
+    pub fn post(&self, descs: &[WqeDesc]) -> Result<u64> {
+        let mut i = 0;
+        self.post_with(descs.len(), |pc, phase| {
+            let mut d = descs[i];
+            i += 1;
+            d.req_id = pc & 0xFFFF;
+            d.req_id_64 = false;
+            d.phase = phase;
+            wqe::encode(&d)
+        })
+    }
+
+    /// 5. Reads completions if no other poster holds the CQ lock; returns how many it read.
+    pub fn poll_cq(&self) -> usize {
+        let lock = self.word32(OFF_CQ_LOCK);
+        if lock
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return 0;
+        }
+        let n = u64::from(self.v.cq_entries);
+        let mask = u64::from(self.v.sq_entries - 1);
+        let mut ci = self.word(OFF_CQ_CI).load(Ordering::Acquire);
+        let done = self.word(OFF_DONE).load(Ordering::Acquire);
+        let mut read = 0;
+        loop {
+            let entry = (ci & (n - 1)) as usize;
+            // SAFETY: the entry lies inside the CQ ring.
+            let p = unsafe { self.v.cq.add(entry * TX_CQE_SIZE) };
+            // SAFETY: as above.
+            let flags = unsafe { mem::atomic_u8(p.add(3)) }.load(Ordering::Acquire);
+            if cqe::flags_phase(flags) != cqe::cq_expected_phase(ci, self.v.cq_entries) {
+                break;
+            }
+            fence(Ordering::Acquire);
+            // SAFETY: 16-byte aligned entry inside the ring.
+            let bytes: [u8; TX_CQE_SIZE] = unsafe { read_shared(p) };
+            let req_id = u16::from_le_bytes([bytes[0], bytes[1]]);
+            let status = bytes[2];
+            let pc = done + u64::from(req_id.wrapping_sub(done as u16));
+            let slot = u64::from(req_id) & mask;
+            let w = self.status_word(slot);
+            if w.load(Ordering::Acquire) != 0 {
+                self.duplicates.fetch_add(1, Ordering::AcqRel);
+            }
+            w.store(u32::from(status) + 1, Ordering::Release);
+            if status != 0 {
+                self.word(OFF_ERRORS).fetch_add(1, Ordering::AcqRel);
+                let _ = self.word32(OFF_FIRST_ERROR).compare_exchange(
+                    0,
+                    u32::from(status),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+            if let Some(o) = &self.observer {
+                o(pc, status, &bytes);
+            }
+            ci += 1;
+            read += 1;
+        }
+        if read > 0 {
+            self.word(OFF_CQ_CI).store(ci, Ordering::Release);
+            let mut d = done;
+            loop {
+                let w = self.status_word(d & mask);
+                if w.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                w.store(0, Ordering::Relaxed);
+                d += 1;
+            }
+            self.word(OFF_DONE).store(d, Ordering::Release);
+        }
+        lock.store(0, Ordering::Release);
+        read
+    }
+
+    /// Reads up to `max` receive completions (under the CQ lock) and appends them to `out`.
+    pub fn poll_rx(
+        &self,
+        max: usize,
+        out: &mut Vec<std::result::Result<RxCqe, cqe::CqeError>>,
+    ) -> usize {
+        let lock = self.word32(OFF_CQ_LOCK);
+        if lock
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return 0;
+        }
+        let n = u64::from(self.v.rx_entries);
+        let rx_ci = self.word(OFF_RX_CI);
+        let mut ci = rx_ci.load(Ordering::Acquire);
+        let mut read = 0;
+        while read < max {
+            // SAFETY: the entry lies inside the RX ring.
+            let p = unsafe { self.v.rx.add((ci & (n - 1)) as usize * RX_CQE_EX_SIZE) };
+            // SAFETY: as above.
+            let flags = unsafe { mem::atomic_u8(p.add(3)) }.load(Ordering::Acquire);
+            if cqe::flags_phase(flags) != cqe::cq_expected_phase(ci, self.v.rx_entries) {
+                break;
+            }
+            fence(Ordering::Acquire);
+            // SAFETY: 32-byte entry inside the ring.
+            let bytes: [u8; RX_CQE_EX_SIZE] = unsafe { read_shared(p) };
+            out.push(cqe::decode_rx_ex(&bytes));
+            ci += 1;
+            read += 1;
+            rx_ci.store(ci, Ordering::Release);
+        }
+        lock.store(0, Ordering::Release);
+        read
+    }
+
+    /// 6. Waits until everything committed before the call has completed; returns the error count.
+    pub fn quiet(&self) -> Result<u64> {
+        let target = self.ready();
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self.done() < target {
+            if self.poll_cq() == 0 {
+                spins = spins.saturating_add(1);
+                backoff(spins);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(self.stuck("quiet"));
+            }
+        }
+        Ok(self.errors())
+    }
+
+    /// `ctrl.resv`.
+    pub fn resv(&self) -> u64 {
+        self.word(OFF_RESV).load(Ordering::Acquire)
+    }
+    /// `ctrl.ready`.
+    pub fn ready(&self) -> u64 {
+        self.word(OFF_READY).load(Ordering::Acquire)
+    }
+    /// `ctrl.done`.
+    pub fn done(&self) -> u64 {
+        self.word(OFF_DONE).load(Ordering::Acquire)
+    }
+    /// `ctrl.errors`.
+    pub fn errors(&self) -> u64 {
+        self.word(OFF_ERRORS).load(Ordering::Acquire)
+    }
+    /// `ctrl.first_error`.
+    pub fn first_error(&self) -> u32 {
+        self.word32(OFF_FIRST_ERROR).load(Ordering::Acquire)
+    }
+    /// Completions that hit a slot already marked (must stay 0: one completion per WQE).
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Acquire)
+    }
+}
+
+fn backoff(spins: u32) {
+    if spins < 64 {
+        std::hint::spin_loop();
+    } else if spins < 256 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}

@@ -1,0 +1,1005 @@
+//! GPU Direct Async, host side: choosing between the provider's hardware queues and the software EFA
+//! queue, creating the queue on an endpoint of its own, building the peer table, and publishing the
+//! device state ([`state::NvshmemEfaGdaDeviceState`]) kernels read.
+//!
+//! Two ways in:
+//! * [`init_internal`] when this library is NVSHMEM's transport: the queue gets a dedicated endpoint
+//!   (own AV, own CQ) on the transport's domain, so libfabric never posts on the send queue the GPU
+//!   posts to. `auto` picks hardware when the domain answers `fi_open_ops("efa gda ops")` and is
+//!   `efa-direct`, the software queue otherwise.
+//! * [`init_on_external_ep`] for a patched NVSHMEM that owns the endpoint: hardware only.
+//!
+//! Then [`connect`] (peer table), [`set_local_heap`], [`set_remote_heap`] for every PE, and kernels
+//! read [`device_state_device_ptr`]. The state's `ready` flag turns 1 once the queue, the local heap,
+//! the peer table and every peer's heap are known.
+//!
+//! Everything is process-global behind one lock; every call is thread-safe, and `init_*` and [`fini`]
+//! are idempotent. [`Gda`] is the same thing as a value, for programs (and tests) that want several.
+pub mod host_poster;
+pub mod hw;
+pub mod mem;
+pub mod mr;
+pub mod softq;
+pub mod state;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::config::{Config, GdaMode};
+use crate::cuda::{self, DeviceBuffer};
+use crate::fabric::{sys as fi, Domain, MemoryRegion};
+
+use self::hw::{GdaOps, HwQueue};
+use self::mem::CtrlPlacement;
+use self::mr::OwnedMr;
+use self::softq::{SoftQueue, SoftQueueConfig};
+use self::state::{
+    NvshmemEfaGdaDeviceState, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_MODE_HW,
+    NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_PEER_VALID, NVSHMEM_EFA_GDA_STATE_VERSION,
+};
+
+/// GDA is off (`NVSHMEM_EFA_GDA=off`).
+pub const MODE_OFF: u32 = 0;
+/// Hardware queues.
+pub const MODE_HW: u32 = NVSHMEM_EFA_GDA_MODE_HW;
+/// Software queue.
+pub const MODE_SOFT: u32 = NVSHMEM_EFA_GDA_MODE_SOFT;
+
+/// An error of the GDA layer: a negative errno-style code and a message that says what and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GdaError {
+    /// Negative errno-style code (`-EINVAL`, `-EOPNOTSUPP`, `-ENODEV`, ...).
+    pub code: i32,
+    /// What failed and why.
+    pub message: String,
+}
+
+impl GdaError {
+    /// Bad argument (`-EINVAL`).
+    pub fn invalid(m: impl Into<String>) -> GdaError {
+        GdaError {
+            code: -libc::EINVAL,
+            message: m.into(),
+        }
+    }
+    /// Not supported here (`-EOPNOTSUPP`).
+    pub fn unsupported(m: impl Into<String>) -> GdaError {
+        GdaError {
+            code: -libc::EOPNOTSUPP,
+            message: m.into(),
+        }
+    }
+    /// Out of memory (`-ENOMEM`).
+    pub fn nomem(m: impl Into<String>) -> GdaError {
+        GdaError {
+            code: -libc::ENOMEM,
+            message: m.into(),
+        }
+    }
+    /// I/O or driver failure (`-EIO`).
+    pub fn io(m: impl Into<String>) -> GdaError {
+        GdaError {
+            code: -libc::EIO,
+            message: m.into(),
+        }
+    }
+    /// Not initialised (`-ENODEV`).
+    pub fn not_initialised() -> GdaError {
+        GdaError {
+            code: -libc::ENODEV,
+            message: "GDA is not initialised".into(),
+        }
+    }
+}
+
+impl fmt::Display for GdaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for GdaError {}
+
+impl From<crate::fabric::Error> for GdaError {
+    fn from(e: crate::fabric::Error) -> GdaError {
+        GdaError {
+            code: if e.code < 0 { e.code } else { -libc::EIO },
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<cuda::CudaError> for GdaError {
+    fn from(e: cuda::CudaError) -> GdaError {
+        GdaError::io(e.to_string())
+    }
+}
+
+/// Result of the GDA layer.
+pub type Result<T> = std::result::Result<T, GdaError>;
+
+/// Knobs beyond the configuration (tests and tools).
+#[derive(Clone, Debug)]
+pub struct GdaOptions {
+    /// Where the software queue's control block lives.
+    pub ctrl: CtrlPlacement,
+    /// Override of `NVSHMEM_EFA_SQ_DEPTH`.
+    pub sq_depth: Option<u32>,
+    /// Override of `NVSHMEM_EFA_MAX_BATCH`.
+    pub max_batch: Option<u32>,
+}
+
+impl Default for GdaOptions {
+    fn default() -> GdaOptions {
+        GdaOptions {
+            ctrl: CtrlPlacement::Auto,
+            sq_depth: None,
+            max_batch: None,
+        }
+    }
+}
+
+enum Backend {
+    Off,
+    Soft(SoftQueue),
+    Hw(Box<HwQueue>),
+}
+
+/// The local heap and how queues address it.
+struct LocalHeap {
+    base: u64,
+    size: u64,
+    /// Key peers use for it.
+    key: u64,
+    /// lkey kernels put into WQEs.
+    lkey: u32,
+    /// Soft lkey to forget when the heap is replaced.
+    soft_lkey: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RemoteHeap {
+    base: u64,
+    size: u64,
+    key: u64,
+}
+
+/// Memory the published device state lives in.
+enum Published {
+    None,
+    Device {
+        state: DeviceBuffer,
+        peers: Option<DeviceBuffer>,
+    },
+    Host {
+        state: Box<NvshmemEfaGdaDeviceState>,
+        peers: Vec<NvshmemEfaGdaPeer>,
+    },
+}
+
+/// One GDA context: a queue, its peer table and heaps, and the device copy of its state.
+///
+/// Field order is drop order: the queue (and its consumer thread) goes before the registrations it
+/// uses.
+pub struct Gda {
+    backend: Backend,
+    heap: Option<LocalHeap>,
+    registrations: Vec<OwnedMr>,
+    extra_lkeys: Vec<u32>,
+    domain: Option<Arc<Domain>>,
+    domain_raw: *mut fi::fid_domain,
+    mode: u32,
+    reason: String,
+    my_pe: i32,
+    n_pes: i32,
+    names: Vec<u8>,
+    peers: Vec<NvshmemEfaGdaPeer>,
+    remote: HashMap<i32, RemoteHeap>,
+    published: Published,
+    use_cuda: bool,
+    cuda_ctx: usize,
+}
+
+// SAFETY: the raw domain pointer is only used for identity checks and calls on an FI_THREAD_SAFE
+// domain; everything else is Send + Sync data.
+unsafe impl Send for Gda {}
+// SAFETY: as above.
+unsafe impl Sync for Gda {}
+
+fn soft_config(cfg: &Config, opts: &GdaOptions) -> SoftQueueConfig {
+    SoftQueueConfig::new(
+        opts.sq_depth.unwrap_or(cfg.sq_depth),
+        opts.max_batch.unwrap_or(cfg.max_batch),
+        opts.ctrl,
+    )
+}
+
+impl Gda {
+    fn empty(
+        mode: u32,
+        reason: String,
+        domain: Option<Arc<Domain>>,
+        domain_raw: *mut fi::fid_domain,
+        backend: Backend,
+    ) -> Gda {
+        Gda {
+            backend,
+            heap: None,
+            registrations: Vec::new(),
+            extra_lkeys: Vec::new(),
+            domain,
+            domain_raw,
+            mode,
+            reason,
+            my_pe: -1,
+            n_pes: 0,
+            names: Vec::new(),
+            peers: Vec::new(),
+            remote: HashMap::new(),
+            published: Published::None,
+            use_cuda: mem::cuda_usable(),
+            cuda_ctx: cuda::current_context(),
+        }
+    }
+
+    /// Creates a GDA context on a dedicated endpoint of `domain`, choosing the mode as `cfg.gda` says.
+    pub fn new(domain: &Arc<Domain>, cfg: &Config, opts: &GdaOptions) -> Result<Gda> {
+        let provider = format!(
+            "{} ({})",
+            domain.info().provider_name(),
+            domain.info().fabric_name()
+        );
+        let hw_attempt = || -> Result<HwQueue> {
+            if !hw::is_efa_direct(domain) {
+                // Still ask, so that the answer (and its error) is what the log shows.
+                let _ = GdaOps::open(domain)?;
+                return Err(GdaError::unsupported(format!(
+                    "{}: provider {provider} is not efa-direct",
+                    hw::NO_GDA_OPS
+                )));
+            }
+            let ops = GdaOps::open(domain)?;
+            HwQueue::open(domain, ops)
+        };
+        let soft = |reason: String| -> Result<Gda> {
+            let q = SoftQueue::new(domain, &soft_config(cfg, opts))?;
+            tracing::info!("GDA: software EFA queue on provider {provider}: {reason}");
+            Ok(Gda::empty(
+                MODE_SOFT,
+                reason,
+                Some(domain.clone()),
+                domain.as_ptr(),
+                Backend::Soft(q),
+            ))
+        };
+        match cfg.gda {
+            GdaMode::Off => {
+                tracing::info!("GDA: off (NVSHMEM_EFA_GDA=off)");
+                Ok(Gda::empty(
+                    MODE_OFF,
+                    "NVSHMEM_EFA_GDA=off".into(),
+                    Some(domain.clone()),
+                    domain.as_ptr(),
+                    Backend::Off,
+                ))
+            }
+            GdaMode::Soft => soft("NVSHMEM_EFA_GDA=soft".into()),
+            GdaMode::Hw => match hw_attempt() {
+                Ok(q) => {
+                    tracing::info!(
+                        "GDA: hardware EFA queues on provider {provider} (NVSHMEM_EFA_GDA=hw)"
+                    );
+                    Ok(Gda::empty(
+                        MODE_HW,
+                        "NVSHMEM_EFA_GDA=hw".into(),
+                        Some(domain.clone()),
+                        domain.as_ptr(),
+                        Backend::Hw(Box::new(q)),
+                    ))
+                }
+                Err(e) => {
+                    tracing::error!(
+                        "GDA: NVSHMEM_EFA_GDA=hw but hardware queues are not available: {e}"
+                    );
+                    Err(GdaError {
+                        code: e.code,
+                        message: format!("NVSHMEM_EFA_GDA=hw: {}", e.message),
+                    })
+                }
+            },
+            GdaMode::Auto => match hw_attempt() {
+                Ok(q) => {
+                    tracing::info!(
+                        "GDA: hardware EFA queues on provider {provider} (GDA ops answer)"
+                    );
+                    Ok(Gda::empty(
+                        MODE_HW,
+                        "GDA ops answer".into(),
+                        Some(domain.clone()),
+                        domain.as_ptr(),
+                        Backend::Hw(Box::new(q)),
+                    ))
+                }
+                Err(e) => soft(format!("no hardware queues: {e}")),
+            },
+        }
+    }
+
+    /// Hardware GDA on an endpoint the caller owns (patched NVSHMEM). The transmit CQ comes later
+    /// through [`Gda::set_cq`].
+    ///
+    /// # Safety
+    /// `domain` and `ep` must be open libfabric objects (the endpoint enabled, of that domain) that
+    /// stay open until this value is dropped; nothing else may post sends on `ep` afterwards.
+    pub unsafe fn on_external_ep(
+        domain: *mut fi::fid_domain,
+        ep: *mut fi::fid_ep,
+        cfg: &Config,
+    ) -> Result<Gda> {
+        if domain.is_null() || ep.is_null() {
+            return Err(GdaError::invalid("null domain or endpoint"));
+        }
+        match cfg.gda {
+            GdaMode::Off => {
+                tracing::info!("GDA: off (NVSHMEM_EFA_GDA=off)");
+                return Ok(Gda::empty(
+                    MODE_OFF,
+                    "NVSHMEM_EFA_GDA=off".into(),
+                    None,
+                    domain,
+                    Backend::Off,
+                ));
+            }
+            GdaMode::Soft => {
+                let m = "the software EFA queue needs an endpoint of its own: it cannot run on an endpoint the \
+                         caller owns. Load this library as NVSHMEM's transport (NVSHMEM_REMOTE_TRANSPORT=libfabric) \
+                         to use it";
+                tracing::error!("GDA: NVSHMEM_EFA_GDA=soft with an external endpoint: {m}");
+                return Err(GdaError::unsupported(m));
+            }
+            GdaMode::Hw | GdaMode::Auto => {}
+        }
+        // SAFETY: forwarded contract.
+        let q =
+            unsafe { GdaOps::open_raw(domain).and_then(|ops| HwQueue::on_external_ep(ops, ep)) };
+        match q {
+            Ok(q) => {
+                tracing::info!("GDA: hardware EFA queue on the caller's endpoint");
+                Ok(Gda::empty(
+                    MODE_HW,
+                    "GDA ops answer".into(),
+                    None,
+                    domain,
+                    Backend::Hw(Box::new(q)),
+                ))
+            }
+            Err(e) => {
+                let m = if cfg.gda == GdaMode::Auto {
+                    format!(
+                        "{}; the software EFA queue cannot run on the caller's endpoint: load this library as \
+                         NVSHMEM's transport (NVSHMEM_REMOTE_TRANSPORT=libfabric) to use it",
+                        e.message
+                    )
+                } else {
+                    e.message
+                };
+                tracing::error!("GDA on the caller's endpoint: {m}");
+                Err(GdaError {
+                    code: e.code,
+                    message: m,
+                })
+            }
+        }
+    }
+
+    /// `MODE_OFF`, `MODE_HW` or `MODE_SOFT`.
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    /// Why this mode was chosen.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The software queue, in software mode.
+    pub fn soft_queue(&self) -> Option<&SoftQueue> {
+        match &self.backend {
+            Backend::Soft(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    fn need_queue(&self) -> Result<()> {
+        match self.backend {
+            Backend::Off => Err(GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)")),
+            _ => Ok(()),
+        }
+    }
+
+    /// Raw name of the dedicated endpoint (exchange it with every PE, then [`Gda::connect`]).
+    pub fn address(&self) -> Result<Vec<u8>> {
+        self.need_queue()?;
+        match &self.backend {
+            Backend::Soft(q) => q.name(),
+            Backend::Hw(q) => q.name(),
+            Backend::Off => unreachable!("checked above"),
+        }
+    }
+
+    /// Builds the peer table from every PE's endpoint name (`names`, `n_pes` names of equal length back
+    /// to back) or, for an external endpoint, from the caller's `fi_addrs`.
+    pub fn connect(
+        &mut self,
+        my_pe: i32,
+        n_pes: i32,
+        names: &[u8],
+        fi_addrs: Option<&[u64]>,
+    ) -> Result<()> {
+        self.need_queue()?;
+        if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
+            return Err(GdaError::invalid(format!("connect: PE {my_pe} of {n_pes}")));
+        }
+        let n = n_pes as usize;
+        if !names.is_empty() && names.len() % n != 0 {
+            return Err(GdaError::invalid(format!(
+                "connect: {} bytes of names is not {n_pes} equal names",
+                names.len()
+            )));
+        }
+        if let Some(a) = fi_addrs {
+            if a.len() != n {
+                return Err(GdaError::invalid(format!(
+                    "connect: {} fi_addr values for {n_pes} PEs",
+                    a.len()
+                )));
+            }
+        }
+        if self.n_pes > 0 {
+            if self.n_pes == n_pes && self.my_pe == my_pe && self.names == names {
+                return Ok(());
+            }
+            return Err(GdaError {
+                code: -libc::EALREADY,
+                message: format!(
+                    "connect: already connected as PE {} of {}",
+                    self.my_pe, self.n_pes
+                ),
+            });
+        }
+        let peers: Vec<NvshmemEfaGdaPeer> = match &mut self.backend {
+            Backend::Soft(q) => {
+                if names.is_empty() {
+                    return Err(GdaError::invalid(
+                        "connect: the software queue needs every PE's GDA endpoint name",
+                    ));
+                }
+                if n_pes > wire::SOFT_MAX_PES {
+                    return Err(GdaError::invalid(format!(
+                        "connect: the software queue addresses at most {} PEs",
+                        wire::SOFT_MAX_PES
+                    )));
+                }
+                let addrs = q.insert_names(names, n)?;
+                let qkey = wire::soft_qkey(n_pes, names);
+                q.set_peers(my_pe, qkey, &addrs)?;
+                (0..n_pes)
+                    .map(|pe| NvshmemEfaGdaPeer {
+                        ahn: pe as u16,
+                        qpn: wire::soft_qpn(pe),
+                        qkey,
+                        flags: NVSHMEM_EFA_GDA_PEER_VALID,
+                        ..Default::default()
+                    })
+                    .collect()
+            }
+            Backend::Hw(q) => {
+                let addrs = match (fi_addrs, names.is_empty()) {
+                    (Some(a), _) => a.to_vec(),
+                    (None, false) => q.insert_names(names, n)?,
+                    (None, true) => {
+                        return Err(GdaError::invalid(
+                            "connect: neither endpoint names nor fi_addr values",
+                        ))
+                    }
+                };
+                q.query_peers(&addrs, my_pe as usize)?
+                    .into_iter()
+                    .map(|(ahn, qpn, qkey)| NvshmemEfaGdaPeer {
+                        ahn,
+                        qpn,
+                        qkey,
+                        flags: NVSHMEM_EFA_GDA_PEER_VALID,
+                        ..Default::default()
+                    })
+                    .collect()
+            }
+            Backend::Off => unreachable!("checked above"),
+        };
+        self.my_pe = my_pe;
+        self.n_pes = n_pes;
+        self.names = names.to_vec();
+        self.peers = peers;
+        let pending: Vec<(i32, RemoteHeap)> = self.remote.iter().map(|(k, v)| (*k, *v)).collect();
+        for (pe, h) in pending {
+            if pe >= n_pes {
+                tracing::warn!(
+                    "GDA: heap recorded for PE {pe}, which is not among the {n_pes} PEs: dropped"
+                );
+                self.remote.remove(&pe);
+                continue;
+            }
+            self.apply_remote(pe, h)?;
+        }
+        tracing::info!("GDA: connected as PE {my_pe} of {n_pes}");
+        self.publish()
+    }
+
+    fn ep_for_binding(&self) -> Option<*mut fi::fid_ep> {
+        match &self.backend {
+            Backend::Soft(q) => Some(q.endpoint().as_ptr()),
+            Backend::Hw(q) => Some(q.ep()),
+            Backend::Off => None,
+        }
+    }
+
+    fn register(
+        &mut self,
+        base: u64,
+        size: u64,
+    ) -> Result<(u64, *mut c_void, *mut fi::fid_mr, bool)> {
+        let domain = self.domain.clone().ok_or_else(|| {
+            GdaError::invalid(
+                "the caller owns the domain: pass the heap's registration (struct fid_mr)",
+            )
+        })?;
+        // SAFETY: the caller of set_local_heap/register_local guarantees the memory stays allocated
+        // until fini; the endpoint belongs to the domain.
+        let mr = unsafe { OwnedMr::register(&domain, base, size, self.ep_for_binding())? };
+        let r = (mr.key(), mr.desc(), mr.as_ptr(), mr.is_device());
+        self.registrations.push(mr);
+        Ok(r)
+    }
+
+    /// Sets the local symmetric heap. With `mr` (a registration of exactly this range on the queue's
+    /// domain, kept open by the caller until [`Gda`] is dropped) its descriptor and key are used;
+    /// without, the range is registered here (host or CUDA memory as `cuda::pointer_kind` says).
+    pub fn set_local_heap(
+        &mut self,
+        base: u64,
+        size: u64,
+        mr: Option<&MemoryRegion>,
+    ) -> Result<()> {
+        // SAFETY: a MemoryRegion is an open registration.
+        unsafe {
+            self.set_local_heap_raw(base, size, mr.map_or(std::ptr::null_mut(), |m| m.as_ptr()))
+        }
+    }
+
+    /// [`Gda::set_local_heap`] with a raw registration (null: register here).
+    ///
+    /// # Safety
+    /// `mr`, when not null, must be an open registration of `[base, base+size)` on the queue's domain
+    /// that stays open until this value is dropped; the memory must stay allocated as long.
+    pub unsafe fn set_local_heap_raw(
+        &mut self,
+        base: u64,
+        size: u64,
+        mr: *mut fi::fid_mr,
+    ) -> Result<()> {
+        self.need_queue()?;
+        if base == 0 || size == 0 || base.checked_add(size).is_none() {
+            return Err(GdaError::invalid(format!(
+                "set_local_heap: bad range {base:#x}+{size}"
+            )));
+        }
+        let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
+        let (key, desc, raw, device) =
+            if mr.is_null() || (mr_endpoint && matches!(self.backend, Backend::Soft(_))) {
+                if !mr.is_null() {
+                    tracing::info!(
+                    "GDA: FI_MR_ENDPOINT provider: registering the heap again for the GDA endpoint"
+                );
+                }
+                self.register(base, size)?
+            } else {
+                // SAFETY: open registration per the contract.
+                let (key, desc) = unsafe { (fi::fi_mr_key(mr), fi::fi_mr_desc(mr)) };
+                let device = matches!(
+                    cuda::pointer_kind(base as *const c_void),
+                    cuda::PtrKind::Device { .. }
+                );
+                (key, desc, mr, device)
+            };
+        let old = self.heap.take();
+        let (lkey, soft_lkey) = match &self.backend {
+            Backend::Soft(q) => {
+                // SAFETY: desc describes [base, base+size) (our registration, or the caller's per the
+                // contract), which stays registered and allocated while the queue lives.
+                let l = unsafe { q.add_local(base, base, size, desc, device)? };
+                q.set_heap(l)?;
+                if let Some(o) = old.as_ref().and_then(|o| o.soft_lkey) {
+                    let _ = q.remove_local(o);
+                }
+                (l, Some(l))
+            }
+            // SAFETY: raw is an open registration of the queue's domain.
+            Backend::Hw(q) => (unsafe { q.lkey(raw)? }, None),
+            Backend::Off => unreachable!("checked above"),
+        };
+        self.heap = Some(LocalHeap {
+            base,
+            size,
+            key,
+            lkey,
+            soft_lkey,
+        });
+        tracing::info!(
+            "GDA: local heap {base:#x}+{size} ({}), lkey {lkey}",
+            if device { "GPU" } else { "host" }
+        );
+        self.publish()
+    }
+
+    /// Registers another local buffer for WQEs and returns its lkey (kept until the value is dropped).
+    ///
+    /// # Safety
+    /// The memory must stay allocated until this value is dropped.
+    pub unsafe fn register_local(&mut self, base: u64, size: u64) -> Result<u32> {
+        self.need_queue()?;
+        let (_, desc, raw, device) = self.register(base, size)?;
+        let lkey = match &self.backend {
+            // SAFETY: our registration of this range lives as long as the queue.
+            Backend::Soft(q) => unsafe { q.add_local(base, base, size, desc, device)? },
+            // SAFETY: open registration of the queue's domain.
+            Backend::Hw(q) => unsafe { q.lkey(raw)? },
+            Backend::Off => unreachable!("checked above"),
+        };
+        self.extra_lkeys.push(lkey);
+        Ok(lkey)
+    }
+
+    /// The key peers use for this PE's heap (the heap's registration key).
+    pub fn local_heap_key(&self) -> Result<u64> {
+        self.heap
+            .as_ref()
+            .map(|h| h.key)
+            .ok_or_else(|| GdaError::invalid("the local heap is not set"))
+    }
+
+    /// Records PE `pe`'s heap: base address, size, and the key of its registration. Before
+    /// [`Gda::connect`] the heap is kept and applied when the peer table exists.
+    pub fn set_remote_heap(&mut self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
+        self.need_queue()?;
+        if pe < 0 || (self.n_pes > 0 && pe >= self.n_pes) {
+            return Err(GdaError::invalid(format!(
+                "set_remote_heap: PE {pe} out of range (n_pes {})",
+                self.n_pes
+            )));
+        }
+        if base.checked_add(size).is_none() || size == 0 {
+            return Err(GdaError::invalid(format!(
+                "set_remote_heap: bad range {base:#x}+{size} for PE {pe}"
+            )));
+        }
+        if matches!(self.backend, Backend::Hw(_)) && key > u64::from(u32::MAX) {
+            return Err(GdaError::invalid(format!(
+                "set_remote_heap: key {key:#x} of PE {pe} does not fit an EFA rkey"
+            )));
+        }
+        let h = RemoteHeap { base, size, key };
+        self.remote.insert(pe, h);
+        if self.n_pes > 0 {
+            self.apply_remote(pe, h)?;
+            self.publish()?;
+        }
+        Ok(())
+    }
+
+    fn apply_remote(&mut self, pe: i32, h: RemoteHeap) -> Result<()> {
+        let rkey = match &self.backend {
+            Backend::Soft(q) => {
+                q.set_remote_heap(pe, h.base, h.size, h.key)?;
+                wire::SOFT_RKEY_HEAP
+            }
+            _ => h.key as u32,
+        };
+        let p = &mut self.peers[pe as usize];
+        p.heap_base = h.base;
+        p.heap_size = h.size;
+        p.heap_rkey = rkey;
+        Ok(())
+    }
+
+    /// Names the transmit CQ of an external endpoint (hardware mode on the caller's endpoint).
+    ///
+    /// # Safety
+    /// As for [`HwQueue::set_cq`].
+    pub unsafe fn set_cq(&mut self, cq: *mut fi::fid_cq) -> Result<()> {
+        match &mut self.backend {
+            // SAFETY: forwarded contract.
+            Backend::Hw(q) => unsafe { q.set_cq(cq)? },
+            _ => {
+                return Err(GdaError::invalid(
+                    "set_cq: only for hardware GDA on the caller's endpoint",
+                ))
+            }
+        }
+        self.publish()
+    }
+
+    fn queue(&self) -> Option<NvshmemEfaGdaQueue> {
+        match &self.backend {
+            Backend::Soft(q) => Some(q.queue_desc()),
+            Backend::Hw(q) => Some(q.queue_desc()),
+            Backend::Off => None,
+        }
+    }
+
+    /// The peer table (host copy).
+    pub fn peers(&self) -> &[NvshmemEfaGdaPeer] {
+        &self.peers
+    }
+
+    fn peers_ptr(&self) -> u64 {
+        match &self.published {
+            Published::Device { peers: Some(p), .. } => p.ptr(),
+            Published::Host { peers, .. } if !peers.is_empty() => peers.as_ptr() as u64,
+            _ => 0,
+        }
+    }
+
+    /// The device state (host copy; the addresses inside are the ones kernels use).
+    pub fn device_state(&self) -> Option<NvshmemEfaGdaDeviceState> {
+        let queue = self.queue()?;
+        let heap = self.heap.as_ref();
+        let remote_complete = self.n_pes > 0 && self.peers.iter().all(|p| p.heap_size > 0);
+        let cq_known = queue.cq != 0;
+        let ready = heap.is_some() && remote_complete && cq_known;
+        Some(NvshmemEfaGdaDeviceState {
+            version: NVSHMEM_EFA_GDA_STATE_VERSION,
+            ready: u32::from(ready),
+            my_pe: self.my_pe,
+            n_pes: self.n_pes,
+            queue,
+            heap_base: heap.map_or(0, |h| h.base),
+            heap_size: heap.map_or(0, |h| h.size),
+            heap_lkey: heap.map_or(0, |h| h.lkey),
+            reserved: 0,
+            peers: self.peers_ptr(),
+        })
+    }
+
+    /// Address of the device-resident copy of the state (host memory when CUDA is not in use), or 0.
+    pub fn device_state_ptr(&self) -> u64 {
+        match &self.published {
+            Published::Device { state, .. } => state.ptr(),
+            Published::Host { state, .. } => &**state as *const NvshmemEfaGdaDeviceState as u64,
+            Published::None => 0,
+        }
+    }
+
+    /// Rewrites the device copy of the peer table and the state.
+    fn publish(&mut self) -> Result<()> {
+        if matches!(self.backend, Backend::Off) {
+            return Ok(());
+        }
+        if self.use_cuda {
+            if cuda::current_context() == 0 {
+                cuda::set_current_context(self.cuda_ctx)?;
+            }
+            let bytes = std::mem::size_of::<NvshmemEfaGdaPeer>() * self.peers.len();
+            let (state_buf, old_peers) =
+                match std::mem::replace(&mut self.published, Published::None) {
+                    Published::Device { state, peers } => (state, peers),
+                    _ => (
+                        DeviceBuffer::new(std::mem::size_of::<NvshmemEfaGdaDeviceState>())?,
+                        None,
+                    ),
+                };
+            let peers_buf = match old_peers {
+                Some(p) if p.len() == bytes => Some(p),
+                _ if bytes > 0 => Some(DeviceBuffer::new(bytes)?),
+                _ => None,
+            };
+            if let Some(p) = &peers_buf {
+                // SAFETY: copies the host peer table into a device buffer of exactly its size.
+                unsafe {
+                    cuda::memcpy(
+                        p.ptr() as *mut c_void,
+                        self.peers.as_ptr() as *const c_void,
+                        bytes,
+                    )?
+                };
+            }
+            self.published = Published::Device {
+                state: state_buf,
+                peers: peers_buf,
+            };
+            let st = self.device_state().expect("queue exists");
+            if let Published::Device { state, .. } = &self.published {
+                // SAFETY: the device buffer holds one state struct.
+                unsafe {
+                    cuda::memcpy(
+                        state.ptr() as *mut c_void,
+                        &st as *const NvshmemEfaGdaDeviceState as *const c_void,
+                        std::mem::size_of::<NvshmemEfaGdaDeviceState>(),
+                    )?
+                };
+            }
+        } else {
+            let peers = self.peers.clone();
+            let state = match std::mem::replace(&mut self.published, Published::None) {
+                Published::Host { state, .. } => state,
+                _ => Box::new(self.device_state().expect("queue exists")),
+            };
+            self.published = Published::Host { state, peers };
+            let st = self.device_state().expect("queue exists");
+            if let Published::Host { state, .. } = &mut self.published {
+                **state = st;
+            }
+        }
+        Ok(())
+    }
+
+    fn same_domain(&self, domain: *mut fi::fid_domain) -> bool {
+        self.domain_raw == domain
+    }
+}
+
+impl Drop for Gda {
+    fn drop(&mut self) {
+        if let Backend::Soft(q) = &self.backend {
+            q.stop();
+        }
+        if self.mode != MODE_OFF {
+            tracing::info!("GDA: shut down (mode {})", self.mode);
+        }
+    }
+}
+
+// ---- the process-global context ----
+
+static GDA: Mutex<Option<Gda>> = Mutex::new(None);
+
+/// Initialises GDA for this library's own transport on `domain` (idempotent: a second call on the
+/// same domain returns the mode chosen the first time). Returns `MODE_OFF`, `MODE_HW` or
+/// `MODE_SOFT`.
+pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
+    let mut g = GDA.lock();
+    if let Some(x) = g.as_ref() {
+        if x.same_domain(domain.as_ptr()) {
+            return Ok(x.mode);
+        }
+        return Err(GdaError {
+            code: -libc::EALREADY,
+            message: "GDA is already initialised on another domain".into(),
+        });
+    }
+    let gda = Gda::new(domain, cfg, &GdaOptions::default())?;
+    let m = gda.mode;
+    *g = Some(gda);
+    Ok(m)
+}
+
+/// Initialises hardware GDA on an endpoint the caller owns (patched NVSHMEM). The configuration is
+/// read from the environment.
+///
+/// # Safety
+/// As for [`Gda::on_external_ep`].
+pub unsafe fn init_on_external_ep(domain: *mut fi::fid_domain, ep: *mut fi::fid_ep) -> Result<u32> {
+    let cfg = Config::from_env().map_err(|e| GdaError::invalid(e.to_string()))?;
+    let mut g = GDA.lock();
+    if let Some(x) = g.as_ref() {
+        if x.same_domain(domain) {
+            return Ok(x.mode);
+        }
+        return Err(GdaError {
+            code: -libc::EALREADY,
+            message: "GDA is already initialised on another domain".into(),
+        });
+    }
+    // SAFETY: forwarded contract.
+    let gda = unsafe { Gda::on_external_ep(domain, ep, &cfg)? };
+    let m = gda.mode;
+    *g = Some(gda);
+    Ok(m)
+}
+
+fn with<T>(f: impl FnOnce(&mut Gda) -> Result<T>) -> Result<T> {
+    let mut g = GDA.lock();
+    f(g.as_mut().ok_or_else(GdaError::not_initialised)?)
+}
+
+/// Raw name of the GDA endpoint.
+pub fn address() -> Result<Vec<u8>> {
+    with(|g| g.address())
+}
+
+/// Builds the peer table (see [`Gda::connect`]).
+pub fn connect(my_pe: i32, n_pes: i32, names: &[u8], fi_addrs: Option<&[u64]>) -> Result<()> {
+    with(|g| g.connect(my_pe, n_pes, names, fi_addrs))
+}
+
+/// Sets the local heap (see [`Gda::set_local_heap`]). A given `mr` must stay open until [`fini`].
+pub fn set_local_heap(base: u64, size: u64, mr: Option<&MemoryRegion>) -> Result<()> {
+    with(|g| g.set_local_heap(base, size, mr))
+}
+
+/// [`set_local_heap`] with a raw registration.
+///
+/// # Safety
+/// As for [`Gda::set_local_heap_raw`], with "until [`fini`]".
+pub unsafe fn set_local_heap_raw(base: u64, size: u64, mr: *mut fi::fid_mr) -> Result<()> {
+    // SAFETY: forwarded contract.
+    with(|g| unsafe { g.set_local_heap_raw(base, size, mr) })
+}
+
+/// Records a peer's heap (see [`Gda::set_remote_heap`]).
+pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
+    with(|g| g.set_remote_heap(pe, base, size, key))
+}
+
+/// The key peers use for this PE's heap.
+pub fn local_heap_key() -> Result<u64> {
+    with(|g| g.local_heap_key())
+}
+
+/// Names the transmit CQ of the caller's endpoint (hardware GDA on an external endpoint).
+///
+/// # Safety
+/// As for [`HwQueue::set_cq`].
+pub unsafe fn set_cq(cq: *mut fi::fid_cq) -> Result<()> {
+    // SAFETY: forwarded contract.
+    with(|g| unsafe { g.set_cq(cq) })
+}
+
+/// The device state (host copy), if initialised with a queue.
+pub fn device_state() -> Option<NvshmemEfaGdaDeviceState> {
+    GDA.lock().as_ref().and_then(|g| g.device_state())
+}
+
+/// Address of the device-resident copy of the state kernels read (host address without CUDA), or 0.
+pub fn device_state_device_ptr() -> u64 {
+    GDA.lock().as_ref().map_or(0, |g| g.device_state_ptr())
+}
+
+/// 0 off, 1 hardware, 2 software, `-ENODEV` when not initialised.
+pub fn mode() -> i32 {
+    GDA.lock().as_ref().map_or(-libc::ENODEV, |g| g.mode as i32)
+}
+
+/// Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent.
+pub fn fini() {
+    let g = GDA.lock().take();
+    drop(g);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carry_codes() {
+        assert_eq!(GdaError::invalid("x").code, -libc::EINVAL);
+        assert_eq!(GdaError::not_initialised().code, -libc::ENODEV);
+        let e: GdaError = crate::fabric::Error::from_ret(-38, "fi_open_ops").into();
+        assert_eq!(e.code, -38);
+        assert!(e.to_string().contains("fi_open_ops"));
+    }
+
+    #[test]
+    fn uninitialised_calls_fail_cleanly() {
+        // Another test in this binary never initialises the global context.
+        assert!(address().is_err() || mode() >= 0);
+        assert_eq!(
+            GdaError::not_initialised().message,
+            "GDA is not initialised"
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! The device state: the one layout shared between the host library and CUDA kernels.
+//!
+//! Everything here is `#[repr(C)]`, exported through cbindgen into `include/nvshmem_efa_gda.h`, and
+//! included by `cuda/`. Pointers are DEVICE addresses (what a kernel dereferences).
+//!
+//! Posting protocol (identical for the hardware queue and the software queue; only the doorbell target
+//! differs):
+//! 1. A poster reserves `k` consecutive WQE slots: `base = atomicAdd(&ctrl->resv, k)` (device memory).
+//! 2. It waits until the slots are free: `base + k - ctrl->done <= sq_entries`, polling completions
+//!    (step 5) while it waits. `done` only advances once the WQE in a slot has completed, so a slot is
+//!    never overwritten while the queue may still read it.
+//! 3. It writes each 64-byte WQE at slot `pc & (sq_entries - 1)` with phase `(pc / sq_entries) & 1`,
+//!    request id `pc` (low 16 bits in `req_id`), then `__threadfence_system()`.
+//! 4. Ordered commit: it waits until `ctrl->ready == base`, then stores the new producer count
+//!    `(u32)(base + k)` into `*sq_doorbell` (rung at least every `max_batch` WQEs), fences, and sets
+//!    `ctrl->ready = base + k`.
+//! 5. Completions: whoever holds `ctrl->cq_lock` (atomicCAS 0→1) reads CQEs at `ctrl->cq_ci` while the
+//!    CQE phase equals `((cq_ci / cq_entries) & 1) ^ 1` (expected phase starts at 1), marks
+//!    `slot_status[req_id & (sq_entries-1)]` (status + 1), counts errors in `ctrl->errors`, then advances
+//!    `ctrl->done` over consecutive marked slots (clearing them) and releases the lock.
+//! 6. quiet: wait until `ctrl->done >= ctrl->ready` as read at entry; report `ctrl->errors`.
+
+/// Queue is backed by the provider's hardware queues (efa-direct GDA ops).
+pub const NVSHMEM_EFA_GDA_MODE_HW: u32 = 1;
+/// Queue is the library's software EFA queue (host thread consumes the ring).
+pub const NVSHMEM_EFA_GDA_MODE_SOFT: u32 = 2;
+
+/// Peer flag: entry is valid.
+pub const NVSHMEM_EFA_GDA_PEER_VALID: u32 = 1;
+/// Peer flag: the peer's heap is reachable by plain GPU stores (`nvshmem_ptr` non-null).
+pub const NVSHMEM_EFA_GDA_PEER_P2P: u32 = 2;
+
+/// How kernels address one PE.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvshmemEfaGdaPeer {
+    /// Address handle number for WQE `ah` (software queue: the peer's index in the consumer's table).
+    pub ahn: u16,
+    /// Remote QP number for WQE `dest_qp_num`.
+    pub qpn: u16,
+    /// Remote qkey.
+    pub qkey: u32,
+    /// Base virtual address of the peer's symmetric heap.
+    pub heap_base: u64,
+    /// Size of the peer's symmetric heap in bytes.
+    pub heap_size: u64,
+    /// rkey of the peer's heap registration (software queue: an index the consumer translates).
+    pub heap_rkey: u32,
+    /// `NVSHMEM_EFA_GDA_PEER_*` bits.
+    pub flags: u32,
+}
+
+/// Device-memory control block of one queue (GPU atomics).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvshmemEfaGdaQueueCtrl {
+    /// WQE slots handed out (producer reservations).
+    pub resv: u64,
+    /// WQEs committed and announced through the doorbell.
+    pub ready: u64,
+    /// WQEs completed, in order (slot reuse bound).
+    pub done: u64,
+    /// CQ consumer index.
+    pub cq_ci: u64,
+    /// Completions with a non-zero status.
+    pub errors: u64,
+    /// Status of the first failed completion (0 if none).
+    pub first_error: u32,
+    /// CQ polling lock (0 free, 1 held).
+    pub cq_lock: u32,
+    /// RX completions consumed (immediates), for the receive side.
+    pub rx_ci: u64,
+    /// Padding to 64 bytes.
+    pub pad: [u64; 1],
+}
+
+/// Host-written, device-read words of a software queue (mapped host memory).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvshmemEfaGdaHostCtrl {
+    /// WQEs the consumer has read out of the ring (published consumer index).
+    pub consumed: u64,
+    /// WQEs the consumer rejected as malformed.
+    pub rejected: u64,
+    /// Immediates / inline messages delivered into the RX ring.
+    pub rx_produced: u64,
+    /// Heartbeat of the consumer thread (increments while it runs).
+    pub heartbeat: u64,
+    /// Non-zero once the consumer stopped (fini or fatal error).
+    pub stopped: u64,
+    /// Padding to 64 bytes.
+    pub pad: [u64; 3],
+}
+
+/// One send queue with its completion queue, as kernels see it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NvshmemEfaGdaQueue {
+    /// SQ ring (`sq_entries` WQEs of `sq_entry_size` bytes).
+    pub sq: u64,
+    /// Doorbell: the MMIO register (hardware) or the doorbell record (software), a `uint32_t *`.
+    pub sq_doorbell: u64,
+    /// CQ ring (`cq_entries` CQEs of `cq_entry_size` bytes).
+    pub cq: u64,
+    /// RX completion ring (write-with-immediate / inline SEND delivered to this PE), or 0.
+    pub rx_cq: u64,
+    /// Control block in device memory (`NvshmemEfaGdaQueueCtrl *`).
+    pub ctrl: u64,
+    /// Per-slot completion status (`uint32_t[sq_entries]`, device memory).
+    pub slot_status: u64,
+    /// Host-written words (`NvshmemEfaGdaHostCtrl *`, mapped host memory), 0 for hardware queues.
+    pub host_ctrl: u64,
+    /// SQ depth (power of two).
+    pub sq_entries: u32,
+    /// SQ entry size (64 or 128).
+    pub sq_entry_size: u32,
+    /// CQ depth (power of two, >= sq_entries).
+    pub cq_entries: u32,
+    /// CQ entry size (16 or 32).
+    pub cq_entry_size: u32,
+    /// RX ring depth (power of two), 0 if none.
+    pub rx_entries: u32,
+    /// Doorbell batch limit.
+    pub max_batch: u32,
+    /// Local QP number (written in CQEs).
+    pub qpn: u16,
+    /// Reserved.
+    pub reserved: u16,
+    /// `NVSHMEM_EFA_GDA_MODE_*`.
+    pub mode: u32,
+}
+
+/// Everything a kernel needs: the queue, the local heap registration and the peer table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NvshmemEfaGdaDeviceState {
+    /// Layout version (`NVSHMEM_EFA_GDA_STATE_VERSION`).
+    pub version: u32,
+    /// Non-zero once the state is complete (queue, heaps and peers set).
+    pub ready: u32,
+    /// This PE.
+    pub my_pe: i32,
+    /// Number of PEs.
+    pub n_pes: i32,
+    /// The send queue.
+    pub queue: NvshmemEfaGdaQueue,
+    /// Local heap base (virtual address).
+    pub heap_base: u64,
+    /// Local heap size.
+    pub heap_size: u64,
+    /// lkey of the local heap (24 bits used).
+    pub heap_lkey: u32,
+    /// Reserved.
+    pub reserved: u32,
+    /// Peer table (`NvshmemEfaGdaPeer[n_pes]`, device memory).
+    pub peers: u64,
+}
+
+/// Magic of an AMO message (`"EAMO"` little-endian).
+pub const NVSHMEM_EFA_GDA_AMO_MAGIC: u32 = 0x4f4d_4145;
+/// AMO message op: add `value` (4 or 8 bytes, wrapping).
+pub const NVSHMEM_EFA_GDA_AMO_ADD: u32 = 1;
+/// AMO message op: store `value`.
+pub const NVSHMEM_EFA_GDA_AMO_SET: u32 = 2;
+
+/// Payload of an inline SEND (exactly 32 bytes, the WQE's inline room) that asks the target to apply
+/// an atomic to its own heap. EFA has no RDMA atomics, so the target applies it: the software queue's
+/// consumer thread, one per PE, applies every AMO message it receives in arrival order, which makes
+/// concurrent adds from all PEs exact.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvshmemEfaGdaAmoMsg {
+    /// `NVSHMEM_EFA_GDA_AMO_MAGIC`.
+    pub magic: u32,
+    /// `NVSHMEM_EFA_GDA_AMO_*`.
+    pub op: u32,
+    /// Operand size in bytes: 4 or 8.
+    pub size: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Byte offset of the target word in the target's heap (aligned to `size`).
+    pub offset: u64,
+    /// Operand (low `size` bytes used).
+    pub value: u64,
+}
+
+/// Current layout version of `NvshmemEfaGdaDeviceState`.
+pub const NVSHMEM_EFA_GDA_STATE_VERSION: u32 = 1;
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<NvshmemEfaGdaPeer>() == 32);
+    assert!(offset_of!(NvshmemEfaGdaPeer, heap_base) == 8);
+    assert!(offset_of!(NvshmemEfaGdaPeer, heap_rkey) == 24);
+    assert!(size_of::<NvshmemEfaGdaQueueCtrl>() == 64);
+    assert!(offset_of!(NvshmemEfaGdaQueueCtrl, first_error) == 40);
+    assert!(offset_of!(NvshmemEfaGdaQueueCtrl, cq_lock) == 44);
+    assert!(size_of::<NvshmemEfaGdaHostCtrl>() == 64);
+    assert!(size_of::<NvshmemEfaGdaQueue>() == 88);
+    assert!(offset_of!(NvshmemEfaGdaQueue, sq_entries) == 56);
+    assert!(offset_of!(NvshmemEfaGdaQueue, qpn) == 80);
+    assert!(offset_of!(NvshmemEfaGdaQueue, mode) == 84);
+    assert!(size_of::<NvshmemEfaGdaDeviceState>() == 136);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, queue) == 16);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, heap_base) == 104);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, peers) == 128);
+    assert!(size_of::<NvshmemEfaGdaAmoMsg>() == 32);
+    assert!(offset_of!(NvshmemEfaGdaAmoMsg, offset) == 16);
+};

@@ -1,0 +1,329 @@
+//! Formats of the software queue: what kernels put into WQEs beyond the EFA format, and what the
+//! software queue sends between PEs.
+//!
+//! # Soft keys and queue identities (what kernels find in the device state)
+//! * `lkey`: an index into the consumer's table of local registrations, starting at 1
+//!   ([`SOFT_LKEY_FIRST`]); the local heap registered by `set_local_heap` gets the first one.
+//! * `rkey`: [`SOFT_RKEY_HEAP`] (= 1) names the destination PE's symmetric heap; it is the value the
+//!   peer table publishes as `heap_rkey`. Any other rkey is answered with `REMOTE_BAD_ADDRESS`.
+//! * `ah`: the destination PE's index. `dest_qp_num`: [`soft_qpn`] of that PE. `qkey`: one per-job
+//!   value every PE derives from the exchanged endpoint names ([`soft_qkey`]).
+//!
+//! # AMO message (32 bytes, a SEND payload)
+//! A SEND (inline or not) whose payload is exactly 32 bytes and starts with [`AMO_MAGIC`] is applied
+//! by the target's software queue to the target's local heap before its RX completion is produced.
+//! All fields little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0-3 | magic `0x4F4D4147` (the ASCII bytes `GAMO`) |
+//! | 4-7 | op: 1 = ADD, 2 = SET |
+//! | 8-11 | operand size: 4 or 8 |
+//! | 12-15 | reserved, zero |
+//! | 16-23 | byte offset from the target's heap base (aligned to the size) |
+//! | 24-31 | value (the low 4 bytes for size 4) |
+//!
+//! The initiator's queue checks the message against the target heap it knows (error completion
+//! `REMOTE_BAD_ADDRESS` for a bad offset, `LOCAL_UNSUPPORTED_OP` for an unknown op,
+//! `LOCAL_BAD_LENGTH` for a bad size); the target checks again and reports a failed application in
+//! the status of the RX completion. All AMOs on one PE are applied by that PE's one consumer thread,
+//! so ADDs from any number of PEs are exact. The initiator's completion means the message reached
+//! the target; the application is visible to the target through its RX completion.
+//!
+//! # Wire header of a SEND between software queues (16 bytes, then the payload)
+//! | bytes | field |
+//! |---|---|
+//! | 0-3 | magic `0x53414447` (`GDAS`) |
+//! | 4-7 | sender's PE |
+//! | 8-11 | immediate data |
+//! | 12-13 | flags: bit 0 = has immediate |
+//! | 14-15 | payload length |
+//!
+//! # Remote CQ data of an RDMA write with immediate
+//! Bits 31:0 carry the immediate, bits 63:32 the sender's PE plus one (0: unknown) when the provider
+//! carries 8 bytes of CQ data; providers with 4 bytes carry the immediate alone.
+
+/// `lkey` of the first local registration of a software queue.
+pub const SOFT_LKEY_FIRST: u32 = 1;
+/// `rkey` naming the destination PE's symmetric heap.
+pub const SOFT_RKEY_HEAP: u32 = 1;
+/// Largest SEND payload the software queue carries (inline or from buffers).
+pub const SOFT_SEND_MAX: usize = 4096;
+
+/// Magic of an AMO message (`GAMO`).
+pub const AMO_MAGIC: u32 = u32::from_le_bytes(*b"GAMO");
+/// AMO op: add the value.
+pub const AMO_OP_ADD: u32 = 1;
+/// AMO op: store the value.
+pub const AMO_OP_SET: u32 = 2;
+/// Size of an AMO message.
+pub const AMO_MSG_SIZE: usize = 32;
+
+/// Magic of the software queue's SEND header (`GDAS`).
+pub const SEND_MAGIC: u32 = u32::from_le_bytes(*b"GDAS");
+/// Size of the SEND header.
+pub const SEND_HDR_SIZE: usize = 16;
+/// SEND header flag: immediate data present.
+pub const SEND_FLAG_IMM: u16 = 1;
+
+/// Largest number of PEs a software queue addresses (`ah` is 16 bits and 0xFFFF means unknown).
+pub const SOFT_MAX_PES: i32 = 0xFFFF;
+
+/// QP number the software queue gives PE `pe` (never 0).
+pub fn soft_qpn(pe: i32) -> u16 {
+    (pe as u32 % 0xFFFF + 1) as u16
+}
+
+/// The per-job qkey: FNV-1a over the PE count and every PE's endpoint name, never 0. Every PE
+/// computes it from the same exchanged names, so they all agree.
+pub fn soft_qkey(n_pes: i32, names: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in (n_pes as u32).to_le_bytes().iter().chain(names.iter()) {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h | 1
+}
+
+/// An AMO request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AmoMsg {
+    /// [`AMO_OP_ADD`] or [`AMO_OP_SET`].
+    pub op: u32,
+    /// 4 or 8.
+    pub size: u32,
+    /// Offset from the target heap's base.
+    pub offset: u64,
+    /// Operand.
+    pub value: u64,
+}
+
+/// Why an AMO message is not acceptable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmoError {
+    /// Unknown op.
+    BadOp(u32),
+    /// Size other than 4 or 8.
+    BadSize(u32),
+    /// Reserved bytes non-zero.
+    Reserved,
+    /// Offset not aligned to the size.
+    Misaligned(u64),
+    /// Offset outside the heap (or no heap).
+    OutOfRange(u64),
+}
+
+impl std::fmt::Display for AmoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AmoError::BadOp(o) => write!(f, "unknown AMO op {o}"),
+            AmoError::BadSize(s) => write!(f, "AMO size {s} (expected 4 or 8)"),
+            AmoError::Reserved => write!(f, "AMO reserved bytes are not zero"),
+            AmoError::Misaligned(o) => write!(f, "AMO offset {o:#x} is not aligned to its size"),
+            AmoError::OutOfRange(o) => write!(f, "AMO offset {o:#x} is outside the target heap"),
+        }
+    }
+}
+
+impl AmoMsg {
+    /// Encodes the 32-byte message.
+    pub fn encode(&self) -> [u8; AMO_MSG_SIZE] {
+        let mut b = [0u8; AMO_MSG_SIZE];
+        b[0..4].copy_from_slice(&AMO_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.op.to_le_bytes());
+        b[8..12].copy_from_slice(&self.size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..32].copy_from_slice(&self.value.to_le_bytes());
+        b
+    }
+
+    /// Recognises an AMO message: `None` when `payload` is not one (wrong size or magic), else the
+    /// message with its fields checked against a heap of `heap_size` bytes (0: no heap).
+    pub fn parse(payload: &[u8], heap_size: u64) -> Option<std::result::Result<AmoMsg, AmoError>> {
+        if payload.len() != AMO_MSG_SIZE
+            || u32::from_le_bytes(payload[0..4].try_into().ok()?) != AMO_MAGIC
+        {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(payload[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(payload[i..i + 8].try_into().expect("8 bytes"));
+        let m = AmoMsg {
+            op: u32_at(4),
+            size: u32_at(8),
+            offset: u64_at(16),
+            value: u64_at(24),
+        };
+        Some(m.check(u32_at(12), heap_size))
+    }
+
+    fn check(self, reserved: u32, heap_size: u64) -> std::result::Result<AmoMsg, AmoError> {
+        if self.op != AMO_OP_ADD && self.op != AMO_OP_SET {
+            return Err(AmoError::BadOp(self.op));
+        }
+        if self.size != 4 && self.size != 8 {
+            return Err(AmoError::BadSize(self.size));
+        }
+        if reserved != 0 {
+            return Err(AmoError::Reserved);
+        }
+        if self.offset % u64::from(self.size) != 0 {
+            return Err(AmoError::Misaligned(self.offset));
+        }
+        if heap_size < u64::from(self.size) || self.offset > heap_size - u64::from(self.size) {
+            return Err(AmoError::OutOfRange(self.offset));
+        }
+        Ok(self)
+    }
+}
+
+/// The SEND header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendHdr {
+    /// Sender's PE.
+    pub src_pe: u32,
+    /// Immediate data, if any.
+    pub imm: Option<u32>,
+    /// Payload length.
+    pub len: u16,
+}
+
+impl SendHdr {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; SEND_HDR_SIZE] {
+        let mut b = [0u8; SEND_HDR_SIZE];
+        b[0..4].copy_from_slice(&SEND_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.src_pe.to_le_bytes());
+        b[8..12].copy_from_slice(&self.imm.unwrap_or(0).to_le_bytes());
+        let flags = if self.imm.is_some() { SEND_FLAG_IMM } else { 0 };
+        b[12..14].copy_from_slice(&flags.to_le_bytes());
+        b[14..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes a received message of `msg_len` bytes; `None` if it is not a software-queue SEND.
+    pub fn decode(msg: &[u8]) -> Option<SendHdr> {
+        if msg.len() < SEND_HDR_SIZE || u32::from_le_bytes(msg[0..4].try_into().ok()?) != SEND_MAGIC
+        {
+            return None;
+        }
+        let flags = u16::from_le_bytes(msg[12..14].try_into().ok()?);
+        let len = u16::from_le_bytes(msg[14..16].try_into().ok()?);
+        if flags & !SEND_FLAG_IMM != 0 || usize::from(len) != msg.len() - SEND_HDR_SIZE {
+            return None;
+        }
+        let imm = u32::from_le_bytes(msg[8..12].try_into().ok()?);
+        Some(SendHdr {
+            src_pe: u32::from_le_bytes(msg[4..8].try_into().ok()?),
+            imm: if flags & SEND_FLAG_IMM != 0 {
+                Some(imm)
+            } else {
+                None
+            },
+            len,
+        })
+    }
+}
+
+/// Remote CQ data of an RDMA write with immediate (see the module doc).
+pub fn write_imm_data(imm: u32, src_pe: i32, wide: bool) -> u64 {
+    if wide {
+        u64::from(imm) | ((src_pe as u64 + 1) << 32)
+    } else {
+        u64::from(imm)
+    }
+}
+
+/// Splits remote CQ data into (immediate, sender PE if known).
+pub fn split_imm_data(data: u64, wide: bool) -> (u32, Option<u32>) {
+    let pe1 = (data >> 32) as u32;
+    if wide && pe1 != 0 {
+        (data as u32, Some(pe1 - 1))
+    } else {
+        (data as u32, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amo_roundtrip_and_checks() {
+        let m = AmoMsg {
+            op: AMO_OP_ADD,
+            size: 8,
+            offset: 64,
+            value: 5,
+        };
+        let b = m.encode();
+        assert_eq!(&b[0..4], b"GAMO");
+        assert_eq!(AmoMsg::parse(&b, 4096), Some(Ok(m)));
+        assert_eq!(AmoMsg::parse(&b[..31], 4096), None);
+        assert_eq!(AmoMsg::parse(&b, 64), Some(Err(AmoError::OutOfRange(64))));
+        assert_eq!(AmoMsg::parse(&b, 72), Some(Ok(m)));
+        assert_eq!(AmoMsg::parse(&b, 0), Some(Err(AmoError::OutOfRange(64))));
+        let mut bad = b;
+        bad[4] = 9;
+        assert_eq!(AmoMsg::parse(&bad, 4096), Some(Err(AmoError::BadOp(9))));
+        let m4 = AmoMsg {
+            op: AMO_OP_SET,
+            size: 4,
+            offset: 6,
+            value: 1,
+        };
+        assert_eq!(
+            AmoMsg::parse(&m4.encode(), 4096),
+            Some(Err(AmoError::Misaligned(6)))
+        );
+        let m3 = AmoMsg {
+            op: AMO_OP_SET,
+            size: 3,
+            offset: 0,
+            value: 1,
+        };
+        assert_eq!(
+            AmoMsg::parse(&m3.encode(), 4096),
+            Some(Err(AmoError::BadSize(3)))
+        );
+        let mut r = m.encode();
+        r[13] = 1;
+        assert_eq!(AmoMsg::parse(&r, 4096), Some(Err(AmoError::Reserved)));
+    }
+
+    #[test]
+    fn send_header_roundtrip() {
+        let h = SendHdr {
+            src_pe: 3,
+            imm: Some(0xabcd),
+            len: 5,
+        };
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(b"hello");
+        assert_eq!(SendHdr::decode(&msg), Some(h));
+        assert_eq!(SendHdr::decode(&msg[..20]), None);
+        let h2 = SendHdr {
+            src_pe: 0,
+            imm: None,
+            len: 0,
+        };
+        assert_eq!(SendHdr::decode(&h2.encode()), Some(h2));
+    }
+
+    #[test]
+    fn identities() {
+        assert_eq!(soft_qpn(0), 1);
+        assert_ne!(soft_qpn(65533), 0);
+        let a = soft_qkey(2, b"abcdef");
+        assert_eq!(a, soft_qkey(2, b"abcdef"));
+        assert_ne!(a, soft_qkey(2, b"abcdeg"));
+        assert_ne!(soft_qkey(0, b""), 0);
+        assert_eq!(
+            split_imm_data(write_imm_data(7, 4, true), true),
+            (7, Some(4))
+        );
+        assert_eq!(
+            split_imm_data(write_imm_data(7, 4, false), false),
+            (7, None)
+        );
+    }
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Puts the fabric layer (src/bin/fabric_bench.rs) next to raw libfabric (fabtests from the same
+# libfabric build) on the same provider, in the same run, on one machine:
+#
+#   put bandwidth  fabric-bench --test bw   vs  fi_rma_bw -o write        (MB/s, 10^6 B/s, per side)
+#   latency        fabric-bench --test lat  vs  fi_rma_pingpong -o write  (us, half round trip)
+#
+# Each size runs as its own pair of processes (server and client) for both tools, with the same
+# iteration, warm-up and window counts; tcp (tcp;ofi_rxm) stays on the loopback interface and shm
+# needs no address (fabtests still exchanges addresses over a loopback socket, -E). Prints one table
+# and writes bench-out/fabric_vs_fabtests.csv; ratio = ours / fabtests (bandwidth: higher is better
+# for us; latency: lower is better for us). The fabric layer asks for FI_DELIVERY_COMPLETE by default
+# and fabtests does not, so bandwidth is also run as `fi_rma_bw -U` (delivery complete; column
+# fabtests_dc, ratio_dc); fi_rma_pingpong has no -U. The exact commands go to
+# bench-out/fabric_vs_fabtests.log.
+#
+# Environment: FABRIC_BENCH (a built fabric-bench; otherwise built here with cargo --release),
+# LIBFABRIC_HOME (default .deps/libfabric), PROVIDERS ("tcp shm"), BW_SIZES, LAT_SIZES, LAT_ITERS,
+# BW_BYTES (bytes per bandwidth run, which sets its iteration count), RUN_TIMEOUT (s per run),
+# OURS_MODE (fabric-bench --mode: default = the layer's write with its default flags, plain, inject).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+LIBFABRIC_HOME=${LIBFABRIC_HOME:-$ROOT/.deps/libfabric}
+FT_BIN=${FT_BIN:-$LIBFABRIC_HOME/bin}
+export LD_LIBRARY_PATH="$LIBFABRIC_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$LIBFABRIC_HOME/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export FI_TCP_IFACE=${FI_TCP_IFACE:-lo}
+
+PROVIDERS=${PROVIDERS:-"tcp shm"}
+BW_SIZES=${BW_SIZES:-"8 64 512 4096 32768 262144 1048576 4194304"}
+LAT_SIZES=${LAT_SIZES:-"8 64 512 4096"}
+LAT_ITERS=${LAT_ITERS:-5000}
+BW_BYTES=${BW_BYTES:-268435456}
+WINDOW=64
+WARMUP=10
+RUN_TIMEOUT=${RUN_TIMEOUT:-60}
+OURS_MODE=${OURS_MODE:-default}
+OUT=${OUT:-$ROOT/bench-out}
+CSV=$OUT/fabric_vs_fabtests.csv
+LOG=$OUT/fabric_vs_fabtests.log
+
+mkdir -p "$OUT"
+: > "$LOG"
+START=$(date +%s)
+
+for t in fi_rma_bw fi_rma_pingpong; do
+    [[ -x $FT_BIN/$t ]] || { echo "missing $FT_BIN/$t (fabtests)" >&2; exit 1; }
+done
+
+if [[ -z ${FABRIC_BENCH:-} ]]; then
+    echo "building fabric-bench (release)..." >&2
+    (cd "$ROOT" && cargo build --release --quiet --bin fabric-bench)
+    FABRIC_BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/fabric-bench
+fi
+[[ -x $FABRIC_BENCH ]] || { echo "no fabric-bench at $FABRIC_BENCH" >&2; exit 1; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/fabric-bench.XXXXXX")
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+ft_prov() { [[ $1 == tcp ]] && echo "tcp;ofi_rxm" || echo "$1"; }
+
+bw_iters() {
+    local n=$(( BW_BYTES / $1 ))
+    (( n > 10000 )) && n=10000
+    (( n < 100 )) && n=100
+    echo "$n"
+}
+
+# Waits (bounded) until something listens on TCP port $1 of this host.
+wait_listen() {
+    local hex i
+    hex=$(printf '%04X' "$1")
+    for i in $(seq 1 250); do
+        if awk -v p=":$hex" '$2 ~ p"$" && $4 == "0A" { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.02
+    done
+    return 1
+}
+
+# run_pair NAME SERVER_CMD... -- CLIENT_CMD... : runs both under a timeout, the server first;
+# prints the client's stdout; fails (with both outputs in the log) if either fails.
+run_pair() {
+    local name=$1; shift
+    local srv=() cli=()
+    while [[ $1 != -- ]]; do srv+=("$1"); shift; done
+    shift
+    cli=("$@")
+    { echo "## $name"; echo "server: ${srv[*]}"; echo "client: ${cli[*]}"; } >> "$LOG"
+    timeout "$RUN_TIMEOUT" "${srv[@]}" > "$WORK/srv.out" 2>&1 &
+    local spid=$!
+    PIDS+=("$spid")
+    if [[ ${srv[0]} != "$FABRIC_BENCH" ]]; then
+        wait_listen "$OOB_PORT" || { echo "$name: server never listened" >&2; cat "$WORK/srv.out" >&2; return 1; }
+    fi
+    local crc=0 src=0
+    timeout "$RUN_TIMEOUT" "${cli[@]}" > "$WORK/cli.out" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    cat "$WORK/srv.out" "$WORK/cli.out" >> "$LOG"
+    if (( crc != 0 || src != 0 )); then
+        echo "$name failed (client $crc, server $src); see $LOG" >&2
+        return 1
+    fi
+    cat "$WORK/cli.out"
+}
+
+ours() { # provider test size iters
+    local dir="$WORK/addr.$RANDOM$RANDOM"
+    mkdir -p "$dir"
+    local common=(--provider "$1" --addr-dir "$dir" --test "$2" --size "$3" --iters "$4" --warmup "$WARMUP" --window "$WINDOW" --mode "$OURS_MODE")
+    run_pair "ours $1 $2 $3" "$FABRIC_BENCH" --role server "${common[@]}" -- "$FABRIC_BENCH" --role client "${common[@]}" |
+        sed -n 's/^RESULT .* value=\([0-9.]*\) .*/\1/p'
+}
+
+fabtests() { # provider test size iters [extra fabtests flags]
+    local tool field
+    OOB_PORT=$(( 40000 + RANDOM % 20000 ))
+    if [[ $2 == bw ]]; then
+        tool=fi_rma_bw; field='MB\/sec'
+        local args=(-p "$(ft_prov "$1")" -E="$OOB_PORT" -o write -S "$3" -I "$4" -w "$WARMUP" -W "$WINDOW" -m "${@:5}")
+    else
+        tool=fi_rma_pingpong; field='usec\/xfer'
+        local args=(-p "$(ft_prov "$1")" -E="$OOB_PORT" -o write -S "$3" -I "$4" -w "$WARMUP" -m)
+    fi
+    run_pair "fabtests $1 $2 $3" "$FT_BIN/$tool" "${args[@]}" -- "$FT_BIN/$tool" "${args[@]}" 127.0.0.1 |
+        sed -n "s/.*xfer_size: $3,.* $field: \([0-9.]*\),.*/\1/p"
+}
+
+ratio() { awk -v o="$1" -v f="$2" 'BEGIN { if (f > 0) printf "%.3f", o / f; else print "inf" }'; }
+
+echo "provider,test,size,unit,iters,ours,fabtests,ratio,fabtests_dc,ratio_dc" > "$CSV"
+ROWS=()
+for prov in $PROVIDERS; do
+    for test in bw lat; do
+        if [[ $test == bw ]]; then sizes=$BW_SIZES; unit=MB/s; else sizes=$LAT_SIZES; unit=us; fi
+        for size in $sizes; do
+            if [[ $test == bw ]]; then iters=$(bw_iters "$size"); else iters=$LAT_ITERS; fi
+            o=$(ours "$prov" "$test" "$size" "$iters")
+            f=$(fabtests "$prov" "$test" "$size" "$iters")
+            [[ -n $o && -n $f ]] || { echo "no result for $prov $test $size (ours '$o', fabtests '$f'); see $LOG" >&2; exit 1; }
+            r=$(ratio "$o" "$f")
+            fdc=- rdc=-
+            if [[ $test == bw ]]; then
+                fdc=$(fabtests "$prov" "$test" "$size" "$iters" -U)
+                [[ -n $fdc ]] || { echo "no result for fi_rma_bw -U $prov $size; see $LOG" >&2; exit 1; }
+                rdc=$(ratio "$o" "$fdc")
+            fi
+            echo "$prov,$test,$size,$unit,$iters,$o,$f,$r,$fdc,$rdc" >> "$CSV"
+            ROWS+=("$(printf '%-4s %-4s %9s %6s %12.3f %12.3f %8s %12s %8s' "$prov" "$test" "$size" "$unit" "$o" "$f" "$r" "$fdc" "$rdc")")
+            printf '%s\n' "${ROWS[-1]}" >&2
+        done
+    done
+done
+
+echo
+echo "fabric layer vs fabtests (libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '?'), $(nproc) cores, $(uname -n), ours --mode $OURS_MODE)"
+printf '%-4s %-4s %9s %6s %12s %12s %8s %12s %8s\n' prov test size unit ours fabtests ratio fabtests_dc ratio_dc
+printf '%s\n' "${ROWS[@]}"
+echo "ratio = ours / fabtests (bw: >1 is faster than fabtests; lat: <1 is faster); _dc: fi_rma_bw -U"
+echo "csv: $CSV   commands and raw output: $LOG   elapsed: $(( $(date +%s) - START )) s"

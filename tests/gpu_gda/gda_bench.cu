@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: BSD-3-Clause
+//
+// GPU-initiated put message rate and bandwidth, PE 0 -> PE 1, 8 B .. 4 MiB, for up to three paths:
+//   gda    this project's device API (nvshmem_efa_gda::put_nbi_warp + quiet) on the GDA queue
+//   proxy  NVSHMEM's device API (nvshmemx_putmem_nbi_warp + nvshmem_quiet) through NVSHMEM's proxy
+//          thread and this library as its transport (run with NVSHMEM_DISABLE_P2P=1)
+//   p2p    the same NVSHMEM kernel when NVSHMEM maps the peer over NVLink (a separate run without
+//          NVSHMEM_DISABLE_P2P: NVSHMEM decides P2P vs remote at init)
+// The path names are checked against what NVSHMEM decided (nvshmem_ptr of the peer).
+//
+// Every measurement: BLOCKS x WARPS warps each post their share of `msgs` puts of one size into a
+// 64 MiB window of the peer's heap, then quiet; time = kernel time (CUDA events). The message count
+// per size adapts to a time target after a warm-up, and the whole sweep stops at a budget, so the
+// run is bounded. After each measurement PE 1 verifies every byte of the window that was written.
+//
+// Usage: gda_bench CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S]
+//                  [--blocks B] [--warps W]
+// CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s   (usec = whole measurement)
+#include "gda_common.cuh"
+
+#include <string>
+
+#include "nvshmem_efa_gda_device.cuh"
+
+using namespace gg;
+namespace gda = nvshmem_efa_gda;
+
+namespace {
+
+const size_t kWindow = 64ull << 20;
+
+struct KStatus {
+    unsigned bad;
+    unsigned first;
+};
+
+// Message m goes to window slot m % slots; warp w posts messages w, w + nwarps, ...
+__global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs, int slots,
+                               int peer, KStatus *st) {
+    const int nwarps = (int)(gridDim.x * blockDim.x / 32);
+    const int w = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+    unsigned s = 0;
+    for (int m = w; m < msgs; m += nwarps) {
+        const size_t off = (size_t)(m % slots) * size;
+        const unsigned r = gda::put_nbi_warp(dst + off, src + off, size, peer);
+        if (r != 0u && s == 0u) s = r;
+    }
+    if (threadIdx.x % 32 == 0) {
+        const unsigned q = gda::quiet();
+        if (q != 0u && s == 0u) s = q;
+        if (s != 0u) {
+            atomicAdd(&st->bad, 1u);
+            atomicCAS(&st->first, 0u, s);
+        }
+    }
+}
+
+__global__ void nvshmem_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
+                                   int slots, int peer) {
+    const int nwarps = (int)(gridDim.x * blockDim.x / 32);
+    const int w = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+    for (int m = w; m < msgs; m += nwarps) {
+        const size_t off = (size_t)(m % slots) * size;
+        nvshmemx_putmem_nbi_warp(dst + off, src + off, size, peer);
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) nvshmem_quiet();
+}
+
+__global__ void check_kernel(const uint8_t *buf, size_t len, uint32_t seed, unsigned long long *bad) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride)
+        if (buf[i] != pat_byte(seed, i)) atomicAdd(bad, 1ull);
+}
+
+struct Row {
+    std::string path;
+    size_t size;
+    int msgs;
+    double usec;
+};
+
+void usage(const char *argv0) {
+    printf("usage: %s CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S] [--blocks B] "
+           "[--warps W]\n"
+           "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s\n",
+           argv0);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+        usage(argv[0]);
+        return argc < 2 ? 2 : 0;
+    }
+    const std::string csv_path = argv[1];
+    std::string paths_arg = "gda,proxy";
+    size_t max_bytes = 4ull << 20;
+    double budget_s = 70.0;
+    int blocks = 4, warps = 4;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        auto need = [&](const char *what) -> const char * {
+            if (i + 1 >= argc) {
+                printf("%s needs a value\n", what);
+                exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--paths") paths_arg = need("--paths");
+        else if (a == "--max-bytes") max_bytes = strtoull(need("--max-bytes"), nullptr, 0);
+        else if (a == "--budget-s") budget_s = atof(need("--budget-s"));
+        else if (a == "--blocks") blocks = atoi(need("--blocks"));
+        else if (a == "--warps") warps = atoi(need("--warps"));
+        else {
+            usage(argv[0]);
+            return 2;
+        }
+    }
+    std::vector<std::string> paths;
+    for (size_t p = 0; p <= paths_arg.size();) {
+        size_t q = paths_arg.find(',', p);
+        if (q == std::string::npos) q = paths_arg.size();
+        if (q > p) paths.push_back(paths_arg.substr(p, q - p));
+        p = q + 1;
+    }
+    for (const std::string &p : paths)
+        if (p != "gda" && p != "proxy" && p != "p2p") {
+            printf("unknown path '%s'\n", p.c_str());
+            return 2;
+        }
+    if (blocks < 1 || warps < 1 || warps > 32 || max_bytes < 8 || max_bytes > kWindow) {
+        usage(argv[0]);
+        return 2;
+    }
+
+    job_init(&argc, &argv, 120);
+    const int me = g_job.pe, npes = g_job.npes;
+    if (npes != 2) fatal(__FILE__, __LINE__, "gda_bench needs exactly 2 PEs (got %d)", npes);
+    const int peer = 1 - me;
+    watchdog_arm("setup", 60);
+    uint8_t *dst = (uint8_t *)sym_malloc(kWindow, "window");
+    uint8_t *src = (uint8_t *)sym_malloc(kWindow, "source");
+    const uint32_t seed = make_seed(0, 77);
+    fill_pattern(src, kWindow, seed);
+    KStatus *kst = nullptr;
+    unsigned long long *dbad = nullptr;
+    CK(cudaMalloc(&kst, sizeof *kst));
+    CK(cudaMalloc(&dbad, sizeof *dbad));
+    CK(cudaDeviceSynchronize());
+    const bool p2p_mapped = nvshmem_ptr(dst, peer) != nullptr;
+    bool need_gda = false;
+    for (const std::string &p : paths) need_gda = need_gda || p == "gda";
+    int load_rc = 0;
+    if (need_gda) load_rc = nvshmem_efa_gda_load_device_state(0);
+    watchdog_disarm();
+    int ok = 1;
+    if (me == 0) {
+        printf("gda_bench: paths %s, %d blocks x %d warps, 8 B .. %zu B, budget %.0f s, peer %s\n",
+               paths_arg.c_str(), blocks, warps, max_bytes, budget_s,
+               p2p_mapped ? "mapped (P2P)" : "not mapped (remote transport)");
+        for (const std::string &p : paths) {
+            if (p == "p2p" && !p2p_mapped) {
+                printf("FAIL: path p2p requested but NVSHMEM does not map the peer (P2P disabled?)\n");
+                ok = 0;
+            }
+            if ((p == "proxy" || p == "gda") && p2p_mapped) {
+                printf("FAIL: path %s requested but NVSHMEM maps the peer: run with NVSHMEM_DISABLE_P2P=1\n",
+                       p.c_str());
+                ok = 0;
+            }
+        }
+        if (need_gda && load_rc != NVSHMEM_EFA_GDA_LOAD_OK) {
+            printf("FAIL: nvshmem_efa_gda_load_device_state returned %d: no GDA queue\n", load_rc);
+            ok = 0;
+        }
+    }
+    {
+        std::vector<int> all(2);
+        job_allgather(&ok, all.data(), sizeof ok);
+        ok = all[0] && all[1];
+    }
+    if (!ok) {
+        job_finalize(60);
+        return 1;
+    }
+
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<Row> rows;
+    const double t_start = now_s();
+    int verify_fail = 0;
+    bool budget_hit = false;
+    const int nwarps = blocks * warps;
+
+    // Runs one measurement on PE 0 (PE 1 only takes part in the barriers) and verifies it on PE 1.
+    auto measure = [&](const std::string &path, size_t size, int msgs, double *usec) {
+        const int slots = (int)std::max<size_t>(1, std::min<size_t>(kWindow / size, (size_t)msgs));
+        CK(cudaMemset(dst, 0, (size_t)slots * size));
+        CK(cudaMemset(kst, 0, sizeof *kst));
+        CK(cudaDeviceSynchronize());
+        job_barrier();
+        float ms = 0.f;
+        if (me == 0) {
+            CK(cudaEventRecord(e0));
+            if (path == "gda")
+                gda_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, kst);
+            else
+                nvshmem_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer);
+            CK_LAUNCH();
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            KStatus h;
+            CK(cudaMemcpy(&h, kst, sizeof h, cudaMemcpyDeviceToHost));
+            if (h.bad) {
+                printf("FAIL: %s %zu B: %u warps saw status 0x%x\n", path.c_str(), size, h.bad, h.first);
+                verify_fail = 1;
+            }
+        }
+        job_barrier();  // PE 0's puts are complete (quiet) before PE 1 looks
+        if (me == 1) {
+            CK(cudaMemset(dbad, 0, sizeof *dbad));
+            check_kernel<<<grid_for((size_t)slots * size, 256, 4096), 256>>>(dst, (size_t)slots * size,
+                                                                            seed, dbad);
+            CK_LAUNCH();
+            unsigned long long bad = 0;
+            CK(cudaMemcpy(&bad, dbad, sizeof bad, cudaMemcpyDeviceToHost));
+            if (bad) {
+                printf("VERIFY FAIL: %s %zu B: %llu of %zu bytes wrong at the target\n", path.c_str(),
+                       size, bad, (size_t)slots * size);
+                verify_fail = 1;
+            }
+        }
+        double us = (double)ms * 1000.0;
+        std::vector<double> all(2);
+        job_allgather(&us, all.data(), sizeof us);
+        *usec = all[0];
+    };
+
+    for (const std::string &path : paths) {
+        for (size_t size = 8; size <= max_bytes && !budget_hit; size *= 2) {
+            char step[96];
+            snprintf(step, sizeof step, "%s %zu B", path.c_str(), size);
+            watchdog_arm(step, 60);
+            // Warm-up with a few messages per warp, then aim at ~60 ms per measurement.
+            double warm_us = 0;
+            const int warm = nwarps * 4;
+            measure(path, size, warm, &warm_us);
+            const double per_msg = std::max(warm_us / warm, 0.01);
+            int msgs = (int)std::min(4096.0, std::max((double)nwarps * 4, 60000.0 / per_msg));
+            msgs = std::min<int>(msgs, (int)std::max<size_t>((size_t)nwarps, (512ull << 20) / size));
+            msgs = (msgs + nwarps - 1) / nwarps * nwarps;
+            double best = 0;
+            for (int rep = 0; rep < 3; ++rep) {
+                double us = 0;
+                measure(path, size, msgs, &us);
+                if (rep == 0 || us < best) best = us;
+            }
+            watchdog_disarm();
+            rows.push_back({path, size, msgs, best});
+            if (me == 0)
+                printf("  %-6s %10zu B %6d msgs %12.1f us %10.4f Mmsg/s %9.3f GB/s\n", path.c_str(), size,
+                       msgs, best, msgs / best, (double)msgs * (double)size / best / 1e3);
+            // Both PEs decide together (PE 0's clock) whether the budget allows another size.
+            int stop = (now_s() - t_start) > budget_s ? 1 : 0;
+            std::vector<int> st(2);
+            job_allgather(&stop, st.data(), sizeof stop);
+            budget_hit = st[0] != 0;
+        }
+    }
+    int vf_all = 0;
+    {
+        std::vector<int> all(2);
+        job_allgather(&verify_fail, all.data(), sizeof verify_fail);
+        vf_all = all[0] || all[1];
+    }
+    if (me == 0) {
+        FILE *f = fopen(csv_path.c_str(), "w");
+        if (f == nullptr) fatal(__FILE__, __LINE__, "cannot write %s", csv_path.c_str());
+        fprintf(f, "path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s\n");
+        for (const Row &r : rows)
+            fprintf(f, "%s,%zu,%d,%.3f,%.6f,%.6f\n", r.path.c_str(), r.size, r.msgs, r.usec,
+                    r.msgs / r.usec, (double)r.msgs * (double)r.size / r.usec / 1e3);
+        fclose(f);
+        printf("gda_bench: %zu rows -> %s%s%s\n", rows.size(), csv_path.c_str(),
+               budget_hit ? " (stopped at the time budget)" : "", vf_all ? "; VERIFY FAILED" : "");
+    }
+    nvshmem_free(dst);
+    nvshmem_free(src);
+    job_finalize(60);
+    return vf_all ? 1 : 0;
+}

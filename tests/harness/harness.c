@@ -1,0 +1,2086 @@
+/*
+ * Host harness for libnvshmem_efa_gda.so: drives the transport plugin exactly the way NVSHMEM's
+ * host library does (nvshmemt_init, host fields, can_reach_peer, connect_endpoints + barrier,
+ * heap registration, handle allgather, the host ops, finalize), on several processes of one
+ * machine, without a GPU.
+ *
+ *   harness --lib <path> --abi 3|4 --np N [--case name]... [--list] [--verbose]
+ *           [--case-timeout S] [--boot-timeout S] [--timeout S]
+ *
+ * The launcher forks N processes (ranks). They bootstrap over AF_UNIX socketpairs made before the
+ * fork (a star through rank 0): allgather, alltoall and barrier of any byte count, every blocking
+ * call bounded by a deadline, so a dead peer gives an error instead of a hang.
+ *
+ * Every case is run on all ranks; the ranks then exchange their verdicts and rank 0 prints one
+ * line per case, `PASS <case> abi=<n> np=<n>` or `FAIL <case> abi=<n> np=<n>: rank r: details`,
+ * and at the end `N passed, M failed`. The exit status is 0 only if every case passed on every
+ * rank and every rank exited cleanly.
+ *
+ * Build: cc -O1 -g -Wall -Werror -o harness tests/harness/harness.c -ldl
+ * See tests/harness/README.md.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nvshmem_abi.h"
+
+/* ======================================================================================
+ * Limits and heap layout
+ * ==================================================================================== */
+#define MIN_PES 2
+#define MAX_PES 4
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+#define HEAP_SIZE (64 * MiB)
+/* Heaps of different ranks start at different addresses (rank * HEAP_SKEW into a larger mapping),
+ * so a transport that confuses its own heap base with a peer's is caught. */
+#define HEAP_SKEW (64 * KiB)
+
+#define SRC_OFF ((size_t)0)          /* put sources / get targets of peers: pattern windows */
+#define DST_OFF (16 * MiB)           /* put destinations: one slot per source PE */
+#define DST_SLOT (10 * MiB)
+#define MISC_OFF (56 * MiB)
+#define P_OFF (MISC_OFF)                   /* P: 64 bytes per source PE */
+#define STR_OFF (MISC_OFF + 64 * KiB)      /* strided destinations: 64 KiB per source PE */
+#define STR_LOCAL_OFF (MISC_OFF + 320 * KiB) /* strided sources: 8 KiB per combination */
+#define AMO_OFF (MISC_OFF + 384 * KiB)     /* AMO words: 4 KiB per source PE */
+#define CNT_OFF (MISC_OFF + 448 * KiB)     /* contention counters */
+#define RET_OFF (MISC_OFF + 512 * KiB)     /* local (registered) fetch results, 64 KiB */
+#define SIG_OFF (MISC_OFF + 576 * KiB)     /* put_signal signal word */
+#define FLAG_OFF (MISC_OFF + 640 * KiB)    /* fence flags */
+#define BAD_OFF (MISC_OFF + 704 * KiB)     /* bad-input scratch */
+#define PS_OFF (58 * MiB)                  /* put_signal destination data, 2 MiB */
+#define PS_SRC_OFF (60 * MiB)              /* put_signal source data, 2 MiB */
+#define FENCE_OFF (62 * MiB)               /* fence destination data, 1 MiB */
+
+/* NVSHMEM leaves localdesc.offset (and, on the proxy path, the amo_verb flags and name_type)
+ * uninitialised; the harness fills them with junk so a transport that reads them is caught. */
+#define JUNK_OFFSET 0x5a5a5a5a5a5a5a5aULL
+#define JUNK_INT 0x3c3c3c3c
+
+#define K_CONT 500 /* contention: fetch_adds and adds per PE per counter */
+
+static const size_t SIZES[] = {1, 8, 4096, 65536, 1 * MiB, 8 * MiB};
+static const size_t SKEW[] = {1, 24, 0, 4, 0, 0};
+#define NSIZES (sizeof(SIZES) / sizeof(SIZES[0]))
+static size_t win_off[NSIZES];
+static size_t win_end; /* end of the last window */
+
+/* ======================================================================================
+ * Small utilities
+ * ==================================================================================== */
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void write_all_fd(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* One line, one write(2): lines of different ranks never interleave. */
+static void out_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out_line(int fd, const char *fmt, ...) {
+    char buf[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    write_all_fd(fd, buf, (size_t)n);
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Pattern byte i of a transfer of `size` bytes from PE `src`; `salt` separates cases/rounds. */
+static uint64_t pat_seed(int src, size_t size, uint32_t salt) {
+    return mix64(((uint64_t)(src + 1) << 40) ^ ((uint64_t)salt << 52) ^ (uint64_t)size ^ 0x1234567ULL);
+}
+static uint8_t pat_byte(uint64_t seed, size_t i) {
+    return (uint8_t)(mix64(seed + (i >> 3)) >> (8 * (i & 7)));
+}
+static void fill_pattern(unsigned char *dst, size_t n, int src, size_t size, uint32_t salt) {
+    uint64_t seed = pat_seed(src, size, salt);
+    size_t i = 0;
+    for (; i < n && (i & 7); i++) dst[i] = pat_byte(seed, i);
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = mix64(seed + (i >> 3));
+        memcpy(dst + i, &w, 8); /* little-endian: byte k of w is pattern byte i+k */
+    }
+    for (; i < n; i++) dst[i] = pat_byte(seed, i);
+}
+/* Returns the number of wrong bytes; *first gets the index of the first. */
+static size_t check_pattern(const unsigned char *buf, size_t n, int src, size_t size, uint32_t salt,
+                            size_t *first, unsigned *got, unsigned *want) {
+    uint64_t seed = pat_seed(src, size, salt);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t e = pat_byte(seed, i);
+        if (buf[i] != e) {
+            if (!bad) {
+                *first = i;
+                *got = buf[i];
+                *want = e;
+            }
+            bad++;
+        }
+    }
+    return bad;
+}
+static size_t check_fill(const unsigned char *buf, size_t n, unsigned char v, size_t *first) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] != v) {
+            if (!bad) *first = i;
+            bad++;
+        }
+    return bad;
+}
+
+/* ======================================================================================
+ * Global state of one rank
+ * ==================================================================================== */
+static struct {
+    int abi, np, rank, api_version;
+    const char *lib;
+    int case_timeout_s, boot_timeout_s, total_timeout_s;
+    int verbose;
+    void *dl;
+    harness_transport_init_fn init;
+    void *t;
+    struct harness_transport_v3 *t3;
+    struct harness_transport_v4 *t4;
+    harness_bootstrap_handle boot;
+    void *heap_map;
+    size_t heap_map_len;
+    unsigned char *heap;
+    uint64_t bases[MAX_PES];
+    harness_mem_handle own;      /* our handle of the heap */
+    harness_mem_handle *handles; /* np * stride, PE p's at [p * stride + index] */
+    int stride, index;
+    int registered, connected;
+    int *cap;
+    const char *cur_case;
+} g;
+
+/* Every field of the common tail, for either layout (same types in v3 and v4). */
+#define TF(f) (*(g.abi == 3 ? &g.t3->f : &g.t4->f))
+#define HOP(f) (g.abi == 3 ? (void *)g.t3->host_ops.f : (void *)g.t4->host_ops.f)
+
+/* ---- verdict of the current case ---- */
+static struct {
+    pthread_mutex_t mu;
+    int failed, nerr;
+    char msg[360];
+} R = {PTHREAD_MUTEX_INITIALIZER, 0, 0, ""};
+
+static void failf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void failf(const char *fmt, ...) {
+    char buf[360];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&R.mu);
+    if (!R.failed) snprintf(R.msg, sizeof R.msg, "%s", buf);
+    R.failed = 1;
+    R.nerr++;
+    pthread_mutex_unlock(&R.mu);
+    if (g.verbose) out_line(2, "harness rank %d [%s]: %s", g.rank, g.cur_case, buf);
+}
+
+static void vlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void vlog(const char *fmt, ...) {
+    if (!g.verbose) return;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    out_line(2, "harness rank %d [%s]: %s", g.rank, g.cur_case ? g.cur_case : "-", buf);
+}
+
+/* ======================================================================================
+ * Bootstrap over local sockets (star through rank 0)
+ * ==================================================================================== */
+#define COLL_MAGIC 0x48424f54u
+enum { COLL_ALLGATHER = 1, COLL_ALLTOALL = 2, COLL_BARRIER = 3 };
+static const char *coll_name(uint32_t k) {
+    return k == COLL_ALLGATHER ? "allgather" : k == COLL_ALLTOALL ? "alltoall" : k == COLL_BARRIER ? "barrier" : "?";
+}
+
+struct coll_hdr {
+    uint32_t magic;
+    uint32_t kind;
+    uint64_t seq;
+    uint64_t bytes;
+    int32_t status;
+    int32_t rank;
+};
+
+static struct {
+    int np, rank;
+    int fd[MAX_PES]; /* rank 0: fd[r] to rank r; others: fd[0] to rank 0 */
+    uint64_t seq;
+    int broken;
+    char err[300];
+    int lib_calls; /* collectives the library made through the handle */
+} bs;
+
+static void boot_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void boot_error(const char *fmt, ...) {
+    if (!bs.broken) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(bs.err, sizeof bs.err, fmt, ap);
+        va_end(ap);
+        out_line(2, "harness rank %d: bootstrap: %s", bs.rank, bs.err);
+    }
+    bs.broken = 1;
+}
+
+/* Waits until fd is ready for `ev`, or the deadline passes. */
+static int io_wait(int fd, short ev, int64_t deadline) {
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct pollfd p = {.fd = fd, .events = ev, .revents = 0};
+        int r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) continue;
+        if (p.revents & POLLNVAL) {
+            errno = EBADF;
+            return -1;
+        }
+        /* POLLHUP/POLLERR: let recv/send report what happened (EOF, EPIPE). */
+        return 0;
+    }
+}
+
+static int send_all(int fd, const void *buf, size_t len, int64_t deadline) {
+    const char *p = buf;
+    while (len > 0) {
+        if (io_wait(fd, POLLOUT, deadline)) return -1;
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int recv_all(int fd, void *buf, size_t len, int64_t deadline) {
+    char *p = buf;
+    while (len > 0) {
+        if (io_wait(fd, POLLIN, deadline)) return -1;
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n == 0) {
+            errno = ECONNRESET; /* the peer closed: it exited or crashed */
+            return -1;
+        }
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static const char *io_err(void) {
+    return errno == ETIMEDOUT ? "timed out (peer stuck or in another collective)"
+           : errno == ECONNRESET ? "peer closed the connection (exited or crashed)"
+                                 : strerror(errno);
+}
+
+/* One collective. bytes = one rank's block. */
+static int coll(uint32_t kind, const void *send, void *recv, size_t bytes) {
+    const size_t n = (size_t)bs.np;
+    const size_t sbytes = kind == COLL_ALLGATHER ? bytes : kind == COLL_ALLTOALL ? n * bytes : 0;
+    const size_t rbytes = kind == COLL_BARRIER ? 0 : n * bytes;
+    const int64_t deadline = now_ms() + (int64_t)g.boot_timeout_s * 1000;
+    if (bs.broken) return -1;
+    const uint64_t seq = ++bs.seq;
+    struct coll_hdr me = {COLL_MAGIC, kind, seq, bytes, 0, bs.rank};
+
+    if (bs.rank != 0) {
+        int fd = bs.fd[0];
+        if (send_all(fd, &me, sizeof me, deadline) || (sbytes && send_all(fd, send, sbytes, deadline))) {
+            boot_error("%s #%" PRIu64 " (%zu bytes): send to rank 0: %s", coll_name(kind), seq, bytes, io_err());
+            return -1;
+        }
+        struct coll_hdr rep;
+        if (recv_all(fd, &rep, sizeof rep, deadline)) {
+            boot_error("%s #%" PRIu64 " (%zu bytes): reply from rank 0: %s", coll_name(kind), seq, bytes, io_err());
+            return -1;
+        }
+        if (rep.magic != COLL_MAGIC || rep.status != 0) {
+            boot_error("%s #%" PRIu64 " (%zu bytes): rank 0 reports the collective failed", coll_name(kind), seq,
+                       bytes);
+            return -1;
+        }
+        if (rbytes && recv_all(fd, recv, rbytes, deadline)) {
+            boot_error("%s #%" PRIu64 " (%zu bytes): data from rank 0: %s", coll_name(kind), seq, bytes, io_err());
+            return -1;
+        }
+        return 0;
+    }
+
+    /* rank 0 */
+    int status = 0;
+    unsigned char *all = NULL, *blk = NULL;
+    if (kind == COLL_ALLTOALL) {
+        all = malloc(n * n * bytes + 1);
+        blk = malloc(n * bytes + 1);
+        if (!all || !blk) {
+            free(all);
+            free(blk);
+            boot_error("alltoall: out of memory");
+            return -1;
+        }
+        if (bytes) memcpy(all, send, n * bytes);
+    } else if (kind == COLL_ALLGATHER && bytes) {
+        memmove(recv, send, bytes);
+    }
+    for (size_t r = 1; r < n && status == 0; r++) {
+        struct coll_hdr h;
+        if (recv_all(bs.fd[r], &h, sizeof h, deadline)) {
+            boot_error("%s #%" PRIu64 " (%zu bytes): nothing from rank %zu: %s", coll_name(kind), seq, bytes, r,
+                       io_err());
+            status = -1;
+            break;
+        }
+        if (h.magic != COLL_MAGIC || h.kind != kind || h.seq != seq || h.bytes != bytes) {
+            boot_error("collectives out of step: rank 0 is in %s #%" PRIu64 " of %zu bytes, rank %zu in %s #%" PRIu64
+                       " of %" PRIu64 " bytes (every PE must make the same collectives in the same order)",
+                       coll_name(kind), seq, bytes, r, coll_name(h.kind), h.seq, h.bytes);
+            status = -1;
+            break;
+        }
+        void *dst = NULL;
+        if (kind == COLL_ALLGATHER) dst = (char *)recv + r * bytes;
+        else if (kind == COLL_ALLTOALL) dst = all + r * n * bytes;
+        if (sbytes && recv_all(bs.fd[r], dst, sbytes, deadline)) {
+            boot_error("%s #%" PRIu64 ": data from rank %zu: %s", coll_name(kind), seq, r, io_err());
+            status = -1;
+        }
+    }
+    struct coll_hdr rep = me;
+    rep.status = status ? 1 : 0;
+    for (size_t r = 1; r < n; r++) {
+        int bad = send_all(bs.fd[r], &rep, sizeof rep, deadline);
+        if (!bad && status == 0 && rbytes) {
+            if (kind == COLL_ALLTOALL) {
+                for (size_t s = 0; s < n; s++) memcpy(blk + s * bytes, all + s * n * bytes + r * bytes, bytes);
+                bad = send_all(bs.fd[r], blk, rbytes, deadline);
+            } else {
+                bad = send_all(bs.fd[r], recv, rbytes, deadline);
+            }
+        }
+        if (bad && status == 0) {
+            boot_error("%s #%" PRIu64 ": reply to rank %zu: %s", coll_name(kind), seq, r, io_err());
+            status = -1;
+        }
+    }
+    if (status == 0 && kind == COLL_ALLTOALL)
+        for (size_t s = 0; s < n; s++) memcpy((char *)recv + s * bytes, all + s * n * bytes, bytes);
+    free(all);
+    free(blk);
+    if (status) bs.broken = 1;
+    return status;
+}
+
+static int check_handle(harness_bootstrap_handle *h, const char *what) {
+    if (h != &g.boot) {
+        out_line(2, "harness rank %d: bootstrap %s called with handle %p, not the one in the transport (%p)", g.rank,
+                 what, (void *)h, (void *)&g.boot);
+        return -1;
+    }
+    return 0;
+}
+
+static int boot_allgather(const void *s, void *r, int bytes, harness_bootstrap_handle *h) {
+    if (check_handle(h, "allgather") || bytes < 0 || (bytes > 0 && (!s || !r))) return 1;
+    bs.lib_calls++;
+    vlog("library allgather of %d bytes", bytes);
+    return coll(COLL_ALLGATHER, s, r, (size_t)bytes) ? 1 : 0;
+}
+static int boot_alltoall(const void *s, void *r, int bytes, harness_bootstrap_handle *h) {
+    if (check_handle(h, "alltoall") || bytes < 0 || (bytes > 0 && (!s || !r))) return 1;
+    bs.lib_calls++;
+    vlog("library alltoall of %d bytes", bytes);
+    return coll(COLL_ALLTOALL, s, r, (size_t)bytes) ? 1 : 0;
+}
+static int boot_barrier(harness_bootstrap_handle *h) {
+    if (check_handle(h, "barrier")) return 1;
+    return coll(COLL_BARRIER, NULL, NULL, 0) ? 1 : 0;
+}
+static void boot_global_exit(int status) {
+    out_line(1, "FAIL %s abi=%d np=%d: rank %d: the library called bootstrap global_exit(%d)",
+             g.cur_case ? g.cur_case : "-", g.abi, g.np, g.rank, status);
+    _exit(3);
+}
+static int boot_finalize(harness_bootstrap_handle *h) {
+    (void)h;
+    return 0;
+}
+static int boot_show_info(harness_bootstrap_handle *h, int style) {
+    (void)h;
+    (void)style;
+    return 0;
+}
+
+/* The harness's own collectives (same channel as the library's). */
+static int allgather(const void *s, void *r, size_t bytes) { return coll(COLL_ALLGATHER, s, r, bytes); }
+static int barrier(void) { return coll(COLL_BARRIER, NULL, NULL, 0); }
+#define BARRIER_OR_FAIL(where)                                                                   \
+    do {                                                                                         \
+        if (barrier()) {                                                                         \
+            failf("bootstrap barrier failed (%s): %s", where, bs.err);                           \
+            return;                                                                              \
+        }                                                                                        \
+    } while (0)
+
+/* ======================================================================================
+ * Host-op wrappers (the only place that knows the two layouts)
+ * ==================================================================================== */
+static int h_rma(int pe, int op, int nbi, harness_rma_memdesc *r, harness_rma_memdesc *l, size_t nelems,
+                 int elembytes, ptrdiff_t sstride, ptrdiff_t dstride, int qp) {
+    harness_rma_verb v = {.op = op, .is_nbi = nbi, .is_stream = 0, .stream = NULL};
+    harness_rma_bytesdesc b = {.nelems = nelems, .elembytes = elembytes, .srcstride = sstride, .deststride = dstride};
+    if (g.abi == 3) return g.t3->host_ops.rma(g.t3, pe, v, r, l, b, qp);
+    return g.t4->host_ops.rma(g.t4, pe, v, r, l, b, qp);
+}
+
+static int amo_has_val(int op) {
+    return op != HARNESS_AMO_FETCH && op != HARNESS_AMO_INC && op != HARNESS_AMO_FETCH_INC;
+}
+
+/* junk: the proxy path (NVSHMEM sets only verb.op and bytes.elembytes there). */
+static int h_amo(int pe, int op, harness_amo_memdesc *m, int elembytes, int qp, int junk) {
+    harness_amo_verb v;
+    harness_amo_bytesdesc b;
+    if (junk) {
+        v = (harness_amo_verb){op, JUNK_INT, JUNK_INT, JUNK_INT};
+        b = (harness_amo_bytesdesc){JUNK_INT, elembytes};
+    } else {
+        v = (harness_amo_verb){op, op > HARNESS_AMO_END_OF_NONFETCH, amo_has_val(op), op == HARNESS_AMO_COMPARE_SWAP};
+        b = (harness_amo_bytesdesc){elembytes == 4 ? 8 : 9, elembytes};
+    }
+    if (g.abi == 3) return g.t3->host_ops.amo(g.t3, pe, NULL, v, m, b, qp);
+    return g.t4->host_ops.amo(g.t4, pe, NULL, v, m, b, qp);
+}
+
+/* The proxy quiets with NVSHMEMX_QP_ALL on ABI v4 and is_proxy=1 on v3; the host with 0. */
+static int h_quiet(int pe, int qp) {
+    if (g.abi == 3) return g.t3->host_ops.quiet(g.t3, pe, qp ? 1 : 0);
+    return g.t4->host_ops.quiet(g.t4, pe, qp ? HARNESS_QP_ALL : HARNESS_QP_HOST);
+}
+static int h_fence(int pe, int qp) {
+    if (g.abi == 3) return g.t3->host_ops.fence(g.t3, pe, qp ? 1 : 0);
+    return g.t4->host_ops.fence(g.t4, pe, qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST, 0);
+}
+static int h_progress(void) {
+    return g.abi == 3 ? g.t3->host_ops.progress(g.t3) : g.t4->host_ops.progress(g.t4);
+}
+static int h_get_mem_handle(harness_mem_handle *h, void *buf, size_t size, bool local_only) {
+    if (g.abi == 3) return g.t3->host_ops.get_mem_handle(h, buf, size, g.t3, local_only);
+    return g.t4->host_ops.get_mem_handle(h, buf, size, g.t4, local_only);
+}
+static int h_release(harness_mem_handle *h) {
+    return g.abi == 3 ? g.t3->host_ops.release_mem_handle(h, g.t3) : g.t4->host_ops.release_mem_handle(h, g.t4);
+}
+
+/* quiet towards every PE, as nvshmem_quiet does */
+static void quiet_all(int qp, const char *what) {
+    for (int k = 0; k < g.np; k++) {
+        int rc = h_quiet(k, qp);
+        if (rc) failf("%s: quiet(pe %d, %s) returned %d", what, k, qp ? "proxy" : "host", rc);
+    }
+}
+
+static harness_rma_memdesc rdesc(int pe, size_t off) {
+    harness_rma_memdesc d = {(void *)(uintptr_t)(g.bases[pe] + off), off, &g.handles[pe * g.stride + g.index]};
+    return d;
+}
+static harness_rma_memdesc ldesc(size_t off) {
+    harness_rma_memdesc d = {g.heap + off, JUNK_OFFSET, &g.own};
+    return d;
+}
+
+/* Polls a word written by a peer until it equals `want`, calling progress; bounded. */
+static int wait_word(volatile uint64_t *p, uint64_t want, int timeout_ms, uint64_t *seen) {
+    int64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        uint64_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+        if (v == want) return 0;
+        *seen = v;
+        int rc = h_progress();
+        if (rc) return rc;
+        if (now_ms() > deadline) return -1;
+        sched_yield();
+    }
+}
+
+/* ======================================================================================
+ * Setup cases
+ * ==================================================================================== */
+static void case_bad_version(void) {
+    static const int bad[] = {20000, 50000};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        void *t = (void *)0x1;
+        int64_t t0 = now_ms();
+        int rc = g.init(&t, NULL, bad[i]);
+        int64_t dt = now_ms() - t0;
+        if (rc == 0) failf("nvshmemt_init(api_version %d) returned 0 (expected an error: unsupported major)", bad[i]);
+        if (dt > 5000) failf("nvshmemt_init(api_version %d) took %" PRId64 " ms", bad[i], dt);
+    }
+}
+
+static void case_init(void) {
+    void *t = NULL;
+    int rc = g.init(&t, NULL, g.api_version);
+    if (rc != 0 || t == NULL) {
+        failf("nvshmemt_init(api_version %d) returned %d, transport %p", g.api_version, rc, t);
+        return;
+    }
+    g.t = t;
+    g.t3 = t;
+    g.t4 = t;
+    int v = TF(api_version);
+    if (HARNESS_API_MAJOR(v) != g.abi || HARNESS_API_MAJOR_MINOR(v) > HARNESS_API_MAJOR_MINOR(g.api_version))
+        failf("transport reports api_version %d for host %d (must be the same major, not newer)", v, g.api_version);
+    if (!TF(is_successfully_initialized))
+        failf("is_successfully_initialized is false (NVSHMEM would skip finalize)");
+    if (TF(n_devices) < 0) failf("n_devices is %d", TF(n_devices));
+#define NEED(op)                                                                  \
+    if (!HOP(op)) failf("host_ops." #op " is NULL (NVSHMEM calls it unchecked)");
+    NEED(can_reach_peer) NEED(connect_endpoints) NEED(get_mem_handle) NEED(release_mem_handle) NEED(finalize)
+    NEED(progress) NEED(rma) NEED(amo) NEED(fence) NEED(quiet)
+    if (g.abi == 4 && !g.t4->host_ops.put_signal) failf("host_ops.put_signal is NULL (the v4 proxy calls it unchecked)");
+#undef NEED
+    if (R.failed) return;
+    vlog("attr %#x n_devices %d atomics_complete_on_quiet %d api_version %d", TF(attr), TF(n_devices),
+         TF(atomics_complete_on_quiet), v);
+
+    /* What NVSHMEM fills in after init (transport.cpp). */
+    g.boot = (harness_bootstrap_handle){
+        .version = HARNESS_BOOTSTRAP_VERSION,
+        .pg_rank = g.rank,
+        .pg_size = g.np,
+        .mype_node = g.rank,
+        .npes_node = g.np,
+        .allgather = boot_allgather,
+        .alltoall = boot_alltoall,
+        .barrier = boot_barrier,
+        .global_exit = boot_global_exit,
+        .finalize = boot_finalize,
+        .show_info = boot_show_info,
+        .pre_init_ops = NULL,
+        .comm_state = &bs,
+    };
+    g.cap = calloc((size_t)g.np, sizeof(int));
+    TF(boot_handle) = &g.boot;
+    TF(heap_base) = g.heap;
+    TF(log2_cumem_granularity) = 21;
+    TF(cap) = g.cap;
+    TF(index) = g.index;
+    TF(my_pe) = g.rank;
+    TF(n_pes) = g.np;
+    TF(cache_handle) = NULL;
+    TF(alias_va_map) = NULL;
+    TF(egm_map) = NULL;
+    if (TF(max_op_len) == 0) TF(max_op_len) = SIZE_MAX;
+
+    /* pe_info of every PE (NVSHMEM allgathers them), then can_reach_peer per PE (topo.cpp). */
+    harness_pe_info mine;
+    memset(&mine, 0, sizeof mine);
+    mine.pcie_id = (harness_pcie_id){.dev_id = g.rank, .bus_id = 0x10 + g.rank, .domain_id = 0};
+    mine.pe = g.rank;
+    mine.host_hash = 0x686f73746861736bULL; /* one host */
+    for (int i = 0; i < 16; i++) mine.gpu_uuid.bytes[i] = (char)(0x40 + g.rank * 16 + i);
+    harness_pe_info infos[MAX_PES];
+    if (allgather(&mine, infos, sizeof mine)) {
+        failf("bootstrap allgather of pe_info failed: %s", bs.err);
+        return;
+    }
+    int local_map[MAX_PES] = {0};
+    for (int i = 0; i < g.np; i++) {
+        int reach = 0;
+        rc = g.abi == 3 ? g.t3->host_ops.can_reach_peer(&reach, &infos[i], g.t3)
+                        : g.t4->host_ops.can_reach_peer(&reach, &infos[i], g.t4);
+        if (rc) failf("can_reach_peer(PE %d) returned %d", i, rc);
+        else if (reach == 0) failf("can_reach_peer(PE %d) reports no access (0)", i);
+        g.cap[i] = reach;
+        local_map[i] = reach ? 1 << g.index : 0;
+    }
+    int maps[MAX_PES * MAX_PES];
+    if (allgather(local_map, maps, sizeof(int) * (size_t)g.np)) failf("bootstrap allgather of the transport map failed");
+}
+
+static void case_connect(void) {
+    if (!(TF(attr) & HARNESS_ATTR_CONNECTED)) {
+        /* NVSHMEM would skip connect_endpoints; this transport is documented to need it. */
+        failf("attr %#x lacks NVSHMEM_TRANSPORT_ATTR_CONNECTED", TF(attr));
+        return;
+    }
+    /* Device selection as nvshmemi_setup_connections does it. */
+    int n_devices = TF(n_devices);
+    int per_pe = n_devices / g.np;
+    if (per_pe == 0) per_pe = 1;
+    int selected[64];
+    for (int j = 0; j < per_pe && j < 64; j++) selected[j] = -1;
+    int found = 0;
+    if (n_devices <= 1) {
+        selected[0] = n_devices - 1;
+        found = 1;
+    } else {
+        selected[0] = g.rank % n_devices;
+        found = 1;
+    }
+    int64_t t0 = now_ms();
+    int rc = g.abi == 3 ? g.t3->host_ops.connect_endpoints(g.t3, selected, found)
+                        : g.t4->host_ops.connect_endpoints(g.t4, selected, found, NULL, 0);
+    vlog("connect_endpoints returned %d after %" PRId64 " ms, %d library collectives", rc, now_ms() - t0,
+         bs.lib_calls);
+    if (rc) {
+        failf("connect_endpoints returned %d", rc);
+        return;
+    }
+    g.connected = 1;
+    BARRIER_OR_FAIL("after connect_endpoints");
+}
+
+static void case_register(void) {
+    int rc = h_get_mem_handle(&g.own, g.heap, HEAP_SIZE, false);
+    if (rc) {
+        failf("get_mem_handle(heap %p, %zu bytes) returned %d", (void *)g.heap, HEAP_SIZE, rc);
+        return;
+    }
+    g.registered = 1;
+    /* NVSHMEM keeps one handle per transport per PE: stride = number of transports, ours at index. */
+    harness_mem_handle *mine = calloc((size_t)g.stride, sizeof *mine);
+    harness_mem_handle *all = calloc((size_t)(g.stride * g.np), sizeof *all);
+    if (!mine || !all) {
+        failf("out of memory");
+        free(mine);
+        free(all);
+        return;
+    }
+    memset(mine, 0xa5, sizeof *mine * (size_t)g.stride); /* the other transport's slot: not ours to read */
+    mine[g.index] = g.own;
+    if (allgather(mine, all, sizeof *mine * (size_t)g.stride)) {
+        failf("bootstrap allgather of handles failed: %s", bs.err);
+        free(mine);
+        free(all);
+        return;
+    }
+    free(mine);
+    g.handles = all;
+    uint64_t base = (uint64_t)(uintptr_t)g.heap;
+    if (allgather(&base, g.bases, sizeof base)) {
+        failf("bootstrap allgather of heap bases failed: %s", bs.err);
+        return;
+    }
+    if (HOP(add_device_remote_mem_handles)) {
+        rc = g.abi == 3 ? g.t3->host_ops.add_device_remote_mem_handles(g.t3, g.stride, g.handles, 0, HEAP_SIZE)
+                        : g.t4->host_ops.add_device_remote_mem_handles(g.t4, g.stride, g.handles, 0, HEAP_SIZE);
+        if (rc) failf("add_device_remote_mem_handles(stride %d, index %d) returned %d", g.stride, g.index, rc);
+    }
+}
+
+/* ======================================================================================
+ * RMA cases
+ * ==================================================================================== */
+static void report_window(const char *what, int src, size_t si, const unsigned char *buf, uint32_t salt) {
+    size_t first = 0;
+    unsigned got = 0, want = 0;
+    size_t bad = check_pattern(buf, SIZES[si], src, SIZES[si], salt, &first, &got, &want);
+    if (bad)
+        failf("%s: data from PE %d, %zu-byte transfer: %zu byte(s) wrong, first at byte %zu: got 0x%02x, want 0x%02x",
+              what, src, SIZES[si], bad, first, got, want);
+}
+
+/* Verifies one destination slot: every window holds src's pattern, everything between is 0. */
+static void verify_slot(const char *what, int src, const unsigned char *slot, uint32_t salt) {
+    size_t prev = 0, first = 0;
+    for (size_t si = 0; si < NSIZES; si++) {
+        if (check_fill(slot + prev, win_off[si] - prev, 0, &first))
+            failf("%s: bytes outside the transfers from PE %d were written (offset %zu, before the %zu-byte window)",
+                  what, src, prev + first, SIZES[si]);
+        report_window(what, src, si, slot + win_off[si], salt);
+        prev = win_off[si] + SIZES[si];
+    }
+    if (check_fill(slot + prev, 4096, 0, &first))
+        failf("%s: bytes after the last transfer from PE %d were written (offset %zu)", what, src, prev + first);
+}
+
+static void fill_sources(int me, uint32_t salt, unsigned char *pristine) {
+    for (size_t si = 0; si < NSIZES; si++) {
+        fill_pattern(g.heap + SRC_OFF + win_off[si], SIZES[si], me, SIZES[si], salt);
+        if (pristine) memcpy(pristine + win_off[si], g.heap + SRC_OFF + win_off[si], SIZES[si]);
+    }
+}
+
+static void do_put(int qp, int nbi, uint32_t salt) {
+    const char *what = nbi ? "put nbi" : "put";
+    int me = g.rank;
+    unsigned char *pristine = nbi ? NULL : malloc(win_end);
+    if (!nbi && !pristine) {
+        failf("out of memory");
+        return;
+    }
+    memset(g.heap + DST_OFF, 0, (size_t)g.np * DST_SLOT);
+    fill_sources(me, salt, pristine);
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        free(pristine);
+        return;
+    }
+    for (size_t si = 0; si < NSIZES; si++) {
+        unsigned char *src = g.heap + SRC_OFF + win_off[si];
+        for (int k = 1; k <= g.np; k++) {
+            int q = (me + k) % g.np; /* peers first, then itself */
+            if (!nbi && k > 1) memcpy(src, pristine + win_off[si], SIZES[si]); /* undo the scribble */
+            harness_rma_memdesc r = rdesc(q, DST_OFF + (size_t)me * DST_SLOT + win_off[si]);
+            harness_rma_memdesc l = ldesc(SRC_OFF + win_off[si]);
+            int rc = h_rma(q, HARNESS_OP_PUT, nbi, &r, &l, SIZES[si], 1, 1, 1, qp);
+            if (rc) failf("%s of %zu bytes to PE %d (%s) returned %d", what, SIZES[si], q, qp ? "proxy" : "host", rc);
+            /* A blocking put has consumed its source when it returns: scribble over it. The scribble
+             * stays until the next put from this window (the last one: until after quiet). */
+            if (!nbi) memset(src, 0xa5, SIZES[si]);
+        }
+    }
+    quiet_all(qp, what);
+    free(pristine);
+    BARRIER_OR_FAIL("after quiet");
+    for (int p = 0; p < g.np; p++) verify_slot(what, p, g.heap + DST_OFF + (size_t)p * DST_SLOT, salt);
+}
+
+static void do_get(int qp, int nbi, uint32_t salt) {
+    const char *what = nbi ? "get nbi" : "get";
+    int me = g.rank;
+    memset(g.heap + DST_OFF, 0, (size_t)g.np * DST_SLOT);
+    fill_sources(me, salt, NULL);
+    BARRIER_OR_FAIL("before the gets");
+    for (size_t si = 0; si < NSIZES; si++) {
+        for (int k = 1; k <= g.np; k++) {
+            int q = (me + k) % g.np;
+            harness_rma_memdesc r = rdesc(q, SRC_OFF + win_off[si]);
+            harness_rma_memdesc l = ldesc(DST_OFF + (size_t)q * DST_SLOT + win_off[si]);
+            int rc = h_rma(q, HARNESS_OP_GET, nbi, &r, &l, SIZES[si], 1, 1, 1, qp);
+            if (rc) {
+                failf("%s of %zu bytes from PE %d (%s) returned %d", what, SIZES[si], q, qp ? "proxy" : "host", rc);
+            } else if (!nbi) {
+                /* a blocking get has landed when it returns */
+                report_window("blocking get, checked at return (before quiet)", q, si,
+                              g.heap + DST_OFF + (size_t)q * DST_SLOT + win_off[si], salt);
+            }
+        }
+    }
+    quiet_all(qp, what);
+    for (int q = 0; q < g.np; q++) verify_slot(what, q, g.heap + DST_OFF + (size_t)q * DST_SLOT, salt);
+}
+
+static void case_put(void) { do_put(0, 0, 11); }
+static void case_put_nbi(void) { do_put(0, 1, 12); }
+static void case_get(void) { do_get(0, 0, 13); }
+static void case_get_nbi(void) { do_get(0, 1, 14); }
+static void case_proxy_put_get(void) {
+    do_put(1, 1, 15);
+    if (R.failed) return;
+    BARRIER_OR_FAIL("between put and get");
+    do_get(1, 1, 16);
+}
+
+/* P: 1, 2, 4 and 8 bytes from a stack value (local handle NULL), to every PE. */
+static uint64_t p_value(int src, int dst, int size) {
+    return mix64(((uint64_t)src << 16) ^ ((uint64_t)dst << 8) ^ (uint64_t)size ^ 0x5050505050ULL);
+}
+static void case_p(void) {
+    static const int psizes[] = {1, 2, 4, 8};
+    int me = g.rank;
+    memset(g.heap + P_OFF, 0, (size_t)g.np * 64);
+    BARRIER_OR_FAIL("before the P ops");
+    for (int k = 1; k <= g.np; k++) {
+        int q = (me + k) % g.np;
+        for (int i = 0; i < 4; i++) {
+            int sz = psizes[i];
+            volatile uint64_t value = p_value(me, q, sz); /* the first sz bytes are sent (little-endian) */
+            harness_rma_memdesc r = rdesc(q, P_OFF + (size_t)me * 64 + (size_t)i * 16);
+            harness_rma_memdesc l = {(void *)&value, JUNK_OFFSET, NULL};
+            int rc = h_rma(q, HARNESS_OP_P, 0, &r, &l, 1, sz, 1, 1, 0);
+            if (rc) failf("P of %d bytes to PE %d returned %d", sz, q, rc);
+            value = ~value; /* the stack value is gone once P returns */
+        }
+    }
+    quiet_all(0, "P");
+    BARRIER_OR_FAIL("after quiet");
+    for (int p = 0; p < g.np; p++) {
+        for (int i = 0; i < 4; i++) {
+            int sz = psizes[i];
+            uint64_t want = p_value(p, me, sz);
+            unsigned char *slot = g.heap + P_OFF + (size_t)p * 64 + (size_t)i * 16;
+            unsigned char exp[16] = {0};
+            memcpy(exp, &want, (size_t)sz);
+            if (memcmp(slot, exp, 16) != 0) {
+                uint64_t got = 0;
+                memcpy(&got, slot, 8);
+                failf("P of %d bytes from PE %d: got %#" PRIx64 " (and %#x after it), want %#" PRIx64, sz, p, got,
+                      slot[sz], (uint64_t)(want & (sz == 8 ? ~0ULL : ((1ULL << (8 * sz)) - 1))));
+            }
+        }
+    }
+}
+
+/* Strided put/get: nelems elements of elembytes, local stride / remote stride in elements. */
+struct stride_combo {
+    int elem, lstride, rstride;
+};
+static const struct stride_combo COMBOS[] = {{4, 1, 2}, {8, 2, 3}, {4, 3, 1}, {8, 2, 2}, {1, 3, 2}, {2, 1, 3}};
+#define NCOMBOS (sizeof(COMBOS) / sizeof(COMBOS[0]))
+#define STR_NELEMS 37
+#define STR_REGION (8 * KiB)
+
+static void verify_strided(const char *what, int peer, const unsigned char *dst, int dstride, int sstride,
+                           const struct stride_combo *c, size_t ci, uint32_t salt) {
+    /* dst element i (at i*dstride) = source element i (at i*sstride) of peer's pattern region */
+    uint64_t seed = pat_seed(peer, 1000 + ci, salt);
+    size_t e = (size_t)c->elem;
+    size_t wrong = 0, gaps = 0, first_wrong = 0, first_gap = 0;
+    for (size_t off = 0; off < STR_REGION; off++) {
+        size_t idx = off / e, byte = off % e;
+        int in_elem = idx % (size_t)dstride == 0 && idx / (size_t)dstride < STR_NELEMS;
+        if (in_elem) {
+            size_t i = idx / (size_t)dstride;
+            uint8_t want = pat_byte(seed, i * (size_t)sstride * e + byte);
+            if (dst[off] != want && !wrong++) first_wrong = off;
+        } else if (dst[off] != 0x5c && !gaps++) {
+            first_gap = off;
+        }
+    }
+    if (wrong)
+        failf("%s with PE %d, %d-byte elements, local stride %d, remote stride %d: %zu byte(s) of elements wrong "
+              "(first at offset %zu)",
+              what, peer, c->elem, c->lstride, c->rstride, wrong, first_wrong);
+    if (gaps)
+        failf("%s with PE %d, %d-byte elements, local stride %d, remote stride %d: %zu byte(s) between elements "
+              "overwritten (first at offset %zu)",
+              what, peer, c->elem, c->lstride, c->rstride, gaps, first_gap);
+}
+
+static void case_strided(void) {
+    const uint32_t salt = 21;
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    memset(g.heap + STR_OFF, 0x5c, (size_t)g.np * 64 * KiB);
+    for (size_t c = 0; c < NCOMBOS; c++)
+        fill_pattern(g.heap + STR_LOCAL_OFF + c * STR_REGION, STR_REGION, me, 1000 + c, salt);
+    BARRIER_OR_FAIL("before the strided puts");
+    /* put: bytesdesc.srcstride = local stride, deststride = remote stride */
+    for (size_t c = 0; c < NCOMBOS; c++) {
+        const struct stride_combo *cb = &COMBOS[c];
+        harness_rma_memdesc r = rdesc(q, STR_OFF + (size_t)me * 64 * KiB + c * STR_REGION);
+        harness_rma_memdesc l = ldesc(STR_LOCAL_OFF + c * STR_REGION);
+        int rc = h_rma(q, HARNESS_OP_PUT, 0, &r, &l, STR_NELEMS, cb->elem, cb->lstride, cb->rstride, 0);
+        if (rc)
+            failf("strided put to PE %d (%d-byte elements, strides %d/%d) returned %d (the library supports strides)",
+                  q, cb->elem, cb->lstride, cb->rstride, rc);
+    }
+    quiet_all(0, "strided put");
+    BARRIER_OR_FAIL("after the strided puts");
+    for (size_t c = 0; c < NCOMBOS; c++)
+        verify_strided("strided put", src, g.heap + STR_OFF + (size_t)src * 64 * KiB + c * STR_REGION,
+                       COMBOS[c].rstride, COMBOS[c].lstride, &COMBOS[c], c, salt);
+    BARRIER_OR_FAIL("before the strided gets");
+    /* get (putget.cpp): bytesdesc.srcstride = remote stride, deststride = local stride */
+    memset(g.heap + STR_OFF, 0x5c, (size_t)g.np * 64 * KiB);
+    for (size_t c = 0; c < NCOMBOS; c++) {
+        const struct stride_combo *cb = &COMBOS[c];
+        unsigned char *dst = g.heap + STR_OFF + (size_t)q * 64 * KiB + c * STR_REGION;
+        harness_rma_memdesc r = rdesc(q, STR_LOCAL_OFF + c * STR_REGION);
+        harness_rma_memdesc l = ldesc(STR_OFF + (size_t)q * 64 * KiB + c * STR_REGION);
+        int rc = h_rma(q, HARNESS_OP_GET, 0, &r, &l, STR_NELEMS, cb->elem, cb->rstride, cb->lstride, 0);
+        if (rc)
+            failf("strided get from PE %d (%d-byte elements, strides %d/%d) returned %d (the library supports strides)",
+                  q, cb->elem, cb->lstride, cb->rstride, rc);
+        else
+            verify_strided("blocking strided get, checked at return", q, dst, cb->lstride, cb->rstride, cb, c, salt);
+    }
+    quiet_all(0, "strided get");
+}
+
+/* ======================================================================================
+ * AMO cases
+ * ==================================================================================== */
+struct amo_spec {
+    int op;
+    const char *name;
+    int cas_fail;
+};
+static const struct amo_spec AMOS[] = {
+    {HARNESS_AMO_INC, "INC", 0},
+    {HARNESS_AMO_SET, "SET", 0},
+    {HARNESS_AMO_ADD, "ADD", 0},
+    {HARNESS_AMO_AND, "AND", 0},
+    {HARNESS_AMO_OR, "OR", 0},
+    {HARNESS_AMO_XOR, "XOR", 0},
+    {HARNESS_AMO_SIGNAL, "SIGNAL", 0},
+    {HARNESS_AMO_SIGNAL_SET, "SIGNAL_SET", 0},
+    {HARNESS_AMO_SIGNAL_ADD, "SIGNAL_ADD", 0},
+    {HARNESS_AMO_FETCH, "FETCH", 0},
+    {HARNESS_AMO_FETCH_INC, "FETCH_INC", 0},
+    {HARNESS_AMO_FETCH_ADD, "FETCH_ADD", 0},
+    {HARNESS_AMO_FETCH_AND, "FETCH_AND", 0},
+    {HARNESS_AMO_FETCH_OR, "FETCH_OR", 0},
+    {HARNESS_AMO_FETCH_XOR, "FETCH_XOR", 0},
+    {HARNESS_AMO_SWAP, "SWAP", 0},
+    {HARNESS_AMO_COMPARE_SWAP, "COMPARE_SWAP(match)", 0},
+    {HARNESS_AMO_COMPARE_SWAP, "COMPARE_SWAP(no match)", 1},
+};
+#define NAMOS (sizeof(AMOS) / sizeof(AMOS[0]))
+#define AMO_SLOT 24 /* [8 sentinel][8 word (4-byte: word + 4 sentinel bytes)][8 sentinel] */
+#define SENT_A 0xa1a2a3a4a5a6a7a8ULL
+#define SENT_B 0xb1b2b3b4U
+#define SENT_C 0xc1c2c3c4c5c6c7c8ULL
+
+static int is_fetch_op(int op) { return op > HARNESS_AMO_END_OF_NONFETCH; }
+
+/* Operands for source src, target kind ti (0 = next PE, 1 = itself), size index zi, result kind
+ * rk (0 = registered, 1 = plain memory), op k. */
+static void amo_operands(int src, int ti, int zi, int rk, size_t k, uint64_t mask, uint64_t *init, uint64_t *val,
+                         uint64_t *cmp) {
+    uint64_t s = mix64(((uint64_t)src << 32) ^ ((uint64_t)((ti * 2 + zi) * 2 + rk) << 8) ^ k ^ 0xa0a0ULL);
+    *init = mix64(s) & mask;
+    *val = mix64(s + 1) & mask;
+    int op = AMOS[k].op;
+    if (op == HARNESS_AMO_INC || op == HARNESS_AMO_FETCH_INC) *val = 1;
+    if (op == HARNESS_AMO_ADD) { /* wraps around: a carry must not leak past the word */
+        *init = mask - 0xf;
+        *val = 0x25;
+    }
+    *cmp = AMOS[k].cas_fail ? (*init ^ 0x100) & mask : *init;
+}
+
+static uint64_t amo_expect(int op, uint64_t old, uint64_t val, uint64_t cmp, uint64_t mask) {
+    uint64_t r;
+    switch (op) {
+        case HARNESS_AMO_INC:
+        case HARNESS_AMO_FETCH_INC: r = old + 1; break;
+        case HARNESS_AMO_ADD:
+        case HARNESS_AMO_SIGNAL_ADD:
+        case HARNESS_AMO_FETCH_ADD: r = old + val; break;
+        case HARNESS_AMO_SET:
+        case HARNESS_AMO_SIGNAL:
+        case HARNESS_AMO_SIGNAL_SET:
+        case HARNESS_AMO_SWAP: r = val; break;
+        case HARNESS_AMO_AND:
+        case HARNESS_AMO_FETCH_AND: r = old & val; break;
+        case HARNESS_AMO_OR:
+        case HARNESS_AMO_FETCH_OR: r = old | val; break;
+        case HARNESS_AMO_XOR:
+        case HARNESS_AMO_FETCH_XOR: r = old ^ val; break;
+        case HARNESS_AMO_FETCH: r = old; break;
+        case HARNESS_AMO_COMPARE_SWAP: r = old == cmp ? val : old; break;
+        default: r = old;
+    }
+    return r & mask;
+}
+
+static size_t amo_slot(int ti, int zi, int rk, size_t k) { return (((size_t)ti * 2 + zi) * 2 + rk) * NAMOS + k; }
+
+static void amo_prefill(unsigned char *region, int src) {
+    for (int ti = 0; ti < 2; ti++)
+        for (int zi = 0; zi < 2; zi++)
+            for (int rk = 0; rk < 2; rk++)
+                for (size_t k = 0; k < NAMOS; k++) {
+                    uint64_t mask = zi ? ~0ULL : 0xffffffffULL, init, val, cmp;
+                    amo_operands(src, ti, zi, rk, k, mask, &init, &val, &cmp);
+                    unsigned char *s = region + amo_slot(ti, zi, rk, k) * AMO_SLOT;
+                    uint64_t a = SENT_A, c = SENT_C;
+                    memcpy(s, &a, 8);
+                    if (zi) {
+                        memcpy(s + 8, &init, 8);
+                    } else {
+                        uint32_t w = (uint32_t)init, b = SENT_B;
+                        memcpy(s + 8, &w, 4);
+                        memcpy(s + 12, &b, 4);
+                    }
+                    memcpy(s + 16, &c, 8);
+                }
+}
+
+static void amo_verify(const char *what, unsigned char *region, int src, int ti) {
+    for (int zi = 0; zi < 2; zi++)
+        for (int rk = 0; rk < 2; rk++)
+            for (size_t k = 0; k < NAMOS; k++) {
+                uint64_t mask = zi ? ~0ULL : 0xffffffffULL, init, val, cmp;
+                amo_operands(src, ti, zi, rk, k, mask, &init, &val, &cmp);
+                uint64_t want = amo_expect(AMOS[k].op, init, val, cmp, mask);
+                unsigned char *s = region + amo_slot(ti, zi, rk, k) * AMO_SLOT;
+                uint64_t a, c, got = 0;
+                memcpy(&a, s, 8);
+                memcpy(&c, s + 16, 8);
+                memcpy(&got, s + 8, zi ? 8 : 4);
+                uint32_t b = SENT_B;
+                if (!zi) memcpy(&b, s + 12, 4);
+                if (got != want)
+                    failf("%s %s on a %d-byte word from PE %d%s: target holds %#" PRIx64 ", want %#" PRIx64
+                          " (initial %#" PRIx64 ", value %#" PRIx64 ", compare %#" PRIx64 ")",
+                          what, AMOS[k].name, zi ? 8 : 4, src, ti ? " (to itself)" : "", got, want, init, val, cmp);
+                if (a != SENT_A || c != SENT_C || b != SENT_B)
+                    failf("%s %s on a %d-byte word from PE %d: bytes next to the word were changed", what,
+                          AMOS[k].name, zi ? 8 : 4, src);
+            }
+}
+
+static void do_amo(int qp, int junk) {
+    const char *what = qp ? "proxy AMO" : "AMO";
+    int me = g.rank;
+    unsigned char *plain = malloc(2 * 2 * NAMOS * 16); /* unregistered fetch results */
+    if (!plain) {
+        failf("out of memory");
+        return;
+    }
+    unsigned char *reg = g.heap + RET_OFF;
+    memset(plain, 0xcc, 2 * 2 * NAMOS * 16);
+    memset(reg, 0xcc, 2 * 2 * NAMOS * 16);
+    for (int p = 0; p < g.np; p++) amo_prefill(g.heap + AMO_OFF + (size_t)p * 4096, p);
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        free(plain);
+        return;
+    }
+    for (int ti = 0; ti < 2; ti++) {
+        int q = ti == 0 ? (me + 1) % g.np : me;
+        for (int zi = 0; zi < 2; zi++)
+            for (int rk = 0; rk < 2; rk++)
+                for (size_t k = 0; k < NAMOS; k++) {
+                    uint64_t mask = zi ? ~0ULL : 0xffffffffULL, init, val, cmp;
+                    amo_operands(me, ti, zi, rk, k, mask, &init, &val, &cmp);
+                    harness_amo_memdesc m;
+                    memset(&m, 0, sizeof m);
+                    m.remote = rdesc(q, AMO_OFF + (size_t)me * 4096 + amo_slot(ti, zi, rk, k) * AMO_SLOT + 8);
+                    m.val = val;
+                    m.cmp = cmp;
+                    if (is_fetch_op(AMOS[k].op)) {
+                        size_t ri = ((size_t)ti * 2 + zi) * NAMOS + k;
+                        m.retptr = (rk == 0 ? reg : plain) + ri * 16;
+                        m.ret_handle = rk == 0 ? &g.own : NULL;
+                        m.retflag = junk ? 2 * ri + 1 : 0;
+                    }
+                    int rc = h_amo(q, AMOS[k].op, &m, zi ? 8 : 4, qp, junk);
+                    if (rc)
+                        failf("%s %s (%d bytes) to PE %d returned %d", what, AMOS[k].name, zi ? 8 : 4, q, rc);
+                }
+    }
+    quiet_all(qp, what);
+    /* fetch results are in place once quiet returned */
+    for (int ti = 0; ti < 2; ti++)
+        for (int zi = 0; zi < 2; zi++)
+            for (int rk = 0; rk < 2; rk++)
+                for (size_t k = 0; k < NAMOS; k++) {
+                    size_t ri = ((size_t)ti * 2 + zi) * NAMOS + k;
+                    unsigned char *rp = (rk == 0 ? reg : plain) + ri * 16;
+                    size_t sz = zi ? 8 : 4, first = 0;
+                    if (!is_fetch_op(AMOS[k].op)) {
+                        if (check_fill(rp, 16, 0xcc, &first))
+                            failf("%s %s (non-fetching) wrote a result somewhere", what, AMOS[k].name);
+                        continue;
+                    }
+                    uint64_t mask = zi ? ~0ULL : 0xffffffffULL, init, val, cmp, got = 0;
+                    amo_operands(me, ti, zi, rk, k, mask, &init, &val, &cmp);
+                    memcpy(&got, rp, sz);
+                    if (got != init)
+                        failf("%s %s (%zu bytes, %s result buffer, %s) fetched %#" PRIx64 " after quiet, want %#" PRIx64,
+                              what, AMOS[k].name, sz, rk == 0 ? "registered" : "plain", ti ? "to itself" : "to the next PE",
+                              got, init);
+                    if (check_fill(rp + sz, 16 - sz, 0xcc, &first))
+                        failf("%s %s (%zu bytes): wrote past the %zu-byte result", what, AMOS[k].name, sz, sz);
+                }
+    free(plain);
+    BARRIER_OR_FAIL("after quiet");
+    amo_verify(what, g.heap + AMO_OFF + (size_t)((me - 1 + g.np) % g.np) * 4096, (me - 1 + g.np) % g.np, 0);
+    amo_verify(what, g.heap + AMO_OFF + (size_t)me * 4096, me, 1);
+}
+
+static void case_amo(void) { do_amo(0, 0); }
+static void case_proxy_amo(void) { do_amo(1, 1); }
+
+/* ---- contention: K fetch_adds and K adds per PE on a counter of PE 0 and one of the last PE ---- */
+struct cont_args {
+    int qp, size, junk;
+    int fetch; /* 1: fetch_adds into res_a/res_b; 0: plain adds */
+    unsigned char *res_a, *res_b;
+    int failed;
+    char msg[200];
+};
+
+static void *cont_worker(void *arg) {
+    struct cont_args *a = arg;
+    int pes[2] = {0, g.np - 1};
+    for (int i = 0; i < K_CONT && !a->failed; i++) {
+        for (int c = 0; c < 2; c++) {
+            harness_amo_memdesc m;
+            memset(&m, 0, sizeof m);
+            m.remote = rdesc(pes[c], CNT_OFF + (size_t)c * 64);
+            m.val = 1;
+            if (a->fetch) {
+                unsigned char *res = c == 0 ? a->res_a : a->res_b;
+                m.retptr = res + (size_t)i * 8;
+                m.ret_handle = c == 0 ? &g.own : NULL; /* a: registered (heap), b: plain memory */
+            }
+            int op = a->fetch ? HARNESS_AMO_FETCH_ADD : HARNESS_AMO_ADD;
+            int rc = h_amo(pes[c], op, &m, a->size, a->qp, a->junk);
+            if (rc) {
+                a->failed = 1;
+                snprintf(a->msg, sizeof a->msg, "%s #%d to PE %d (%s) returned %d", a->fetch ? "fetch_add" : "add", i,
+                         pes[c], a->qp ? "proxy" : "host", rc);
+            }
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        int rc = h_quiet(pes[c], a->qp);
+        if (rc && !a->failed) {
+            a->failed = 1;
+            snprintf(a->msg, sizeof a->msg, "quiet(pe %d, %s) returned %d", pes[c], a->qp ? "proxy" : "host", rc);
+        }
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* fetch on qp_f, adds on qp_a; threaded: the adds run on a second thread at the same time (like
+ * NVSHMEM's proxy thread next to the host thread). */
+static void do_contention(const char *what, int qp_f, int qp_a, int size, int threaded) {
+    int junk_f = qp_f != 0, junk_a = qp_a != 0;
+    unsigned char *res_a = g.heap + RET_OFF + 8 * KiB; /* registered */
+    unsigned char *res_b = malloc(K_CONT * 8);         /* plain */
+    uint64_t *all = malloc(sizeof(uint64_t) * K_CONT * (size_t)g.np);
+    uint64_t *mine = malloc(sizeof(uint64_t) * K_CONT);
+    if (!res_b || !all || !mine) {
+        failf("out of memory");
+        goto out;
+    }
+    memset(res_a, 0xff, K_CONT * 8);
+    memset(res_b, 0xff, K_CONT * 8);
+    memset(g.heap + CNT_OFF, 0, 128);
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    struct cont_args fa = {qp_f, size, junk_f, 1, res_a, res_b, 0, ""};
+    struct cont_args aa = {qp_a, size, junk_a, 0, NULL, NULL, 0, ""};
+    if (threaded) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, cont_worker, &aa)) {
+            failf("pthread_create failed");
+            goto out;
+        }
+        cont_worker(&fa);
+        pthread_join(th, NULL);
+    } else {
+        /* interleaved on one thread: fetch_add, add, fetch_add, add ... */
+        int pes[2] = {0, g.np - 1};
+        for (int i = 0; i < K_CONT && !fa.failed; i++)
+            for (int c = 0; c < 2; c++)
+                for (int f = 1; f >= 0; f--) {
+                    harness_amo_memdesc m;
+                    memset(&m, 0, sizeof m);
+                    m.remote = rdesc(pes[c], CNT_OFF + (size_t)c * 64);
+                    m.val = 1;
+                    if (f) {
+                        m.retptr = (c == 0 ? res_a : res_b) + (size_t)i * 8;
+                        m.ret_handle = c == 0 ? &g.own : NULL;
+                    }
+                    int rc = h_amo(pes[c], f ? HARNESS_AMO_FETCH_ADD : HARNESS_AMO_ADD, &m, size, f ? qp_f : qp_a,
+                                   f ? junk_f : junk_a);
+                    if (rc) {
+                        fa.failed = 1;
+                        snprintf(fa.msg, sizeof fa.msg, "%s #%d to PE %d returned %d", f ? "fetch_add" : "add", i,
+                                 pes[c], rc);
+                    }
+                }
+        for (int c = 0; c < 2; c++) {
+            int rc = h_quiet(pes[c], qp_f);
+            if (!rc && qp_a != qp_f) rc = h_quiet(pes[c], qp_a);
+            if (rc) failf("%s: quiet(pe %d) returned %d", what, pes[c], rc);
+        }
+    }
+    if (fa.failed) failf("%s: %s", what, fa.msg);
+    if (aa.failed) failf("%s: %s", what, aa.msg);
+    const uint64_t total = 2ULL * K_CONT * (uint64_t)g.np;
+    for (int c = 0; c < 2; c++) {
+        unsigned char *res = c == 0 ? res_a : res_b;
+        for (int i = 0; i < K_CONT; i++) {
+            uint64_t v = 0;
+            memcpy(&v, res + (size_t)i * 8, (size_t)size);
+            unsigned char rest[8];
+            memcpy(rest, res + (size_t)i * 8 + size, 8 - (size_t)size);
+            mine[i] = v;
+            if (size == 4 && (rest[0] != 0xff || rest[3] != 0xff)) {
+                failf("%s: fetch_add #%d wrote more than 4 bytes of result", what, i);
+                break;
+            }
+        }
+        if (allgather(mine, all, sizeof(uint64_t) * K_CONT)) {
+            failf("bootstrap allgather of fetched values failed: %s", bs.err);
+            goto out;
+        }
+        qsort(all, (size_t)K_CONT * (size_t)g.np, sizeof(uint64_t), cmp_u64);
+        for (size_t i = 0; i < (size_t)K_CONT * (size_t)g.np; i++) {
+            if (all[i] >= total) {
+                failf("%s: counter on PE %d: a fetch_add returned %#" PRIx64 " (only %" PRIu64
+                      " increments exist; result missing or corrupt)",
+                      what, c == 0 ? 0 : g.np - 1, all[i], total);
+                break;
+            }
+            if (i > 0 && all[i] == all[i - 1]) {
+                failf("%s: counter on PE %d: value %" PRIu64 " fetched twice (updates not atomic)", what,
+                      c == 0 ? 0 : g.np - 1, all[i]);
+                break;
+            }
+        }
+    }
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    for (int c = 0; c < 2; c++) {
+        int owner = c == 0 ? 0 : g.np - 1;
+        if (owner != g.rank) continue;
+        uint64_t v = 0;
+        memcpy(&v, g.heap + CNT_OFF + (size_t)c * 64, (size_t)size);
+        if (v != total) failf("%s: counter on PE %d ends at %" PRIu64 ", want %" PRIu64, what, owner, v, total);
+    }
+out:
+    free(res_b);
+    free(all);
+    free(mine);
+}
+
+static void case_contention(void) { do_contention("contention", 0, 0, 8, 0); }
+static void case_proxy_contention(void) { do_contention("proxy contention", 1, 1, 4, 0); }
+static void case_contention_threads(void) { do_contention("host+proxy threads", 0, 1, 8, 1); }
+
+/* ======================================================================================
+ * Ordering, signals, misc
+ * ==================================================================================== */
+static void do_fence(int qp) {
+    const char *what = qp ? "proxy fence" : "fence";
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    size_t si = 4; /* the 1 MiB window */
+    volatile uint64_t *flag = (volatile uint64_t *)(g.heap + FLAG_OFF);
+    uint64_t *flag_src = (uint64_t *)(g.heap + FLAG_OFF + 64);
+    memset(g.heap + FENCE_OFF, 0, SIZES[si]);
+    *flag = 0;
+    BARRIER_OR_FAIL("before the fence rounds");
+    for (int round = 0; round < 2; round++) {
+        uint32_t salt = 31 + (uint32_t)round + (qp ? 10 : 0);
+        fill_pattern(g.heap + SRC_OFF + win_off[si], SIZES[si], me, SIZES[si], salt);
+        harness_rma_memdesc r = rdesc(q, FENCE_OFF), l = ldesc(SRC_OFF + win_off[si]);
+        int rc = h_rma(q, HARNESS_OP_PUT, 1, &r, &l, SIZES[si], 1, 1, 1, qp);
+        if (rc) failf("%s: data put to PE %d returned %d", what, q, rc);
+        rc = h_fence(q, qp);
+        if (rc) failf("%s: fence(pe %d) returned %d", what, q, rc);
+        *flag_src = (uint64_t)round + 1;
+        harness_rma_memdesc rf = rdesc(q, FLAG_OFF), lf = ldesc(FLAG_OFF + 64);
+        rc = h_rma(q, HARNESS_OP_PUT, 1, &rf, &lf, 1, 8, 1, 1, qp);
+        if (rc) failf("%s: flag put to PE %d returned %d", what, q, rc);
+        uint64_t seen = 0;
+        rc = wait_word(flag, (uint64_t)round + 1, 20000, &seen);
+        if (rc) {
+            failf("%s round %d: flag from PE %d never reached %d (last %#" PRIx64 ", rc %d)", what, round, src,
+                  round + 1, seen, rc);
+        } else {
+            /* the flag was put after the fence: the data must be there */
+            size_t first = 0;
+            unsigned got = 0, want = 0;
+            size_t bad = check_pattern(g.heap + FENCE_OFF, SIZES[si], src, SIZES[si], salt, &first, &got, &want);
+            if (bad)
+                failf("%s round %d: flag from PE %d seen but %zu data byte(s) put before the fence are not there "
+                      "(first at %zu: got 0x%02x, want 0x%02x)",
+                      what, round, src, bad, first, got, want);
+        }
+        quiet_all(qp, what);
+        BARRIER_OR_FAIL("after a fence round");
+    }
+    if (HOP(enforce_cst)) {
+        int rc = g.abi == 3 ? g.t3->host_ops.enforce_cst(g.t3) : g.t4->host_ops.enforce_cst(g.t4);
+        if (rc) failf("enforce_cst returned %d", rc);
+    }
+    if (HOP(enforce_cst_at_target)) {
+        int rc = g.abi == 3 ? g.t3->host_ops.enforce_cst_at_target(g.t3) : g.t4->host_ops.enforce_cst_at_target(g.t4);
+        if (rc) failf("enforce_cst_at_target returned %d", rc);
+    }
+}
+static void case_fence_quiet(void) { do_fence(0); }
+static void case_proxy_fence_quiet(void) { do_fence(1); }
+
+/* ABI v4 put_signal, as the proxy calls it: vectors of chunks, signal AMO after the data. */
+static void case_put_signal(void) {
+    static const size_t chunks[] = {1000, 65536, 1 * MiB + 5};
+    const size_t nch = sizeof chunks / sizeof chunks[0];
+    size_t total = 0;
+    for (size_t i = 0; i < nch; i++) total += chunks[i];
+    static const struct {
+        int op;
+        uint64_t val, expect;
+        int qp;
+    } rounds[] = {{HARNESS_AMO_SIGNAL_ADD, 5, 5, 1}, {HARNESS_AMO_SIGNAL_SET, 1000, 1000, 1}, {HARNESS_AMO_SIGNAL_ADD, 7, 1007, 0}};
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    volatile uint64_t *sig = (volatile uint64_t *)(g.heap + SIG_OFF);
+    memset(g.heap + PS_OFF, 0, 2 * MiB);
+    memset(g.heap + SIG_OFF, 0, 64);
+    BARRIER_OR_FAIL("before put_signal");
+    for (size_t rd = 0; rd < sizeof rounds / sizeof rounds[0]; rd++) {
+        uint32_t salt = 41 + (uint32_t)rd;
+        fill_pattern(g.heap + PS_SRC_OFF, total, me, total, salt);
+        /* std::vector storage: capacity 4 after three push_backs, so end != end_of_storage */
+        harness_rma_memdesc rem[4], loc[4];
+        harness_rma_bytesdesc by[4];
+        memset(rem, 0, sizeof rem);
+        memset(loc, 0, sizeof loc);
+        memset(by, 0, sizeof by);
+        size_t off = 0;
+        for (size_t i = 0; i < nch; i++) {
+            rem[i] = rdesc(q, PS_OFF + off);
+            loc[i] = ldesc(PS_SRC_OFF + off);
+            by[i] = (harness_rma_bytesdesc){.nelems = chunks[i], .elembytes = 1, .srcstride = 1, .deststride = 1};
+            off += chunks[i];
+        }
+        harness_vec vr = {&rem[0], &rem[nch], &rem[4]}, vl = {&loc[0], &loc[nch], &loc[4]}, vb = {&by[0], &by[nch], &by[4]};
+        harness_rma_verb wv = {.op = HARNESS_OP_PUT, .is_nbi = 1, .is_stream = 0, .stream = NULL};
+        harness_amo_verb sv = {rounds[rd].op, JUNK_INT, JUNK_INT, JUNK_INT};
+        harness_amo_memdesc st;
+        memset(&st, 0, sizeof st);
+        st.remote = rdesc(q, SIG_OFF);
+        st.val = rounds[rd].val;
+        harness_amo_bytesdesc sb = {JUNK_INT, 8};
+        int qp = rounds[rd].qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST;
+        int rc = g.t4->host_ops.put_signal(g.t4, q, wv, &vr, &vl, &vb, sv, &st, sb, qp);
+        if (rc) failf("put_signal round %zu to PE %d (qp %d) returned %d", rd, q, qp, rc);
+        uint64_t seen = 0;
+        rc = wait_word(sig, rounds[rd].expect, 20000, &seen);
+        if (rc) {
+            failf("put_signal round %zu: signal from PE %d never reached %" PRIu64 " (last %" PRIu64 ", rc %d)", rd,
+                  src, rounds[rd].expect, seen, rc);
+        } else {
+            size_t first = 0;
+            unsigned got = 0, want = 0;
+            size_t bad = check_pattern(g.heap + PS_OFF, total, src, total, salt, &first, &got, &want);
+            if (bad)
+                failf("put_signal round %zu: signal from PE %d seen but %zu data byte(s) missing or wrong (first at "
+                      "%zu: got 0x%02x, want 0x%02x)",
+                      rd, src, bad, first, got, want);
+        }
+        rc = h_quiet(q, rounds[rd].qp);
+        if (rc) failf("put_signal round %zu: quiet(pe %d) returned %d", rd, q, rc);
+        BARRIER_OR_FAIL("after a put_signal round");
+    }
+}
+
+/* ABI v4: nvshmemx_qp_create calls connect_endpoints a second time (dev ids NULL/0) for QPs. */
+static void case_qp_create(void) {
+    int qps[4] = {-7, -7, -7, -7};
+    int rc = g.t4->host_ops.connect_endpoints(g.t4, NULL, 0, qps, 4);
+    if (rc) {
+        failf("connect_endpoints(t, NULL, 0, out_qp_indices, 4) (nvshmemx_qp_create) returned %d", rc);
+    } else {
+        for (int i = 0; i < 4; i++)
+            if (qps[i] < 1) failf("qp create: out_qp_indices[%d] = %d (want a device QP index >= 1)", i, qps[i]);
+    }
+    BARRIER_OR_FAIL("after qp create");
+    if (R.failed) return;
+    /* use the returned QP for a put */
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    memset(g.heap + BAD_OFF, 0, 4096);
+    fill_pattern(g.heap + BAD_OFF + 4096, 4096, me, 4096, 51);
+    BARRIER_OR_FAIL("before the put");
+    harness_rma_memdesc r = rdesc(q, BAD_OFF), l = ldesc(BAD_OFF + 4096);
+    rc = g.t4->host_ops.rma(g.t4, q, (harness_rma_verb){HARNESS_OP_PUT, 1, 0, NULL}, &r, &l,
+                            (harness_rma_bytesdesc){4096, 1, 1, 1}, qps[0]);
+    if (rc) failf("put on qp %d returned %d", qps[0], rc);
+    rc = g.t4->host_ops.quiet(g.t4, q, qps[0]);
+    if (rc) failf("quiet on qp %d returned %d", qps[0], rc);
+    BARRIER_OR_FAIL("after the put");
+    size_t first = 0;
+    unsigned got = 0, want = 0;
+    if (check_pattern(g.heap + BAD_OFF, 4096, src, 4096, 51, &first, &got, &want))
+        failf("put on a created qp: data from PE %d wrong at byte %zu", src, first);
+}
+
+static void case_progress_info(void) {
+    for (int i = 0; i < 1000; i++) {
+        int rc = h_progress();
+        if (rc) {
+            failf("progress returned %d", rc);
+            break;
+        }
+    }
+    if (HOP(show_info)) {
+        int rc = g.abi == 3 ? g.t3->host_ops.show_info(g.t3, HARNESS_STYLE_INFO)
+                            : g.t4->host_ops.show_info(g.t4, HARNESS_STYLE_INFO);
+        if (rc) failf("show_info returned %d", rc);
+    }
+    for (int qp = 0; qp < 2; qp++)
+        for (int k = 0; k < g.np; k++) {
+            int64_t t0 = now_ms();
+            int rc = h_quiet(k, qp), rf = h_fence(k, qp);
+            int64_t dt = now_ms() - t0;
+            if (rc || rf) failf("idle quiet/fence(pe %d, %s) returned %d/%d", k, qp ? "proxy" : "host", rc, rf);
+            if (dt > 2000) failf("idle quiet+fence(pe %d) took %" PRId64 " ms", k, dt);
+        }
+}
+
+/* Every call must fail (non-zero), quickly, without crashing. */
+static void expect_error(const char *what, int rc, int64_t t0) {
+    int64_t dt = now_ms() - t0;
+    if (rc == 0) failf("bad input accepted: %s returned 0", what);
+    if (dt > 5000) failf("bad input: %s took %" PRId64 " ms to fail", what, dt);
+}
+
+static void case_bad_input(void) {
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    harness_mem_handle zero;
+    memset(&zero, 0, sizeof zero);
+    memset(g.heap + BAD_OFF, 0, 64);
+    uint64_t v = 0x1122334455667788ULL;
+    memcpy(g.heap + BAD_OFF + 64, &v, 8);
+    BARRIER_OR_FAIL("before the bad input");
+    int64_t t0;
+    char what[160];
+    harness_rma_memdesc l = ldesc(BAD_OFF + 64);
+    static const int bad_pes[2] = {-1, 0 /* n_pes, set below */};
+    for (int i = 0; i < 2; i++) {
+        int pe = i == 0 ? bad_pes[0] : g.np;
+        harness_rma_memdesc r = rdesc(q, BAD_OFF);
+        for (int op = 0; op < 2; op++) {
+            snprintf(what, sizeof what, "%s to pe %d", op ? "get" : "put", pe);
+            t0 = now_ms();
+            expect_error(what, h_rma(pe, op ? HARNESS_OP_GET : HARNESS_OP_PUT, 0, &r, &l, 8, 1, 1, 1, 0), t0);
+        }
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = r;
+        m.val = 1;
+        snprintf(what, sizeof what, "AMO ADD to pe %d", pe);
+        t0 = now_ms();
+        expect_error(what, h_amo(pe, HARNESS_AMO_ADD, &m, 8, 0, 0), t0);
+    }
+    /* remote ranges past the end of the peer's heap */
+    {
+        harness_rma_memdesc r = rdesc(q, HEAP_SIZE);
+        t0 = now_ms();
+        expect_error("put just past the remote heap end", h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 8, 1, 1, 1, 0), t0);
+        t0 = now_ms();
+        expect_error("get just past the remote heap end", h_rma(q, HARNESS_OP_GET, 0, &r, &l, 8, 1, 1, 1, 0), t0);
+        r = rdesc(q, HEAP_SIZE - 4);
+        t0 = now_ms();
+        expect_error("put straddling the remote heap end", h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 8, 1, 1, 1, 0), t0);
+        r = rdesc(q, HEAP_SIZE + 1 * MiB);
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = r;
+        m.val = 1;
+        t0 = now_ms();
+        expect_error("AMO past the remote heap end", h_amo(q, HARNESS_AMO_ADD, &m, 8, 0, 0), t0);
+    }
+    /* zero length */
+    {
+        harness_rma_memdesc r = rdesc(q, BAD_OFF);
+        t0 = now_ms();
+        expect_error("put of 0 bytes", h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 0, 1, 1, 1, 0), t0);
+        t0 = now_ms();
+        expect_error("get of 0 bytes", h_rma(q, HARNESS_OP_GET, 0, &r, &l, 0, 1, 1, 1, 0), t0);
+        t0 = now_ms();
+        expect_error("nbi put of 0 bytes", h_rma(q, HARNESS_OP_PUT, 1, &r, &l, 0, 1, 1, 1, 0), t0);
+    }
+    /* unknown AMO codes, bad AMO sizes, a fetch without a result buffer */
+    {
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = rdesc(q, BAD_OFF);
+        m.val = 1;
+        unsigned char ret[16];
+        m.retptr = ret;
+        t0 = now_ms();
+        expect_error("AMO op 42", h_amo(q, 42, &m, 8, 0, 0), t0);
+        t0 = now_ms();
+        expect_error("AMO op 0", h_amo(q, 0, &m, 8, 0, 0), t0);
+        t0 = now_ms();
+        expect_error("AMO of 2 bytes", h_amo(q, HARNESS_AMO_ADD, &m, 2, 0, 0), t0);
+        m.retptr = NULL;
+        t0 = now_ms();
+        expect_error("FETCH_ADD with a NULL result pointer", h_amo(q, HARNESS_AMO_FETCH_ADD, &m, 8, 0, 0), t0);
+    }
+    /* an all-zero remote handle */
+    {
+        harness_rma_memdesc r = rdesc(q, BAD_OFF);
+        r.handle = &zero;
+        t0 = now_ms();
+        expect_error("put with an all-zero remote handle", h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 8, 1, 1, 1, 0), t0);
+        t0 = now_ms();
+        expect_error("get with an all-zero remote handle", h_rma(q, HARNESS_OP_GET, 0, &r, &l, 8, 1, 1, 1, 0), t0);
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = r;
+        m.val = 1;
+        t0 = now_ms();
+        expect_error("AMO with an all-zero remote handle", h_amo(q, HARNESS_AMO_ADD, &m, 8, 0, 0), t0);
+    }
+    /* release of an all-zero handle; quiet/fence to pe n_pes */
+    t0 = now_ms();
+    expect_error("release_mem_handle(all-zero handle)", h_release(&zero), t0);
+    t0 = now_ms();
+    expect_error("quiet(pe n_pes)", h_quiet(g.np, 0), t0);
+    t0 = now_ms();
+    expect_error("fence(pe n_pes)", h_fence(g.np, 0), t0);
+    /* get_mem_handle of nothing */
+    {
+        harness_mem_handle h;
+        t0 = now_ms();
+        expect_error("get_mem_handle(NULL, 4096)", h_get_mem_handle(&h, NULL, 4096, false), t0);
+        t0 = now_ms();
+        expect_error("get_mem_handle(buf, 0)", h_get_mem_handle(&h, g.heap + BAD_OFF, 0, false), t0);
+    }
+    /* the transport still works, and the rejected calls left no error behind for quiet */
+    quiet_all(0, "quiet after the bad input");
+    harness_rma_memdesc r = rdesc(q, BAD_OFF);
+    int rc = h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 8, 1, 1, 1, 0);
+    if (rc) failf("a good put after the bad input returned %d", rc);
+    quiet_all(0, "quiet after the good put");
+    BARRIER_OR_FAIL("after the good put");
+    uint64_t got = 0;
+    memcpy(&got, g.heap + BAD_OFF, 8);
+    if (got != v) failf("the good put from PE %d after the bad input delivered %#" PRIx64, src, got);
+}
+
+/* A second registration (like nvshmemx_buffer_register / an external heap chunk), used, then
+ * released; a second release must fail. */
+static void case_release(void) {
+    const size_t len = 1 * MiB, llen = 256 * KiB, n = 64 * KiB;
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *lbuf = mmap(NULL, llen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    harness_mem_handle *hs = calloc((size_t)g.np, sizeof *hs);
+    uint64_t addrs[MAX_PES];
+    harness_mem_handle h, hl;
+    int have_h = 0, have_hl = 0;
+    if (buf == MAP_FAILED || lbuf == MAP_FAILED || !hs) {
+        failf("out of memory");
+        goto out;
+    }
+    memset(buf, 0, len);
+    fill_pattern(lbuf, n, me, n, 61);
+    int rc = h_get_mem_handle(&h, buf, len, false);
+    if (rc) failf("get_mem_handle(%zu bytes, remote access) returned %d", len, rc);
+    have_h = rc == 0;
+    rc = h_get_mem_handle(&hl, lbuf, llen, true);
+    if (rc) failf("get_mem_handle(%zu bytes, local_only) returned %d", llen, rc);
+    have_hl = rc == 0;
+    /* collectives stay in step even when a registration failed */
+    uint64_t a = (uint64_t)(uintptr_t)buf;
+    if (allgather(have_h ? &h : &(harness_mem_handle){{0}}, hs, sizeof h) || allgather(&a, addrs, sizeof a)) {
+        failf("bootstrap allgather failed: %s", bs.err);
+        goto out;
+    }
+    if (have_h && have_hl) {
+        harness_rma_memdesc r = {(void *)(uintptr_t)(addrs[q] + 4096), 4096, &hs[q]};
+        harness_rma_memdesc l = {lbuf, JUNK_OFFSET, &hl};
+        rc = h_rma(q, HARNESS_OP_PUT, 1, &r, &l, n, 1, 1, 1, 0);
+        if (rc) failf("put from a local_only registration into a second registration of PE %d returned %d", q, rc);
+        quiet_all(0, "release");
+    }
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    if (have_h) {
+        size_t first = 0;
+        unsigned got = 0, want = 0;
+        size_t bad = check_pattern(buf + 4096, n, src, n, 61, &first, &got, &want);
+        if (bad) failf("put into the second registration: %zu byte(s) from PE %d wrong (first at %zu)", bad, src, first);
+    }
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    if (have_h) {
+        int64_t t0 = now_ms();
+        rc = h_release(&h);
+        if (rc) failf("release_mem_handle of the second registration returned %d", rc);
+        else expect_error("a second release_mem_handle of the same handle", h_release(&h), t0);
+        have_h = 0;
+    }
+    if (have_hl) {
+        rc = h_release(&hl);
+        if (rc) failf("release_mem_handle of the local_only registration returned %d", rc);
+        have_hl = 0;
+    }
+    if (barrier()) failf("bootstrap barrier failed: %s", bs.err);
+out:
+    if (have_h) h_release(&h);
+    if (have_hl) h_release(&hl);
+    if (buf != MAP_FAILED) munmap(buf, len);
+    if (lbuf != MAP_FAILED) munmap(lbuf, llen);
+    free(hs);
+}
+
+static void case_finalize(void) {
+    if (g.registered) {
+        int rc = h_release(&g.own);
+        if (rc) failf("release_mem_handle(heap) returned %d", rc);
+        g.registered = 0;
+    }
+    int rc = g.abi == 3 ? g.t3->host_ops.finalize(g.t3) : g.t4->host_ops.finalize(g.t4);
+    /* finalize freed the struct: never touch it again */
+    g.t = NULL;
+    g.t3 = NULL;
+    g.t4 = NULL;
+    if (rc) failf("finalize returned %d", rc);
+}
+
+/* ======================================================================================
+ * Case table and driver
+ * ==================================================================================== */
+struct case_def {
+    const char *name;
+    void (*fn)(void);
+    int min_abi; /* 4: ABI v4 only */
+    const char *what;
+};
+static const struct case_def CASES[] = {
+    {"put", case_put, 3, "blocking puts of 1 B .. 8 MiB to every PE, every byte checked"},
+    {"put_nbi", case_put_nbi, 3, "non-blocking puts, complete at quiet"},
+    {"get", case_get, 3, "blocking gets, checked at return and after quiet"},
+    {"get_nbi", case_get_nbi, 3, "non-blocking gets, complete at quiet"},
+    {"p", case_p, 3, "P of 1/2/4/8 bytes from a stack value"},
+    {"strided", case_strided, 3, "strided put/get (strides 1..3, 1- to 8-byte elements)"},
+    {"amo", case_amo, 3, "every AMO code, 4 and 8 bytes, exact values and fetch results"},
+    {"contention", case_contention, 3, "K fetch_adds + K adds per PE on two counters: exact totals, distinct values"},
+    {"proxy_put_get", case_proxy_put_get, 3, "puts and gets through the proxy endpoint"},
+    {"proxy_amo", case_proxy_amo, 3, "every AMO through the proxy endpoint"},
+    {"proxy_contention", case_proxy_contention, 3, "contention through the proxy endpoint, 4-byte counters"},
+    {"contention_threads", case_contention_threads, 3, "host thread fetch_adds while a proxy thread adds"},
+    {"fence_quiet", case_fence_quiet, 3, "data, fence, flag: data visible when the flag is"},
+    {"proxy_fence_quiet", case_proxy_fence_quiet, 3, "the same through the proxy endpoint"},
+    {"put_signal", case_put_signal, 4, "v4 put_signal: data then signal, target polls the signal"},
+    {"qp_create", case_qp_create, 4, "v4 nvshmemx_qp_create: second connect_endpoints for QPs"},
+    {"progress_info", case_progress_info, 3, "progress, show_info, idle quiet and fence"},
+    {"bad_input", case_bad_input, 3, "bad PEs, ranges, lengths, AMO codes, handles: errors, no crash"},
+    {"release", case_release, 3, "second registration, local_only registration, release, double release"},
+};
+#define NCASES (sizeof(CASES) / sizeof(CASES[0]))
+
+/* Pre-formatted lines for the signal handlers (no formatting inside a handler). */
+static char alarm_msg[512];
+static size_t alarm_len;
+static char crash_msg[512];
+static size_t crash_len;
+
+static void on_alarm(int sig) {
+    (void)sig;
+    write_all_fd(1, alarm_msg, alarm_len);
+    _exit(124);
+}
+static void on_crash(int sig) {
+    char num[8];
+    int n = 0, s = sig;
+    do {
+        num[n++] = (char)('0' + s % 10);
+        s /= 10;
+    } while (s && n < 7);
+    write_all_fd(1, crash_msg, crash_len);
+    for (int i = n - 1; i >= 0; i--) write_all_fd(1, &num[i], 1);
+    write_all_fd(1, ")\n", 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+struct wire_result {
+    int32_t ok;
+    int32_t nerr;
+    char msg[376];
+};
+
+static int n_passed, n_failed;
+
+static char load_err[400];
+static void case_load_failed(void) { failf("cannot load %s: %s", g.lib, load_err); }
+
+/* Runs one case on every rank; returns 1 if it passed everywhere. */
+static int run_case(const char *name, void (*fn)(void)) {
+    g.cur_case = name;
+    pthread_mutex_lock(&R.mu);
+    R.failed = 0;
+    R.nerr = 0;
+    R.msg[0] = 0;
+    pthread_mutex_unlock(&R.mu);
+    int n = snprintf(alarm_msg, sizeof alarm_msg, "FAIL %s abi=%d np=%d: rank %d: timed out after %d s\n", name, g.abi,
+                     g.np, g.rank, g.case_timeout_s);
+    alarm_len = n > 0 ? (size_t)n : 0;
+    n = snprintf(crash_msg, sizeof crash_msg, "FAIL %s abi=%d np=%d: rank %d: crashed (signal ", name, g.abi, g.np,
+                 g.rank);
+    crash_len = n > 0 ? (size_t)n : 0;
+    int64_t t0 = now_ms();
+    alarm((unsigned)g.case_timeout_s);
+    fn();
+    int64_t dt = now_ms() - t0;
+    struct wire_result mine, all[MAX_PES];
+    memset(&mine, 0, sizeof mine);
+    mine.ok = !R.failed;
+    mine.nerr = R.nerr;
+    snprintf(mine.msg, sizeof mine.msg, "%s", R.msg);
+    int ok = 1;
+    if (allgather(&mine, all, sizeof mine)) {
+        alarm(0);
+        /* no way to agree: every rank reports for itself */
+        out_line(1, "FAIL %s abi=%d np=%d: rank %d: %s%sverdicts could not be exchanged (%s)", name, g.abi, g.np,
+                 g.rank, mine.ok ? "" : mine.msg, mine.ok ? "" : "; ", bs.err);
+        n_failed++;
+        return 0;
+    }
+    alarm(0);
+    char line[4096];
+    size_t len = 0;
+    for (int r = 0; r < g.np; r++) {
+        if (all[r].ok) continue;
+        ok = 0;
+        all[r].msg[sizeof all[r].msg - 1] = 0;
+        int w = snprintf(line + len, sizeof line - len, "%srank %d: %s%s", len ? " | " : "", r, all[r].msg,
+                         all[r].nerr > 1 ? " (+ more)" : "");
+        if (w > 0) len += (size_t)w < sizeof line - len ? (size_t)w : sizeof line - len - 1;
+    }
+    if (ok) n_passed++;
+    else n_failed++;
+    if (g.rank == 0) {
+        if (ok) out_line(1, "PASS %s abi=%d np=%d", name, g.abi, g.np);
+        else out_line(1, "FAIL %s abi=%d np=%d: %s", name, g.abi, g.np, line);
+        if (g.verbose) out_line(2, "harness: case %s took %.2f s", name, (double)dt / 1000.0);
+    }
+    return ok;
+}
+
+static int child_main(const int *selected) {
+    /* defaults that keep every wait bounded and leave the GPU queue out */
+    setenv("NVSHMEM_EFA_GDA", "off", 0);
+    setenv("NVSHMEM_EFA_QUIET_TIMEOUT_MS", "20000", 0);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    sa.sa_handler = on_crash;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGABRT, &sa, NULL);
+    sigaction(SIGILL, &sa, NULL);
+    sigaction(SIGFPE, &sa, NULL);
+
+    /* the heap: page-aligned, at a different address on every rank */
+    g.heap_map_len = HEAP_SIZE + (size_t)MAX_PES * HEAP_SKEW;
+    g.heap_map = mmap(NULL, g.heap_map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g.heap_map == MAP_FAILED) {
+        out_line(1, "FAIL setup abi=%d np=%d: rank %d: mmap of the heap failed: %s", g.abi, g.np, g.rank,
+                 strerror(errno));
+        return 1;
+    }
+    g.heap = (unsigned char *)g.heap_map + (size_t)g.rank * HEAP_SKEW;
+    g.stride = 2; /* NVSHMEM's P2P transport at index 0, this one at index 1 */
+    g.index = 1;
+
+    g.cur_case = "load";
+    dlerror();
+    g.dl = dlopen(g.lib, RTLD_NOW | RTLD_LOCAL);
+    const char *derr = g.dl ? NULL : dlerror();
+    if (g.dl) {
+        g.init = (harness_transport_init_fn)(uintptr_t)dlsym(g.dl, "nvshmemt_init");
+        if (!g.init) derr = dlerror();
+    }
+    int setup_ok = 1;
+    if (derr) {
+        /* every rank takes part in the verdict exchange even when loading failed */
+        snprintf(load_err, sizeof load_err, "%s", derr);
+        run_case("init", case_load_failed);
+        if (g.rank == 0) out_line(1, "%d passed, %d failed", n_passed, n_failed);
+        return 1;
+    }
+
+    setup_ok &= run_case("bad_version", case_bad_version);
+    int init_ok = run_case("init", case_init);
+    setup_ok &= init_ok;
+    if (init_ok) setup_ok &= run_case("connect", case_connect);
+    if (init_ok && setup_ok) setup_ok &= run_case("register", case_register);
+
+    if (setup_ok) {
+        for (size_t i = 0; i < NCASES; i++) {
+            if (!selected[i] || CASES[i].min_abi > g.abi) continue;
+            run_case(CASES[i].name, CASES[i].fn);
+            if (bs.broken) break; /* the ranks can no longer agree on anything */
+        }
+    }
+    if (g.t && !bs.broken) run_case("finalize", case_finalize);
+    if (g.rank == 0) out_line(1, "%d passed, %d failed", n_passed, n_failed);
+    if (g.heap_map != MAP_FAILED) munmap(g.heap_map, g.heap_map_len);
+    free(g.handles);
+    free(g.cap);
+    return n_failed == 0 && setup_ok && !bs.broken ? 0 : 1;
+}
+
+/* ======================================================================================
+ * Launcher
+ * ==================================================================================== */
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: harness --lib <path to libnvshmem_efa_gda.so> --abi 3|4 --np N (2..4) [--case name]...\n"
+            "               [--list] [--verbose] [--case-timeout S (90)] [--boot-timeout S (90)] [--timeout S (170)]\n"
+            "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n");
+    for (size_t i = 0; i < NCASES; i++)
+        fprintf(f, "  %-20s %s%s\n", CASES[i].name, CASES[i].what, CASES[i].min_abi == 4 ? " [ABI 4]" : "");
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int selected[NCASES];
+    int any_selected = 0, list = 0;
+    memset(selected, 0, sizeof selected);
+    g.case_timeout_s = 90;
+    g.boot_timeout_s = 90;
+    g.total_timeout_s = 170;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--list")) {
+            list = 1;
+        } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
+            g.verbose = 1;
+        } else if (!v) {
+            fprintf(stderr, "harness: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!strcmp(a, "--lib")) {
+            g.lib = v;
+            i++;
+        } else if (!strcmp(a, "--abi")) {
+            if (parse_int(v, 3, 4, &g.abi)) {
+                fprintf(stderr, "harness: --abi must be 3 or 4\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--np")) {
+            if (parse_int(v, MIN_PES, MAX_PES, &g.np)) {
+                fprintf(stderr, "harness: --np must be %d..%d\n", MIN_PES, MAX_PES);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--case")) {
+            size_t k = 0;
+            while (k < NCASES && strcmp(CASES[k].name, v)) k++;
+            if (k == NCASES) {
+                fprintf(stderr, "harness: unknown case '%s'\n", v);
+                usage(stderr);
+                return 2;
+            }
+            selected[k] = 1;
+            any_selected = 1;
+            i++;
+        } else if (!strcmp(a, "--case-timeout")) {
+            if (parse_int(v, 1, 3600, &g.case_timeout_s)) return 2;
+            i++;
+        } else if (!strcmp(a, "--boot-timeout")) {
+            if (parse_int(v, 1, 3600, &g.boot_timeout_s)) return 2;
+            i++;
+        } else if (!strcmp(a, "--timeout")) {
+            if (parse_int(v, 1, 86400, &g.total_timeout_s)) return 2;
+            i++;
+        } else {
+            fprintf(stderr, "harness: unknown argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (list) {
+        /* the cases that run for --abi (all without it), setup and teardown included */
+        printf("bad_version\ninit\nconnect\nregister\n");
+        for (size_t k = 0; k < NCASES; k++)
+            if (!g.abi || CASES[k].min_abi <= g.abi) printf("%s\n", CASES[k].name);
+        printf("finalize\n");
+        return 0;
+    }
+    if (!g.lib || !g.abi || !g.np) {
+        usage(stderr);
+        return 2;
+    }
+    if (!any_selected)
+        for (size_t k = 0; k < NCASES; k++) selected[k] = 1;
+    g.api_version = g.abi == 3 ? HARNESS_API_VERSION_V3 : HARNESS_API_VERSION_V4;
+
+    /* window layout of the RMA cases */
+    size_t off = 0;
+    for (size_t si = 0; si < NSIZES; si++) {
+        off = ((off + 4095) & ~(size_t)4095) + SKEW[si];
+        win_off[si] = off;
+        off += SIZES[si];
+    }
+    win_end = off;
+    if (win_end + 4096 > DST_SLOT || win_end > DST_OFF) {
+        fprintf(stderr, "harness: internal layout error\n");
+        return 2;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    int sp[MAX_PES][2];
+    for (int r = 1; r < g.np; r++)
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp[r])) {
+            perror("harness: socketpair");
+            return 2;
+        }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t launcher = getpid();
+    pid_t pids[MAX_PES];
+    for (int r = 0; r < g.np; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("harness: fork");
+            for (int k = 0; k < r; k++) kill(pids[k], SIGKILL);
+            return 2;
+        }
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the launcher */
+            if (getppid() != launcher) _exit(1);
+            bs.np = g.np;
+            bs.rank = r;
+            g.rank = r;
+            for (int k = 1; k < g.np; k++) {
+                if (r == 0) {
+                    bs.fd[k] = sp[k][0];
+                    close(sp[k][1]);
+                } else if (k == r) {
+                    bs.fd[0] = sp[k][1];
+                    close(sp[k][0]);
+                } else {
+                    close(sp[k][0]);
+                    close(sp[k][1]);
+                }
+            }
+            _exit(child_main(selected));
+        }
+        pids[r] = pid;
+    }
+    for (int r = 1; r < g.np; r++) {
+        close(sp[r][0]);
+        close(sp[r][1]);
+    }
+
+    /* wait, bounded; once a rank died abnormally give the others a grace period, then stop them */
+    int status[MAX_PES], done[MAX_PES] = {0}, left = g.np, timed_out = 0;
+    int64_t deadline = now_ms() + (int64_t)g.total_timeout_s * 1000, grace = 0;
+    while (left > 0) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p > 0) {
+            for (int r = 0; r < g.np; r++)
+                if (pids[r] == p && !done[r]) {
+                    done[r] = 1;
+                    status[r] = st;
+                    left--;
+                    int bad = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+                    if (bad && !grace) grace = now_ms() + 20000;
+                }
+            continue;
+        }
+        if (p < 0 && errno != EINTR && errno != ECHILD) break;
+        int64_t t = now_ms();
+        if (t > deadline || (grace && t > grace)) {
+            timed_out = t > deadline;
+            for (int r = 0; r < g.np; r++)
+                if (!done[r]) kill(pids[r], SIGKILL);
+            for (int r = 0; r < g.np; r++)
+                if (!done[r]) {
+                    waitpid(pids[r], &status[r], 0);
+                    done[r] = 2; /* killed by the launcher */
+                }
+            break;
+        }
+        usleep(20000);
+    }
+    int rc = 0;
+    for (int r = 0; r < g.np; r++) {
+        if (done[r] == 2) {
+            out_line(1, "FAIL launcher abi=%d np=%d: rank %d still running %s; killed", g.abi, g.np, r,
+                     timed_out ? "at the overall timeout" : "20 s after another rank failed");
+            rc = 1;
+        } else if (WIFSIGNALED(status[r])) {
+            out_line(1, "FAIL launcher abi=%d np=%d: rank %d killed by signal %d", g.abi, g.np, r, WTERMSIG(status[r]));
+            rc = 1;
+        } else if (WEXITSTATUS(status[r]) != 0) {
+            if (WEXITSTATUS(status[r]) == 124)
+                out_line(1, "FAIL launcher abi=%d np=%d: rank %d hit the case timeout", g.abi, g.np, r);
+            rc = 1;
+        }
+    }
+    return rc;
+}

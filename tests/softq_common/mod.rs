@@ -1,0 +1,320 @@
+//! Shared setup of the software-queue tests: PEs as threads of one process, each with its own fabric,
+//! domain, GDA endpoint and symmetric heap, on a software provider (tcp;ofi_rxm or shm).
+#![allow(dead_code)]
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::Arc;
+
+use nvshmem_efa_gda::config::{Config, GdaMode};
+use nvshmem_efa_gda::efa::wqe::{LocalBuf, RemoteBuf, SendPayload, WqeDesc, WqeOp};
+use nvshmem_efa_gda::fabric::{Domain, Fabric, Info, InfoRequest, Provider};
+use nvshmem_efa_gda::gda::mem::CtrlPlacement;
+use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
+use nvshmem_efa_gda::gda::{Gda, GdaOptions};
+
+/// Page-aligned zeroed host memory.
+pub struct HostBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: plain memory owned by the value; the tests coordinate access.
+unsafe impl Send for HostBuf {}
+// SAFETY: as above.
+unsafe impl Sync for HostBuf {}
+
+impl HostBuf {
+    pub fn new(len: usize) -> HostBuf {
+        let layout = Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        HostBuf { ptr, layout }
+    }
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// One PE: its GDA context and heap. The GDA context drops before the heap it registered.
+pub struct Pe {
+    pub gda: Gda,
+    pub heap: HostBuf,
+    pub pe: i32,
+}
+
+impl Pe {
+    pub fn peer(&self, pe: i32) -> NvshmemEfaGdaPeer {
+        self.gda.peers()[pe as usize]
+    }
+    pub fn heap_lkey(&self) -> u32 {
+        self.gda.device_state().unwrap().heap_lkey
+    }
+}
+
+/// The provider named by `SOFTQ_PROVIDER` (tcp or shm), else every software provider that opens here.
+pub fn providers() -> Vec<Provider> {
+    let want = std::env::var("SOFTQ_PROVIDER").ok();
+    let all = [Provider::Tcp, Provider::Shm];
+    let mut out = Vec::new();
+    for p in all {
+        if let Some(w) = &want {
+            if Provider::parse(w).ok().as_ref() != Some(&p) {
+                continue;
+            }
+        }
+        if domain(&p).is_some() {
+            out.push(p);
+        } else {
+            eprintln!("provider {p} does not open here: skipped");
+        }
+    }
+    assert!(
+        !out.is_empty(),
+        "no software provider (tcp;ofi_rxm or shm) opens on this machine"
+    );
+    out
+}
+
+pub fn domain(p: &Provider) -> Option<Arc<Domain>> {
+    let info = Info::get(&InfoRequest {
+        provider: p.clone(),
+        hmem: false,
+        atomics: false,
+        msg: true,
+    })
+    .ok()?;
+    let fabric = Fabric::open(info).ok()?;
+    Domain::open(&fabric).ok()
+}
+
+pub fn config(mode: GdaMode) -> Config {
+    let mut c = Config::from_lookup(|_| None).unwrap();
+    c.gda = mode;
+    c
+}
+
+/// `n` connected PEs with heaps of `heap` bytes, control blocks in host memory.
+pub fn setup(p: &Provider, n: usize, heap: usize, sq_depth: u32, max_batch: u32) -> Vec<Pe> {
+    let cfg = config(GdaMode::Soft);
+    let opts = GdaOptions {
+        ctrl: CtrlPlacement::Host,
+        sq_depth: Some(sq_depth),
+        max_batch: Some(max_batch),
+    };
+    let mut pes: Vec<Pe> = (0..n)
+        .map(|i| {
+            let d = domain(p).expect("domain");
+            let gda = Gda::new(&d, &cfg, &opts).expect("GDA context");
+            assert_eq!(gda.mode(), nvshmem_efa_gda::gda::MODE_SOFT);
+            Pe {
+                gda,
+                heap: HostBuf::new(heap),
+                pe: i as i32,
+            }
+        })
+        .collect();
+    let names: Vec<Vec<u8>> = pes.iter().map(|p| p.gda.address().unwrap()).collect();
+    let len = names.iter().map(|n| n.len()).max().unwrap();
+    let mut all = Vec::new();
+    for nm in &names {
+        let mut x = nm.clone();
+        x.resize(len, 0);
+        all.extend_from_slice(&x);
+    }
+    for pe in pes.iter_mut() {
+        let (b, l) = (pe.heap.addr(), pe.heap.len() as u64);
+        pe.gda.set_local_heap(b, l, None).unwrap();
+        pe.gda.connect(pe.pe, n as i32, &all, None).unwrap();
+    }
+    let heaps: Vec<(u64, u64, u64)> = pes
+        .iter()
+        .map(|p| {
+            (
+                p.heap.addr(),
+                p.heap.len() as u64,
+                p.gda.local_heap_key().unwrap(),
+            )
+        })
+        .collect();
+    for pe in pes.iter_mut() {
+        for (j, h) in heaps.iter().enumerate() {
+            pe.gda.set_remote_heap(j as i32, h.0, h.1, h.2).unwrap();
+        }
+        assert_eq!(pe.gda.device_state().unwrap().ready, 1);
+    }
+    pes
+}
+
+/// A WQE description addressed to `peer` (request id and phase are set by the poster).
+pub fn desc(peer: &NvshmemEfaGdaPeer, op: WqeOp) -> WqeDesc {
+    WqeDesc {
+        op,
+        req_id: 0,
+        req_id_64: false,
+        phase: 0,
+        comp_req: true,
+        dest_qpn: peer.qpn,
+        ah: peer.ahn,
+        qkey: peer.qkey,
+        high_pps: false,
+    }
+}
+
+pub fn write(
+    peer: &NvshmemEfaGdaPeer,
+    local: u64,
+    lkey: u32,
+    remote: u64,
+    len: u32,
+    imm: Option<u32>,
+) -> WqeDesc {
+    let l = LocalBuf {
+        addr: local,
+        lkey,
+        len,
+    };
+    let r = RemoteBuf {
+        addr: remote,
+        rkey: peer.heap_rkey,
+        len,
+    };
+    desc(
+        peer,
+        match imm {
+            Some(imm) => WqeOp::RdmaWriteImm {
+                remote: r,
+                local: l,
+                imm,
+            },
+            None => WqeOp::RdmaWrite {
+                remote: r,
+                local: l,
+            },
+        },
+    )
+}
+
+pub fn read(peer: &NvshmemEfaGdaPeer, local: u64, lkey: u32, remote: u64, len: u32) -> WqeDesc {
+    desc(
+        peer,
+        WqeOp::RdmaRead {
+            remote: RemoteBuf {
+                addr: remote,
+                rkey: peer.heap_rkey,
+                len,
+            },
+            local: LocalBuf {
+                addr: local,
+                lkey,
+                len,
+            },
+        },
+    )
+}
+
+pub fn send_inline(peer: &NvshmemEfaGdaPeer, bytes: &[u8], imm: Option<u32>) -> WqeDesc {
+    desc(
+        peer,
+        WqeOp::Send {
+            payload: SendPayload::inline(bytes).unwrap(),
+            imm,
+        },
+    )
+}
+
+/// splitmix64.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fills `len` bytes at `p` with the pattern of `seed` (every byte depends on seed and position).
+///
+/// # Safety
+/// `p` valid for `len` bytes.
+pub unsafe fn fill(p: *mut u8, len: usize, seed: u64) {
+    let mut i = 0;
+    while i < len {
+        let w = mix(seed ^ (i as u64 / 8)).to_le_bytes();
+        let n = (len - i).min(8);
+        std::ptr::copy_nonoverlapping(w.as_ptr(), p.add(i), n);
+        i += n;
+    }
+}
+
+/// Whether `len` bytes at `p` hold the pattern of `seed`; returns the first bad offset.
+///
+/// # Safety
+/// `p` valid for `len` bytes.
+pub unsafe fn check(p: *const u8, len: usize, seed: u64) -> Option<usize> {
+    let mut i = 0;
+    while i < len {
+        let w = mix(seed ^ (i as u64 / 8)).to_le_bytes();
+        let n = (len - i).min(8);
+        for (k, want) in w.iter().enumerate().take(n) {
+            if std::ptr::read_volatile(p.add(i + k)) != *want {
+                return Some(i + k);
+            }
+        }
+        i += n;
+    }
+    None
+}
+
+/// Fills with the complement of the pattern (so a write that never lands is detected).
+///
+/// # Safety
+/// `p` valid for `len` bytes.
+pub unsafe fn fill_not(p: *mut u8, len: usize, seed: u64) {
+    fill(p, len, seed);
+    for k in 0..len {
+        *p.add(k) = !*p.add(k);
+    }
+}
+
+/// A small xorshift generator.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Whether `len` bytes at `p` hold the pattern of `seed` from absolute position `start` on.
+///
+/// # Safety
+/// `p` valid for `len` bytes.
+pub unsafe fn check_from(p: *const u8, len: usize, seed: u64, start: usize) -> Option<usize> {
+    for k in 0..len {
+        let j = start + k;
+        let w = mix(seed ^ (j as u64 / 8)).to_le_bytes();
+        if std::ptr::read_volatile(p.add(k)) != w[j % 8] {
+            return Some(k);
+        }
+    }
+    None
+}
