@@ -492,9 +492,9 @@ NVSHMEM_EFA_GDA_DEV uint32_t chunk_len(uint64_t bytes, uint64_t chunk) {
     return (uint32_t)(rest < NVSHMEM_EFA_GDA_MAX_WQE_BYTES ? rest : NVSHMEM_EFA_GDA_MAX_WQE_BYTES);
 }
 
-// One thread posts chunks [c0, c1) of an RDMA operation; the chunk c1 - 1 carries the immediate
-// when kind == kWriteImm and last_has_imm. Returns 0 or an error code; *end_pc gets the producer
-// count after the last posted WQE.
+// One thread posts chunks [c0, c1) of an RDMA operation, up to MAX_WQES_PER_POST per commit; with
+// kind == kWriteImm only chunk c1 - 1 carries the immediate. Returns 0 or an error code; *end_pc
+// gets the producer count after the last posted WQE.
 NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, RdmaKind kind,
                                               uint64_t laddr, uint64_t raddr, uint64_t bytes,
                                               uint64_t c0, uint64_t c1, uint32_t imm,
@@ -861,7 +861,10 @@ NVSHMEM_EFA_GDA_DEV RxEvent rx_event(const nvshmem_efa_rx_cdesc &c) {
 // Takes the next entry of this PE's RX ring if one is there. Returns 1 and fills *ev when it took
 // one, 0 when the ring is empty, or a negative value: -(NVSHMEM_EFA_GDA_ERR_*) when the state is not
 // ready or has no RX ring. Any number of threads may poll concurrently: each entry is taken by
-// exactly one caller (claimed with a compare-and-swap on ctrl->rx_ci after it was read).
+// exactly one caller (claimed with a compare-and-swap on ctrl->rx_ci after it was read). The ring
+// holds one entry per RDMA write with immediate (op RDMA_WRITE, has_imm) and one per SEND received,
+// i.e. per AMO message applied here (op SEND, has_imm only for amo_set_imm). Entries are the 32-byte
+// extended receive form; the producer never overwrites an entry before ctrl->rx_ci passes it.
 NVSHMEM_EFA_GDA_DEV int poll_rx(RxEvent *ev) {
     const detail::View v = detail::view();
     if (!v.ready) return -(int)NVSHMEM_EFA_GDA_ERR_NOT_READY;

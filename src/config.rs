@@ -53,6 +53,11 @@ pub struct Config {
     pub sq_depth: u32,
     /// `NVSHMEM_EFA_MAX_BATCH`: software queue doorbell batch limit.
     pub max_batch: u32,
+    /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
+    /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
+    /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
+    /// `Some(false)`: never staged.
+    pub gpu_staging: Option<bool>,
 }
 
 /// A bad environment variable.
@@ -125,6 +130,7 @@ impl Config {
             allow_vmm: false,
             sq_depth: 1024,
             max_batch: 32,
+            gpu_staging: None,
         };
         if let Some(v) = get("NVSHMEM_LIBFABRIC_PROVIDER") {
             if !v.trim().is_empty() && v.trim() != "auto" {
@@ -200,6 +206,18 @@ impl Config {
                 });
             }
             c.sq_depth = d as u32;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_GPU_STAGING") {
+            c.gpu_staging = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => None,
+                _ => Some(
+                    parse_bool("NVSHMEM_EFA_GPU_STAGING", &v).map_err(|_| ConfigError {
+                        var: "NVSHMEM_EFA_GPU_STAGING",
+                        value: v.clone(),
+                        expected: "auto, 1 or 0",
+                    })?,
+                ),
+            };
         }
         if let Some(v) = get("NVSHMEM_EFA_MAX_BATCH") {
             c.max_batch = parse_u64("NVSHMEM_EFA_MAX_BATCH", &v, 1, 32768, "1 to 32768")? as u32;

@@ -158,17 +158,80 @@ pub fn set_current_context(ctx: usize) -> CudaResult<()> {
     )
 }
 
-/// Synchronous copy between any two addresses (host or device, unified addressing).
+/// Copy between any two addresses (host or device, unified addressing) that returns once the data
+/// has landed, without waiting for anything else on the GPU.
+///
+/// The copy runs on a non-blocking stream of the calling thread's current context (one stream per
+/// context, created on first use). A plain `cuMemcpy`/`cudaMemcpy` runs on the legacy default stream,
+/// which waits for every kernel running in blocking streams: a kernel that waits in `quiet` for this
+/// very copy would deadlock. Without a current context the context given to
+/// `set_fallback_context` is made current first.
 ///
 /// # Safety
 /// Both ranges must be valid for `len` bytes.
 pub unsafe fn memcpy(dst: *mut c_void, src: *const c_void, len: usize) -> CudaResult<()> {
-    require("cuMemcpy")?;
-    // SAFETY: caller guarantees the ranges.
+    require("cuMemcpyAsync")?;
+    if len == 0 {
+        return Ok(());
+    }
+    let ctx = match current_context() {
+        0 => {
+            let f = FALLBACK_CTX.load(std::sync::atomic::Ordering::Relaxed);
+            set_current_context(f)?;
+            f
+        }
+        c => c,
+    };
+    let stream = stream_for(ctx)?;
+    let _guard = stream.1.lock();
+    // SAFETY: caller guarantees the ranges; the stream belongs to the current context.
+    unsafe {
+        check(
+            sys::cuMemcpyAsync(
+                dst as sys::CUdeviceptr,
+                src as sys::CUdeviceptr,
+                len,
+                stream.0 as sys::CUstream,
+            ),
+            || format!("cuMemcpyAsync({dst:p} <- {src:p}, {len} bytes)"),
+        )?;
+        check(sys::cuStreamSynchronize(stream.0 as sys::CUstream), || {
+            "cuStreamSynchronize".into()
+        })
+    }
+}
+
+static FALLBACK_CTX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The context to use in threads that have none current (captured where the application's context
+/// is current, e.g. in NVSHMEM's connect).
+pub fn set_fallback_context(ctx: usize) {
+    if ctx != 0 {
+        FALLBACK_CTX.store(ctx, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+type StreamSlot = (usize, parking_lot::Mutex<()>);
+
+/// The non-blocking copy stream of context `ctx` (created once and kept as long as the process:
+/// contexts outlive the transport).
+fn stream_for(ctx: usize) -> CudaResult<&'static StreamSlot> {
+    static STREAMS: OnceLock<parking_lot::Mutex<Vec<(usize, &'static StreamSlot)>>> =
+        OnceLock::new();
+    let streams = STREAMS.get_or_init(|| parking_lot::Mutex::new(Vec::new()));
+    let mut list = streams.lock();
+    if let Some((_, s)) = list.iter().find(|(c, _)| *c == ctx) {
+        return Ok(s);
+    }
+    let mut st: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: creates a stream in the current context (ctx is current in this thread).
     check(
-        unsafe { sys::cuMemcpy(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, len) },
-        || format!("cuMemcpy({dst:p} <- {src:p}, {len} bytes)"),
-    )
+        unsafe { sys::cuStreamCreate(&mut st, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+        || "cuStreamCreate(NON_BLOCKING)".into(),
+    )?;
+    let slot: &'static StreamSlot = Box::leak(Box::new((st as usize, parking_lot::Mutex::new(()))));
+    list.push((ctx, slot));
+    Ok(slot)
 }
 
 /// Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP)`), zeroed. Freed on drop.

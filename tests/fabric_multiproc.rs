@@ -74,6 +74,11 @@ fn multiproc_shm() {
     );
 }
 
+/// Fails with libfabric 2.1.0 as long as the fabric layer issues non-fetching atomics with
+/// FI_DELIVERY_COMPLETE on shm: shm then releases the operation's inject buffer twice (once at the
+/// target in `smr_progress_inject_atomic`, again at the initiator in `smr_progress_resp_entry`), two
+/// later operations share one buffer, and sums and fetched values come out wrong. The same atomics
+/// posted without FI_DELIVERY_COMPLETE (or as fetching atomics) come out exact.
 #[test]
 fn multiproc_shm_atomics() {
     run("shm", "shm", &[(common::ENV_PHASES, "atomics")]);

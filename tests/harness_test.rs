@@ -241,8 +241,20 @@ fn cases_for(abi: u32) -> Vec<String> {
 
 /// One configuration: every case must pass.
 fn expect_pass(abi: u32, np: u32, provider: &str, atomics: Option<&str>) {
+    expect_pass_with(abi, np, provider, atomics, false);
+}
+
+/// `manual_progress`: the library's progress thread off (`NVSHMEM_EFA_PROGRESS_THREAD=0`) and the
+/// harness calling `progress` from a thread of its own, as NVSHMEM's proxy thread does.
+fn expect_pass_with(
+    abi: u32,
+    np: u32,
+    provider: &str,
+    atomics: Option<&str>,
+    manual_progress: bool,
+) {
     let lib = cdylib();
-    let args: Vec<OsString> = vec![
+    let mut args: Vec<OsString> = vec![
         "--lib".into(),
         lib.into_os_string(),
         "--abi".into(),
@@ -250,18 +262,29 @@ fn expect_pass(abi: u32, np: u32, provider: &str, atomics: Option<&str>) {
         "--np".into(),
         np.to_string().into(),
     ];
+    if manual_progress {
+        args.push("--proxy-progress".into());
+    }
     let env = [
         ("NVSHMEM_LIBFABRIC_PROVIDER", Some(provider)),
         ("NVSHMEM_EFA_GDA", Some("off")),
         ("NVSHMEM_EFA_ATOMICS", atomics),
         ("NVSHMEM_EFA_QUIET_TIMEOUT_MS", Some("20000")),
-        ("NVSHMEM_DISABLE_P2P", None),
+        (
+            "NVSHMEM_EFA_PROGRESS_THREAD",
+            Some(if manual_progress { "0" } else { "1" }),
+        ),
     ];
     let what = format!(
-        "ABI {abi}, provider {provider}, {np} PEs{}",
+        "ABI {abi}, provider {provider}, {np} PEs{}{}",
         atomics
             .map(|a| format!(", NVSHMEM_EFA_ATOMICS={a}"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if manual_progress {
+            ", progress only from the harness's proxy thread"
+        } else {
+            ""
+        }
     );
     let out = run_harness(&args, &env, RUN_LIMIT);
     let mut problems = Vec::new();
@@ -340,6 +363,10 @@ fn abi4_tcp_target_atomics_np3() {
 #[test]
 fn abi4_tcp_provider_atomics_np3() {
     expect_pass(4, 3, "tcp", Some("provider"));
+}
+#[test]
+fn abi4_tcp_manual_progress_np3() {
+    expect_pass_with(4, 3, "tcp", None, true);
 }
 
 /// The harness must turn each injected fault into a failure: a `FAIL` line naming the case, a

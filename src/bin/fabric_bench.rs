@@ -17,7 +17,6 @@
 //! inject size (as fabtests does; a completion is still reaped for each write). The two processes exchange endpoint names,
 //! buffer addresses and keys through files in DIR. Each size prints one line
 //! `RESULT provider=.. test=.. size=.. iters=.. value=.. unit=..`.
-use std::ffi::c_void;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -364,7 +363,7 @@ impl Side {
             };
             // SAFETY: `src` lies in the registered buffer, which outlives the operation; the context
             // comes from our pool and returns to it when the completion is reaped.
-            let (desc, ctx_ptr) = (self.mr.desc(), ctx as *mut c_void);
+            let (desc, ctx_ptr) = (self.mr.desc(), ctx);
             let r = unsafe {
                 match self.flags {
                     None => self
@@ -428,7 +427,7 @@ impl Side {
                     self.peer,
                     raddr,
                     self.peer_key,
-                    ctx as *mut c_void,
+                    ctx,
                 )
             };
             match r {

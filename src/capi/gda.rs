@@ -10,26 +10,22 @@ use super::ffi_guard;
 use crate::fabric::sys as fi;
 use crate::gda::{self, state::NvshmemEfaGdaDeviceState, GdaError};
 
-/// Opaque `struct fid_domain` (libfabric).
-#[repr(C)]
+/// Opaque `struct fid_domain` (libfabric); only pointers to it cross the C API.
 pub struct FidDomain {
     _p: [u8; 0],
 }
 
-/// Opaque `struct fid_ep` (libfabric).
-#[repr(C)]
+/// Opaque `struct fid_ep` (libfabric); only pointers to it cross the C API.
 pub struct FidEp {
     _p: [u8; 0],
 }
 
-/// Opaque `struct fid_mr` (libfabric).
-#[repr(C)]
+/// Opaque `struct fid_mr` (libfabric); only pointers to it cross the C API.
 pub struct FidMr {
     _p: [u8; 0],
 }
 
-/// Opaque `struct fid_cq` (libfabric).
-#[repr(C)]
+/// Opaque `struct fid_cq` (libfabric); only pointers to it cross the C API.
 pub struct FidCq {
     _p: [u8; 0],
 }

@@ -170,6 +170,16 @@ impl AddressVector {
                 names.len()
             )));
         }
+        // shm names are C strings that the provider reads with strlen: a slot without a NUL would
+        // make it read past the caller's buffer.
+        if self._domain.info().provider_name() == "shm" {
+            let len = names.len() / count;
+            if let Some(k) = (0..count).find(|k| !names[k * len..(k + 1) * len].contains(&0)) {
+                return Err(Error::invalid(format!(
+                    "fi_av_insert: shm name {k} is not NUL-terminated"
+                )));
+            }
+        }
         let mut addrs = vec![u64::MAX; count];
         // SAFETY: names holds count addresses; addrs has room for count results.
         let ret = unsafe {
@@ -447,7 +457,10 @@ impl MemoryRegion {
                 }
             };
             let mut raw = ptr::null_mut();
-            let ret = fi::fi_mr_regattr(domain.raw, &attr, 0, &mut raw);
+            // Device memory is registered FI_HMEM_DEVICE_ONLY (as fabtests does): shm then moves it
+            // with CUDA IPC instead of its CPU copy protocols, which cannot read GPU memory.
+            let flags = if device { fi::FI_HMEM_DEVICE_ONLY } else { 0 };
+            let ret = fi::fi_mr_regattr(domain.raw, &attr, flags, &mut raw);
             check(ret as i64, || {
                 format!("fi_mr_regattr({base:p}, {len} bytes, {kind:?})")
             })?;

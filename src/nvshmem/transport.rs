@@ -140,7 +140,11 @@ struct Registration {
 
 impl Registration {
     fn desc(&self, ep: usize) -> *mut c_void {
-        self.mrs[ep.min(self.mrs.len() - 1)].desc()
+        // Staged GPU memory has no provider registration (and needs no descriptor).
+        match self.mrs.len() {
+            0 => std::ptr::null_mut(),
+            n => self.mrs[ep.min(n - 1)].desc(),
+        }
     }
     fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.base && len <= self.len && addr - self.base <= self.len - len
@@ -152,13 +156,26 @@ const TAG_OP: u64 = 1;
 const TAG_AM_SEND: u64 = 2;
 const TAG_AM_RECV: u64 = 3;
 const TAG_AM_WAIT: u64 = 4;
+const TAG_SLOT_SEND: u64 = 5;
 
 // Active-message format (64 bytes, in a context's scratch space).
 const AM_MAGIC: u32 = 0x4d41_4645; // "EFAM"
 const AM_REQ: u32 = 1;
 const AM_RESP: u32 = 2;
+/// Header of every active message; staged payloads follow it.
 const AM_BYTES: usize = 64;
-const AM_RECV_BUFS: usize = 128;
+/// Size of a receive or send slot: a header plus up to `STAGE_CHUNK` payload bytes.
+const STAGE_BYTES: usize = 64 << 10;
+/// Payload bytes per staged message.
+const STAGE_CHUNK: usize = STAGE_BYTES - AM_BYTES;
+const AM_RECV_BUFS: usize = 64;
+const SEND_SLOTS: usize = 32;
+/// Staged put: payload to write at `addr`; answered by AM_RESP.
+const AM_PUT: u32 = 3;
+/// Staged get: `size` bytes at `addr` wanted; answered by AM_GET_DATA.
+const AM_GET: u32 = 4;
+/// Staged get answer: payload (or a status).
+const AM_GET_DATA: u32 = 5;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -194,7 +211,23 @@ struct EpState {
     bounce: Mutex<Option<(Box<[u8]>, MemoryRegion)>>,
     /// AM receive buffers (registered) and responses waiting to be sent.
     am_bufs: Option<(Box<[u8]>, MemoryRegion)>,
-    am_pending: Mutex<VecDeque<(FiAddr, AmMsg)>>,
+    am_pending: Mutex<VecDeque<Pending>>,
+    /// Registered send slots for staged payloads, and the free ones.
+    send_slab: (Box<[u8]>, MemoryRegion),
+    send_free: Mutex<Vec<usize>>,
+}
+
+/// Messages the progress path owes a peer (sent as soon as resources allow).
+enum Pending {
+    /// A header-only message.
+    Msg(FiAddr, AmMsg),
+    /// Data for a staged get.
+    GetData {
+        dest: FiAddr,
+        token: u64,
+        addr: u64,
+        len: u32,
+    },
 }
 
 const BOUNCE_BYTES: usize = 4 << 20;
@@ -223,6 +256,8 @@ pub struct Transport {
     domain: Arc<Domain>,
     info: Info,
     use_provider_atomics: bool,
+    /// GPU memory is moved by staged messages instead of the provider's HMEM path.
+    staging: bool,
     cookie: u64,
     conn: OnceLock<Connected>,
     regs: RwLock<HashMap<u64, Arc<Registration>>>,
@@ -293,13 +328,24 @@ impl Transport {
                 }
                 true
             }
-            // Provider atomics only where the NIC applies them (verbs, cxi): the software-emulated
-            // atomics of shm, tcp;ofi_rxm and efa are applied per target endpoint, and a PE has two
-            // endpoints (host, proxy) - measured on shm: concurrent fetch-adds return duplicates.
-            // Target-applied AMOs take one lock per PE, so they are exact under contention.
+            // Provider atomics by default only where the NIC applies them (verbs, cxi). The
+            // software-emulated atomics of the other providers go through the target's progress
+            // engine anyway, and target-applied AMOs serialise every AMO into a PE under one lock,
+            // GPU memory included, with no GDRCopy. (`provider` still selects them; on shm
+            // non-fetching atomics are then issued as fetching ones, see amo_provider.)
             AtomicsPath::Auto => {
                 info.has_atomics() && matches!(provider, Provider::Verbs | Provider::Cxi)
             }
+        };
+        // Software providers copy GPU memory with cudaMemcpy on the legacy default stream, which waits
+        // for the application's running kernel - the one waiting in quiet for this very copy. They get
+        // staged GPU transfers; NIC providers write GPU memory themselves (GPUDirect RDMA).
+        let staging = match cfg.gpu_staging {
+            Some(v) => v,
+            None => !matches!(
+                provider,
+                Provider::EfaDirect | Provider::Verbs | Provider::Cxi
+            ),
         };
         let fabric = Fabric::open(info.clone())?;
         let domain = Domain::open(&fabric)?;
@@ -317,6 +363,7 @@ impl Transport {
             domain,
             info,
             use_provider_atomics,
+            staging,
             cookie,
             conn: OnceLock::new(),
             regs: RwLock::new(HashMap::new()),
@@ -392,8 +439,23 @@ impl Transport {
             } else {
                 None
             };
+            let send_slab = {
+                let buf = vec![0u8; SEND_SLOTS * STAGE_BYTES].into_boxed_slice();
+                // SAFETY: the slab is owned by EpState together with its registration.
+                let mr = unsafe {
+                    MemoryRegion::register(
+                        &self.domain,
+                        buf.as_ptr(),
+                        buf.len(),
+                        MemKind::Host,
+                        false,
+                        Some(&ep),
+                    )?
+                };
+                (buf, mr)
+            };
             let am_bufs = {
-                let buf = vec![0u8; AM_RECV_BUFS * AM_BYTES].into_boxed_slice();
+                let buf = vec![0u8; AM_RECV_BUFS * STAGE_BYTES].into_boxed_slice();
                 // SAFETY: the buffer is owned by EpState together with its registration.
                 let mr = unsafe {
                     MemoryRegion::register(
@@ -419,6 +481,8 @@ impl Transport {
                 bounce: Mutex::new(None),
                 am_bufs,
                 am_pending: Mutex::new(VecDeque::new()),
+                send_slab,
+                send_free: Mutex::new((0..SEND_SLOTS).rev().collect()),
             });
         }
         // Exchange names: fixed-size slots so every PE's allgather has the same byte count.
@@ -461,6 +525,7 @@ impl Transport {
         }
         self.cuda_ctx
             .store(cuda::current_context() as u64, Ordering::Relaxed);
+        cuda::set_fallback_context(cuda::current_context());
         if self.cfg.progress_thread {
             self.start_progress_thread();
         }
@@ -635,8 +700,8 @@ impl Transport {
                     // SAFETY: the buffer slot belongs to this endpoint's registered AM slab.
                     let r = unsafe {
                         e.ep.recv(
-                            buf.as_ptr().add(slot * AM_BYTES) as *mut u8,
-                            AM_BYTES,
+                            buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8,
+                            STAGE_BYTES,
                             mr.desc(),
                             ctx,
                         )
@@ -648,6 +713,18 @@ impl Transport {
                         e.ctxs.free(ctx);
                     }
                 }
+            }
+            TAG_SLOT_SEND => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: staged send failed: {msg}");
+                    // SAFETY: own context; scratch[0] holds the waiting context (or 0).
+                    let wait = e.ctxs.scratch(ctx).map(|s| unsafe { *s }).unwrap_or(0);
+                    if wait != 0 {
+                        self.fail_am_wait(e, wait as *mut c_void, msg);
+                    }
+                }
+                e.send_free.lock().push(data as usize);
+                e.ctxs.free(ctx);
             }
             TAG_AM_WAIT => {
                 // Completed by a response (handle_am), never by the CQ.
@@ -680,8 +757,8 @@ impl Transport {
             // SAFETY: buffer slot inside the registered slab owned by the endpoint state.
             unsafe {
                 e.ep.recv(
-                    buf.as_ptr().add(slot * AM_BYTES) as *mut u8,
-                    AM_BYTES,
+                    buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8,
+                    STAGE_BYTES,
                     mr.desc(),
                     ctx,
                 )?
@@ -695,8 +772,9 @@ impl Transport {
         let e = &c.eps[i];
         let Some((buf, _)) = &e.am_bufs else { return };
         // SAFETY: slot < AM_RECV_BUFS; the receive completed, so the provider is done writing it.
-        let m: AmMsg =
-            unsafe { std::ptr::read_unaligned(buf.as_ptr().add(slot * AM_BYTES) as *const AmMsg) };
+        let m: AmMsg = unsafe {
+            std::ptr::read_unaligned(buf.as_ptr().add(slot * STAGE_BYTES) as *const AmMsg)
+        };
         if m.magic != AM_MAGIC {
             tracing::error!("endpoint {i}: dropped a message without the AM magic");
             return;
@@ -724,7 +802,7 @@ impl Transport {
                     ..Default::default()
                 };
                 let dest = c.addrs[src_pe as usize * NUM_EPS + i];
-                e.am_pending.lock().push_back((dest, resp));
+                e.am_pending.lock().push_back(Pending::Msg(dest, resp));
             }
             AM_RESP => {
                 let wait = m.token as *mut c_void;
@@ -757,6 +835,77 @@ impl Transport {
                 e.ctxs.free(wait);
                 e.completed.fetch_add(1, Ordering::AcqRel);
             }
+            AM_PUT => {
+                let src_pe = m.val as i64;
+                if src_pe < 0 || src_pe >= c.n_pes as i64 || m.size as usize > STAGE_CHUNK {
+                    tracing::error!("staged put from PE {src_pe} with {} bytes dropped", m.size);
+                    return;
+                }
+                // SAFETY: the payload follows the header inside this receive slot.
+                let payload = unsafe { buf.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) };
+                let status = match self.find_registration(m.addr, m.size as u64) {
+                    Some(_) => match copy_any(m.addr as *mut u8, payload, m.size as usize) {
+                        Ok(()) => 0,
+                        Err(err) => err.status,
+                    },
+                    None => {
+                        tracing::error!(
+                            "staged put from PE {src_pe}: {:#x}+{} is not registered here",
+                            m.addr,
+                            m.size
+                        );
+                        abi::status::INVALID_VALUE
+                    }
+                };
+                let resp = AmMsg {
+                    magic: AM_MAGIC,
+                    kind: AM_RESP,
+                    token: m.token,
+                    status,
+                    ..Default::default()
+                };
+                let dest = c.addrs[src_pe as usize * NUM_EPS + i];
+                e.am_pending.lock().push_back(Pending::Msg(dest, resp));
+            }
+            AM_GET => {
+                let src_pe = m.val as i64;
+                if src_pe < 0 || src_pe >= c.n_pes as i64 || m.size as usize > STAGE_CHUNK {
+                    tracing::error!("staged get from PE {src_pe} with {} bytes dropped", m.size);
+                    return;
+                }
+                let dest = c.addrs[src_pe as usize * NUM_EPS + i];
+                e.am_pending.lock().push_back(Pending::GetData {
+                    dest,
+                    token: m.token,
+                    addr: m.addr,
+                    len: m.size,
+                });
+            }
+            AM_GET_DATA => {
+                let wait = m.token as *mut c_void;
+                let Some((tag, dst)) = e.ctxs.get(wait) else {
+                    tracing::error!("staged get data for an unknown token {:#x}", m.token);
+                    return;
+                };
+                if tag != TAG_AM_WAIT {
+                    tracing::error!("staged get data for a context that is not waiting");
+                    return;
+                }
+                if m.status != 0 {
+                    e.errors.fetch_add(1, Ordering::AcqRel);
+                    *e.last_error.lock() =
+                        Some(format!("remote get failed with status {}", m.status));
+                } else {
+                    // SAFETY: the payload follows the header inside this receive slot.
+                    let payload = unsafe { buf.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) };
+                    if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
+                        e.errors.fetch_add(1, Ordering::AcqRel);
+                        *e.last_error.lock() = Some(err.message);
+                    }
+                }
+                e.ctxs.free(wait);
+                e.completed.fetch_add(1, Ordering::AcqRel);
+            }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }
     }
@@ -764,32 +913,214 @@ impl Transport {
     fn flush_am_pending(&self, c: &Connected, i: usize) {
         let e = &c.eps[i];
         loop {
-            let Some((dest, msg)) = e.am_pending.lock().pop_front() else {
+            let Some(p) = e.am_pending.lock().pop_front() else {
                 return;
             };
-            let Some(ctx) = e.ctxs.alloc(TAG_AM_SEND, 0) else {
-                e.am_pending.lock().push_front((dest, msg));
-                return;
-            };
-            let s = e.ctxs.scratch(ctx).expect("own context");
-            // SAFETY: scratch is 64 bytes owned by the context until its completion.
-            let r = unsafe {
-                std::ptr::write_unaligned(s as *mut AmMsg, msg);
-                e.ep.send(
-                    s as *const u8,
-                    std::mem::size_of::<AmMsg>(),
-                    e.ctx_desc(),
+            let r = match &p {
+                Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg),
+                Pending::GetData {
                     dest,
-                    ctx,
-                )
+                    token,
+                    addr,
+                    len,
+                } => {
+                    let Some(slot) = e.send_free.lock().pop() else {
+                        e.am_pending.lock().push_front(p);
+                        return;
+                    };
+                    // SAFETY: the slot belongs to this endpoint's registered send slab.
+                    let sp = unsafe { e.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8 };
+                    let status = match self.find_registration(*addr, *len as u64) {
+                        // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+                        Some(_) => match copy_any(
+                            unsafe { sp.add(AM_BYTES) },
+                            *addr as *const u8,
+                            *len as usize,
+                        ) {
+                            Ok(()) => 0,
+                            Err(err) => err.status,
+                        },
+                        None => {
+                            tracing::error!("staged get: {addr:#x}+{len} is not registered here");
+                            abi::status::INVALID_VALUE
+                        }
+                    };
+                    let size = if status == 0 { *len } else { 0 };
+                    let hdr = AmMsg {
+                        magic: AM_MAGIC,
+                        kind: AM_GET_DATA,
+                        token: *token,
+                        size,
+                        status,
+                        ..Default::default()
+                    };
+                    let r = self.send_slot(e, *dest, slot, hdr, 0);
+                    if r.is_err() {
+                        e.send_free.lock().push(slot);
+                    }
+                    r
+                }
             };
-            if let Err(err) = r {
-                e.ctxs.free(ctx);
-                if err.is_again() {
-                    e.am_pending.lock().push_front((dest, msg));
+            match r {
+                Ok(()) => {}
+                Err(err) if err.is_again() => {
+                    e.am_pending.lock().push_front(p);
                     return;
                 }
-                tracing::error!("endpoint {i}: AM response lost: {err}");
+                Err(err) => tracing::error!("endpoint {i}: active message lost: {err}"),
+            }
+        }
+    }
+
+    /// Sends a header-only message from a context's scratch space (no wait; EAGAIN is returned).
+    fn send_small(&self, e: &EpState, dest: FiAddr, msg: AmMsg) -> crate::fabric::Result<()> {
+        let Some(ctx) = e.ctxs.alloc(TAG_AM_SEND, 0) else {
+            return Err(FabricError::from_ret(
+                -(sys::FI_EAGAIN as i64),
+                "no context for an active message",
+            ));
+        };
+        let s = e.ctxs.scratch(ctx).expect("own context");
+        // SAFETY: scratch is 64 bytes owned by the context until its completion.
+        let r = unsafe {
+            std::ptr::write_unaligned(s as *mut AmMsg, msg);
+            e.ep.send(
+                s as *const u8,
+                std::mem::size_of::<AmMsg>(),
+                e.ctx_desc(),
+                dest,
+                ctx,
+            )
+        };
+        if r.is_err() {
+            e.ctxs.free(ctx);
+        }
+        r
+    }
+
+    /// Sends send slot `slot` (header written here, payload already in place). `wait` is the
+    /// initiator's waiting context to fail if the send fails (0: none).
+    fn send_slot(
+        &self,
+        e: &EpState,
+        dest: FiAddr,
+        slot: usize,
+        hdr: AmMsg,
+        wait: u64,
+    ) -> crate::fabric::Result<()> {
+        let Some(ctx) = e.ctxs.alloc(TAG_SLOT_SEND, slot as u64) else {
+            return Err(FabricError::from_ret(
+                -(sys::FI_EAGAIN as i64),
+                "no context for a staged send",
+            ));
+        };
+        // SAFETY: own context; scratch[0] remembers the waiting context.
+        unsafe { *e.ctxs.scratch(ctx).expect("own context") = wait };
+        // SAFETY: the slot lies in the registered send slab and stays reserved until completion.
+        let r = unsafe {
+            let sp = e.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8;
+            std::ptr::write_unaligned(sp as *mut AmMsg, hdr);
+            e.ep.send(
+                sp,
+                AM_BYTES + hdr.size as usize,
+                e.send_slab.1.desc(),
+                dest,
+                ctx,
+            )
+        };
+        if r.is_err() {
+            e.ctxs.free(ctx);
+        }
+        r
+    }
+
+    /// Takes a free send slot, driving progress while none is free (bounded).
+    fn alloc_slot(&self, c: &Connected, ep: usize) -> TResult<usize> {
+        let e = &c.eps[ep];
+        let deadline = Instant::now() + self.cfg.quiet_timeout;
+        loop {
+            if let Some(s) = e.send_free.lock().pop() {
+                return Ok(s);
+            }
+            self.progress_ep(c, ep);
+            if Instant::now() > deadline {
+                return Err(internal(format!(
+                    "endpoint {ep}: no staging slot freed within {:?}",
+                    self.cfg.quiet_timeout
+                )));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Staged put or get of `len` bytes: GPU memory never reaches the provider. Each chunk is a
+    /// message the target applies with a copy on a non-blocking stream (puts) or answers with data
+    /// (gets); the waiting context completes on the answer, so quiet covers it.
+    #[allow(clippy::too_many_arguments)]
+    fn staged(
+        &self,
+        c: &Connected,
+        pe: i32,
+        is_put: bool,
+        laddr: u64,
+        raddr: u64,
+        len: u64,
+        ep: usize,
+    ) -> TResult<()> {
+        let e = &c.eps[ep];
+        let dest = c.addrs[pe as usize * NUM_EPS + ep];
+        let mut off = 0u64;
+        while off < len {
+            let n = (STAGE_CHUNK as u64).min(len - off);
+            let wait_data = if is_put { 0 } else { laddr + off };
+            let wait = self.alloc_ctx(c, ep, TAG_AM_WAIT, wait_data)?;
+            e.submitted.fetch_add(1, Ordering::AcqRel);
+            let hdr = AmMsg {
+                magic: AM_MAGIC,
+                kind: if is_put { AM_PUT } else { AM_GET },
+                token: wait as u64,
+                size: n as u32,
+                addr: raddr + off,
+                val: c.my_pe as u64,
+                ..Default::default()
+            };
+            let r = if is_put {
+                let slot = self.alloc_slot(c, ep)?;
+                // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
+                let sp =
+                    unsafe { e.send_slab.0.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) as *mut u8 };
+                copy_any(sp, (laddr + off) as *const u8, n as usize)?;
+                self.retry_send(c, ep, || self.send_slot(e, dest, slot, hdr, wait as u64))
+                    .inspect_err(|_| {
+                        e.send_free.lock().push(slot);
+                    })
+            } else {
+                self.retry_send(c, ep, || self.send_small(e, dest, hdr))
+            };
+            if let Err(err) = r {
+                e.ctxs.free(wait);
+                e.submitted.fetch_sub(1, Ordering::AcqRel);
+                return Err(err);
+            }
+            off += n;
+        }
+        Ok(())
+    }
+
+    fn retry_send(
+        &self,
+        c: &Connected,
+        ep: usize,
+        f: impl Fn() -> crate::fabric::Result<()>,
+    ) -> TResult<()> {
+        let deadline = Instant::now() + self.cfg.quiet_timeout;
+        loop {
+            match f() {
+                Ok(()) => return Ok(()),
+                Err(err) if err.is_again() && Instant::now() < deadline => {
+                    self.progress_ep(c, ep);
+                }
+                Err(err) => return Err(err.into()),
             }
         }
     }
@@ -895,7 +1226,11 @@ impl Transport {
                         self.provider
                     )));
                 }
-                if self.provider == Provider::Shm && !legacy_ipc && !self.cfg.allow_vmm {
+                if self.provider == Provider::Shm
+                    && !self.staging
+                    && !legacy_ipc
+                    && !self.cfg.allow_vmm
+                {
                     return Err(invalid(format!(
                         "get_mem_handle: {buf:p} is CUDA VMM memory, which the shm provider's CUDA IPC cannot \
                          export; run with NVSHMEM_DISABLE_CUDA_VMM=1 (or NVSHMEM_EFA_ALLOW_VMM=1 to try anyway)"
@@ -905,7 +1240,10 @@ impl Transport {
             }
         };
         let conn = self.conn.get();
-        let mrs = if self.info.mr_endpoint() {
+        let staged_device = self.staging && matches!(kind, MemKind::Cuda(_));
+        let mrs = if staged_device {
+            Vec::new()
+        } else if self.info.mr_endpoint() {
             let c = conn.ok_or_else(|| {
                 internal("get_mem_handle before connect on an FI_MR_ENDPOINT provider")
             })?;
@@ -939,7 +1277,9 @@ impl Transport {
         let reg_id = self.next_reg.fetch_add(1, Ordering::Relaxed);
         let mut keys = [0u64; NUM_EPS];
         for (i, k) in keys.iter_mut().enumerate() {
-            *k = mrs[i.min(mrs.len() - 1)].key();
+            *k = mrs
+                .get(i.min(mrs.len().saturating_sub(1)))
+                .map_or(0, |m| m.key());
         }
         let device = matches!(kind, MemKind::Cuda(_));
         let blob = HandleBlob {
@@ -964,7 +1304,7 @@ impl Transport {
         // endpoints, and so initialises GDA, before it sets the heap up).
         if !local_only && crate::gda::mode() > 0 && !self.gda_heap_set.swap(true, Ordering::AcqRel)
         {
-            if let Err(e) = crate::gda::set_local_heap(buf as u64, size as u64, Some(&reg.mrs[0])) {
+            if let Err(e) = crate::gda::set_local_heap(buf as u64, size as u64, reg.mrs.first()) {
                 tracing::warn!("GDA: could not set the local heap: {e}");
             }
         }
@@ -1186,7 +1526,11 @@ impl Transport {
         if verb.is_stream != 0 && !verb.cstrm.is_null() {
             sync_stream(verb.cstrm)?;
         }
-        let (lstride, rstride) = if is_put {
+        // A single element has no stride: NVSHMEM leaves the strides of its one-element requests (P, G,
+        // inline proxy requests) uninitialised.
+        let (lstride, rstride) = if bytes.nelems == 1 {
+            (1, 1)
+        } else if is_put {
             (bytes.srcstride, bytes.deststride)
         } else {
             (bytes.deststride, bytes.srcstride)
@@ -1231,6 +1575,26 @@ impl Transport {
         ep: usize,
     ) -> TResult<()> {
         let what = if is_put { "put" } else { "get" };
+        if self.staging {
+            let b = HandleBlob::read(rd.handle).ok_or_else(|| {
+                invalid(format!(
+                    "{what}: remote handle {:p} was not made by this transport",
+                    rd.handle
+                ))
+            })?;
+            let raddr = rd.ptr as u64;
+            if !b.contains(raddr, len) {
+                return Err(invalid(format!(
+                    "{what}: remote range {raddr:#x}+{len} outside the registration {:#x}+{}",
+                    b.base, b.len
+                )));
+            }
+            let local_dev = matches!(cuda::pointer_kind(ld.ptr), PtrKind::Device { .. });
+            let stage_all = self.cfg.gpu_staging == Some(true);
+            if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
+                return self.staged(c, pe, is_put, ld.ptr as u64, raddr, len, ep);
+            }
+        }
         if len as usize > self.info.max_msg_size() {
             // Split into provider-sized pieces.
             let chunk = self.info.max_msg_size() as u64;
@@ -1417,7 +1781,7 @@ impl Transport {
                 let (a, f, cmp) = c.eps[ep].ep.atomic_valid(dt, fop);
                 let ok = if verb.op == amo::COMPARE_SWAP {
                     cmp
-                } else if fetch {
+                } else if fetch || self.provider == Provider::Shm {
                     f
                 } else {
                     a
@@ -1475,6 +1839,7 @@ impl Transport {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
         let cdesc = e.ctx_desc();
+        let shm_fetch_workaround = self.provider == Provider::Shm && !fetch;
         self.post(c, ep, TAG_OP, 0, |ctx| {
             let s = e.ctxs.scratch(ctx).expect("own context");
             // SAFETY: operands live in the context's scratch until completion; the result buffer is
@@ -1500,6 +1865,22 @@ impl Transport {
                 } else if fetch {
                     e.ep.fetch_atomic(
                         opnd, cdesc, res_ptr, res_desc, dest, raddr, key, dt, fop, ctx,
+                    )
+                } else if shm_fetch_workaround {
+                    // libfabric 2.1's shm releases the inject buffer of a non-fetching atomic sent
+                    // with FI_DELIVERY_COMPLETE twice (target and sender), so two later atomics share
+                    // one buffer. A fetching atomic into the context's scratch space avoids that path.
+                    e.ep.fetch_atomic(
+                        opnd,
+                        cdesc,
+                        s.add(2) as *mut u8,
+                        cdesc,
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        fop,
+                        ctx,
                     )
                 } else {
                     e.ep.atomic(opnd, cdesc, dest, raddr, key, dt, fop, ctx)
@@ -1577,8 +1958,19 @@ impl Transport {
         let target = e.submitted.load(Ordering::Acquire);
         let deadline = Instant::now() + self.cfg.quiet_timeout;
         let mut spins = 0u32;
+        let mut warned = false;
+        let started = Instant::now();
         while e.completed.load(Ordering::Acquire) < target {
             self.progress_ep(c, ep);
+            if !warned && started.elapsed() > Duration::from_secs(2) {
+                warned = true;
+                tracing::warn!(
+                    "quiet on endpoint {ep}: {} operation(s) still outstanding after 2 s ({} contexts in flight, {} errors so far)",
+                    target.saturating_sub(e.completed.load(Ordering::Acquire)),
+                    e.ctxs.in_flight(),
+                    e.errors.load(Ordering::Acquire)
+                );
+            }
             if Instant::now() > deadline {
                 let outstanding = target.saturating_sub(e.completed.load(Ordering::Acquire));
                 return Err(internal(format!(

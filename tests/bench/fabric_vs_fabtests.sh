@@ -17,7 +17,9 @@
 # Environment: FABRIC_BENCH (a built fabric-bench; otherwise built here with cargo --release),
 # LIBFABRIC_HOME (default .deps/libfabric), PROVIDERS ("tcp shm"), BW_SIZES, LAT_SIZES, LAT_ITERS,
 # BW_BYTES (bytes per bandwidth run, which sets its iteration count), RUN_TIMEOUT (s per run),
-# OURS_MODE (fabric-bench --mode: default = the layer's write with its default flags, plain, inject).
+# OURS_MODE (fabric-bench --mode: default = the layer's write with its default flags, plain, inject),
+# REPEAT (runs per measurement, the median is kept; default 1), PIN (1: server on CPU 0, client on
+# CPU 1, for both tools; default 1 where taskset exists and there are 2 CPUs or more).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -36,6 +38,11 @@ WINDOW=64
 WARMUP=10
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 OURS_MODE=${OURS_MODE:-default}
+REPEAT=${REPEAT:-1}
+if [[ -z ${PIN:-} ]]; then
+    if command -v taskset > /dev/null && (( $(nproc) >= 2 )); then PIN=1; else PIN=0; fi
+fi
+if (( PIN )); then SRV_PIN=(taskset -c 0); CLI_PIN=(taskset -c 1); else SRV_PIN=(); CLI_PIN=(); fi
 OUT=${OUT:-$ROOT/bench-out}
 CSV=$OUT/fabric_vs_fabtests.csv
 LOG=$OUT/fabric_vs_fabtests.log
@@ -93,15 +100,15 @@ run_pair() {
     while [[ $1 != -- ]]; do srv+=("$1"); shift; done
     shift
     cli=("$@")
-    { echo "## $name"; echo "server: ${srv[*]}"; echo "client: ${cli[*]}"; } >> "$LOG"
-    timeout "$RUN_TIMEOUT" "${srv[@]}" > "$WORK/srv.out" 2>&1 &
+    { echo "## $name"; echo "server: ${SRV_PIN[*]} ${srv[*]}"; echo "client: ${CLI_PIN[*]} ${cli[*]}"; } >> "$LOG"
+    timeout "$RUN_TIMEOUT" "${SRV_PIN[@]}" "${srv[@]}" > "$WORK/srv.out" 2>&1 &
     local spid=$!
     PIDS+=("$spid")
     if [[ ${srv[0]} != "$FABRIC_BENCH" ]]; then
         wait_listen "$OOB_PORT" || { echo "$name: server never listened" >&2; cat "$WORK/srv.out" >&2; return 1; }
     fi
     local crc=0 src=0
-    timeout "$RUN_TIMEOUT" "${cli[@]}" > "$WORK/cli.out" 2>&1 || crc=$?
+    timeout "$RUN_TIMEOUT" "${CLI_PIN[@]}" "${cli[@]}" > "$WORK/cli.out" 2>&1 || crc=$?
     wait "$spid" || src=$?
     cat "$WORK/srv.out" "$WORK/cli.out" >> "$LOG"
     if (( crc != 0 || src != 0 )); then
@@ -133,6 +140,17 @@ fabtests() { # provider test size iters [extra fabtests flags]
         sed -n "s/.*xfer_size: $3,.* $field: \([0-9.]*\),.*/\1/p"
 }
 
+# median CMD... : runs CMD REPEAT times and prints the median of what it prints (empty on failure).
+median() {
+    local vals=() v i
+    for (( i = 0; i < REPEAT; i++ )); do
+        v=$("$@") || return 1
+        [[ -n $v ]] || return 1
+        vals+=("$v")
+    done
+    printf '%s\n' "${vals[@]}" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+
 ratio() { awk -v o="$1" -v f="$2" 'BEGIN { if (f > 0) printf "%.3f", o / f; else print "inf" }'; }
 
 echo "provider,test,size,unit,iters,ours,fabtests,ratio,fabtests_dc,ratio_dc" > "$CSV"
@@ -142,13 +160,13 @@ for prov in $PROVIDERS; do
         if [[ $test == bw ]]; then sizes=$BW_SIZES; unit=MB/s; else sizes=$LAT_SIZES; unit=us; fi
         for size in $sizes; do
             if [[ $test == bw ]]; then iters=$(bw_iters "$size"); else iters=$LAT_ITERS; fi
-            o=$(ours "$prov" "$test" "$size" "$iters")
-            f=$(fabtests "$prov" "$test" "$size" "$iters")
+            o=$(median ours "$prov" "$test" "$size" "$iters") || o=
+            f=$(median fabtests "$prov" "$test" "$size" "$iters") || f=
             [[ -n $o && -n $f ]] || { echo "no result for $prov $test $size (ours '$o', fabtests '$f'); see $LOG" >&2; exit 1; }
             r=$(ratio "$o" "$f")
             fdc=- rdc=-
             if [[ $test == bw ]]; then
-                fdc=$(fabtests "$prov" "$test" "$size" "$iters" -U)
+                fdc=$(median fabtests "$prov" "$test" "$size" "$iters" -U) || fdc=
                 [[ -n $fdc ]] || { echo "no result for fi_rma_bw -U $prov $size; see $LOG" >&2; exit 1; }
                 rdc=$(ratio "$o" "$fdc")
             fi
@@ -160,7 +178,7 @@ for prov in $PROVIDERS; do
 done
 
 echo
-echo "fabric layer vs fabtests (libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '?'), $(nproc) cores, $(uname -n), ours --mode $OURS_MODE)"
+echo "fabric layer vs fabtests (libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '?'), $(nproc) cores, $(uname -n), ours --mode $OURS_MODE, median of $REPEAT, pinned $PIN)"
 printf '%-4s %-4s %9s %6s %12s %12s %8s %12s %8s\n' prov test size unit ours fabtests ratio fabtests_dc ratio_dc
 printf '%s\n' "${ROWS[@]}"
 echo "ratio = ours / fabtests (bw: >1 is faster than fabtests; lat: <1 is faster); _dc: fi_rma_bw -U"

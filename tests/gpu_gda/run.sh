@@ -24,6 +24,7 @@ usage: tests/gpu_gda/run.sh [options]
   --libfabric DIR     libfabric prefix with lib/ (default: $LIBFABRIC_HOME)
   --out DIR           log directory (default: $OUT, else ./gpu-gda-out)
   --cases LIST        comma-separated gda_tests cases (default: all; see gda_tests --list)
+  --no-tests          skip the full gda_tests run (e.g. to run the sanitizers in a separate call)
   --no-sanitizer      skip compute-sanitizer memcheck / racecheck
   --no-bench          skip the benchmark and the plot
   --debug             NVSHMEM_DEBUG=INFO (default WARN)
@@ -39,6 +40,7 @@ debug=0
 cases=""
 do_bench=1
 do_sanitizer=1
+do_tests=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --compile-only) compile_only=1 ;;
@@ -46,6 +48,7 @@ while [ $# -gt 0 ]; do
     --cases) cases=${2:?--cases needs a value}; shift ;;
     --no-bench) do_bench=0 ;;
     --no-sanitizer) do_sanitizer=0 ;;
+    --no-tests) do_tests=0 ;;
     --plugin-dir) PLUGIN_DIR=${2:?--plugin-dir needs a value}; shift ;;
     --libfabric) LIBFABRIC_HOME=${2:?--libfabric needs a value}; shift ;;
     --out) OUT=${2:?--out needs a value}; shift ;;
@@ -360,12 +363,24 @@ EOF_CLASH
         link "$work/twice_app" "$OUT/link-twice.log" "$work/twice.o" "$work/gda_tests-nompi.o" \
             "$work/deepep_style-nompi.o" "$work/state-nompi.o" ||
             { fail_log "link with a second TU" "$OUT/link-twice.log"; status=1; }
-        nm -C "$work/gda_tests-nompi" 2>/dev/null | grep -q 'nvshmem_efa_gda_load_device_state' ||
-            { say "FAILED: nvshmem_efa_gda_load_device_state not in gda_tests"; status=1; }
+        nm "$work/gda_tests-nompi" >"$work/nm.txt" 2>&1
+        if grep -q ' T nvshmem_efa_gda_load_device_state$' "$work/nm.txt" &&
+            grep -q ' U nvshmemt_efa_gda_get_device_state$' "$work/nm.txt"; then
+            say "links: ok (second TU with the headers: no multiple definition)"
+        else
+            say "FAILED: gda_tests lacks the loader or the library reference"
+            status=1
+        fi
         for b in "$work"/gda_tests-*; do
             [ -x "$b" ] || continue
             if "$b" --list >"$work/list.txt" 2>&1; then
-                grep -q '^  put_imm ' "$work/list.txt" || { say "FAILED: $(basename "$b") --list"; cat "$work/list.txt"; status=1; }
+                if grep -q '^  put_imm ' "$work/list.txt"; then
+                    say "$(basename "$b") --list: ok"
+                else
+                    say "FAILED: $(basename "$b") --list"
+                    cat "$work/list.txt"
+                    status=1
+                fi
             else
                 say "note: $(basename "$b") --list did not run here ($(head -n 1 "$work/list.txt")); load check skipped"
             fi
@@ -400,6 +415,11 @@ PLUGIN=$PLUGIN_DIR/nvshmem_transport_libfabric.so.3
 [ -f "$PLUGIN" ] || die "$PLUGIN not found"
 if [ -f "$PLUGIN_DIR/libnvshmem_efa_gda.so" ]; then
     LIB_ARGS=(-L"$PLUGIN_DIR" -lnvshmem_efa_gda -Xlinker -rpath -Xlinker "$PLUGIN_DIR")
+    # The library needs libfabric 2.x; resolve it from LIBFABRIC_HOME at link time, not from the
+    # system's (older) libfabric.
+    if [ -n "${LIBFABRIC_HOME:-}" ] && [ -d "$LIBFABRIC_HOME/lib" ]; then
+        LIB_ARGS+=(-Xlinker -rpath-link -Xlinker "$LIBFABRIC_HOME/lib")
+    fi
 else
     say "note: no $PLUGIN_DIR/libnvshmem_efa_gda.so: linking the transport file itself"
     LIB_ARGS=(-Xlinker "$PLUGIN" -Xlinker -rpath -Xlinker "$PLUGIN_DIR")
@@ -470,7 +490,6 @@ lib_env=(
     "NVSHMEM_LIBFABRIC_PROVIDER=$provider"
     NVSHMEM_DISABLE_P2P=1
     "NVSHMEM_EFA_GDA=${NVSHMEM_EFA_GDA:-soft}"
-    "NVSHMEM_EFA_SQ_DEPTH=${NVSHMEM_EFA_SQ_DEPTH:-256}"
     "FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn}"
     "LD_PRELOAD=$PLUGIN"
     "LD_LIBRARY_PATH=$fabric_lib:$PLUGIN_DIR:$NVSHMEM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -482,6 +501,11 @@ for name in $(compgen -e); do
     NVSHMEM_EFA_* | FI_*) lib_env+=("$name=${!name-}") ;;
     esac
 done
+# The benchmark runs with the library's default queue depth (or the caller's); the tests with a
+# 256-entry send queue so that every case wraps the ring many times.
+bench_env=("${lib_env[@]}")
+[ -n "${NVSHMEM_EFA_SQ_DEPTH:-}" ] && bench_env+=("NVSHMEM_EFA_SQ_DEPTH=$NVSHMEM_EFA_SQ_DEPTH")
+lib_env+=("NVSHMEM_EFA_SQ_DEPTH=${NVSHMEM_EFA_SQ_DEPTH:-256}")
 # NVSHMEM's own P2P path: no remote transport, nothing preloaded (the programs still need
 # libnvshmem_efa_gda.so and its libfabric to load).
 p2p_env=(
@@ -545,7 +569,11 @@ run_tests() { # name timeout [prefix...] -- args
 # ----------------------------------------------------------------------------------------------
 targs=()
 [ -n "$cases" ] && targs+=("$cases")
-run_tests tests-gda 300 -- "${targs[@]}"
+if [ $do_tests = 1 ]; then
+    run_tests tests-gda 300 -- "${targs[@]}"
+else
+    record "tests-gda" skipped "--no-tests"
+fi
 
 if [ $do_sanitizer = 1 ]; then
     san=""
@@ -578,14 +606,16 @@ if [ $do_bench = 1 ]; then
         [ -f "$csv" ] && rows=$(($(wc -l <"$csv") - 1))
         record "$name" "$(status_of $rc)" "$rows rows -> $csv (rc $rc)"
     }
-    bench_one bench-gda-proxy lib_env 120 gda,proxy
+    bench_one bench-gda-proxy bench_env 120 gda,proxy
     bench_one bench-p2p p2p_env 90 p2p
     inputs=()
     for f in "$OUT/bench-gda-proxy.csv" "$OUT/bench-p2p.csv"; do [ -s "$f" ] && inputs+=("$f"); done
     if [ ${#inputs[@]} -gt 0 ] && python3 "$here/plot.py" "$OUT/bench" "${inputs[@]}" >"$OUT/plot.log" 2>&1; then
         sed 's/^/    /' "$OUT/plot.log"
         if [ ${#inputs[@]} = 2 ]; then
-            record "bench-plot" ok "$OUT/bench.csv $OUT/bench.txt $OUT/bench.png"
+            png="$OUT/bench.png"
+            [ -f "$png" ] || png="(no PNG: matplotlib missing)"
+            record "bench-plot" ok "$OUT/bench.csv $OUT/bench.txt $png"
         else
             record "bench-plot" FAILED "only ${inputs[*]} produced rows"
         fi

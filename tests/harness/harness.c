@@ -181,6 +181,7 @@ static struct {
     const char *lib;
     int case_timeout_s, boot_timeout_s, total_timeout_s;
     int verbose;
+    int proxy_progress; /* --proxy-progress: a thread calls progress like NVSHMEM's idle proxy */
     void *dl;
     harness_transport_init_fn init;
     void *t;
@@ -855,7 +856,9 @@ static void case_p(void) {
             volatile uint64_t value = p_value(me, q, sz); /* the first sz bytes are sent (little-endian) */
             harness_rma_memdesc r = rdesc(q, P_OFF + (size_t)me * 64 + (size_t)i * 16);
             harness_rma_memdesc l = {(void *)&value, JUNK_OFFSET, NULL};
-            int rc = h_rma(q, HARNESS_OP_P, 0, &r, &l, 1, sz, 1, 1, 0);
+            /* NVSHMEM leaves the strides of one-element requests uninitialised (inline proxy
+             * requests, host P): pass junk, as it does. */
+            int rc = h_rma(q, HARNESS_OP_P, 0, &r, &l, 1, sz, 0, (ptrdiff_t)0x7f5a5a5a5a5e, 0);
             if (rc) failf("P of %d bytes to PE %d returned %d", sz, q, rc);
             value = ~value; /* the stack value is gone once P returns */
         }
@@ -1264,10 +1267,9 @@ static void do_contention(const char *what, int qp_f, int qp_a, int size, int th
         for (int i = 0; i < K_CONT; i++) {
             uint64_t v = 0;
             memcpy(&v, res + (size_t)i * 8, (size_t)size);
-            unsigned char rest[8];
-            memcpy(rest, res + (size_t)i * 8 + size, 8 - (size_t)size);
+            static const unsigned char untouched[4] = {0xff, 0xff, 0xff, 0xff};
             mine[i] = v;
-            if (size == 4 && (rest[0] != 0xff || rest[3] != 0xff)) {
+            if (size == 4 && memcmp(res + (size_t)i * 8 + 4, untouched, 4) != 0) {
                 failf("%s: fetch_add #%d wrote more than 4 bytes of result", what, i);
                 break;
             }
@@ -1500,9 +1502,8 @@ static void case_bad_input(void) {
     int64_t t0;
     char what[160];
     harness_rma_memdesc l = ldesc(BAD_OFF + 64);
-    static const int bad_pes[2] = {-1, 0 /* n_pes, set below */};
     for (int i = 0; i < 2; i++) {
-        int pe = i == 0 ? bad_pes[0] : g.np;
+        int pe = i == 0 ? -1 : g.np;
         harness_rma_memdesc r = rdesc(q, BAD_OFF);
         for (int op = 0; op < 2; op++) {
             snprintf(what, sizeof what, "%s to pe %d", op ? "get" : "put", pe);
@@ -1676,7 +1677,36 @@ out:
     free(hs);
 }
 
+/* NVSHMEM's proxy thread calls host_ops.progress on every loop, also while the host thread
+ * waits elsewhere (e.g. in a bootstrap barrier). --proxy-progress emulates that. */
+static volatile int proxy_stop;
+static pthread_t proxy_thread;
+static int proxy_running, proxy_rc;
+static void *proxy_loop(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&proxy_stop, __ATOMIC_ACQUIRE)) {
+        int rc = h_progress();
+        if (rc && !proxy_rc) proxy_rc = rc;
+        usleep(20);
+    }
+    return NULL;
+}
+static void proxy_start(void) {
+    if (!g.proxy_progress || proxy_running) return;
+    proxy_stop = 0;
+    if (pthread_create(&proxy_thread, NULL, proxy_loop, NULL) == 0) proxy_running = 1;
+    else out_line(2, "harness rank %d: cannot start the proxy progress thread", g.rank);
+}
+static void proxy_end(void) {
+    if (!proxy_running) return;
+    __atomic_store_n(&proxy_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(proxy_thread, NULL);
+    proxy_running = 0;
+    if (proxy_rc) failf("progress (called by the proxy progress thread) returned %d", proxy_rc);
+}
+
 static void case_finalize(void) {
+    proxy_end();
     if (g.registered) {
         int rc = h_release(&g.own);
         if (rc) failf("release_mem_handle(heap) returned %d", rc);
@@ -1857,11 +1887,12 @@ static int child_main(const int *selected) {
         return 1;
     }
 
-    setup_ok &= run_case("bad_version", case_bad_version);
+    run_case("bad_version", case_bad_version); /* needs no transport; not a setup step */
     int init_ok = run_case("init", case_init);
     setup_ok &= init_ok;
     if (init_ok) setup_ok &= run_case("connect", case_connect);
     if (init_ok && setup_ok) setup_ok &= run_case("register", case_register);
+    if (setup_ok) proxy_start();
 
     if (setup_ok) {
         for (size_t i = 0; i < NCASES; i++) {
@@ -1884,7 +1915,7 @@ static int child_main(const int *selected) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: harness --lib <path to libnvshmem_efa_gda.so> --abi 3|4 --np N (2..4) [--case name]...\n"
-            "               [--list] [--verbose] [--case-timeout S (90)] [--boot-timeout S (90)] [--timeout S (170)]\n"
+            "               [--list] [--verbose] [--proxy-progress] [--case-timeout S (90)] [--boot-timeout S (90)] [--timeout S (170)]\n"
             "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n");
     for (size_t i = 0; i < NCASES; i++)
         fprintf(f, "  %-20s %s%s\n", CASES[i].name, CASES[i].what, CASES[i].min_abi == 4 ? " [ABI 4]" : "");
@@ -1916,6 +1947,8 @@ int main(int argc, char **argv) {
             list = 1;
         } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
             g.verbose = 1;
+        } else if (!strcmp(a, "--proxy-progress")) {
+            g.proxy_progress = 1;
         } else if (!v) {
             fprintf(stderr, "harness: %s needs a value\n", a);
             usage(stderr);
@@ -2036,7 +2069,7 @@ int main(int argc, char **argv) {
     }
 
     /* wait, bounded; once a rank died abnormally give the others a grace period, then stop them */
-    int status[MAX_PES], done[MAX_PES] = {0}, left = g.np, timed_out = 0;
+    int status[MAX_PES] = {0}, done[MAX_PES] = {0}, left = g.np, timed_out = 0;
     int64_t deadline = now_ms() + (int64_t)g.total_timeout_s * 1000, grace = 0;
     while (left > 0) {
         int st;
@@ -2069,7 +2102,10 @@ int main(int argc, char **argv) {
     }
     int rc = 0;
     for (int r = 0; r < g.np; r++) {
-        if (done[r] == 2) {
+        if (done[r] == 0) {
+            out_line(1, "FAIL launcher abi=%d np=%d: rank %d was lost (waitpid: %s)", g.abi, g.np, r, strerror(errno));
+            rc = 1;
+        } else if (done[r] == 2) {
             out_line(1, "FAIL launcher abi=%d np=%d: rank %d still running %s; killed", g.abi, g.np, r,
                      timed_out ? "at the overall timeout" : "20 s after another rank failed");
             rc = 1;
