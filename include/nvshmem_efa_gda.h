@@ -19,24 +19,6 @@ struct fid_cq;
 // Bad argument (NVSHMEMX_ERROR_INVALID_VALUE).
 #define NVSHMEM_EFA_ERROR_INVALID_VALUE 2
 
-// GDA is off (`NVSHMEM_EFA_GDA=off`).
-#define MODE_OFF 0
-
-// Hardware queues.
-#define MODE_HW NVSHMEM_EFA_GDA_MODE_HW
-
-// Software queue.
-#define MODE_SOFT NVSHMEM_EFA_GDA_MODE_SOFT
-
-// Entry size the 64-byte WQE format uses.
-#define HW_WQE_SIZE (uint32_t)WQE_SIZE
-
-// Size of one RX completion of the software queue (the extended EFA receive form).
-#define SOFT_RX_CQE_SIZE (uint32_t)RX_CQE_EX_SIZE
-
-// Size of one TX completion.
-#define SOFT_TX_CQE_SIZE (uint32_t)TX_CQE_SIZE
-
 // Queue is backed by the provider's hardware queues (efa-direct GDA ops).
 #define NVSHMEM_EFA_GDA_MODE_HW 1
 
@@ -60,53 +42,6 @@ struct fid_cq;
 
 // Current layout version of `NvshmemEfaGdaDeviceState`.
 #define NVSHMEM_EFA_GDA_STATE_VERSION 1
-
-// `lkey` of the first local registration of a software queue.
-#define SOFT_LKEY_FIRST 1
-
-// `rkey` naming the destination PE's symmetric heap.
-#define SOFT_RKEY_HEAP 1
-
-// Largest SEND payload the software queue carries (inline or from buffers).
-#define SOFT_SEND_MAX 4096
-
-// AMO op: add the value.
-#define AMO_OP_ADD 1
-
-// AMO op: store the value.
-#define AMO_OP_SET 2
-
-// Size of an AMO message.
-#define AMO_MSG_SIZE 32
-
-// Size of the SEND header.
-#define SEND_HDR_SIZE 16
-
-// SEND header flag: immediate data present.
-#define SEND_FLAG_IMM 1
-
-// Largest number of PEs a software queue addresses (`ah` is 16 bits and 0xFFFF means unknown).
-#define SOFT_MAX_PES 65535
-
-// Opaque `struct fid_domain` (libfabric).
-typedef struct fid_domain {
-  uint8_t _p[0];
-} fid_domain;
-
-// Opaque `struct fid_ep` (libfabric).
-typedef struct fid_ep {
-  uint8_t _p[0];
-} fid_ep;
-
-// Opaque `struct fid_cq` (libfabric).
-typedef struct fid_cq {
-  uint8_t _p[0];
-} fid_cq;
-
-// Opaque `struct fid_mr` (libfabric).
-typedef struct fid_mr {
-  uint8_t _p[0];
-} fid_mr;
 
 // One send queue with its completion queue, as kernels see it.
 typedef struct NvshmemEfaGdaQueue {
@@ -261,8 +196,8 @@ const char *nvshmem_efa_gda_version(void);
 //
 // # Safety
 // `domain` and `ep` must be open libfabric objects as described above (or null, rejected).
-int32_t nvshmemt_efa_gda_init_on_ep(struct fid_domain *domain,
-                                    struct fid_ep *ep);
+int32_t nvshmemt_efa_gda_init_on_ep(fid_domain *domain,
+                                    fid_ep *ep);
 
 // Names the transmit CQ bound to the endpoint given to `nvshmemt_efa_gda_init_on_ep` (hardware GDA
 // on the caller's endpoint). The CQ is queried and mapped for the GPU; the caller must not read
@@ -270,7 +205,7 @@ int32_t nvshmemt_efa_gda_init_on_ep(struct fid_domain *domain,
 //
 // # Safety
 // `cq` must be the open CQ bound to that endpoint for transmit completions, open until fini.
-int32_t nvshmemt_efa_gda_set_cq(struct fid_cq *cq);
+int32_t nvshmemt_efa_gda_set_cq(fid_cq *cq);
 
 // Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent; call it before
 // closing the endpoint, domain and fabric.
@@ -305,7 +240,7 @@ int32_t nvshmemt_efa_gda_connect(int32_t my_pe,
 // # Safety
 // `[base, base+size)` must stay allocated until fini; `mr`, when not null, must be an open
 // registration of that range on the domain GDA was initialised on.
-int32_t nvshmemt_efa_gda_set_local_heap(void *base, size_t size, struct fid_mr *mr);
+int32_t nvshmemt_efa_gda_set_local_heap(void *base, size_t size, fid_mr *mr);
 
 // Records PE `pe`'s heap: base address (as that PE's kernels see it), size, and its registration key.
 int32_t nvshmemt_efa_gda_set_remote_heap(int32_t pe,

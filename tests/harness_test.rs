@@ -241,7 +241,7 @@ fn cases_for(abi: u32) -> Vec<String> {
 
 /// One configuration: every case must pass.
 fn expect_pass(abi: u32, np: u32, provider: &str, atomics: Option<&str>) {
-    expect_pass_with(abi, np, provider, atomics, false);
+    expect_pass_with(abi, np, provider, atomics, false, &[]);
 }
 
 /// `manual_progress`: the library's progress thread off (`NVSHMEM_EFA_PROGRESS_THREAD=0`) and the
@@ -252,6 +252,7 @@ fn expect_pass_with(
     provider: &str,
     atomics: Option<&str>,
     manual_progress: bool,
+    extra: &[(&str, &str)],
 ) {
     let lib = cdylib();
     let mut args: Vec<OsString> = vec![
@@ -265,7 +266,7 @@ fn expect_pass_with(
     if manual_progress {
         args.push("--proxy-progress".into());
     }
-    let env = [
+    let mut env = vec![
         ("NVSHMEM_LIBFABRIC_PROVIDER", Some(provider)),
         ("NVSHMEM_EFA_GDA", Some("off")),
         ("NVSHMEM_EFA_ATOMICS", atomics),
@@ -275,8 +276,11 @@ fn expect_pass_with(
             Some(if manual_progress { "0" } else { "1" }),
         ),
     ];
+    // Later entries override earlier ones of the same name.
+    env.retain(|(k, _)| !extra.iter().any(|(x, _)| x == k));
+    env.extend(extra.iter().map(|(k, v)| (*k, Some(*v))));
     let what = format!(
-        "ABI {abi}, provider {provider}, {np} PEs{}{}",
+        "ABI {abi}, provider {provider}, {np} PEs{}{}{}",
         atomics
             .map(|a| format!(", NVSHMEM_EFA_ATOMICS={a}"))
             .unwrap_or_default(),
@@ -284,7 +288,11 @@ fn expect_pass_with(
             ", progress only from the harness's proxy thread"
         } else {
             ""
-        }
+        },
+        extra
+            .iter()
+            .map(|(k, v)| format!(", {k}={v}"))
+            .collect::<String>()
     );
     let out = run_harness(&args, &env, RUN_LIMIT);
     let mut problems = Vec::new();
@@ -366,7 +374,40 @@ fn abi4_tcp_provider_atomics_np3() {
 }
 #[test]
 fn abi4_tcp_manual_progress_np3() {
-    expect_pass_with(4, 3, "tcp", None, true);
+    expect_pass_with(4, 3, "tcp", None, true, &[]);
+}
+/// Every put and get through the staged protocol that carries GPU memory on software providers.
+#[test]
+fn abi3_shm_staged_np3() {
+    expect_pass_with(
+        3,
+        3,
+        "shm",
+        None,
+        false,
+        &[("NVSHMEM_EFA_GPU_STAGING", "1")],
+    );
+}
+#[test]
+fn abi4_tcp_staged_np2() {
+    expect_pass_with(
+        4,
+        2,
+        "tcp",
+        None,
+        false,
+        &[("NVSHMEM_EFA_GPU_STAGING", "1")],
+    );
+}
+/// shm's own atomics (non-fetching ones issued as fetching, see the transport).
+#[test]
+fn abi4_shm_provider_atomics_np3() {
+    expect_pass(4, 3, "shm", Some("provider"));
+}
+/// The transport with its software EFA queue set up beside it, as under NVSHMEM.
+#[test]
+fn abi3_shm_with_gda_np2() {
+    expect_pass_with(3, 2, "shm", None, false, &[("NVSHMEM_EFA_GDA", "auto")]);
 }
 
 /// The harness must turn each injected fault into a failure: a `FAIL` line naming the case, a

@@ -5,8 +5,8 @@
 //! per WQE with the right request id and status, every byte at every target, every immediate
 //! delivered exactly once with its length and source, AMO totals exact.
 //!
-//! Size: `SOFTQ_OPS` WQEs per test (default 1,000,000 for the two-PE tests in a release build,
-//! 100,000 in a debug build; the loopback test runs a fifth of that). `SOFTQ_PROVIDER` picks tcp or
+//! Size: `SOFTQ_OPS` WQEs per provider for the two-PE test (default 1,000,000, debug and release
+//! builds alike; the loopback test runs a fifth of that). `SOFTQ_PROVIDER` picks tcp or
 //! shm; `SOFTQ_THREADS` posters per PE (default 2); `SOFTQ_DEPTH` the SQ depth (default 64).
 mod softq_common;
 
@@ -15,12 +15,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nvshmem_efa_gda::config::GdaMode;
 use nvshmem_efa_gda::efa::cqe::{self, CqStatus};
 use nvshmem_efa_gda::efa::wqe::{
     self, LocalBuf, OpType, RemoteBuf, SendPayload, WqeDesc, WqeOp, WQE_SIZE,
 };
 use nvshmem_efa_gda::fabric::Provider;
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
+use nvshmem_efa_gda::gda::softq::Staging;
 use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
 use nvshmem_efa_gda::gda::wire::{self, AmoMsg, AMO_OP_ADD, AMO_OP_SET};
 use softq_common::*;
@@ -600,13 +602,28 @@ fn poster(c: &Ctx, pe: usize, thread: u64, quota: u64, poster: &HostPoster, seed
 }
 
 fn run(p: &Provider, n_pes: usize, ops: u64) {
+    run_with(p, n_pes, ops, None)
+}
+
+/// `gpu_staging`: the `NVSHMEM_EFA_GPU_STAGING` setting (`Some(true)`: every transfer staged).
+fn run_with(p: &Provider, n_pes: usize, ops: u64, gpu_staging: Option<bool>) {
     let threads = env_u64("SOFTQ_THREADS", 2);
     let depth = env_u64("SOFTQ_DEPTH", 64) as u32;
     let layout = Layout {
         threads,
         pes: n_pes as u64,
     };
-    let pes = setup(p, n_pes, layout.size() as usize, depth, 16);
+    let mut cfg = config(GdaMode::Soft);
+    cfg.gpu_staging = gpu_staging;
+    let pes = setup_with(p, n_pes, layout.size() as usize, depth, 16, &cfg);
+    let want = if gpu_staging == Some(true) {
+        Staging::All
+    } else {
+        Staging::Device
+    };
+    for pe in &pes {
+        assert_eq!(pe.gda.soft_queue().unwrap().staging(), want);
+    }
     for (j, pe) in pes.iter().enumerate() {
         // SAFETY: the read-source region of each heap, written before any traffic.
         unsafe {
@@ -715,7 +732,8 @@ fn run(p: &Provider, n_pes: usize, ops: u64) {
     let elapsed = t0.elapsed();
     let total = quota * threads * n_pes as u64;
     eprintln!(
-        "{p}, {n_pes} PE(s), depth {depth}, {threads} posters/PE: {total} WQEs ({} malformed, {} data transfers verified, {} RX) in {:.2} s = {:.0} WQE/s",
+        "{p}{}, {n_pes} PE(s), depth {depth}, {threads} posters/PE: {total} WQEs ({} malformed, {} data transfers verified, {} RX) in {:.2} s = {:.0} WQE/s",
+        if gpu_staging == Some(true) { " (staged)" } else { "" },
         posted_bad.load(Ordering::Relaxed),
         verified.load(Ordering::Relaxed),
         rx.received.load(Ordering::Relaxed),
@@ -809,12 +827,7 @@ fn run(p: &Provider, n_pes: usize, ops: u64) {
 }
 
 fn default_ops(two_pe: bool) -> u64 {
-    let base = if cfg!(debug_assertions) {
-        100_000
-    } else {
-        1_000_000
-    };
-    let n = env_u64("SOFTQ_OPS", base);
+    let n = env_u64("SOFTQ_OPS", 1_000_000);
     if two_pe {
         n
     } else {
@@ -833,4 +846,21 @@ fn stress_two_pes() {
 fn stress_loopback_one_pe() {
     let p = providers().remove(0);
     run(&p, 1, default_ops(false));
+}
+
+/// Every RDMA transfer staged (`NVSHMEM_EFA_GPU_STAGING=1`): the path GPU memory takes on software
+/// providers, exercised with host memory. `SOFTQ_STAGED_OPS` WQEs per provider (default 100,000).
+#[test]
+fn stress_two_pes_staged() {
+    let n = env_u64("SOFTQ_STAGED_OPS", 100_000);
+    for p in providers() {
+        run_with(&p, 2, n, Some(true));
+    }
+}
+
+#[test]
+fn stress_loopback_one_pe_staged() {
+    let n = env_u64("SOFTQ_STAGED_OPS", 100_000) / 5;
+    let p = providers().remove(0);
+    run_with(&p, 1, n, Some(true));
 }

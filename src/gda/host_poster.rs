@@ -14,9 +14,10 @@
 //!    consecutive marked slots (clearing them), releases the lock;
 //! 6. quiet: wait until `ctrl.done >= ctrl.ready` as read at entry; report `ctrl.errors`.
 //!
-//! Receive completions (an extension of the protocol for the RX ring): also under `cq_lock`, entries
-//! are read at `ctrl.rx_ci` with the same phase rule on `rx_entries`, and `ctrl.rx_ci` is advanced
-//! after each one (the software queue reads it to know the ring has room).
+//! Receive completions (the RX ring, beyond the six steps): 32-byte entries (the extended EFA receive
+//! form) read at `ctrl.rx_ci` with the phase rule of the CQ on `rx_entries`, each claimed by a
+//! compare-and-swap of `ctrl.rx_ci` (no lock); the software queue reads `rx_ci` to know the ring has
+//! room, so a consumer must advance it.
 //!
 //! Once a reservation is made it must be committed (later posters wait for it in step 4), so the
 //! deadlines here are safety nets: a poster that gives up leaves the queue stuck and says so.
@@ -262,24 +263,20 @@ impl<'q> HostPoster<'q> {
         read
     }
 
-    /// Reads up to `max` receive completions (under the CQ lock) and appends them to `out`.
+    /// Takes up to `max` receive completions and appends them to `out`. Any number of threads may
+    /// call it: an entry is read, then claimed with a compare-and-swap of `ctrl.rx_ci` from its index
+    /// to the next, and belongs to the caller only if the claim succeeds (the producer never rewrites
+    /// an entry before `rx_ci` has passed it).
     pub fn poll_rx(
         &self,
         max: usize,
         out: &mut Vec<std::result::Result<RxCqe, cqe::CqeError>>,
     ) -> usize {
-        let lock = self.word32(OFF_CQ_LOCK);
-        if lock
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return 0;
-        }
         let n = u64::from(self.v.rx_entries);
         let rx_ci = self.word(OFF_RX_CI);
-        let mut ci = rx_ci.load(Ordering::Acquire);
-        let mut read = 0;
-        while read < max {
+        let mut taken = 0;
+        while taken < max {
+            let ci = rx_ci.load(Ordering::Acquire);
             // SAFETY: the entry lies inside the RX ring.
             let p = unsafe { self.v.rx.add((ci & (n - 1)) as usize * RX_CQE_EX_SIZE) };
             // SAFETY: as above.
@@ -290,13 +287,15 @@ impl<'q> HostPoster<'q> {
             fence(Ordering::Acquire);
             // SAFETY: 32-byte entry inside the ring.
             let bytes: [u8; RX_CQE_EX_SIZE] = unsafe { read_shared(p) };
-            out.push(cqe::decode_rx_ex(&bytes));
-            ci += 1;
-            read += 1;
-            rx_ci.store(ci, Ordering::Release);
+            if rx_ci
+                .compare_exchange(ci, ci + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                out.push(cqe::decode_rx_ex(&bytes));
+                taken += 1;
+            }
         }
-        lock.store(0, Ordering::Release);
-        read
+        taken
     }
 
     /// 6. Waits until everything committed before the call has completed; returns the error count.

@@ -122,7 +122,7 @@ impl Drop for SharedMem {
 
 /// Memory of the control block and slot status words.
 pub enum CtrlMem {
-    /// Device memory: the host reads it with `cuMemcpy`.
+    /// Device memory: the host reads it with `cuda::memcpy` (a non-blocking stream).
     Device(DeviceBuffer),
     /// Host memory: the host uses atomics on it directly.
     Host(SharedMem),
@@ -156,7 +156,7 @@ impl CtrlMem {
         }
     }
 
-    /// Reads the `u64` at byte offset `off` (atomically for host memory, by `cuMemcpy` otherwise).
+    /// Reads the `u64` at byte offset `off` (atomically for host memory, by `cuda::memcpy` otherwise).
     pub fn read_u64(&self, off: usize) -> Result<u64> {
         match self {
             CtrlMem::Host(h) => {

@@ -15,12 +15,18 @@
 //!
 //! Everything is process-global behind one lock; every call is thread-safe, and `init_*` and [`fini`]
 //! are idempotent. [`Gda`] is the same thing as a value, for programs (and tests) that want several.
+/// cbindgen:ignore
 pub mod host_poster;
+/// cbindgen:ignore
 pub mod hw;
+/// cbindgen:ignore
 pub mod mem;
+/// cbindgen:ignore
 pub mod mr;
+/// cbindgen:ignore
 pub mod softq;
 pub mod state;
+/// cbindgen:ignore
 pub mod wire;
 
 use std::collections::HashMap;
@@ -37,17 +43,20 @@ use crate::fabric::{sys as fi, Domain, MemoryRegion};
 use self::hw::{GdaOps, HwQueue};
 use self::mem::CtrlPlacement;
 use self::mr::OwnedMr;
-use self::softq::{SoftQueue, SoftQueueConfig};
+use self::softq::{SoftQueue, SoftQueueConfig, Staging};
 use self::state::{
     NvshmemEfaGdaDeviceState, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_MODE_HW,
     NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_PEER_VALID, NVSHMEM_EFA_GDA_STATE_VERSION,
 };
 
 /// GDA is off (`NVSHMEM_EFA_GDA=off`).
+/// cbindgen:ignore
 pub const MODE_OFF: u32 = 0;
 /// Hardware queues.
+/// cbindgen:ignore
 pub const MODE_HW: u32 = NVSHMEM_EFA_GDA_MODE_HW;
 /// Software queue.
+/// cbindgen:ignore
 pub const MODE_SOFT: u32 = NVSHMEM_EFA_GDA_MODE_SOFT;
 
 /// An error of the GDA layer: a negative errno-style code and a message that says what and why.
@@ -211,12 +220,15 @@ unsafe impl Send for Gda {}
 // SAFETY: as above.
 unsafe impl Sync for Gda {}
 
-fn soft_config(cfg: &Config, opts: &GdaOptions) -> SoftQueueConfig {
-    SoftQueueConfig::new(
+fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueConfig {
+    let mut c = SoftQueueConfig::new(
         opts.sq_depth.unwrap_or(cfg.sq_depth),
         opts.max_batch.unwrap_or(cfg.max_batch),
         opts.ctrl,
-    )
+    );
+    let info = domain.info();
+    c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());
+    c
 }
 
 impl Gda {
@@ -267,7 +279,7 @@ impl Gda {
             HwQueue::open(domain, ops)
         };
         let soft = |reason: String| -> Result<Gda> {
-            let q = SoftQueue::new(domain, &soft_config(cfg, opts))?;
+            let q = SoftQueue::new(domain, &soft_config(cfg, opts, domain))?;
             tracing::info!("GDA: software EFA queue on provider {provider}: {reason}");
             Ok(Gda::empty(
                 MODE_SOFT,
@@ -558,6 +570,21 @@ impl Gda {
                 "the caller owns the domain: pass the heap's registration (struct fid_mr)",
             )
         })?;
+        if let Backend::Soft(q) = &self.backend {
+            // A staging software queue moves GPU memory itself (non-blocking-stream copies): the
+            // provider never sees it, so it is not registered (no key, no descriptor).
+            if q.staging() != Staging::Off
+                && matches!(
+                    cuda::pointer_kind(base as *const c_void),
+                    cuda::PtrKind::Device { .. }
+                )
+            {
+                tracing::info!(
+                    "GDA: GPU memory {base:#x}+{size} is staged by the software queue: not registered with the provider"
+                );
+                return Ok((0, std::ptr::null_mut(), std::ptr::null_mut(), true));
+            }
+        }
         // SAFETY: the caller of set_local_heap/register_local guarantees the memory stays allocated
         // until fini; the endpoint belongs to the domain.
         let mr = unsafe { OwnedMr::register(&domain, base, size, self.ep_for_binding())? };
@@ -696,7 +723,7 @@ impl Gda {
         self.remote.insert(pe, h);
         if self.n_pes > 0 {
             self.apply_remote(pe, h)?;
-            self.publish()?;
+            self.publish_peer(pe as usize)?;
         }
         Ok(())
     }
@@ -781,6 +808,45 @@ impl Gda {
             Published::Device { state, .. } => state.ptr(),
             Published::Host { state, .. } => &**state as *const NvshmemEfaGdaDeviceState as u64,
             Published::None => 0,
+        }
+    }
+
+    /// Rewrites one entry of the published peer table, then the state (falls back to a full
+    /// publication when the table is not published at its current size yet).
+    fn publish_peer(&mut self, pe: usize) -> Result<()> {
+        let sz = std::mem::size_of::<NvshmemEfaGdaPeer>();
+        let entry = self.peers[pe];
+        let st = self.device_state().expect("queue exists");
+        match &mut self.published {
+            Published::Device {
+                state,
+                peers: Some(p),
+            } if p.len() == sz * self.peers.len() => {
+                if cuda::current_context() == 0 {
+                    cuda::set_current_context(self.cuda_ctx)?;
+                }
+                // SAFETY: entry `pe` lies inside the device peer table; the state buffer holds one
+                // state struct.
+                unsafe {
+                    cuda::memcpy(
+                        (p.ptr() + (pe * sz) as u64) as *mut c_void,
+                        &entry as *const _ as *const c_void,
+                        sz,
+                    )?;
+                    cuda::memcpy(
+                        state.ptr() as *mut c_void,
+                        &st as *const _ as *const c_void,
+                        std::mem::size_of_val(&st),
+                    )?;
+                }
+                Ok(())
+            }
+            Published::Host { state, peers } if peers.len() == self.peers.len() => {
+                peers[pe] = entry;
+                **state = st;
+                Ok(())
+            }
+            _ => self.publish(),
         }
     }
 

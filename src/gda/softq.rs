@@ -31,6 +31,7 @@
 //!    where the provider takes it, so a completion means the data is at the target), RDMA write with
 //!    immediate → the same with `FI_REMOTE_CQ_DATA`, RDMA read → `fi_read`, SEND → `fi_sendmsg` of
 //!    [`wire`](super::wire)'s header and the payload (copied into a registered bounce buffer).
+//!    Staged RDMA (see below) instead when the queue's [`Staging`] covers the transfer.
 //! 4. Writes one TX completion per WQE, in completion order, into the next CQ slot: status 0 or the
 //!    EFA status of the failure, request id = the WQE's, phase 1 on the first pass over the ring and
 //!    flipping per wrap; the 15 other bytes first, a release fence, then the flags byte.
@@ -46,10 +47,36 @@
 //! first. The RX ring is never overrun: when `rx_produced - ctrl.rx_ci` reaches the ring size, new
 //! entries wait in host memory until the GPU consumes.
 //!
+//! # Staged RDMA (GPU memory on software providers)
+//! libfabric's software providers (shm, tcp) copy GPU memory with `cudaMemcpy` on the legacy default
+//! stream, which waits for every kernel running in blocking streams, including the kernel that waits
+//! (quiet, RX polling) for this very copy: a deadlock. So where [`Staging`] says so (auto: GPU memory
+//! on every provider but efa-direct, verbs and cxi; `NVSHMEM_EFA_GPU_STAGING=1`: every transfer) the
+//! provider never sees GPU memory: the consumers move the bytes themselves with
+//! [`cuda::memcpy`] (a non-blocking stream) into and out of registered host buffers, and exchange
+//! staged messages ([`wire::StageHdr`]):
+//! * RDMA write (with immediate): the initiator sends the local range in chunks of at most
+//!   [`wire::STAGE_CHUNK`] bytes, each with the target heap offset and the initiator's token; the
+//!   target checks the range against its heap, copies the chunk into place and acknowledges it with
+//!   a status. The chunk carrying the immediate (the last) leaves only once every earlier chunk is
+//!   acknowledged, and the target produces the RX completion after copying it, so the immediate
+//!   never precedes the data. The TX completion is written when every chunk is acknowledged, with
+//!   the first error status any ack (or send) reported.
+//! * RDMA read: the initiator sends a request (offset, length); the target checks it, copies out and
+//!   replies with data chunks (or one error reply); the initiator copies them into the local range
+//!   and completes when all bytes are in.
+//!
+//! Messages wait in an outbox for send buffers (replies first) and are retried from the consumer
+//! loop when the provider says `-FI_EAGAIN`; nothing blocks the thread. A stopping queue flushes
+//! what is in flight; replies for flushed WQEs are ignored (the token names the WQE's count and
+//! slot). SEND and AMO messages are unchanged (their payloads already go through bounce buffers, and
+//! AMOs on GPU memory use [`cuda::memcpy`]).
+//!
 //! # Flow control and robustness
 //! The consumer never takes WQE `n` before `ctrl.done > n - sq_entries` (so the CQ cannot overflow even
 //! with a misbehaving poster), ignores a doorbell value that announces more than `sq_entries` new
-//! WQEs (logged), polls with a bounded back-off, and stops when asked (in-flight operations get a
+//! WQEs (logged), polls without blocking (yielding the CPU between polls once connected, see
+//! `backoff`), and stops when asked (in-flight operations get a
 //! bounded time to complete; what is left gets `FLUSHED` completions).
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -74,7 +101,11 @@ use super::mr::OwnedMr;
 use super::state::{
     NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_SOFT,
 };
-use super::wire::{self, AmoError, AmoMsg, SendHdr, SEND_HDR_SIZE, SOFT_RKEY_HEAP, SOFT_SEND_MAX};
+use super::wire::{
+    self, AmoError, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_RKEY_HEAP, SOFT_SEND_MAX,
+    STAGE_CHUNK, STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE,
+    STAGE_WRITE_ACK,
+};
 use super::{GdaError, Result};
 
 /// Size of one RX completion of the software queue (the extended EFA receive form).
@@ -84,6 +115,8 @@ pub const SOFT_TX_CQE_SIZE: u32 = TX_CQE_SIZE as u32;
 
 const TAG_TX: u64 = 1;
 const TAG_RX: u64 = 2;
+/// A staged-transfer message leaving a send buffer (value: the buffer index).
+const TAG_STX: u64 = 3;
 /// WQEs taken per loop turn before the CQ is polled again.
 const BURST: usize = 64;
 /// How long a stopping consumer waits for in-flight operations.
@@ -108,6 +141,45 @@ pub struct SoftQueueConfig {
     pub send_buffers: usize,
     /// Where the control block lives.
     pub ctrl: CtrlPlacement,
+    /// Which RDMA transfers move by staged messages.
+    pub staging: Staging,
+}
+
+/// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
+/// CUDA stream) instead of handing the memory to the provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Staging {
+    /// Never: the provider moves every buffer (FI_HMEM for GPU memory).
+    #[default]
+    Off,
+    /// Transfers that touch GPU memory (the local buffer, or this PE's heap, taken as the kind of
+    /// every PE's symmetric heap).
+    Device,
+    /// Every RDMA transfer, host memory included (exercises the path without a GPU).
+    All,
+}
+
+impl Staging {
+    /// The policy `NVSHMEM_EFA_GPU_STAGING` asks for on a provider (`prov_name`, `fabric_name`):
+    /// auto stages GPU memory on every provider but efa-direct, verbs and cxi (whose NICs write GPU
+    /// memory themselves); the software providers copy it with `cudaMemcpy` on the legacy default
+    /// stream, which waits for the very kernel that waits for the copy.
+    pub fn for_provider(gpu_staging: Option<bool>, prov_name: &str, fabric_name: &str) -> Staging {
+        match gpu_staging {
+            Some(true) => Staging::All,
+            Some(false) => Staging::Off,
+            None => {
+                let nic = (prov_name.starts_with("efa") && fabric_name == "efa-direct")
+                    || prov_name.contains("verbs")
+                    || prov_name.contains("cxi");
+                if nic {
+                    Staging::Off
+                } else {
+                    Staging::Device
+                }
+            }
+        }
+    }
 }
 
 impl SoftQueueConfig {
@@ -120,6 +192,7 @@ impl SoftQueueConfig {
             rx_buffers: 128,
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
+            staging: Staging::Off,
         }
     }
 
@@ -375,6 +448,7 @@ struct Inner {
     rx_pending: AtomicU64,
     amos_applied: AtomicU64,
     cuda_ctx: usize,
+    staging: Staging,
 }
 
 impl Inner {
@@ -407,15 +481,21 @@ impl SoftQueue {
         let av = AddressVector::open(domain, 64)?;
         let cq = CompletionQueue::open(domain, cq_size)?;
         let ep = Endpoint::open(domain, &av, &cq, None)?;
-        let rx_bufs = BufPool::new(domain, &ep, SEND_HDR_SIZE + SOFT_SEND_MAX, cfg.rx_buffers)?;
-        let send_bufs = BufPool::new(domain, &ep, SEND_HDR_SIZE + SOFT_SEND_MAX, cfg.send_buffers)?;
+        // A queue that stages receives and sends whole staged chunks; the others SENDs only.
+        let buf_size = if cfg.staging == Staging::Off {
+            SEND_HDR_SIZE + SOFT_SEND_MAX
+        } else {
+            STAGE_SLOT
+        };
+        let rx_bufs = BufPool::new(domain, &ep, buf_size, cfg.rx_buffers)?;
+        let send_bufs = BufPool::new(domain, &ep, buf_size, cfg.send_buffers)?;
         let layout = RingLayout::new(sq_entries, cq_entries, rx_entries);
         let cuda = mem::cuda_usable();
         let rings = SharedMem::new(layout.total, cuda)?;
         let ctrl = CtrlMem::new(CTRL_SIZE + 4 * sq_entries as usize, cfg.ctrl)?;
         let inner = Arc::new(Inner {
             ep,
-            ctxs: OpContexts::new(sq_entries as usize + cfg.rx_buffers + 8),
+            ctxs: OpContexts::new(sq_entries as usize + cfg.rx_buffers + cfg.send_buffers + 8),
             rx_bufs,
             send_bufs,
             rings,
@@ -434,6 +514,7 @@ impl SoftQueue {
             rx_pending: AtomicU64::new(0),
             amos_applied: AtomicU64::new(0),
             cuda_ctx: cuda::current_context(),
+            staging: cfg.staging,
         });
         let mut consumer = Consumer::new(inner.clone());
         consumer.post_all_receives()?;
@@ -443,10 +524,11 @@ impl SoftQueue {
             .map_err(|e| GdaError::io(format!("cannot start the software queue thread: {e}")))?;
         tracing::info!(
             "software EFA queue: {sq_entries} x 64 B WQEs, CQ {cq_entries} x 16 B, RX {rx_entries} x 32 B, \
-             rings in {} memory, control block in {} memory, provider {}",
+             rings in {} memory, control block in {} memory, provider {}, staging {:?}",
             if inner.rings.is_mapped() { "CUDA-mapped host" } else { "plain host" },
             if inner.ctrl.host().is_some() { "host" } else { "device" },
-            info.provider_name()
+            info.provider_name(),
+            cfg.staging
         );
         Ok(SoftQueue {
             inner,
@@ -644,6 +726,11 @@ impl SoftQueue {
         }
     }
 
+    /// Which transfers the queue stages.
+    pub fn staging(&self) -> Staging {
+        self.inner.staging
+    }
+
     /// Whether the consumer thread has stopped.
     pub fn stopped(&self) -> bool {
         self.inner
@@ -694,6 +781,23 @@ enum Action {
         hdr: SendHdr,
         payload: Payload,
     },
+    /// RDMA write (with immediate) by staged messages: `off` is the offset in the target's heap.
+    StagedWrite {
+        local: u64,
+        len: usize,
+        device: bool,
+        dest: FiAddr,
+        off: u64,
+        imm: Option<u32>,
+    },
+    /// RDMA read by staged messages.
+    StagedRead {
+        local: u64,
+        len: usize,
+        device: bool,
+        dest: FiAddr,
+        off: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -704,6 +808,7 @@ enum Payload {
 
 #[derive(Clone, Copy, Debug)]
 struct Pending {
+    pc: u64,
     req_id: u16,
     op: OpType,
     action: Action,
@@ -716,6 +821,56 @@ struct InFlight {
     req_id: u16,
     op: OpType,
     bounce: Option<u32>,
+    stage: Option<Stage>,
+}
+
+/// Progress of a staged WQE. Its completion is written once nothing of it is queued or deferred
+/// and no reply is awaited.
+#[derive(Clone, Copy, Debug)]
+struct Stage {
+    token: u64,
+    /// Messages sent whose reply has not come (write chunks; the read request until its data is in).
+    awaiting: u32,
+    /// Part of it still sits in the outbox.
+    queued: bool,
+    /// The last chunk of a write with immediate, held until every earlier chunk is acknowledged
+    /// (so the immediate never arrives before the data).
+    deferred: Option<OutItem>,
+    /// Worst status so far.
+    status: CqStatus,
+    /// Read: local destination (host address), whether it is GPU memory, bytes still to come.
+    read_dst: u64,
+    read_device: bool,
+    read_len: u64,
+    read_left: u64,
+}
+
+/// A staged message (or a run of chunks) waiting for a send buffer.
+#[derive(Clone, Copy, Debug)]
+struct OutItem {
+    dest: FiAddr,
+    kind: u8,
+    token: u64,
+    status: CqStatus,
+    imm: Option<u32>,
+    /// Host address of the bytes to carry (0: none).
+    src: u64,
+    device: bool,
+    /// Offset field of the first chunk (heap offset, or offset into the read).
+    off: u64,
+    /// Bytes of the whole range.
+    len: u64,
+    /// Bytes already sent.
+    sent: u64,
+    /// Messages already sent.
+    msgs: u32,
+    /// Slot of this queue's own WQE the item belongs to (replies to peers have none).
+    owner: Option<u32>,
+}
+
+/// Token of a staged WQE: its producer count's low 32 bits and its slot.
+fn stage_token(pc: u64, slot: u32) -> u64 {
+    (pc << 32) | u64::from(slot)
 }
 
 /// A rejection: the completion status and the reason for the log.
@@ -797,6 +952,10 @@ struct Consumer {
     delivery_flags: u64,
     bad_doorbell: Option<u32>,
     heartbeat: u64,
+    /// Staged messages waiting for a send buffer (replies first).
+    outbox: VecDeque<OutItem>,
+    /// Token of the WQE each send buffer's staged message awaits a reply for.
+    buf_owner: Vec<Option<u64>>,
 }
 
 impl Consumer {
@@ -827,6 +986,8 @@ impl Consumer {
             delivery_flags: u64::from(fi::FI_DELIVERY_COMPLETE),
             bad_doorbell: None,
             heartbeat: 0,
+            outbox: VecDeque::new(),
+            buf_owner: vec![None; bounce as usize],
             inner,
         }
     }
@@ -845,9 +1006,10 @@ impl Consumer {
             self.refresh_tables();
             let mut work = self.poll_cq();
             work += self.flush_rx();
+            work += self.pump_outbox();
             if self.inner.stop.load(Ordering::Acquire) {
                 let deadline = *stop_deadline.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
-                if self.in_flight == 0 && self.stalled.is_none() {
+                if self.in_flight == 0 && self.stalled.is_none() && self.outbox.is_empty() {
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -864,7 +1026,7 @@ impl Consumer {
                 idle = 0;
             } else {
                 idle = idle.saturating_add(1);
-                backoff(idle);
+                backoff(idle, !self.tables.peers.is_empty());
             }
         }
         if !self.pending_rx.is_empty() {
@@ -1065,6 +1227,7 @@ impl Consumer {
             .check_semantics(&desc)
             .map_err(|(s, w)| (expected_id, op, (s, w)))?;
         Ok(Pending {
+            pc,
             req_id: expected_id,
             op,
             action,
@@ -1115,33 +1278,34 @@ impl Consumer {
                 })?;
                 Ok((*reg, host))
             };
-        let remote = |raddr: u64, rkey: u32, len: u64| -> std::result::Result<(u64, u64), Reject> {
-            let h = peer.heap.ok_or_else(|| {
-                (
-                    CqStatus::RemoteBadAddress,
-                    format!("PE {}'s heap is not known", d.ah),
-                )
-            })?;
-            if rkey != SOFT_RKEY_HEAP {
-                return Err((
-                    CqStatus::RemoteBadAddress,
-                    format!("rkey {rkey} (the heap's is {SOFT_RKEY_HEAP})"),
-                ));
-            }
-            let off = raddr
-                .checked_sub(h.base)
-                .filter(|&o| o <= h.size && len <= h.size - o)
-                .ok_or_else(|| {
+        let remote =
+            |raddr: u64, rkey: u32, len: u64| -> std::result::Result<(u64, u64, u64), Reject> {
+                let h = peer.heap.ok_or_else(|| {
                     (
                         CqStatus::RemoteBadAddress,
-                        format!(
-                            "remote range {raddr:#x}+{len} outside PE {}'s heap ({:#x}+{})",
-                            d.ah, h.base, h.size
-                        ),
+                        format!("PE {}'s heap is not known", d.ah),
                     )
                 })?;
-            Ok((if self.inner.virt_addr { raddr } else { off }, h.key))
-        };
+                if rkey != SOFT_RKEY_HEAP {
+                    return Err((
+                        CqStatus::RemoteBadAddress,
+                        format!("rkey {rkey} (the heap's is {SOFT_RKEY_HEAP})"),
+                    ));
+                }
+                let off = raddr
+                    .checked_sub(h.base)
+                    .filter(|&o| o <= h.size && len <= h.size - o)
+                    .ok_or_else(|| {
+                        (
+                            CqStatus::RemoteBadAddress,
+                            format!(
+                                "remote range {raddr:#x}+{len} outside PE {}'s heap ({:#x}+{})",
+                                d.ah, h.base, h.size
+                            ),
+                        )
+                    })?;
+                Ok((if self.inner.virt_addr { raddr } else { off }, h.key, off))
+            };
         match d.op {
             WqeOp::RdmaWrite {
                 remote: r,
@@ -1164,7 +1328,17 @@ impl Consumer {
                 } else {
                     local(l.addr, l.lkey, len)?
                 };
-                let (raddr, key) = remote(r.addr, r.rkey, len)?;
+                let (raddr, key, off) = remote(r.addr, r.rkey, len)?;
+                if self.stages(&reg) {
+                    return Ok(Action::StagedWrite {
+                        local: host,
+                        len: len as usize,
+                        device: reg.device,
+                        dest: peer.fi_addr,
+                        off,
+                        imm: d.op.imm(),
+                    });
+                }
                 let data =
                     d.op.imm()
                         .map(|imm| wire::write_imm_data(imm, t.my_pe, self.inner.cq_data_wide));
@@ -1184,7 +1358,16 @@ impl Consumer {
             } => {
                 let len = u64::from(l.len);
                 let (reg, host) = local(l.addr, l.lkey, len)?;
-                let (raddr, key) = remote(r.addr, r.rkey, len)?;
+                let (raddr, key, off) = remote(r.addr, r.rkey, len)?;
+                if self.stages(&reg) {
+                    return Ok(Action::StagedRead {
+                        local: host,
+                        len: len as usize,
+                        device: reg.device,
+                        dest: peer.fi_addr,
+                        off,
+                    });
+                }
                 Ok(Action::Read {
                     local: host,
                     len: len as usize,
@@ -1240,6 +1423,15 @@ impl Consumer {
         }
     }
 
+    /// Whether an RDMA transfer from or to `reg` is staged.
+    fn stages(&self, reg: &LocalReg) -> bool {
+        match self.inner.staging {
+            Staging::Off => false,
+            Staging::All => true,
+            Staging::Device => reg.device || self.tables.heap().is_some_and(|h| h.device),
+        }
+    }
+
     fn retry_stalled(&mut self) -> usize {
         match self.stalled.take() {
             Some(p) => match self.post(p) {
@@ -1261,6 +1453,10 @@ impl Consumer {
                 Some(s) => p.slot = Some(s),
                 None => return Err(p),
             }
+        }
+        if let Some(item) = self.staged_item(&p) {
+            self.start_staged(p, item);
+            return Ok(());
         }
         if let Action::Send { hdr, payload, .. } = &p.action {
             if p.bounce.is_none() {
@@ -1303,6 +1499,7 @@ impl Consumer {
                     req_id: p.req_id,
                     op: p.op,
                     bounce: p.bounce,
+                    stage: None,
                 });
                 self.in_flight += 1;
                 Ok(())
@@ -1384,6 +1581,9 @@ impl Consumer {
                         0,
                     )
                 }
+            }
+            Action::StagedWrite { .. } | Action::StagedRead { .. } => {
+                unreachable!("staged WQEs go through the outbox")
             }
             Action::Send { dest, hdr, .. } => {
                 let b = p.bounce.expect("bounce buffer taken before issue") as usize;
@@ -1556,6 +1756,10 @@ impl Consumer {
                 self.inner.ctxs.free(e.op_context);
                 self.on_recv(idx as usize, e.len);
             }
+            Some((TAG_STX, b)) => {
+                self.inner.ctxs.free(e.op_context);
+                self.on_stage_sent(b as usize, 0, "");
+            }
             _ => tracing::warn!(
                 "software queue: completion with unknown context {:p} (flags {:#x})",
                 e.op_context,
@@ -1571,6 +1775,10 @@ impl Consumer {
                 let status = fabric_error_status(code);
                 tracing::warn!("software queue: operation failed ({status}): {text}");
                 self.complete_tx(slot, status);
+            }
+            Some((TAG_STX, b)) => {
+                self.inner.ctxs.free(ctx);
+                self.on_stage_sent(b as usize, if code == 0 { -(fi::FI_EIO as i32) } else { code }, text);
             }
             Some((TAG_RX, idx)) => {
                 self.inner.ctxs.free(ctx);
@@ -1639,6 +1847,15 @@ impl Consumer {
         // SAFETY: the provider wrote `len` bytes into this receive buffer, which nobody else touches
         // until it is reposted below.
         let msg = unsafe { std::slice::from_raw_parts(inner.rx_bufs.ptr(idx), len) };
+        if let Some(h) = StageHdr::decode(msg) {
+            self.on_stage_msg(&h, &msg[STAGE_HDR_SIZE..]);
+            if !inner.stop.load(Ordering::Acquire) {
+                if let Err(e) = self.post_receive(idx) {
+                    tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                }
+            }
+            return;
+        }
         match SendHdr::decode(msg) {
             None => tracing::warn!(
                 "software queue: dropped a {len}-byte message that is not a software-queue SEND"
@@ -1646,8 +1863,10 @@ impl Consumer {
             Some(h) => {
                 let payload = &msg[SEND_HDR_SIZE..];
                 let mut status = CqStatus::Ok;
+                let mut is_amo = false;
                 let heap = self.tables.heap().copied();
                 if let Some(r) = AmoMsg::parse(payload, heap.map_or(0, |h| h.len)) {
+                    is_amo = true;
                     status = match r
                         .map_err(|e| (amo_error_status(&e), e.to_string()))
                         .and_then(|m| {
@@ -1667,6 +1886,17 @@ impl Consumer {
                             s
                         }
                     };
+                }
+                // An AMO applied without error and without an immediate needs no receive
+                // completion: nothing waits for one (DeepEP-style code never polls the RX ring), and
+                // producing one per AMO would pile up entries for a ring nobody drains.
+                if is_amo && status == CqStatus::Ok && h.imm.is_none() {
+                    if !inner.stop.load(Ordering::Acquire) {
+                        if let Err(e) = self.post_receive(idx) {
+                            tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                        }
+                    }
+                    return;
                 }
                 let (ah, src_qp) = self.source(Some(h.src_pe));
                 self.push_rx(RxCqe {
@@ -1766,8 +1996,501 @@ impl Consumer {
     }
 }
 
+// ---- staged transfers ----
+
+impl Consumer {
+    /// The outbox item that starts a staged WQE (`None` for the other actions).
+    fn staged_item(&self, p: &Pending) -> Option<OutItem> {
+        let slot = p.slot?;
+        let token = stage_token(p.pc, slot);
+        let item = |dest, kind, src, device, off, len: usize, imm| OutItem {
+            dest,
+            kind,
+            token,
+            status: CqStatus::Ok,
+            imm,
+            src,
+            device,
+            off,
+            len: len as u64,
+            sent: 0,
+            msgs: 0,
+            owner: Some(slot),
+        };
+        match p.action {
+            Action::StagedWrite {
+                local,
+                len,
+                device,
+                dest,
+                off,
+                imm,
+            } => Some(item(dest, STAGE_WRITE, local, device, off, len, imm)),
+            Action::StagedRead { len, dest, off, .. } => {
+                Some(item(dest, STAGE_READ_REQ, 0, false, off, len, None))
+            }
+            _ => None,
+        }
+    }
+
+    /// Records a staged WQE as in flight and queues its first messages.
+    fn start_staged(&mut self, p: Pending, item: OutItem) {
+        let slot = p.slot.expect("slot taken before staging");
+        let (read_dst, read_device, read_left) = match p.action {
+            Action::StagedRead {
+                local, len, device, ..
+            } => (local, device, len as u64),
+            _ => (0, false, 0),
+        };
+        self.slots[slot as usize] = Some(InFlight {
+            req_id: p.req_id,
+            op: p.op,
+            bounce: None,
+            stage: Some(Stage {
+                token: item.token,
+                awaiting: 0,
+                queued: true,
+                deferred: None,
+                status: CqStatus::Ok,
+                read_dst,
+                read_device,
+                read_len: read_left,
+                read_left,
+            }),
+        });
+        self.in_flight += 1;
+        self.outbox.push_back(item);
+    }
+
+    /// The stage of the in-flight WQE `token` names, if it is still in flight.
+    fn stage_mut(&mut self, token: u64) -> Option<&mut Stage> {
+        let slot = token as u32 as usize;
+        self.slots
+            .get_mut(slot)?
+            .as_mut()?
+            .stage
+            .as_mut()
+            .filter(|s| s.token == token)
+    }
+
+    /// Writes the completion of staged WQE `token` once nothing of it is pending.
+    fn stage_settle(&mut self, token: u64) {
+        let Some(st) = self.stage_mut(token) else {
+            return;
+        };
+        if st.awaiting == 0 && st.deferred.is_some() {
+            // Every earlier chunk landed: the chunk with the immediate may go.
+            let item = st.deferred.take().expect("checked");
+            st.queued = true;
+            self.outbox.push_front(item);
+            return;
+        }
+        if st.awaiting == 0 && !st.queued && st.deferred.is_none() {
+            let status = st.status;
+            self.complete_tx(token as u32 as u64, status);
+        }
+    }
+
+    /// Records a failure of part of staged WQE `token` (the worst status wins; the first is kept).
+    fn stage_fail(&mut self, token: u64, status: CqStatus) {
+        if let Some(st) = self.stage_mut(token) {
+            if st.status == CqStatus::Ok {
+                st.status = status;
+            }
+        }
+    }
+
+    /// Sends what the outbox holds while send buffers last. Returns the messages sent.
+    fn pump_outbox(&mut self) -> usize {
+        let mut sent = 0;
+        while let Some(mut item) = self.outbox.pop_front() {
+            if let Some(slot) = item.owner {
+                let token = item.token;
+                let Some(st) = self.stage_mut(token) else {
+                    continue; // its WQE was flushed
+                };
+                let chunk = (item.len - item.sent).min(STAGE_CHUNK as u64);
+                let last = item.sent + chunk >= item.len;
+                if item.kind == STAGE_WRITE
+                    && item.imm.is_some()
+                    && last
+                    && item.msgs > 0
+                    && st.awaiting > 0
+                {
+                    st.deferred = Some(item);
+                    st.queued = false;
+                    continue;
+                }
+                debug_assert_eq!(slot, token as u32);
+            }
+            match self.send_one(&mut item) {
+                Ok(true) => {
+                    sent += 1;
+                    let more = match item.kind {
+                        STAGE_WRITE | STAGE_READ_DATA if item.status == CqStatus::Ok => {
+                            item.sent < item.len
+                        }
+                        _ => false,
+                    };
+                    if more {
+                        self.outbox.push_front(item);
+                    } else if item.owner.is_some() {
+                        if let Some(st) = self.stage_mut(item.token) {
+                            st.queued = false;
+                        }
+                        self.stage_settle(item.token);
+                    }
+                }
+                Ok(false) => {
+                    // No buffer, or the provider asks to try later: keep the order.
+                    self.outbox.push_front(item);
+                    break;
+                }
+                Err(status) => {
+                    if item.owner.is_some() {
+                        self.stage_fail(item.token, status);
+                        if let Some(st) = self.stage_mut(item.token) {
+                            st.queued = false;
+                        }
+                        self.stage_settle(item.token);
+                    }
+                }
+            }
+        }
+        sent
+    }
+
+    /// Sends the next message of `item`. `Ok(true)`: sent (the item advanced); `Ok(false)`: try
+    /// again later; `Err`: the item failed (dropped by the caller).
+    fn send_one(&mut self, item: &mut OutItem) -> std::result::Result<bool, CqStatus> {
+        let Some(b) = self.free_bounce.pop() else {
+            return Ok(false);
+        };
+        let inner = self.inner.clone();
+        let buf = inner.send_bufs.ptr(b as usize);
+        let carries =
+            matches!(item.kind, STAGE_WRITE | STAGE_READ_DATA) && item.status == CqStatus::Ok;
+        let chunk = if carries {
+            (item.len - item.sent)
+                .min(STAGE_CHUNK.min(inner.send_bufs.slot - STAGE_HDR_SIZE) as u64)
+        } else {
+            0
+        };
+        let last = item.sent + chunk >= item.len;
+        let hdr = StageHdr {
+            kind: item.kind,
+            imm: if item.kind == STAGE_WRITE && last {
+                item.imm
+            } else {
+                None
+            },
+            status: item.status as u8,
+            src_pe: self.tables.my_pe as u32,
+            token: item.token,
+            offset: item.off + item.sent,
+            len: if carries {
+                chunk as u32
+            } else {
+                item.len as u32
+            },
+            total: item.len as u32,
+        };
+        let h = hdr.encode();
+        // SAFETY: the send buffer holds STAGE_SLOT >= header + chunk bytes; the source range was
+        // validated against a registration (or the heap) that stays allocated.
+        let copied = unsafe {
+            ptr::copy_nonoverlapping(h.as_ptr(), buf, STAGE_HDR_SIZE);
+            copy_any(
+                buf.add(STAGE_HDR_SIZE),
+                (item.src + item.sent) as *const u8,
+                chunk as usize,
+                item.device,
+            )
+        };
+        if let Err(why) = copied {
+            self.free_bounce.push(b);
+            tracing::warn!("software queue: staging {chunk} bytes failed: {why}");
+            if item.owner.is_some() {
+                return Err(CqStatus::LocalQpInternalError);
+            }
+            // A read reply: tell the initiator instead.
+            item.status = CqStatus::RemoteBadStatus;
+            return Ok(false);
+        }
+        let Some(ctx) = inner.ctxs.alloc(TAG_STX, u64::from(b)) else {
+            self.free_bounce.push(b);
+            return Ok(false);
+        };
+        // SAFETY: the buffer and the context belong to the queue and stay valid until the completion
+        // is reaped or the endpoint is closed.
+        let r = unsafe {
+            send_msg(
+                inner.ep.as_ptr(),
+                buf,
+                STAGE_HDR_SIZE + chunk as usize,
+                inner.send_bufs.desc(),
+                item.dest,
+                ctx,
+                0,
+            )
+        };
+        match r {
+            Ok(()) => {
+                item.sent += chunk;
+                item.msgs += 1;
+                let awaits =
+                    matches!(item.kind, STAGE_WRITE | STAGE_READ_REQ) && item.owner.is_some();
+                if awaits {
+                    if let Some(st) = self.stage_mut(item.token) {
+                        st.awaiting += 1;
+                    }
+                    self.buf_owner[b as usize] = Some(item.token);
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                inner.ctxs.free(ctx);
+                self.free_bounce.push(b);
+                if e.is_again() {
+                    return Ok(false);
+                }
+                tracing::warn!("software queue: staged message failed: {e}");
+                Err(fabric_error_status(e.code))
+            }
+        }
+    }
+
+    /// A staged message's send buffer came back (`code` 0: sent).
+    fn on_stage_sent(&mut self, b: usize, code: i32, text: &str) {
+        let owner = self.buf_owner.get_mut(b).and_then(|o| o.take());
+        if b < self.inner.send_bufs.count {
+            self.free_bounce.push(b as u32);
+        }
+        if code != 0 {
+            if code.unsigned_abs() != fi::FI_ECANCELED {
+                tracing::warn!("software queue: staged message failed: {text}");
+            }
+            if let Some(token) = owner {
+                // Its reply will not come.
+                self.stage_fail(token, fabric_error_status(code));
+                if let Some(st) = self.stage_mut(token) {
+                    st.awaiting = st.awaiting.saturating_sub(1);
+                    if st.read_left > 0 {
+                        st.read_left = 0;
+                    }
+                }
+                self.stage_settle(token);
+            }
+        }
+    }
+
+    /// A staged message arrived.
+    fn on_stage_msg(&mut self, h: &StageHdr, payload: &[u8]) {
+        match h.kind {
+            STAGE_WRITE => {
+                let status = self.stage_write_here(h, payload);
+                if status == CqStatus::Ok {
+                    if let Some(imm) = h.imm {
+                        let (ah, src_qp) = self.source(Some(h.src_pe));
+                        self.push_rx(RxCqe {
+                            req_id: 0,
+                            status: CqStatus::Ok,
+                            phase: 0,
+                            op: OpType::RdmaWrite,
+                            has_imm: true,
+                            unsolicited: true,
+                            qp_num: self.tables.my_qpn(),
+                            length: h.total,
+                            ah,
+                            src_qp,
+                            imm,
+                            src_addr: None,
+                        });
+                    }
+                }
+                self.reply(h, STAGE_WRITE_ACK, status, 0, false, 0);
+            }
+            STAGE_READ_REQ => {
+                let heap = self.tables.heap().copied();
+                match heap.and_then(|r| {
+                    r.translate(r.dev_base.wrapping_add(h.offset), u64::from(h.len))
+                        .map(|a| (a, r.device))
+                }) {
+                    Some((src, device)) => {
+                        self.reply(h, STAGE_READ_DATA, CqStatus::Ok, src, device, h.len)
+                    }
+                    None => {
+                        tracing::warn!(
+                            "software queue: staged read of {:#x}+{} from PE {} outside the heap",
+                            h.offset,
+                            h.len,
+                            h.src_pe
+                        );
+                        self.reply(
+                            h,
+                            STAGE_READ_DATA,
+                            CqStatus::RemoteBadAddress,
+                            0,
+                            false,
+                            h.len,
+                        )
+                    }
+                }
+            }
+            STAGE_WRITE_ACK => {
+                let status = CqStatus::from_raw(h.status).unwrap_or(CqStatus::RemoteBadStatus);
+                if status != CqStatus::Ok {
+                    self.stage_fail(h.token, status);
+                }
+                if let Some(st) = self.stage_mut(h.token) {
+                    st.awaiting = st.awaiting.saturating_sub(1);
+                    self.stage_settle(h.token);
+                }
+            }
+            STAGE_READ_DATA => {
+                let mut status = CqStatus::from_raw(h.status).unwrap_or(CqStatus::RemoteBadStatus);
+                let Some(st) = self.stage_mut(h.token) else {
+                    return; // flushed, or a stale reply
+                };
+                let (dst, device, total) = (st.read_dst, st.read_device, st.read_len);
+                if status == CqStatus::Ok {
+                    let fits = h
+                        .offset
+                        .checked_add(u64::from(h.len))
+                        .is_some_and(|end| end <= total && u64::from(h.len) <= st.read_left);
+                    status = if !fits {
+                        CqStatus::RemoteBadLength
+                    } else {
+                        // SAFETY: dst + [offset, offset+len) lies inside the validated local range.
+                        match unsafe {
+                            copy_any(
+                                (dst + h.offset) as *mut u8,
+                                payload.as_ptr(),
+                                payload.len(),
+                                device,
+                            )
+                        } {
+                            Ok(()) => CqStatus::Ok,
+                            Err(why) => {
+                                tracing::warn!("software queue: read data not copied: {why}");
+                                CqStatus::LocalQpInternalError
+                            }
+                        }
+                    };
+                }
+                if status != CqStatus::Ok {
+                    self.stage_fail(h.token, status);
+                }
+                let st = self.stage_mut(h.token).expect("checked above");
+                st.read_left = st.read_left.saturating_sub(u64::from(h.len));
+                if st.read_left == 0 || status != CqStatus::Ok {
+                    st.read_left = 0;
+                    if st.awaiting > 0 {
+                        st.awaiting -= 1;
+                    }
+                    self.stage_settle(h.token);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Applies a staged write chunk to the local heap; the status goes back in the ack.
+    fn stage_write_here(&self, h: &StageHdr, payload: &[u8]) -> CqStatus {
+        let Some(heap) = self.tables.heap() else {
+            tracing::warn!(
+                "software queue: staged write from PE {} before the heap is set",
+                h.src_pe
+            );
+            return CqStatus::RemoteBadAddress;
+        };
+        let Some(dst) = heap.translate(heap.dev_base.wrapping_add(h.offset), u64::from(h.len))
+        else {
+            tracing::warn!(
+                "software queue: staged write of {:#x}+{} from PE {} outside the heap",
+                h.offset,
+                h.len,
+                h.src_pe
+            );
+            return CqStatus::RemoteBadAddress;
+        };
+        // SAFETY: the range lies inside the heap registration, which stays allocated.
+        match unsafe { copy_any(dst as *mut u8, payload.as_ptr(), payload.len(), heap.device) } {
+            Ok(()) => CqStatus::Ok,
+            Err(why) => {
+                tracing::warn!("software queue: staged write not applied: {why}");
+                CqStatus::LocalQpInternalError
+            }
+        }
+    }
+
+    /// Queues a reply to the sender of `h` (replies go before new work).
+    fn reply(
+        &mut self,
+        h: &StageHdr,
+        kind: u8,
+        status: CqStatus,
+        src: u64,
+        device: bool,
+        len: u32,
+    ) {
+        let Some(dest) = self.tables.peers.get(h.src_pe as usize).map(|p| p.fi_addr) else {
+            tracing::warn!(
+                "software queue: staged message from unknown PE {}: no reply",
+                h.src_pe
+            );
+            return;
+        };
+        let item = OutItem {
+            dest,
+            kind,
+            token: h.token,
+            status,
+            imm: None,
+            src,
+            device,
+            off: 0,
+            len: u64::from(len),
+            sent: 0,
+            msgs: 0,
+            owner: None,
+        };
+        if kind == STAGE_WRITE_ACK {
+            self.outbox.push_front(item);
+        } else {
+            self.outbox.push_back(item);
+        }
+    }
+}
+
+/// Copies `len` bytes between host memory and `host`-or-GPU memory: `cuda::memcpy` (a non-blocking
+/// stream: never waits for running kernels) when `device`, a plain copy otherwise.
+///
+/// # Safety
+/// Both ranges must be valid for `len` bytes and not overlap.
+unsafe fn copy_any(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    device: bool,
+) -> std::result::Result<(), String> {
+    if len == 0 {
+        return Ok(());
+    }
+    if device {
+        // SAFETY: forwarded contract.
+        unsafe { cuda::memcpy(dst as *mut c_void, src as *const c_void, len) }
+            .map_err(|e| e.to_string())
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { ptr::copy_nonoverlapping(src, dst, len) };
+        Ok(())
+    }
+}
+
 /// Applies an AMO to the local heap. Host memory: a host atomic. GPU memory: read-modify-write with
-/// `cuMemcpy` (exact because one thread applies every AMO of this PE).
+/// `cuda::memcpy`, on a non-blocking stream, so it never waits for the running kernels (exact because
+/// one thread applies every AMO of this PE).
 fn apply_amo(m: &AmoMsg, heap: &LocalReg) -> std::result::Result<(), String> {
     let addr = heap.host_base + m.offset;
     if heap.device {
@@ -1810,13 +2533,18 @@ fn apply_amo(m: &AmoMsg, heap: &LocalReg) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn backoff(idle: u32) {
+/// Idle policy of the consumer. Once peers exist it never sleeps: it is the progress engine of its
+/// endpoint, and software providers move one-sided traffic aimed at this PE only while it polls
+/// (traffic it cannot see, so "idle" is no evidence that nothing is arriving). Sleeping 50 us between
+/// polls cut the write rate of a peer to this PE about fifty-fold. It yields the CPU instead, like
+/// NVSHMEM's proxy thread. Before connect nothing can arrive, and it sleeps.
+fn backoff(idle: u32, connected: bool) {
     if idle < 64 {
         std::hint::spin_loop();
-    } else if idle < 256 {
+    } else if connected || idle < 256 {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(Duration::from_micros(if idle < 2048 { 10 } else { 50 }));
+        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
@@ -1941,6 +2669,33 @@ mod tests {
         assert_eq!(r.translate(0xfff, 1), None);
         assert_eq!(r.translate(0x1100, 0), Some(0x9100));
         assert_eq!(r.translate(u64::MAX, 2), None);
+    }
+
+    #[test]
+    fn staging_policy() {
+        assert_eq!(Staging::for_provider(None, "shm", "shm"), Staging::Device);
+        assert_eq!(
+            Staging::for_provider(None, "tcp;ofi_rxm", "127.0.0.0/8"),
+            Staging::Device
+        );
+        assert_eq!(Staging::for_provider(None, "efa", "efa"), Staging::Device);
+        assert_eq!(
+            Staging::for_provider(None, "efa", "efa-direct"),
+            Staging::Off
+        );
+        assert_eq!(
+            Staging::for_provider(None, "verbs;ofi_rxm", "IB-0x"),
+            Staging::Off
+        );
+        assert_eq!(Staging::for_provider(None, "cxi", "cxi"), Staging::Off);
+        assert_eq!(
+            Staging::for_provider(Some(true), "cxi", "cxi"),
+            Staging::All
+        );
+        assert_eq!(
+            Staging::for_provider(Some(false), "shm", "shm"),
+            Staging::Off
+        );
     }
 
     #[test]

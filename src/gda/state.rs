@@ -19,6 +19,16 @@
 //!    `slot_status[req_id & (sq_entries-1)]` (status + 1), counts errors in `ctrl->errors`, then advances
 //!    `ctrl->done` over consecutive marked slots (clearing them) and releases the lock.
 //! 6. quiet: wait until `ctrl->done >= ctrl->ready` as read at entry; report `ctrl->errors`.
+//!
+//! Rules every poster follows: each WQE sets `comp_req` (`done` only advances through completions);
+//! `req_id` is `pc & 0xffff`; one doorbell store advances the count by at most `max_batch`.
+//!
+//! Receive side (`rx_cq`, `rx_entries` 32-byte extended EFA receive completions): the expected phase
+//! starts at 1 and flips per wrap, like the CQ; a consumer claims entry `rx_ci` with a compare-and-swap
+//! on `ctrl->rx_ci` and must keep claiming (the software queue never overwrites an unclaimed entry, it
+//! holds later ones back). Entries are made for writes with immediate, for SENDs, and for AMO messages
+//! that carry an immediate or failed; an AMO applied without error and without immediate makes none
+//! (its effect is the word itself).
 
 /// Queue is backed by the provider's hardware queues (efa-direct GDA ops).
 pub const NVSHMEM_EFA_GDA_MODE_HW: u32 = 1;

@@ -10,18 +10,11 @@
 //!   value every PE derives from the exchanged endpoint names ([`soft_qkey`]).
 //!
 //! # AMO message (32 bytes, a SEND payload)
-//! A SEND (inline or not) whose payload is exactly 32 bytes and starts with [`AMO_MAGIC`] is applied
-//! by the target's software queue to the target's local heap before its RX completion is produced.
-//! All fields little-endian:
-//!
-//! | bytes | field |
-//! |---|---|
-//! | 0-3 | magic `0x4F4D4147` (the ASCII bytes `GAMO`) |
-//! | 4-7 | op: 1 = ADD, 2 = SET |
-//! | 8-11 | operand size: 4 or 8 |
-//! | 12-15 | reserved, zero |
-//! | 16-23 | byte offset from the target's heap base (aligned to the size) |
-//! | 24-31 | value (the low 4 bytes for size 4) |
+//! The layout is [`NvshmemEfaGdaAmoMsg`] of the device state (magic `NVSHMEM_EFA_GDA_AMO_MAGIC`, the
+//! ASCII bytes `EAMO`; op `NVSHMEM_EFA_GDA_AMO_ADD` or `_SET`; size 4 or 8; reserved 0; offset from the
+//! target heap's base, aligned to the size; value, the low 4 bytes for size 4; little-endian). A SEND
+//! (inline or not) whose payload is exactly 32 bytes and starts with the magic is applied by the
+//! target's software queue to the target's local heap before its RX completion is produced.
 //!
 //! The initiator's queue checks the message against the target heap it knows (error completion
 //! `REMOTE_BAD_ADDRESS` for a bad offset, `LOCAL_UNSUPPORTED_OP` for an unknown op,
@@ -39,9 +32,21 @@
 //! | 12-13 | flags: bit 0 = has immediate |
 //! | 14-15 | payload length |
 //!
+//! # Staged transfers (40-byte header, then the payload)
+//! Where a queue stages RDMA (see the software queue's module doc), writes and reads travel as SENDs
+//! of `StageHdr` (magic `GDAT`): write chunks and their acks, read requests and read data. Receive
+//! buffers of a staging queue hold `STAGE_SLOT` bytes.
+//!
 //! # Remote CQ data of an RDMA write with immediate
 //! Bits 31:0 carry the immediate, bits 63:32 the sender's PE plus one (0: unknown) when the provider
 //! carries 8 bytes of CQ data; providers with 4 bytes carry the immediate alone.
+
+use std::mem::offset_of;
+
+use super::state::{
+    NvshmemEfaGdaAmoMsg, NVSHMEM_EFA_GDA_AMO_ADD, NVSHMEM_EFA_GDA_AMO_MAGIC,
+    NVSHMEM_EFA_GDA_AMO_SET,
+};
 
 /// `lkey` of the first local registration of a software queue.
 pub const SOFT_LKEY_FIRST: u32 = 1;
@@ -50,14 +55,14 @@ pub const SOFT_RKEY_HEAP: u32 = 1;
 /// Largest SEND payload the software queue carries (inline or from buffers).
 pub const SOFT_SEND_MAX: usize = 4096;
 
-/// Magic of an AMO message (`GAMO`).
-pub const AMO_MAGIC: u32 = u32::from_le_bytes(*b"GAMO");
+/// Magic of an AMO message (`EAMO`).
+pub const AMO_MAGIC: u32 = NVSHMEM_EFA_GDA_AMO_MAGIC;
 /// AMO op: add the value.
-pub const AMO_OP_ADD: u32 = 1;
+pub const AMO_OP_ADD: u32 = NVSHMEM_EFA_GDA_AMO_ADD;
 /// AMO op: store the value.
-pub const AMO_OP_SET: u32 = 2;
+pub const AMO_OP_SET: u32 = NVSHMEM_EFA_GDA_AMO_SET;
 /// Size of an AMO message.
-pub const AMO_MSG_SIZE: usize = 32;
+pub const AMO_MSG_SIZE: usize = std::mem::size_of::<NvshmemEfaGdaAmoMsg>();
 
 /// Magic of the software queue's SEND header (`GDAS`).
 pub const SEND_MAGIC: u32 = u32::from_le_bytes(*b"GDAS");
@@ -126,14 +131,55 @@ impl std::fmt::Display for AmoError {
 }
 
 impl AmoMsg {
-    /// Encodes the 32-byte message.
+    /// The message as the device state's struct.
+    pub fn to_repr(&self) -> NvshmemEfaGdaAmoMsg {
+        NvshmemEfaGdaAmoMsg {
+            magic: AMO_MAGIC,
+            op: self.op,
+            size: self.size,
+            reserved: 0,
+            offset: self.offset,
+            value: self.value,
+        }
+    }
+
+    /// Encodes the 32-byte message (the bytes of [`NvshmemEfaGdaAmoMsg`], little-endian).
     pub fn encode(&self) -> [u8; AMO_MSG_SIZE] {
+        let r = self.to_repr();
         let mut b = [0u8; AMO_MSG_SIZE];
-        b[0..4].copy_from_slice(&AMO_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&self.op.to_le_bytes());
-        b[8..12].copy_from_slice(&self.size.to_le_bytes());
-        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
-        b[24..32].copy_from_slice(&self.value.to_le_bytes());
+        let put = |b: &mut [u8; AMO_MSG_SIZE], at: usize, v: &[u8]| {
+            b[at..at + v.len()].copy_from_slice(v)
+        };
+        put(
+            &mut b,
+            offset_of!(NvshmemEfaGdaAmoMsg, magic),
+            &r.magic.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(NvshmemEfaGdaAmoMsg, op),
+            &r.op.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(NvshmemEfaGdaAmoMsg, size),
+            &r.size.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(NvshmemEfaGdaAmoMsg, reserved),
+            &r.reserved.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(NvshmemEfaGdaAmoMsg, offset),
+            &r.offset.to_le_bytes(),
+        );
+        put(
+            &mut b,
+            offset_of!(NvshmemEfaGdaAmoMsg, value),
+            &r.value.to_le_bytes(),
+        );
         b
     }
 
@@ -224,6 +270,128 @@ impl SendHdr {
     }
 }
 
+/// Magic of a staged-transfer message between software queues (`GDAT`).
+pub const STAGE_MAGIC: u32 = u32::from_le_bytes(*b"GDAT");
+/// Size of the staged-transfer header.
+pub const STAGE_HDR_SIZE: usize = 40;
+/// Size of one staging buffer (send and receive slots of a queue that stages): header + payload.
+pub const STAGE_SLOT: usize = 64 * 1024;
+/// Largest payload of one staged message.
+pub const STAGE_CHUNK: usize = STAGE_SLOT - STAGE_HDR_SIZE;
+/// Staged RDMA write chunk (initiator to target), with payload.
+pub const STAGE_WRITE: u8 = 1;
+/// Acknowledgement of one write chunk (target to initiator), with the target's status.
+pub const STAGE_WRITE_ACK: u8 = 2;
+/// Staged RDMA read request (initiator to target).
+pub const STAGE_READ_REQ: u8 = 3;
+/// Read data (target to initiator): payload when the status is 0.
+pub const STAGE_READ_DATA: u8 = 4;
+/// Staged header flag: the immediate is present (the last chunk of a write with immediate).
+pub const STAGE_FLAG_IMM: u8 = 1;
+
+/// Header of a staged-transfer message (40 bytes, little-endian, then the payload):
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0-3 | magic `GDAT` |
+/// | 4 | kind ([`STAGE_WRITE`], [`STAGE_WRITE_ACK`], [`STAGE_READ_REQ`], [`STAGE_READ_DATA`]) |
+/// | 5 | flags: bit 0 = immediate present |
+/// | 6-7 | status (EFA completion status; acks and read data) |
+/// | 8-11 | sender's PE |
+/// | 12-15 | immediate |
+/// | 16-23 | the initiator's token (its WQE count and slot), echoed in replies |
+/// | 24-31 | offset: from the target heap's base (write, read request), into the read (read data) |
+/// | 32-35 | length of this message's range (the payload's, when it carries one) |
+/// | 36-39 | total length of the WQE |
+///
+/// A write chunk and read data with status 0 carry `len` payload bytes; the others none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageHdr {
+    /// Message kind.
+    pub kind: u8,
+    /// Immediate (write chunks that carry it).
+    pub imm: Option<u32>,
+    /// Status.
+    pub status: u8,
+    /// Sender's PE.
+    pub src_pe: u32,
+    /// Initiator's token.
+    pub token: u64,
+    /// Offset (see the table).
+    pub offset: u64,
+    /// Length of this message's range.
+    pub len: u32,
+    /// Total length of the WQE.
+    pub total: u32,
+}
+
+impl StageHdr {
+    /// Payload bytes a message with this header carries.
+    pub fn payload_len(&self) -> usize {
+        match self.kind {
+            STAGE_WRITE => self.len as usize,
+            STAGE_READ_DATA if self.status == 0 => self.len as usize,
+            _ => 0,
+        }
+    }
+
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; STAGE_HDR_SIZE] {
+        let mut b = [0u8; STAGE_HDR_SIZE];
+        b[0..4].copy_from_slice(&STAGE_MAGIC.to_le_bytes());
+        b[4] = self.kind;
+        b[5] = if self.imm.is_some() {
+            STAGE_FLAG_IMM
+        } else {
+            0
+        };
+        b[6..8].copy_from_slice(&u16::from(self.status).to_le_bytes());
+        b[8..12].copy_from_slice(&self.src_pe.to_le_bytes());
+        b[12..16].copy_from_slice(&self.imm.unwrap_or(0).to_le_bytes());
+        b[16..24].copy_from_slice(&self.token.to_le_bytes());
+        b[24..32].copy_from_slice(&self.offset.to_le_bytes());
+        b[32..36].copy_from_slice(&self.len.to_le_bytes());
+        b[36..40].copy_from_slice(&self.total.to_le_bytes());
+        b
+    }
+
+    /// Decodes a received message; `None` if it is not a well-formed staged message (wrong magic,
+    /// kind, flags or status, or a size that disagrees with the header).
+    pub fn decode(msg: &[u8]) -> Option<StageHdr> {
+        if msg.len() < STAGE_HDR_SIZE
+            || u32::from_le_bytes(msg[0..4].try_into().ok()?) != STAGE_MAGIC
+        {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(msg[i..i + 8].try_into().expect("8 bytes"));
+        let kind = msg[4];
+        let flags = msg[5];
+        let status = u16::from_le_bytes([msg[6], msg[7]]);
+        if !(STAGE_WRITE..=STAGE_READ_DATA).contains(&kind)
+            || flags & !STAGE_FLAG_IMM != 0
+            || (flags != 0 && kind != STAGE_WRITE)
+            || status > 0xFF
+        {
+            return None;
+        }
+        let h = StageHdr {
+            kind,
+            imm: (flags & STAGE_FLAG_IMM != 0).then(|| u32_at(12)),
+            status: status as u8,
+            src_pe: u32_at(8),
+            token: u64_at(16),
+            offset: u64_at(24),
+            len: u32_at(32),
+            total: u32_at(36),
+        };
+        if msg.len() - STAGE_HDR_SIZE != h.payload_len() {
+            return None;
+        }
+        Some(h)
+    }
+}
+
 /// Remote CQ data of an RDMA write with immediate (see the module doc).
 pub fn write_imm_data(imm: u32, src_pe: i32, wide: bool) -> u64 {
     if wide {
@@ -256,7 +424,10 @@ mod tests {
             value: 5,
         };
         let b = m.encode();
-        assert_eq!(&b[0..4], b"GAMO");
+        assert_eq!(&b[0..4], b"EAMO");
+        // SAFETY: NvshmemEfaGdaAmoMsg is 32 bytes of plain integers; little-endian host.
+        let r: NvshmemEfaGdaAmoMsg = unsafe { std::mem::transmute(b) };
+        assert_eq!(r, m.to_repr());
         assert_eq!(AmoMsg::parse(&b, 4096), Some(Ok(m)));
         assert_eq!(AmoMsg::parse(&b[..31], 4096), None);
         assert_eq!(AmoMsg::parse(&b, 64), Some(Err(AmoError::OutOfRange(64))));
@@ -307,6 +478,42 @@ mod tests {
             len: 0,
         };
         assert_eq!(SendHdr::decode(&h2.encode()), Some(h2));
+    }
+
+    #[test]
+    fn stage_header_roundtrip() {
+        let h = StageHdr {
+            kind: STAGE_WRITE,
+            imm: Some(9),
+            status: 0,
+            src_pe: 1,
+            token: 0x1234_0000_0005,
+            offset: 4096,
+            len: 3,
+            total: 70000,
+        };
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(b"abc");
+        assert_eq!(StageHdr::decode(&msg), Some(h));
+        assert_eq!(StageHdr::decode(&msg[..42]), None);
+        let ack = StageHdr {
+            kind: STAGE_WRITE_ACK,
+            imm: None,
+            status: 7,
+            ..h
+        };
+        assert_eq!(StageHdr::decode(&ack.encode()), Some(ack));
+        let err = StageHdr {
+            kind: STAGE_READ_DATA,
+            imm: None,
+            status: 7,
+            ..h
+        };
+        assert_eq!(StageHdr::decode(&err.encode()), Some(err));
+        let mut bad = ack.encode();
+        bad[4] = 9;
+        assert_eq!(StageHdr::decode(&bad), None);
+        assert_eq!(SendHdr::decode(&msg), None);
     }
 
     #[test]

@@ -595,6 +595,16 @@ impl Transport {
         let weak = Arc::downgrade(self);
         let stop = self.stop.clone();
         let ctx = self.cuda_ctx.load(Ordering::Relaxed) as usize;
+        // A target sees no completion for the RMA aimed at it, so "nothing completed" does not mean
+        // idle: with manual data progress (software providers) every incoming write waits for this
+        // PE to poll, and a sleeping poller costs each of the initiator's operations a sleep (measured
+        // on shm: ~130 us per 8-byte put). Such providers are polled continuously (yielding the CPU
+        // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off.
+        let may_sleep = !self.info.manual_progress()
+            && matches!(
+                self.provider,
+                Provider::EfaDirect | Provider::Verbs | Provider::Cxi
+            );
         let h = std::thread::Builder::new()
             .name("nvshmem-efa-progress".into())
             .spawn(move || {
@@ -610,7 +620,7 @@ impl Transport {
                         idle = 0;
                     } else {
                         idle = idle.saturating_add(1);
-                        if idle > 2000 {
+                        if may_sleep && idle > 2000 {
                             std::thread::sleep(Duration::from_micros(50));
                         } else {
                             std::thread::yield_now();

@@ -6,6 +6,13 @@
  *
  *   harness --lib <path> --abi 3|4 --np N [--case name]... [--list] [--verbose]
  *           [--case-timeout S] [--boot-timeout S] [--timeout S]
+ *   harness --lib <path> --abi 3|4 --np N --bench [--bench-sizes a,b,...] [--bench-bytes N] [--csv FILE]
+ *
+ * --bench replaces the cases (init, connect and register run as usual, then `bench`, then
+ * finalize): rank 0 measures non-blocking put bandwidth to rank 1 through host_ops.rma, on the host
+ * endpoint and then on the proxy endpoint, prints a table and appends one CSV line per endpoint and
+ * size, `transport,<provider>,<abi>,<endpoint>,<size>,<iters>,<mbps>` (provider: the value of
+ * NVSHMEM_LIBFABRIC_PROVIDER, or "auto"; MB/s = 10^6 bytes per second) to --csv FILE, or to stdout.
  *
  * The launcher forks N processes (ranks). They bootstrap over AF_UNIX socketpairs made before the
  * fork (a star through rank 0): allgather, alltoall and barrier of any byte count, every blocking
@@ -1721,6 +1728,174 @@ static void case_finalize(void) {
 }
 
 /* ======================================================================================
+ * --bench: put bandwidth of the transport, rank 0 -> rank 1
+ * ==================================================================================== */
+/* Rank 0 posts non-blocking puts (rma, op PUT, is_nbi=1) from its registered heap into rank 1's,
+ * on the host endpoint (qp 0) and then on the proxy endpoint (qp 1), and quiets every BENCH_WINDOW
+ * puts and once at the end, as fi_rma_bw -W 64 waits for its window. Per size: BENCH_WARMUP puts
+ * and a quiet, then the timed loop, which stops after bench.limit_ms or bench.bytes bytes, whichever
+ * comes first (it looks at the clock at every quiet). The other ranks wait in a bootstrap barrier
+ * while the library's own progress thread (or --proxy-progress) drives their side; afterwards
+ * rank 1 checks the first and the last destination slot against the source. */
+#define BENCH_WINDOW 64
+#define BENCH_WARMUP 10
+#define BENCH_MAX_SIZES 32
+#define BENCH_SRC_OFF SRC_OFF     /* one source buffer of up to BENCH_MAX_SIZE bytes */
+#define BENCH_DST_OFF DST_OFF     /* destination slots, reused round-robin */
+#define BENCH_DST_LEN (32 * MiB)
+#define BENCH_MAX_SIZE (16 * MiB)
+#define BENCH_SALT 71u
+
+static struct {
+    int on;
+    size_t sizes[BENCH_MAX_SIZES];
+    int nsizes;
+    uint64_t bytes;     /* --bench-bytes: bytes per size and endpoint (default 256 MiB) */
+    int64_t limit_ms;   /* per size and endpoint */
+    const char *csv;    /* --csv FILE (appended to); NULL: CSV lines on stdout after the table */
+    /* results, rank 0 */
+    uint64_t iters[2][BENCH_MAX_SIZES];
+    double mbps[2][BENCH_MAX_SIZES];
+} bench = {0, {8, 4096, 65536, 1 * MiB, 4 * MiB}, 5, 256 * MiB, 2000, NULL, {{0}}, {{0}}};
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* destination slots for one size: 64-byte aligned, at most one window's worth */
+static size_t bench_stride(size_t size) { return (size + 63) & ~(size_t)63; }
+static size_t bench_nslots(size_t size) {
+    size_t n = BENCH_DST_LEN / bench_stride(size);
+    if (n > BENCH_WINDOW) n = BENCH_WINDOW;
+    return n ? n : 1;
+}
+
+/* Posts puts number [from, to) of one size (slot = number mod nslots); 0 or the first error. */
+static int bench_post(int qp, size_t size, uint64_t from, uint64_t to) {
+    const size_t stride = bench_stride(size), nslots = bench_nslots(size);
+    harness_rma_memdesc l = ldesc(BENCH_SRC_OFF);
+    for (uint64_t i = from; i < to; i++) {
+        harness_rma_memdesc r = rdesc(1, BENCH_DST_OFF + (size_t)(i % nslots) * stride);
+        int rc = h_rma(1, HARNESS_OP_PUT, 1, &r, &l, size, 1, 1, 1, qp);
+        if (rc) {
+            failf("bench: put nbi #%" PRIu64 " of %zu bytes to PE 1 (%s) returned %d", i, size,
+                  qp ? "proxy" : "host", rc);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int bench_quiet(int qp, size_t size) {
+    int rc = h_quiet(1, qp);
+    if (rc) failf("bench: quiet(pe 1, %s) after %zu-byte puts returned %d", qp ? "proxy" : "host", size, rc);
+    return rc;
+}
+
+/* Rank 0: one size on one endpoint; returns 0 and fills *iters / *mbps. */
+static int bench_one(int qp, size_t size, uint64_t *iters, double *mbps) {
+    uint64_t max_iters = bench.bytes / size;
+    if (max_iters == 0) max_iters = 1;
+    if (bench_post(qp, size, 0, BENCH_WARMUP) || bench_quiet(qp, size)) return -1;
+    const int64_t t0 = now_ns(), stop = t0 + bench.limit_ms * 1000000;
+    uint64_t n = 0;
+    while (n < max_iters) {
+        uint64_t next = n + BENCH_WINDOW < max_iters ? n + BENCH_WINDOW : max_iters;
+        if (bench_post(qp, size, n, next)) return -1;
+        n = next;
+        if (bench_quiet(qp, size)) return -1; /* once per window, and so once at the end */
+        if (now_ns() >= stop) break;
+    }
+    const double secs = (double)(now_ns() - t0) / 1e9;
+    *iters = n;
+    *mbps = secs > 0 ? (double)n * (double)size / secs / 1e6 : 0;
+    return 0;
+}
+
+/* Rank 1: the first and the last slot that rank 0's puts wrote hold the source's bytes (`posted`:
+ * the larger of the warm-up and the timed loop, which both start at slot 0). */
+static void bench_check(int qp, size_t size, uint64_t posted) {
+    const size_t stride = bench_stride(size);
+    size_t used = bench_nslots(size);
+    if (posted < used) used = posted ? (size_t)posted : 1;
+    const size_t slots[2] = {0, used - 1};
+    for (int k = 0; k < (used > 1 ? 2 : 1); k++) {
+        size_t first = 0;
+        unsigned got = 0, want = 0;
+        const unsigned char *p = g.heap + BENCH_DST_OFF + slots[k] * stride;
+        if (check_pattern(p, size, 0, 0, BENCH_SALT, &first, &got, &want))
+            failf("bench (%s): %zu-byte puts: slot %zu wrong at byte %zu: got 0x%02x, want 0x%02x",
+                  qp ? "proxy" : "host", size, slots[k], first, got, want);
+    }
+}
+
+static const char *bench_provider(void) {
+    const char *p = getenv("NVSHMEM_LIBFABRIC_PROVIDER");
+    return p && *p ? p : "auto";
+}
+
+static void bench_report(void) {
+    FILE *csv = stdout;
+    if (bench.csv) {
+        csv = fopen(bench.csv, "a");
+        if (!csv) {
+            failf("bench: cannot open %s: %s", bench.csv, strerror(errno));
+            csv = stdout;
+        }
+    }
+    const char *prov = bench_provider();
+    printf("transport put bandwidth, rank 0 -> rank 1 (provider %s, abi %d, np %d, nbi puts, quiet every %d)\n",
+           prov, g.abi, g.np, BENCH_WINDOW);
+    printf("%-8s %10s %10s %12s\n", "endpoint", "size", "iters", "MB/s");
+    for (int qp = 0; qp < 2; qp++)
+        for (int s = 0; s < bench.nsizes; s++)
+            printf("%-8s %10zu %10" PRIu64 " %12.2f\n", qp ? "proxy" : "host", bench.sizes[s], bench.iters[qp][s],
+                   bench.mbps[qp][s]);
+    fflush(stdout);
+    for (int qp = 0; qp < 2; qp++)
+        for (int s = 0; s < bench.nsizes; s++)
+            fprintf(csv, "transport,%s,%d,%s,%zu,%" PRIu64 ",%.2f\n", prov, g.abi, qp ? "proxy" : "host",
+                    bench.sizes[s], bench.iters[qp][s], bench.mbps[qp][s]);
+    if (csv != stdout) fclose(csv);
+    else fflush(stdout);
+}
+
+static void case_bench(void) {
+    const int me = g.rank;
+    size_t maxsize = 0;
+    for (int s = 0; s < bench.nsizes; s++)
+        if (bench.sizes[s] > maxsize) maxsize = bench.sizes[s];
+    if (me == 0) fill_pattern(g.heap + BENCH_SRC_OFF, maxsize, 0, 0, BENCH_SALT);
+    int ok = 1;
+    for (int qp = 0; qp < 2 && ok; qp++) {
+        for (int s = 0; s < bench.nsizes; s++) {
+            const size_t size = bench.sizes[s];
+            if (me == 1) memset(g.heap + BENCH_DST_OFF, 0, bench_nslots(size) * bench_stride(size));
+            BARRIER_OR_FAIL("before a bench size");
+            if (me == 0) {
+                if (bench_one(qp, size, &bench.iters[qp][s], &bench.mbps[qp][s])) ok = 0;
+                else vlog("bench %s %zu B: %" PRIu64 " puts, %.2f MB/s", qp ? "proxy" : "host", size,
+                          bench.iters[qp][s], bench.mbps[qp][s]);
+            }
+            /* the other ranks wait here while rank 0 measures */
+            BARRIER_OR_FAIL("after a bench size");
+            /* rank 0 tells whether it went well and how many puts it posted (warm-up included) */
+            uint64_t mine[2] = {(uint64_t)ok, me == 0 ? (bench.iters[qp][s] > BENCH_WARMUP ? bench.iters[qp][s] : BENCH_WARMUP) : 0}, all[MAX_PES][2];
+            if (allgather(mine, all, sizeof mine)) {
+                failf("bootstrap allgather failed (after a bench size): %s", bs.err);
+                return;
+            }
+            ok = (int)all[0][0];
+            if (!ok) break; /* rank 0 has reported its failure; the other ranks stop with it */
+            if (me == 1) bench_check(qp, size, all[0][1]);
+        }
+    }
+    if (me == 0 && ok) bench_report();
+}
+
+/* ======================================================================================
  * Case table and driver
  * ==================================================================================== */
 struct case_def {
@@ -1894,7 +2069,9 @@ static int child_main(const int *selected) {
     if (init_ok && setup_ok) setup_ok &= run_case("register", case_register);
     if (setup_ok) proxy_start();
 
-    if (setup_ok) {
+    if (setup_ok && bench.on) {
+        run_case("bench", case_bench);
+    } else if (setup_ok) {
         for (size_t i = 0; i < NCASES; i++) {
             if (!selected[i] || CASES[i].min_abi > g.abi) continue;
             run_case(CASES[i].name, CASES[i].fn);
@@ -1916,9 +2093,34 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: harness --lib <path to libnvshmem_efa_gda.so> --abi 3|4 --np N (2..4) [--case name]...\n"
             "               [--list] [--verbose] [--proxy-progress] [--case-timeout S (90)] [--boot-timeout S (90)] [--timeout S (170)]\n"
-            "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n");
+            "       harness --lib <path> --abi 3|4 --np N --bench [--bench-sizes 8,4096,65536,1048576,4194304]\n"
+            "               [--bench-bytes N (268435456)] [--csv FILE]\n"
+            "  --bench: after init/connect/register, rank 0 measures nbi put bandwidth to rank 1 on the host and\n"
+            "  the proxy endpoint (quiet every %d puts; each size stops after ~2 s or --bench-bytes), prints a\n"
+            "  table and appends CSV lines transport,<provider>,<abi>,<endpoint>,<size>,<iters>,<mbps> to FILE\n"
+            "  (stdout without --csv); no other case runs\n"
+            "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n",
+            BENCH_WINDOW);
     for (size_t i = 0; i < NCASES; i++)
         fprintf(f, "  %-20s %s%s\n", CASES[i].name, CASES[i].what, CASES[i].min_abi == 4 ? " [ABI 4]" : "");
+}
+
+/* --bench-sizes: comma-separated byte counts, 1 .. BENCH_MAX_SIZE each */
+static int parse_sizes(const char *s) {
+    int n = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || end == p || *p == '-' || v < 1 || v > BENCH_MAX_SIZE || n == BENCH_MAX_SIZES) return -1;
+        bench.sizes[n++] = (size_t)v;
+        if (*end == 0) break;
+        if (*end != ',') return -1;
+        p = end + 1;
+    }
+    bench.nsizes = n;
+    return 0;
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -1932,7 +2134,7 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 
 int main(int argc, char **argv) {
     int selected[NCASES];
-    int any_selected = 0, list = 0;
+    int any_selected = 0, list = 0, case_timeout_set = 0, total_timeout_set = 0;
     memset(selected, 0, sizeof selected);
     g.case_timeout_s = 90;
     g.boot_timeout_s = 90;
@@ -1949,6 +2151,8 @@ int main(int argc, char **argv) {
             g.verbose = 1;
         } else if (!strcmp(a, "--proxy-progress")) {
             g.proxy_progress = 1;
+        } else if (!strcmp(a, "--bench")) {
+            bench.on = 1;
         } else if (!v) {
             fprintf(stderr, "harness: %s needs a value\n", a);
             usage(stderr);
@@ -1981,12 +2185,34 @@ int main(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--case-timeout")) {
             if (parse_int(v, 1, 3600, &g.case_timeout_s)) return 2;
+            case_timeout_set = 1;
             i++;
         } else if (!strcmp(a, "--boot-timeout")) {
             if (parse_int(v, 1, 3600, &g.boot_timeout_s)) return 2;
             i++;
         } else if (!strcmp(a, "--timeout")) {
             if (parse_int(v, 1, 86400, &g.total_timeout_s)) return 2;
+            total_timeout_set = 1;
+            i++;
+        } else if (!strcmp(a, "--bench-sizes")) {
+            if (parse_sizes(v)) {
+                fprintf(stderr, "harness: --bench-sizes takes up to %d comma-separated sizes of 1..%zu bytes\n",
+                        BENCH_MAX_SIZES, BENCH_MAX_SIZE);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--bench-bytes")) {
+            char *end;
+            errno = 0;
+            unsigned long long b = strtoull(v, &end, 10);
+            if (errno || *end || end == v || *v == '-' || b == 0) {
+                fprintf(stderr, "harness: --bench-bytes must be a positive byte count\n");
+                return 2;
+            }
+            bench.bytes = b;
+            i++;
+        } else if (!strcmp(a, "--csv")) {
+            bench.csv = v;
             i++;
         } else {
             fprintf(stderr, "harness: unknown argument '%s'\n", a);
@@ -2005,6 +2231,16 @@ int main(int argc, char **argv) {
     if (!g.lib || !g.abi || !g.np) {
         usage(stderr);
         return 2;
+    }
+    if (bench.on && any_selected) {
+        fprintf(stderr, "harness: --bench runs no --case\n");
+        return 2;
+    }
+    if (bench.on) {
+        /* per size and endpoint: the timed loop (limit_ms), warm-up, the last window's quiet, checks */
+        int need = 30 + bench.nsizes * 2 * (int)(bench.limit_ms / 1000 + 4);
+        if (!case_timeout_set && g.case_timeout_s < need) g.case_timeout_s = need;
+        if (!total_timeout_set && g.total_timeout_s < g.case_timeout_s + 120) g.total_timeout_s = g.case_timeout_s + 120;
     }
     if (!any_selected)
         for (size_t k = 0; k < NCASES; k++) selected[k] = 1;

@@ -109,7 +109,19 @@ pub fn config(mode: GdaMode) -> Config {
 
 /// `n` connected PEs with heaps of `heap` bytes, control blocks in host memory.
 pub fn setup(p: &Provider, n: usize, heap: usize, sq_depth: u32, max_batch: u32) -> Vec<Pe> {
-    let cfg = config(GdaMode::Soft);
+    setup_with(p, n, heap, sq_depth, max_batch, &config(GdaMode::Soft))
+}
+
+/// [`setup`] with a configuration of the caller's.
+pub fn setup_with(
+    p: &Provider,
+    n: usize,
+    heap: usize,
+    sq_depth: u32,
+    max_batch: u32,
+    cfg: &Config,
+) -> Vec<Pe> {
+    let cfg = cfg.clone();
     let opts = GdaOptions {
         ctrl: CtrlPlacement::Host,
         sq_depth: Some(sq_depth),
