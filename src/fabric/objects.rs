@@ -781,45 +781,6 @@ impl Endpoint {
         }
     }
 
-    /// RDMA read with explicit flags (FI_FENCE, ...).
-    ///
-    /// # Safety
-    /// As for `write`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn read_msg(
-        &self,
-        buf: *mut u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-        flags: u64,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let mut iov = libc::iovec {
-                iov_base: buf as *mut c_void,
-                iov_len: len,
-            };
-            let mut d = desc;
-            let mut riov = fi::fi_rma_iov { addr, len, key };
-            let mut msg: fi::fi_msg_rma = std::mem::zeroed();
-            msg.msg_iov = &mut iov as *mut libc::iovec as *const _;
-            msg.desc = &mut d;
-            msg.iov_count = 1;
-            msg.addr = dest;
-            msg.rma_iov = &mut riov;
-            msg.rma_iov_count = 1;
-            msg.context = ctx;
-            let ret = fi::fi_readmsg(self.raw, &msg, flags);
-            check(ret as i64, || {
-                format!("fi_readmsg({len} bytes from {dest}:{addr:#x}, flags {flags:#x})")
-            })
-        }
-    }
-
     /// Sends a message.
     ///
     /// # Safety

@@ -439,9 +439,10 @@ impl Transport {
             } else {
                 None
             };
-            let send_slab = {
-                let buf = vec![0u8; SEND_SLOTS * STAGE_BYTES].into_boxed_slice();
-                // SAFETY: the slab is owned by EpState together with its registration.
+            // Host slabs owned by EpState together with their registrations.
+            let slab = |bytes: usize| -> TResult<(Box<[u8]>, MemoryRegion)> {
+                let buf = vec![0u8; bytes].into_boxed_slice();
+                // SAFETY: the slab moves into EpState with its registration and outlives it.
                 let mr = unsafe {
                     MemoryRegion::register(
                         &self.domain,
@@ -452,23 +453,10 @@ impl Transport {
                         Some(&ep),
                     )?
                 };
-                (buf, mr)
+                Ok((buf, mr))
             };
-            let am_bufs = {
-                let buf = vec![0u8; AM_RECV_BUFS * STAGE_BYTES].into_boxed_slice();
-                // SAFETY: the buffer is owned by EpState together with its registration.
-                let mr = unsafe {
-                    MemoryRegion::register(
-                        &self.domain,
-                        buf.as_ptr(),
-                        buf.len(),
-                        MemKind::Host,
-                        false,
-                        Some(&ep),
-                    )?
-                };
-                Some((buf, mr))
-            };
+            let send_slab = slab(SEND_SLOTS * STAGE_BYTES)?;
+            let am_bufs = Some(slab(AM_RECV_BUFS * STAGE_BYTES)?);
             eps.push(EpState {
                 ep,
                 cq,

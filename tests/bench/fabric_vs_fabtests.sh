@@ -69,54 +69,9 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-
-ft_prov() { [[ $1 == tcp ]] && echo "tcp;ofi_rxm" || echo "$1"; }
-
-bw_iters() {
-    local n=$(( BW_BYTES / $1 ))
-    (( n > 10000 )) && n=10000
-    (( n < 100 )) && n=100
-    echo "$n"
-}
-
-# Waits (bounded) until something listens on TCP port $1 of this host.
-wait_listen() {
-    local hex i
-    hex=$(printf '%04X' "$1")
-    for i in $(seq 1 250); do
-        if awk -v p=":$hex" '$2 ~ p"$" && $4 == "0A" { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.02
-    done
-    return 1
-}
-
-# run_pair NAME SERVER_CMD... -- CLIENT_CMD... : runs both under a timeout, the server first;
-# prints the client's stdout; fails (with both outputs in the log) if either fails.
-run_pair() {
-    local name=$1; shift
-    local srv=() cli=()
-    while [[ $1 != -- ]]; do srv+=("$1"); shift; done
-    shift
-    cli=("$@")
-    { echo "## $name"; echo "server: ${SRV_PIN[*]} ${srv[*]}"; echo "client: ${CLI_PIN[*]} ${cli[*]}"; } >> "$LOG"
-    timeout "$RUN_TIMEOUT" "${SRV_PIN[@]}" "${srv[@]}" > "$WORK/srv.out" 2>&1 &
-    local spid=$!
-    PIDS+=("$spid")
-    if [[ ${srv[0]} != "$FABRIC_BENCH" ]]; then
-        wait_listen "$OOB_PORT" || { echo "$name: server never listened" >&2; cat "$WORK/srv.out" >&2; return 1; }
-    fi
-    local crc=0 src=0
-    timeout "$RUN_TIMEOUT" "${CLI_PIN[@]}" "${cli[@]}" > "$WORK/cli.out" 2>&1 || crc=$?
-    wait "$spid" || src=$?
-    cat "$WORK/srv.out" "$WORK/cli.out" >> "$LOG"
-    if (( crc != 0 || src != 0 )); then
-        echo "$name failed (client $crc, server $src); see $LOG" >&2
-        return 1
-    fi
-    cat "$WORK/cli.out"
-}
+# shellcheck source=tests/bench/lib.sh
+source "$ROOT/tests/bench/lib.sh"
+RUN_PAIR_NO_LISTEN=${FABRIC_BENCH:-}
 
 ours() { # provider test size iters
     local dir="$WORK/addr.$RANDOM$RANDOM"
@@ -150,8 +105,6 @@ median() {
     done
     printf '%s\n' "${vals[@]}" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
-
-ratio() { awk -v o="$1" -v f="$2" 'BEGIN { if (f > 0) printf "%.3f", o / f; else print "inf" }'; }
 
 echo "provider,test,size,unit,iters,ours,fabtests,ratio,fabtests_dc,ratio_dc" > "$CSV"
 ROWS=()

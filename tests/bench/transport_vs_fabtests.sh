@@ -73,55 +73,11 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+# shellcheck source=tests/bench/lib.sh
+source "$ROOT/tests/bench/lib.sh"
 
 HARNESS=$WORK/harness
 cc -O2 -g -Wall -Werror -o "$HARNESS" "$ROOT/tests/harness/harness.c" -ldl
-
-ft_prov() { [[ $1 == tcp ]] && echo "tcp;ofi_rxm" || echo "$1"; }
-
-bw_iters() {
-    local n=$(( BW_BYTES / $1 ))
-    (( n > 10000 )) && n=10000
-    (( n < 100 )) && n=100
-    echo "$n"
-}
-
-# Waits (bounded) until something listens on TCP port $1 of this host.
-wait_listen() {
-    local hex _
-    hex=$(printf '%04X' "$1")
-    for _ in $(seq 1 250); do
-        if awk -v p=":$hex" '$2 ~ p"$" && $4 == "0A" { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.02
-    done
-    return 1
-}
-
-# run_pair NAME SERVER_CMD... -- CLIENT_CMD... : runs both under a timeout, the server first;
-# prints the client's stdout; fails (with both outputs in the log) if either fails.
-run_pair() {
-    local name=$1; shift
-    local srv=() cli=()
-    while [[ $1 != -- ]]; do srv+=("$1"); shift; done
-    shift
-    cli=("$@")
-    { echo "## $name"; echo "server: ${SRV_PIN[*]} ${srv[*]}"; echo "client: ${CLI_PIN[*]} ${cli[*]}"; } >> "$LOG"
-    timeout "$RUN_TIMEOUT" "${SRV_PIN[@]}" "${srv[@]}" > "$WORK/srv.out" 2>&1 &
-    local spid=$!
-    PIDS+=("$spid")
-    wait_listen "$OOB_PORT" || { echo "$name: server never listened" >&2; cat "$WORK/srv.out" >&2; return 1; }
-    local crc=0 src=0
-    timeout "$RUN_TIMEOUT" "${CLI_PIN[@]}" "${cli[@]}" > "$WORK/cli.out" 2>&1 || crc=$?
-    wait "$spid" || src=$?
-    cat "$WORK/srv.out" "$WORK/cli.out" >> "$LOG"
-    if (( crc != 0 || src != 0 )); then
-        echo "$name failed (client $crc, server $src); see $LOG" >&2
-        return 1
-    fi
-    cat "$WORK/cli.out"
-}
 
 fabtests() { # provider size iters [extra fi_rma_bw flags]
     OOB_PORT=$(( 40000 + RANDOM % 20000 ))
@@ -150,8 +106,6 @@ transport() {
 transport_value() {
     awk -F, -v p="$1" -v e="$2" -v s="$3" -v f="$4" '$1 == "transport" && $2 == p && $3 == 3 && $4 == e && $5 == s { v = $f } END { print v }' "$WORK/transport.csv"
 }
-
-ratio() { awk -v o="$1" -v f="$2" 'BEGIN { if (f > 0) printf "%.3f", o / f; else print "inf" }'; }
 
 : > "$WORK/transport.csv"
 echo "provider,size,transport_iters,transport,fabtests_iters,fabtests,ratio,fabtests_dc,ratio_dc,proxy,ratio_proxy_dc" > "$CSV"
