@@ -638,7 +638,7 @@ impl Transport {
                 Ok(0) => break,
                 Ok(n) => {
                     for ent in &buf[..n] {
-                        self.complete(c, i, ent.op_context, None);
+                        self.complete(c, i, ent.op_context, ent.len, None);
                     }
                     handled += n;
                 }
@@ -651,7 +651,7 @@ impl Transport {
                         tracing::error!("endpoint {i}: {}", err.error);
                         break;
                     }
-                    self.complete(c, i, err.context, Some(err.error.to_string()));
+                    self.complete(c, i, err.context, 0, Some(err.error.to_string()));
                 }
             }
         }
@@ -659,7 +659,15 @@ impl Transport {
         handled
     }
 
-    fn complete(&self, c: &Connected, i: usize, ctx: *mut c_void, error: Option<String>) {
+    /// Handles one completion; `len` is the received length for receives.
+    fn complete(
+        &self,
+        c: &Connected,
+        i: usize,
+        ctx: *mut c_void,
+        len: usize,
+        error: Option<String>,
+    ) {
         let e = &c.eps[i];
         let Some((tag, data)) = e.ctxs.get(ctx) else {
             tracing::warn!("endpoint {i}: completion with a foreign context {ctx:p}");
@@ -690,7 +698,7 @@ impl Transport {
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: active message receive failed: {msg}");
                 } else {
-                    self.handle_am(c, i, data as usize);
+                    self.handle_am(c, i, data as usize, len);
                 }
                 // Repost the same buffer with the same context.
                 if let Some((buf, mr)) = &e.am_bufs {
@@ -766,15 +774,28 @@ impl Transport {
     }
 
     /// Applies an AM request, or completes a waiting AMO with a response.
-    fn handle_am(&self, c: &Connected, i: usize, slot: usize) {
+    fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize) {
         let e = &c.eps[i];
         let Some((buf, _)) = &e.am_bufs else { return };
         // SAFETY: slot < AM_RECV_BUFS; the receive completed, so the provider is done writing it.
         let m: AmMsg = unsafe {
             std::ptr::read_unaligned(buf.as_ptr().add(slot * STAGE_BYTES) as *const AmMsg)
         };
-        if m.magic != AM_MAGIC {
-            tracing::error!("endpoint {i}: dropped a message without the AM magic");
+        if m.magic != AM_MAGIC || len < std::mem::size_of::<AmMsg>() {
+            tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
+            return;
+        }
+        let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA);
+        if carries_payload && (m.size as usize > STAGE_CHUNK || len < AM_BYTES + m.size as usize) {
+            let msg = format!(
+                "endpoint {i}: staged message of {len} bytes announces {} payload bytes",
+                m.size
+            );
+            tracing::error!("{msg}");
+            if m.kind == AM_GET_DATA {
+                self.fail_am_wait(e, m.token as *mut c_void, msg);
+            }
+            // A truncated put is not answered: its initiator's quiet reports the loss at its bound.
             return;
         }
         match m.kind {
@@ -1083,15 +1104,20 @@ impl Transport {
                 ..Default::default()
             };
             let r = if is_put {
-                let slot = self.alloc_slot(c, ep)?;
-                // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
-                let sp =
-                    unsafe { e.send_slab.0.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) as *mut u8 };
-                copy_any(sp, (laddr + off) as *const u8, n as usize)?;
-                self.retry_send(c, ep, || self.send_slot(e, dest, slot, hdr, wait as u64))
-                    .inspect_err(|_| {
-                        e.send_free.lock().push(slot);
-                    })
+                // Every failure below gives the slot back; the caller's cleanup gives back `wait`.
+                self.alloc_slot(c, ep).and_then(|slot| {
+                    // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
+                    let sp = unsafe {
+                        e.send_slab.0.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) as *mut u8
+                    };
+                    copy_any(sp, (laddr + off) as *const u8, n as usize)
+                        .and_then(|()| {
+                            self.retry_send(c, ep, || {
+                                self.send_slot(e, dest, slot, hdr, wait as u64)
+                            })
+                        })
+                        .inspect_err(|_| e.send_free.lock().push(slot))
+                })
             } else {
                 self.retry_send(c, ep, || self.send_small(e, dest, hdr))
             };
