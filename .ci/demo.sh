@@ -14,11 +14,16 @@ PREFIX=$prefix bash cmake/install.sh --build-dir target/release >/dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc -O1 -Wall -o "$work/harness" tests/harness/harness.c -ldl
+# The data-moving cases (the full suite, bad input included, is part of the tests).
+cases=(--case put --case put_nbi --case get --case p --case amo --case contention --case proxy_put_get)
 for abi in 3 4; do
+  extra=()
+  [ "$abi" = 4 ] && extra=(--case put_signal)
   for prov in tcp shm; do
     echo "=== host harness: NVSHMEM transport ABI $abi, provider $prov, 4 processes"
     NVSHMEM_LIBFABRIC_PROVIDER=$prov NVSHMEM_EFA_GDA=off \
-      timeout 300 "$work/harness" --lib "$prefix/lib/nvshmem_transport_libfabric.so.$abi" --abi "$abi" --np 4
+      timeout 300 "$work/harness" --lib "$prefix/lib/nvshmem_transport_libfabric.so.$abi" --abi "$abi" --np 4 \
+      "${cases[@]}" "${extra[@]}"
   done
 done
 if command -v nvidia-smi >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
