@@ -196,8 +196,8 @@ const char *nvshmem_efa_gda_version(void);
 //
 // # Safety
 // `domain` and `ep` must be open libfabric objects as described above (or null, rejected).
-int32_t nvshmemt_efa_gda_init_on_ep(fid_domain *domain,
-                                    fid_ep *ep);
+int32_t nvshmemt_efa_gda_init_on_ep(struct fid_domain *domain,
+                                    struct fid_ep *ep);
 
 // Names the transmit CQ bound to the endpoint given to `nvshmemt_efa_gda_init_on_ep` (hardware GDA
 // on the caller's endpoint). The CQ is queried and mapped for the GPU; the caller must not read
@@ -205,7 +205,7 @@ int32_t nvshmemt_efa_gda_init_on_ep(fid_domain *domain,
 //
 // # Safety
 // `cq` must be the open CQ bound to that endpoint for transmit completions, open until fini.
-int32_t nvshmemt_efa_gda_set_cq(fid_cq *cq);
+int32_t nvshmemt_efa_gda_set_cq(struct fid_cq *cq);
 
 // Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent; call it before
 // closing the endpoint, domain and fabric.
@@ -240,7 +240,7 @@ int32_t nvshmemt_efa_gda_connect(int32_t my_pe,
 // # Safety
 // `[base, base+size)` must stay allocated until fini; `mr`, when not null, must be an open
 // registration of that range on the domain GDA was initialised on.
-int32_t nvshmemt_efa_gda_set_local_heap(void *base, size_t size, fid_mr *mr);
+int32_t nvshmemt_efa_gda_set_local_heap(void *base, size_t size, struct fid_mr *mr);
 
 // Records PE `pe`'s heap: base address (as that PE's kernels see it), size, and its registration key.
 int32_t nvshmemt_efa_gda_set_remote_heap(int32_t pe,
