@@ -1824,6 +1824,11 @@ impl Consumer {
 
     fn on_write_imm(&mut self, data: u64, len: usize) {
         let (imm, pe) = wire::split_imm_data(data, self.inner.cq_data_wide);
+        self.push_write_imm_rx(imm, pe, len as u32);
+    }
+
+    /// The receive completion of an RDMA write with immediate from `pe` that has landed here.
+    fn push_write_imm_rx(&mut self, imm: u32, pe: Option<u32>, len: u32) {
         let (ah, src_qp) = self.source(pe);
         self.push_rx(RxCqe {
             req_id: 0,
@@ -1833,7 +1838,7 @@ impl Consumer {
             has_imm: true,
             unsolicited: true,
             qp_num: self.tables.my_qpn(),
-            length: len as u32,
+            length: len,
             ah,
             src_qp,
             imm,
@@ -2291,21 +2296,7 @@ impl Consumer {
                 let status = self.stage_write_here(h, payload);
                 if status == CqStatus::Ok {
                     if let Some(imm) = h.imm {
-                        let (ah, src_qp) = self.source(Some(h.src_pe));
-                        self.push_rx(RxCqe {
-                            req_id: 0,
-                            status: CqStatus::Ok,
-                            phase: 0,
-                            op: OpType::RdmaWrite,
-                            has_imm: true,
-                            unsolicited: true,
-                            qp_num: self.tables.my_qpn(),
-                            length: h.total,
-                            ah,
-                            src_qp,
-                            imm,
-                            src_addr: None,
-                        });
+                        self.push_write_imm_rx(imm, Some(h.src_pe), h.total);
                     }
                 }
                 self.reply(h, STAGE_WRITE_ACK, status, 0, false, 0);

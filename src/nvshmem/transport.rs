@@ -1404,14 +1404,9 @@ impl Transport {
         Ok(())
     }
 
-    /// Translates a remote address into what the provider wants, after checking the handle and range.
-    fn remote_target(
-        &self,
-        rd: &RmaMemdesc,
-        len: u64,
-        ep: usize,
-        what: &str,
-    ) -> TResult<(u64, u64)> {
+    /// The remote handle of `rd`, after checking that it is one of ours and covers `len` bytes at
+    /// `rd.ptr`.
+    fn remote_blob(&self, rd: &RmaMemdesc, len: u64, what: &str) -> TResult<HandleBlob> {
         let b = HandleBlob::read(rd.handle).ok_or_else(|| {
             invalid(format!(
                 "{what}: remote handle {:p} was not made by this transport",
@@ -1425,6 +1420,19 @@ impl Transport {
                 b.base, b.len
             )));
         }
+        Ok(b)
+    }
+
+    /// Translates a remote address into what the provider wants, after checking the handle and range.
+    fn remote_target(
+        &self,
+        rd: &RmaMemdesc,
+        len: u64,
+        ep: usize,
+        what: &str,
+    ) -> TResult<(u64, u64)> {
+        let b = self.remote_blob(rd, len, what)?;
+        let addr = rd.ptr as u64;
         let a = if self.info.virt_addr() {
             addr
         } else {
@@ -1600,19 +1608,8 @@ impl Transport {
     ) -> TResult<()> {
         let what = if is_put { "put" } else { "get" };
         if self.staging {
-            let b = HandleBlob::read(rd.handle).ok_or_else(|| {
-                invalid(format!(
-                    "{what}: remote handle {:p} was not made by this transport",
-                    rd.handle
-                ))
-            })?;
+            let b = self.remote_blob(rd, len, what)?;
             let raddr = rd.ptr as u64;
-            if !b.contains(raddr, len) {
-                return Err(invalid(format!(
-                    "{what}: remote range {raddr:#x}+{len} outside the registration {:#x}+{}",
-                    b.base, b.len
-                )));
-            }
             let local_dev = matches!(cuda::pointer_kind(ld.ptr), PtrKind::Device { .. });
             let stage_all = self.cfg.gpu_staging == Some(true);
             if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
