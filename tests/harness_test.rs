@@ -266,7 +266,10 @@ fn expect_pass_with(
     if manual_progress {
         args.push("--proxy-progress".into());
     }
+    // tcp stays on the loopback interface unless the caller chose another.
+    let tcp_iface = std::env::var("FI_TCP_IFACE").unwrap_or_else(|_| "lo".to_string());
     let mut env = vec![
+        ("FI_TCP_IFACE", Some(tcp_iface.as_str())),
         ("NVSHMEM_LIBFABRIC_PROVIDER", Some(provider)),
         ("NVSHMEM_EFA_GDA", Some("off")),
         ("NVSHMEM_EFA_ATOMICS", atomics),

@@ -90,6 +90,10 @@ pub fn providers() -> Vec<Provider> {
 }
 
 pub fn domain(p: &Provider) -> Option<Arc<Domain>> {
+    // tcp stays on the loopback interface unless the caller chose another.
+    if std::env::var_os("FI_TCP_IFACE").is_none() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+    }
     let info = Info::get(&InfoRequest {
         provider: p.clone(),
         hmem: false,
