@@ -233,6 +233,35 @@ enum Pending {
 const BOUNCE_BYTES: usize = 4 << 20;
 
 impl EpState {
+    /// Counts a failed operation; quiet reports it with this message.
+    fn record_error(&self, msg: String) {
+        self.errors.fetch_add(1, Ordering::AcqRel);
+        *self.last_error.lock() = Some(msg);
+    }
+
+    /// The context waiting for an answer with this token, and its data; `None` (logged) when the
+    /// token names no waiting context.
+    fn waiting(&self, token: u64, what: &str) -> Option<(*mut c_void, u64)> {
+        let wait = token as *mut c_void;
+        match self.ctxs.get(wait) {
+            Some((TAG_AM_WAIT, data)) => Some((wait, data)),
+            Some(_) => {
+                tracing::error!("{what} for a context that is not waiting");
+                None
+            }
+            None => {
+                tracing::error!("{what} for an unknown token {token:#x}");
+                None
+            }
+        }
+    }
+
+    /// Completes a waiting context (counted for quiet).
+    fn finish_wait(&self, wait: *mut c_void) {
+        self.ctxs.free(wait);
+        self.completed.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn ctx_desc(&self) -> *mut c_void {
         self.ctx_mr
             .as_ref()
@@ -646,8 +675,7 @@ impl Transport {
                     handled += 1;
                     if err.context.is_null() {
                         // Not attributable to one operation: record it so quiet reports it.
-                        e.errors.fetch_add(1, Ordering::AcqRel);
-                        *e.last_error.lock() = Some(err.error.to_string());
+                        e.record_error(err.error.to_string());
                         tracing::error!("endpoint {i}: {}", err.error);
                         break;
                     }
@@ -677,8 +705,7 @@ impl Transport {
             TAG_OP => {
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: operation failed: {msg}");
-                    e.errors.fetch_add(1, Ordering::AcqRel);
-                    *e.last_error.lock() = Some(msg);
+                    e.record_error(msg);
                 }
                 e.ctxs.free(ctx);
                 e.completed.fetch_add(1, Ordering::AcqRel);
@@ -745,10 +772,8 @@ impl Transport {
 
     fn fail_am_wait(&self, e: &EpState, wait: *mut c_void, msg: String) {
         if e.ctxs.get(wait).map(|(t, _)| t) == Some(TAG_AM_WAIT) {
-            e.errors.fetch_add(1, Ordering::AcqRel);
-            *e.last_error.lock() = Some(msg);
-            e.ctxs.free(wait);
-            e.completed.fetch_add(1, Ordering::AcqRel);
+            e.record_error(msg);
+            e.finish_wait(wait);
         }
     }
 
@@ -824,15 +849,9 @@ impl Transport {
                 e.am_pending.lock().push_back(Pending::Msg(dest, resp));
             }
             AM_RESP => {
-                let wait = m.token as *mut c_void;
-                let Some((tag, retptr)) = e.ctxs.get(wait) else {
-                    tracing::error!("AM response for an unknown token {:#x}", m.token);
+                let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
                     return;
                 };
-                if tag != TAG_AM_WAIT {
-                    tracing::error!("AM response for a context that is not waiting");
-                    return;
-                }
                 // SAFETY: own waiting context; scratch[0] holds the operand size (amo_target).
                 let size = e
                     .ctxs
@@ -841,18 +860,14 @@ impl Transport {
                     .unwrap_or(8)
                     .min(8);
                 if m.status != 0 {
-                    e.errors.fetch_add(1, Ordering::AcqRel);
-                    *e.last_error.lock() =
-                        Some(format!("remote AMO failed with status {}", m.status));
+                    e.record_error(format!("remote AMO failed with status {}", m.status));
                 } else if retptr != 0 {
                     let bytes = m.result.to_le_bytes();
                     if let Err(err) = write_any(retptr as *mut u8, &bytes[..size]) {
-                        e.errors.fetch_add(1, Ordering::AcqRel);
-                        *e.last_error.lock() = Some(err.message);
+                        e.record_error(err.message);
                     }
                 }
-                e.ctxs.free(wait);
-                e.completed.fetch_add(1, Ordering::AcqRel);
+                e.finish_wait(wait);
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
@@ -901,29 +916,19 @@ impl Transport {
                 });
             }
             AM_GET_DATA => {
-                let wait = m.token as *mut c_void;
-                let Some((tag, dst)) = e.ctxs.get(wait) else {
-                    tracing::error!("staged get data for an unknown token {:#x}", m.token);
+                let Some((wait, dst)) = e.waiting(m.token, "staged get data") else {
                     return;
                 };
-                if tag != TAG_AM_WAIT {
-                    tracing::error!("staged get data for a context that is not waiting");
-                    return;
-                }
                 if m.status != 0 {
-                    e.errors.fetch_add(1, Ordering::AcqRel);
-                    *e.last_error.lock() =
-                        Some(format!("remote get failed with status {}", m.status));
+                    e.record_error(format!("remote get failed with status {}", m.status));
                 } else {
                     // SAFETY: the payload follows the header inside this receive slot.
                     let payload = unsafe { buf.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) };
                     if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
-                        e.errors.fetch_add(1, Ordering::AcqRel);
-                        *e.last_error.lock() = Some(err.message);
+                        e.record_error(err.message);
                     }
                 }
-                e.ctxs.free(wait);
-                e.completed.fetch_add(1, Ordering::AcqRel);
+                e.finish_wait(wait);
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }
