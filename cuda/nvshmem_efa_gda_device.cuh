@@ -93,9 +93,22 @@
 #define NVSHMEM_EFA_GDA_MAX_BACKOFF_NS 1024u
 #endif
 
-// Idle cycles after which a wait also checks whether the software queue's consumer stopped.
+// Upper bound of the back-off sleep of a poster whose turn is far away (more than
+// NVSHMEM_EFA_GDA_FAR_WQES WQEs must complete or commit before it): thousands of threads waiting
+// on one queue would otherwise keep its control words and L2 busy for the few that can progress.
+#ifndef NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS
+#define NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS 8192u
+#endif
+#ifndef NVSHMEM_EFA_GDA_FAR_WQES
+#define NVSHMEM_EFA_GDA_FAR_WQES 64u
+#endif
+
+// Idle cycles after which a wait checks whether the software queue's consumer stopped, and the
+// interval of the further checks while it stays idle. The flag lives in host memory: each check is
+// a read across PCIe, so thousands of waiting threads must not issue it on every back-off step
+// (that saturates the link and starves the queue's own DMA).
 #ifndef NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES
-#define NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES (1ULL << 21)
+#define NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES (1ULL << 24)
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -185,9 +198,9 @@ NVSHMEM_EFA_GDA_DEV unsigned long long *ull(uint64_t *p) {
     return reinterpret_cast<unsigned long long *>(p);
 }
 
-NVSHMEM_EFA_GDA_DEV void backoff(unsigned &ns) {
+NVSHMEM_EFA_GDA_DEV void backoff(unsigned &ns, unsigned cap = NVSHMEM_EFA_GDA_MAX_BACKOFF_NS) {
     __nanosleep(ns);
-    ns = ns < NVSHMEM_EFA_GDA_MAX_BACKOFF_NS ? ns * 2u : NVSHMEM_EFA_GDA_MAX_BACKOFF_NS;
+    ns = ns < cap ? ns * 2u : cap;
 }
 
 // ---- the state, loaded once per operation through the read-only path ---------------------------
@@ -292,35 +305,42 @@ NVSHMEM_EFA_GDA_DEV void set_fatal(const View &v, uint32_t code) {
 // Bounded-wait bookkeeping: timeout measured from the last observed progress.
 struct Waiter {
     long long last;
+    long long checked;  // last look at host_ctrl->stopped (or the start of the idle period)
     uint64_t seen;
     unsigned ns;
     NVSHMEM_EFA_GDA_DEV void start(uint64_t first) {
         last = clock64();
+        checked = last;
         seen = first;
         ns = 32u;
     }
-    // Returns 0 to keep waiting, or the code to give up with.
-    NVSHMEM_EFA_GDA_DEV unsigned step(const View &v, uint64_t observed) {
+    // Returns 0 to keep waiting, or the code to give up with. `far`: the caller's turn is more
+    // than NVSHMEM_EFA_GDA_FAR_WQES away (sleeps up to NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS).
+    NVSHMEM_EFA_GDA_DEV unsigned step(const View &v, uint64_t observed, bool far = false) {
         long long now = clock64();
         if (observed != seen) {
             seen = observed;
             last = now;
+            checked = now;
             ns = 32u;
             return 0u;
         }
         unsigned f = fatal_code();
         if (f != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
         unsigned long long idle = (unsigned long long)(now - last);
-        if (idle > NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES && v.host_ctrl != nullptr &&
-            ld_volatile_u64(&v.host_ctrl->stopped) != 0ull) {
-            set_fatal(v, NVSHMEM_EFA_GDA_ERR_STOPPED);
-            return NVSHMEM_EFA_GDA_ERR_STOPPED;
+        if ((unsigned long long)(now - checked) > NVSHMEM_EFA_GDA_STOP_CHECK_CYCLES &&
+            v.host_ctrl != nullptr) {
+            checked = now;
+            if (ld_volatile_u64(&v.host_ctrl->stopped) != 0ull) {
+                set_fatal(v, NVSHMEM_EFA_GDA_ERR_STOPPED);
+                return NVSHMEM_EFA_GDA_ERR_STOPPED;
+            }
         }
         if (idle > NVSHMEM_EFA_GDA_TIMEOUT_CYCLES) {
             set_fatal(v, NVSHMEM_EFA_GDA_ERR_TIMEOUT);
             return NVSHMEM_EFA_GDA_ERR_TIMEOUT;
         }
-        backoff(ns);
+        backoff(ns, far ? NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS : NVSHMEM_EFA_GDA_MAX_BACKOFF_NS);
         return 0u;
     }
 };
@@ -384,7 +404,7 @@ NVSHMEM_EFA_GDA_DEV unsigned wait_done(const View &v, uint64_t target) {
     for (;;) {
         d = poll_cq(v);
         if (d >= target) return 0u;
-        unsigned e = w.step(v, d);
+        unsigned e = w.step(v, d, target - d > NVSHMEM_EFA_GDA_FAR_WQES);
         if (e) return e;
     }
 }
@@ -429,7 +449,7 @@ NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
             const uint64_t d = poll_cq(v);
             r = ld_acquire_u64(&c->ready);
             if (r == base) break;
-            unsigned e = w.step(v, r + d);
+            unsigned e = w.step(v, r + d, base - r > NVSHMEM_EFA_GDA_FAR_WQES);
             if (e) return e;
         }
     }
@@ -444,6 +464,44 @@ NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
     }
     st_release_u64(&c->ready, end);
     return 0u;
+}
+
+// Posts one WQE per calling thread (`w` without request id and phase: stamped here). The lanes of
+// a warp that arrive together (the converged set, as cooperative_groups::coalesced_threads() sees
+// it) share one reservation and one ordered commit: the lowest lane reserves for the group, every
+// lane stores its WQE at base + its rank among the group, the lowest lane commits after
+// __syncwarp. Divergent callers form smaller groups, down to one thread; a ring smaller than the
+// group is fed one WQE at a time. *pc_end gets the producer count after the caller's own WQE.
+NVSHMEM_EFA_GDA_DEV unsigned post_one(const View &v, nvshmem_efa_tx_wqe w, uint64_t *pc_end) {
+    const unsigned grp = __activemask();
+    const unsigned cnt = (unsigned)__popc(grp);
+    if (cnt > v.sq_entries) {
+        uint64_t b = 0;
+        unsigned e = reserve(v, 1, &b);
+        if (e) return e;
+        stamp_wqe(v, b, &w);
+        store_wqe(v, b, w);
+        *pc_end = b + 1;
+        return commit(v, b, 1);
+    }
+    unsigned lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const int leader = __ffs((int)grp) - 1;
+    const unsigned rank = (unsigned)__popc(grp & ((1u << lane) - 1u));
+    uint64_t base = 0;
+    unsigned st = 0u;
+    if ((int)lane == leader) st = reserve(v, cnt, &base);
+    base = __shfl_sync(grp, base, leader);
+    st = __shfl_sync(grp, st, leader);
+    if (st) return st;
+    stamp_wqe(v, base + rank, &w);
+    store_wqe(v, base + rank, w);
+    __threadfence_system();
+    __syncwarp(grp);
+    if ((int)lane == leader) st = commit(v, base, cnt);
+    st = __shfl_sync(grp, st, leader);
+    *pc_end = base + rank + 1;
+    return st;
 }
 
 // Builds the WQE of one RDMA chunk at producer count pc.
@@ -502,6 +560,13 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, 
     const uint32_t group_max = v.sq_entries < NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
                                    ? v.sq_entries
                                    : NVSHMEM_EFA_GDA_MAX_WQES_PER_POST;
+    if (c1 - c0 == 1) {  // one WQE: posted together with the warp's other single-WQE callers
+        const uint64_t off = c0 * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
+        const RdmaKind kk = (kind == kWriteImm && c0 + 1 != c1) ? kWrite : kind;
+        nvshmem_efa_tx_wqe w = rdma_wqe(v, p, kk, 0, laddr + off, raddr + off,
+                                        bytes == 0 ? 0u : chunk_len(bytes, c0), imm);
+        return post_one(v, w, end_pc);
+    }
     for (uint64_t c = c0; c < c1;) {
         const uint32_t k = (uint32_t)((c1 - c) < group_max ? (c1 - c) : group_max);
         uint64_t base = 0;
@@ -590,9 +655,6 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
     m.reserved = 0;
     m.offset = roff;
     m.value = value;
-    uint64_t base = 0;
-    unsigned e = reserve(v, 1, &base);
-    if (e) return e;
     nvshmem_efa_route r;
     r.ah = p.ahn;
     r.dest_qpn = p.qpn;
@@ -600,9 +662,8 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
     nvshmem_efa_tx_wqe w;
     (void)nvshmem_efa_write_send_inline(&w, &r, &m, (uint32_t)sizeof(m));  // 32 <= INLINE_MAX
     if (has_imm) nvshmem_efa_wqe_set_imm(&w, imm);
-    stamp_wqe(v, base, &w);
-    store_wqe(v, base, w);
-    return commit(v, base, 1);
+    uint64_t end_pc = 0;
+    return post_one(v, w, &end_pc);
 }
 
 // Group helpers: lane index and size of the calling warp / block.

@@ -409,3 +409,133 @@ impl Drop for HostRegistration {
         }
     }
 }
+
+/// CUDA lazy module loading and this library.
+///
+/// With lazy loading (the CUDA default since 12.2), the first launch of a kernel, or the first
+/// `cudaFuncGetAttributes` on it, loads its module, and loading synchronises the context: it waits
+/// for running kernels while it holds the driver's lock. NVSHMEM's on-stream calls
+/// (`nvshmemx_*_on_stream`, `nvshmemx_quiet_on_stream`) launch such kernels while earlier ones
+/// wait for NVSHMEM's proxy thread, and on providers without GPU RDMA this transport's proxy path
+/// copies GPU memory with the driver: the copy waits for the lock, the loader for the kernel, the
+/// kernel for the copy. Eager loading (`CUDA_MODULE_LOADING=EAGER`) loads every module when the
+/// context is created and removes the cycle.
+pub mod module_loading {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// What the load-time hook did: 0 not run, 1 set EAGER, 2 the variable was already set,
+    /// 3 CUDA was already loaded (too late to choose), 4 disabled by `NVSHMEM_EFA_CUDA_MODULE_LOADING`.
+    static AT_LOAD: AtomicU8 = AtomicU8::new(0);
+
+    /// Runs when the shared library is loaded (ELF constructor). When `CUDA_MODULE_LOADING` is unset,
+    /// libcuda is not loaded yet (so no CUDA context exists and the loader is still single-threaded,
+    /// as with `LD_PRELOAD`) and `NVSHMEM_EFA_CUDA_MODULE_LOADING` is not `keep`, it sets
+    /// `CUDA_MODULE_LOADING=EAGER`.
+    extern "C" fn on_load() {
+        // SAFETY: getenv/setenv with NUL-terminated literals; dlopen(RTLD_NOLOAD) only queries.
+        unsafe {
+            let keep = libc::getenv(c"NVSHMEM_EFA_CUDA_MODULE_LOADING".as_ptr());
+            if !keep.is_null()
+                && std::ffi::CStr::from_ptr(keep)
+                    .to_bytes()
+                    .eq_ignore_ascii_case(b"keep")
+            {
+                AT_LOAD.store(4, Ordering::Relaxed);
+                return;
+            }
+            if !libc::getenv(c"CUDA_MODULE_LOADING".as_ptr()).is_null() {
+                AT_LOAD.store(2, Ordering::Relaxed);
+                return;
+            }
+            let h = libc::dlopen(
+                c"libcuda.so.1".as_ptr(),
+                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+            );
+            if !h.is_null() {
+                libc::dlclose(h);
+                AT_LOAD.store(3, Ordering::Relaxed);
+                return;
+            }
+            if libc::setenv(c"CUDA_MODULE_LOADING".as_ptr(), c"EAGER".as_ptr(), 0) == 0 {
+                AT_LOAD.store(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[used]
+    #[link_section = ".init_array"]
+    static ON_LOAD: extern "C" fn() = on_load;
+
+    /// True when the running context loads modules lazily (`None`: no CUDA, or unknown).
+    pub fn lazy() -> Option<bool> {
+        if !super::available() {
+            return None;
+        }
+        let mut mode = cudarc::driver::sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+        // SAFETY: writes one enum value.
+        let r = unsafe { cudarc::driver::sys::cuModuleGetLoadingMode(&mut mode) };
+        (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+            .then_some(mode == cudarc::driver::sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING)
+    }
+
+    /// Logs what the load-time hook did and, where lazy loading is on although this transport
+    /// copies GPU memory through the driver (`staged`), a warning that says how to avoid the hang.
+    pub fn report(staged: bool) {
+        match AT_LOAD.load(Ordering::Relaxed) {
+            1 => tracing::info!(
+                "set CUDA_MODULE_LOADING=EAGER when the library was loaded (lazy loading can deadlock \
+                 NVSHMEM's on-stream calls with this transport; NVSHMEM_EFA_CUDA_MODULE_LOADING=keep \
+                 leaves the variable alone)"
+            ),
+            3 => tracing::debug!(
+                "CUDA was loaded before this library: CUDA_MODULE_LOADING left as it is"
+            ),
+            _ => {}
+        }
+        if staged && lazy() == Some(true) {
+            tracing::warn!(
+                "CUDA lazy module loading is on and this transport copies GPU memory through the CUDA \
+                 driver on this provider: NVSHMEM's on-stream calls (nvshmemx_*_on_stream, \
+                 nvshmemx_quiet_on_stream) can deadlock while a kernel waits for the proxy. Run with \
+                 CUDA_MODULE_LOADING=EAGER (the library sets it itself when it is preloaded and the \
+                 variable is unset)"
+            );
+        }
+    }
+}
+
+/// Host memory page-locked for the driver (`cuMemHostRegister`) while the value lives, so that
+/// copies between it and GPU memory are plain DMA instead of the driver's pageable path (an extra
+/// copy through the driver's own buffers, and a synchronous call).
+pub struct HostPin {
+    ptr: usize,
+}
+
+impl HostPin {
+    /// Pins `[ptr, ptr + len)` when CUDA is usable from this thread (a context is current). `None`
+    /// when it is not, or when the driver refuses (logged at debug level; copies then take the
+    /// pageable path, which works, only slower).
+    pub fn new(ptr: *mut u8, len: usize) -> Option<HostPin> {
+        if !available() || current_context() == 0 || ptr.is_null() || len == 0 {
+            return None;
+        }
+        // SAFETY: the caller owns the range; it stays allocated until this value is dropped.
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            tracing::debug!(
+                "cuMemHostRegister({ptr:p}, {len}) failed ({r:?}): copies use the pageable path"
+            );
+            return None;
+        }
+        Some(HostPin { ptr: ptr as usize })
+    }
+}
+
+impl Drop for HostPin {
+    fn drop(&mut self) {
+        // SAFETY: registered in new(); unregistered once.
+        unsafe {
+            let _ = sys::cuMemHostUnregister(self.ptr as *mut c_void);
+        }
+    }
+}

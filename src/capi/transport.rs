@@ -73,7 +73,12 @@ fn with<L: Layout>(name: &str, t: *mut c_void, f: impl FnOnce(&Arc<Transport>) -
     ffi_guard(name, INTERNAL, || {
         // SAFETY: NVSHMEM passes back the struct this library allocated with layout L.
         match unsafe { transport_of::<L>(t) } {
-            Ok(tr) => f(&tr),
+            Ok(tr) => {
+                tracing::trace!("{name}: enter");
+                let c = f(&tr);
+                tracing::trace!("{name}: return {c}");
+                c
+            }
             Err(c) => c,
         }
     })

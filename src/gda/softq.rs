@@ -123,6 +123,9 @@ const BURST: usize = 64;
 const STOP_DRAIN: Duration = Duration::from_secs(5);
 /// Minimum interval between reads of device-memory control words while blocked on them.
 const CTRL_REFRESH: Duration = Duration::from_micros(50);
+/// A consumer with work outstanding that makes no progress for this long logs its state (and
+/// again after each further period while the stall lasts).
+const STALL_REPORT: Duration = Duration::from_secs(5);
 /// Rejections logged at warn level per queue before switching to debug.
 const WARN_REJECTS: u64 = 16;
 
@@ -306,6 +309,11 @@ impl RingLayout {
 
 const CTRL_SIZE: usize = std::mem::size_of::<NvshmemEfaGdaQueueCtrl>();
 const OFF_DONE: usize = offset_of!(NvshmemEfaGdaQueueCtrl, done);
+const OFF_RESV: usize = offset_of!(NvshmemEfaGdaQueueCtrl, resv);
+const OFF_READY: usize = offset_of!(NvshmemEfaGdaQueueCtrl, ready);
+const OFF_CQ_CI: usize = offset_of!(NvshmemEfaGdaQueueCtrl, cq_ci);
+/// `first_error` (low 32 bits) and `cq_lock` (high 32 bits) as one little-endian word.
+const OFF_FIRST_ERROR: usize = offset_of!(NvshmemEfaGdaQueueCtrl, first_error);
 const OFF_RX_CI: usize = offset_of!(NvshmemEfaGdaQueueCtrl, rx_ci);
 const HC_CONSUMED: usize = offset_of!(NvshmemEfaGdaHostCtrl, consumed);
 const HC_REJECTED: usize = offset_of!(NvshmemEfaGdaHostCtrl, rejected);
@@ -388,7 +396,9 @@ struct BufPool {
 
 impl BufPool {
     fn new(domain: &Arc<Domain>, ep: &Endpoint, slot: usize, count: usize) -> Result<BufPool> {
-        let mem = SharedMem::new(slot * count, false)?;
+        // Pinned (CUDA-mapped) when CUDA is usable: staged GPU data is copied in and out of these
+        // buffers, and pinned memory makes those copies DMA.
+        let mem = SharedMem::new(slot * count, mem::cuda_usable())?;
         // SAFETY: the memory is owned by the pool, which keeps the registration and drops it first
         // (field order); the endpoint belongs to `domain`.
         let mr = unsafe {
@@ -998,6 +1008,9 @@ impl Consumer {
         }
         let mut idle = 0u32;
         let mut stop_deadline: Option<Instant> = None;
+        let mut last_work = Instant::now();
+        let mut last_report = last_work;
+        let mut taken_at_report = 0u64;
         loop {
             self.heartbeat += 1;
             self.inner
@@ -1024,9 +1037,18 @@ impl Consumer {
             }
             if work > 0 {
                 idle = 0;
+                last_work = Instant::now();
             } else {
                 idle = idle.saturating_add(1);
                 backoff(idle, !self.tables.peers.is_empty());
+            }
+            if self.heartbeat % 1024 == 0 {
+                let now = Instant::now();
+                if now - last_report >= STALL_REPORT {
+                    self.report(now - last_work, now - last_report, taken_at_report);
+                    last_report = now;
+                    taken_at_report = self.ci;
+                }
             }
         }
         if !self.pending_rx.is_empty() {
@@ -1043,6 +1065,62 @@ impl Consumer {
             self.ci,
             self.rejected
         );
+    }
+
+    /// Every `STALL_REPORT` while work is outstanding (in the consumer, or reserved by GPU posters
+    /// and not yet taken): the queue's state, at debug level while it moves and as a warning once
+    /// nothing moved for `STALL_REPORT` (`quiet`: time since the consumer last did anything). An
+    /// idle queue is not reported.
+    fn report(&mut self, quiet: Duration, period: Duration, taken_before: u64) {
+        let db = self.doorbell();
+        let pending_wqes = db.wrapping_sub(self.ci as u32);
+        let word = |off: usize| self.inner.ctrl.read_u64(off).unwrap_or(u64::MAX);
+        let resv = word(OFF_RESV);
+        let ready = word(OFF_READY);
+        let done = word(OFF_DONE);
+        let cq_ci = word(OFF_CQ_CI);
+        let err_lock = word(OFF_FIRST_ERROR);
+        if self.in_flight == 0
+            && self.outbox.is_empty()
+            && self.stalled.is_none()
+            && pending_wqes == 0
+            && self.pending_rx.is_empty()
+            && resv <= self.ci
+        {
+            return;
+        }
+        let stalled = quiet >= STALL_REPORT;
+        if !stalled && !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let state = format!(
+            "GPU side: {resv} slots reserved, {ready} committed, {done} done, CQ consumer {cq_ci}, \
+             first error {:#x}, CQ lock {}. Consumer: doorbell {db}, {} WQEs taken ({pending_wqes} \
+             announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
+             ({} free), {} WQE waiting for the provider, {} TX completions written, {} receive \
+             completions waiting for ring space",
+            err_lock & 0xffff_ffff,
+            err_lock >> 32,
+            self.ci,
+            self.in_flight,
+            self.outbox.len(),
+            self.free_bounce.len(),
+            usize::from(self.stalled.is_some()),
+            self.cq_pc,
+            self.pending_rx.len()
+        );
+        if stalled {
+            tracing::warn!(
+                "software queue: no progress for {:.1} s. {state}",
+                quiet.as_secs_f64()
+            );
+        } else {
+            tracing::debug!(
+                "software queue: {} WQEs taken in the last {:.1} s. {state}",
+                self.ci - taken_before,
+                period.as_secs_f64()
+            );
+        }
     }
 
     fn refresh_tables(&mut self) {

@@ -198,6 +198,8 @@ const _: () = assert!(std::mem::size_of::<AmMsg>() <= AM_BYTES);
 
 /// One endpoint with its completion bookkeeping.
 struct EpState {
+    /// Page-locks of the host slabs below for the driver's copies (dropped before them).
+    _pins: Vec<cuda::HostPin>,
     ep: Endpoint,
     cq: Arc<CompletionQueue>,
     ctxs: OpContexts,
@@ -386,6 +388,8 @@ impl Transport {
                 ^ ((std::process::id() as u64) << 32)
                 ^ (&domain as *const _ as u64)
         };
+        // Staged RMA and target-applied AMOs copy GPU memory through the driver from the proxy path.
+        crate::cuda::module_loading::report(staging || !use_provider_atomics);
         Ok(Transport {
             cfg,
             provider,
@@ -484,9 +488,17 @@ impl Transport {
                 };
                 Ok((buf, mr))
             };
-            let send_slab = slab(SEND_SLOTS * STAGE_BYTES)?;
-            let am_bufs = Some(slab(AM_RECV_BUFS * STAGE_BYTES)?);
+            let mut send_slab = slab(SEND_SLOTS * STAGE_BYTES)?;
+            let mut am_bufs = slab(AM_RECV_BUFS * STAGE_BYTES)?;
+            // Staged GPU data is copied out of the send slots and into place from the receive
+            // buffers: pinned memory makes those copies DMA.
+            let pins = [&mut send_slab.0, &mut am_bufs.0]
+                .into_iter()
+                .filter_map(|b| cuda::HostPin::new(b.as_mut_ptr(), b.len()))
+                .collect();
+            let am_bufs = Some(am_bufs);
             eps.push(EpState {
+                _pins: pins,
                 ep,
                 cq,
                 ctxs,
@@ -1560,9 +1572,16 @@ impl Transport {
         if ld.ptr.is_null() || rd.ptr.is_null() {
             return Err(invalid("rma: null address"));
         }
-        if verb.is_stream != 0 && !verb.cstrm.is_null() {
-            sync_stream(verb.cstrm)?;
-        }
+        tracing::trace!(
+            "rma: pe {pe} op {} nbi {} {total} bytes, local {:p}, remote {:p}, endpoint {ep}",
+            verb.op,
+            verb.is_nbi,
+            ld.ptr,
+            rd.ptr
+        );
+        // `verb.is_stream` / `verb.cstrm` are not read: NVSHMEM orders on-stream operations itself
+        // (it launches a kernel that goes through its proxy) and never hands a transport a stream,
+        // and its proxy leaves both fields uninitialised in inline (P) requests.
         // A single element has no stride: NVSHMEM leaves the strides of its one-element requests (P, G,
         // inline proxy requests) uninitialised.
         let (lstride, rstride) = if bytes.nelems == 1 {
@@ -2187,20 +2206,6 @@ fn copy_any(dst: *mut u8, src: *const u8, n: usize) -> TResult<()> {
 
 fn write_any(dst: *mut u8, bytes: &[u8]) -> TResult<()> {
     copy_any(dst, bytes.as_ptr(), bytes.len())
-}
-
-fn sync_stream(stream: *mut c_void) -> TResult<()> {
-    if !cuda::available() {
-        return Ok(());
-    }
-    // SAFETY: the stream handle comes from NVSHMEM's caller.
-    let r = unsafe {
-        cudarc::driver::sys::cuStreamSynchronize(stream as cudarc::driver::sys::CUstream)
-    };
-    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-        return Err(internal(format!("cuStreamSynchronize failed ({r:?})")));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ usage: tests/gpu/run.sh [options]
   --out DIR           log directory (default: $OUT, else ./gpu-out)
   --cases LIST        comma-separated test cases (default: all; see nvshmem_tests --list)
   --no-bench          skip the benchmark
+  --no-tests          skip the test run through the library (e.g. to run only the benchmark)
   --no-p2p-tests      skip the reference run of the tests on NVSHMEM's P2P path
   --debug             NVSHMEM_DEBUG=INFO and NVSHMEM_INFO=1 (default NVSHMEM_DEBUG=WARN)
   --bin-dir DIR       run the nvshmem_tests / nvshmem_bench found in DIR instead of building
@@ -39,6 +40,7 @@ debug=0
 cases=""
 do_bench=1
 do_p2p_tests=1
+do_tests=1
 bin_dir=""
 save_bins=""
 while [ $# -gt 0 ]; do
@@ -48,6 +50,7 @@ while [ $# -gt 0 ]; do
     --cases) cases=${2:?--cases needs a value}; shift ;;
     --no-bench) do_bench=0 ;;
     --no-p2p-tests) do_p2p_tests=0 ;;
+    --no-tests) do_tests=0 ;;
     --plugin-dir) PLUGIN_DIR=${2:?--plugin-dir needs a value}; shift ;;
     --libfabric) LIBFABRIC_HOME=${2:?--libfabric needs a value}; shift ;;
     --out) OUT=${2:?--out needs a value}; shift ;;
@@ -502,7 +505,11 @@ run_bench() { # name env_array timeout
 # ----------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------
-run_tests tests-library lib_env 180
+if [ $do_tests = 1 ]; then
+    run_tests tests-library lib_env 180
+else
+    record "tests-library" skipped "--no-tests"
+fi
 if [ $do_bench = 1 ]; then
     run_bench bench-library lib_env 90
     run_bench bench-p2p p2p_env 60

@@ -28,10 +28,14 @@ usage: tests/gpu_gda/run.sh [options]
   --no-sanitizer      skip compute-sanitizer memcheck / racecheck
   --no-bench          skip the benchmark and the plot
   --debug             NVSHMEM_DEBUG=INFO (default WARN)
+  --bin-dir DIR       run the gda_tests / gda_bench found in DIR instead of building them
+  --save-bins DIR     with --compile-only: copy the MPI programs (sm_90) to DIR
 environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARGS,
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
   NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), GDA_TESTS_CASE_TIMEOUT (s per case),
-  COMPUTE_SANITIZER; NVSHMEM_EFA_* and FI_* variables are passed to the library runs.
+  COMPUTE_SANITIZER, GDA_SANITIZER_TIMEOUT (s per sanitizer run, default 420),
+  GDA_TESTS_TIMEOUT (s for the whole gda_tests run, default 300);
+  NVSHMEM_EFA_* and FI_* variables are passed to the library runs.
 EOF
 }
 
@@ -41,6 +45,8 @@ cases=""
 do_bench=1
 do_sanitizer=1
 do_tests=1
+bin_dir=""
+save_bins=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --compile-only) compile_only=1 ;;
@@ -49,6 +55,8 @@ while [ $# -gt 0 ]; do
     --no-bench) do_bench=0 ;;
     --no-sanitizer) do_sanitizer=0 ;;
     --no-tests) do_tests=0 ;;
+    --bin-dir) bin_dir=${2:?--bin-dir needs a value}; shift ;;
+    --save-bins) save_bins=${2:?--save-bins needs a value}; shift ;;
     --plugin-dir) PLUGIN_DIR=${2:?--plugin-dir needs a value}; shift ;;
     --libfabric) LIBFABRIC_HOME=${2:?--libfabric needs a value}; shift ;;
     --out) OUT=${2:?--out needs a value}; shift ;;
@@ -274,6 +282,16 @@ EOF_CLASH
         ARCH_FLAGS=("${all_arch[@]}")
         LDFLAGS_X=()
     fi
+    if [ -n "$save_bins" ]; then
+        if [ $status = 0 ] && [ "$LINK" = 1 ] && [ -x "$work/gda_tests-mpi" ]; then
+            mkdir -p "$save_bins" && cp "$work/gda_tests-mpi" "$save_bins/gda_tests" &&
+                cp "$work/gda_bench-mpi" "$save_bins/gda_bench" &&
+                say "saved gda_tests, gda_bench (MPI, sm_90) in $save_bins" || status=1
+        else
+            say "FAILED: --save-bins needs the linked MPI programs (cargo build, mpicc with mpi.h)"
+            status=1
+        fi
+    fi
     if [ $status = 0 ] && [ "$LINK" = 1 ]; then
         # Multiple-definition trap: two objects including the headers plus the state object.
         link "$work/twice_app" "$OUT/link-twice.log" "$work/twice.o" "$work/gda_tests-nompi.o" \
@@ -379,12 +397,18 @@ record() { # step status detail
 arch=${GPU_ARCH:-sm_90}
 ARCH_FLAGS=(-arch="$arch")
 LDFLAGS_X=("${mpi_ldflags[@]}")
-if ! build_programs "" "" "${mpi_cflags[@]}"; then
+if [ -n "$bin_dir" ]; then
+    [ -x "$bin_dir/gda_tests" ] && [ -x "$bin_dir/gda_bench" ] ||
+        die "--bin-dir $bin_dir lacks executable gda_tests and gda_bench"
+    cp "$bin_dir/gda_tests" "$bin_dir/gda_bench" "$work/"
+    record "build" skipped "prebuilt programs from $bin_dir"
+elif ! build_programs "" "" "${mpi_cflags[@]}"; then
     record "build ($arch)" FAILED "$OUT/build-*.log $OUT/link-*.log"
     printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
     exit 1
+else
+    record "build ($arch)" ok "$OUT/build-*.log"
 fi
-record "build ($arch)" ok "$OUT/build-*.log"
 TESTS=$work/gda_tests
 BENCH=$work/gda_bench
 
@@ -408,6 +432,7 @@ lib_env=(
     "NVSHMEM_EFA_GDA=${NVSHMEM_EFA_GDA:-soft}"
     "FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn}"
     "LD_PRELOAD=$PLUGIN"
+    "NVSHMEM_EFA_PRELOAD=$PLUGIN"
     "LD_LIBRARY_PATH=$fabric_lib:$PLUGIN_DIR:$NVSHMEM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 )
 [ -d "$fabric_lib/libfabric" ] && lib_env+=("FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-$fabric_lib/libfabric}")
@@ -486,7 +511,7 @@ run_tests() { # name timeout [prefix...] -- args
 targs=()
 [ -n "$cases" ] && targs+=("$cases")
 if [ $do_tests = 1 ]; then
-    run_tests tests-gda 300 -- "${targs[@]}"
+    run_tests tests-gda "${GDA_TESTS_TIMEOUT:-300}" -- "${targs[@]}"
 else
     record "tests-gda" skipped "--no-tests"
 fi
@@ -503,8 +528,11 @@ if [ $do_sanitizer = 1 ]; then
         record "racecheck" skipped "compute-sanitizer not found"
     else
         say "compute-sanitizer: $san"
-        run_tests sanitizer-memcheck 420 "$san" --tool memcheck --error-exitcode 99 -- --reduced "${targs[@]}"
-        run_tests sanitizer-racecheck 420 "$san" --tool racecheck --error-exitcode 99 -- --reduced "${targs[@]}"
+        # compute-sanitizer replaces LD_PRELOAD with its own library: with-preload.sh, run by the
+        # sanitizer (all target processes), puts the transport back in front of it.
+        san_pre=(--target-processes all --error-exitcode 99 "$repo/tests/gpu/with-preload.sh")
+        run_tests sanitizer-memcheck "${GDA_SANITIZER_TIMEOUT:-420}" "$san" --tool memcheck "${san_pre[@]}" -- --reduced "${targs[@]}"
+        run_tests sanitizer-racecheck "${GDA_SANITIZER_TIMEOUT:-420}" "$san" --tool racecheck "${san_pre[@]}" -- --reduced "${targs[@]}"
     fi
 else
     record "sanitizer" skipped "--no-sanitizer"
