@@ -174,15 +174,7 @@ pub unsafe fn memcpy(dst: *mut c_void, src: *const c_void, len: usize) -> CudaRe
     if len == 0 {
         return Ok(());
     }
-    let ctx = match current_context() {
-        0 => {
-            let f = FALLBACK_CTX.load(std::sync::atomic::Ordering::Relaxed);
-            set_current_context(f)?;
-            f
-        }
-        c => c,
-    };
-    let stream = stream_for(ctx)?;
+    let stream = copy_stream()?;
     let _guard = stream.1.lock();
     // SAFETY: caller guarantees the ranges; the stream belongs to the current context.
     unsafe {
@@ -198,6 +190,88 @@ pub unsafe fn memcpy(dst: *mut c_void, src: *const c_void, len: usize) -> CudaRe
         check(sys::cuStreamSynchronize(stream.0 as sys::CUstream), || {
             "cuStreamSynchronize".into()
         })
+    }
+}
+
+/// The copy stream of the calling thread's current context (the fallback context made current
+/// first when none is).
+fn copy_stream() -> CudaResult<&'static StreamSlot> {
+    let ctx = match current_context() {
+        0 => {
+            let f = FALLBACK_CTX.load(std::sync::atomic::Ordering::Relaxed);
+            set_current_context(f)?;
+            f
+        }
+        c => c,
+    };
+    stream_for(ctx)
+}
+
+/// Copies enqueued on the same non-blocking stream as [`memcpy`] and waited for together: one
+/// synchronisation for a burst of small copies instead of one each (the staging paths' per-message
+/// cost). The host side of each copy must be page-locked for the copy to be asynchronous.
+pub struct CopyBatch {
+    stream: &'static StreamSlot,
+    pending: usize,
+}
+
+impl CopyBatch {
+    /// A batch on the calling thread's context (or the fallback context).
+    pub fn new() -> CudaResult<CopyBatch> {
+        require("cuMemcpyAsync")?;
+        Ok(CopyBatch {
+            stream: copy_stream()?,
+            pending: 0,
+        })
+    }
+
+    /// Enqueues a copy; it has landed once [`CopyBatch::wait`] returned `Ok`.
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `len` bytes until `wait` returns.
+    pub unsafe fn copy(
+        &mut self,
+        dst: *mut c_void,
+        src: *const c_void,
+        len: usize,
+    ) -> CudaResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let _guard = self.stream.1.lock();
+        // SAFETY: caller guarantees the ranges; the stream belongs to the current context.
+        check(
+            unsafe {
+                sys::cuMemcpyAsync(
+                    dst as sys::CUdeviceptr,
+                    src as sys::CUdeviceptr,
+                    len,
+                    self.stream.0 as sys::CUstream,
+                )
+            },
+            || format!("cuMemcpyAsync({dst:p} <- {src:p}, {len} bytes)"),
+        )?;
+        self.pending += 1;
+        Ok(())
+    }
+
+    /// Copies enqueued since the last wait.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// Waits for every enqueued copy.
+    pub fn wait(&mut self) -> CudaResult<()> {
+        if self.pending == 0 {
+            return Ok(());
+        }
+        self.pending = 0;
+        let _guard = self.stream.1.lock();
+        // SAFETY: the stream belongs to this process.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.stream.0 as sys::CUstream) },
+            || "cuStreamSynchronize".into(),
+        )
     }
 }
 

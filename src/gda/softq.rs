@@ -119,6 +119,8 @@ const TAG_RX: u64 = 2;
 const TAG_STX: u64 = 3;
 /// WQEs taken per loop turn before the CQ is polled again.
 const BURST: usize = 64;
+/// Most staged chunks copied out of GPU memory in one batch.
+const PREFETCH_MAX: usize = 64;
 /// How long a stopping consumer waits for in-flight operations.
 const STOP_DRAIN: Duration = Duration::from_secs(5);
 /// Minimum interval between reads of device-memory control words while blocked on them.
@@ -876,6 +878,9 @@ struct OutItem {
     msgs: u32,
     /// Slot of this queue's own WQE the item belongs to (replies to peers have none).
     owner: Option<u32>,
+    /// Send buffer that already holds the next chunk's payload (copied out of GPU memory in a
+    /// batch, see `Consumer::prefetch_outbox`), and that chunk's length.
+    prepared: Option<(u32, u64)>,
 }
 
 /// Token of a staged WQE: its producer count's low 32 bits and its slot.
@@ -966,6 +971,11 @@ struct Consumer {
     outbox: VecDeque<OutItem>,
     /// Token of the WQE each send buffer's staged message awaits a reply for.
     buf_owner: Vec<Option<u64>>,
+    /// Copies between GPU memory and the staging buffers, waited for together (None: no CUDA).
+    copies: Option<cuda::CopyBatch>,
+    /// Staged write chunks received whose copy into GPU memory is enqueued in `copies`: their
+    /// acknowledgement (and immediate) waits for `flush_rx_batch`; (header, receive buffer).
+    rx_batch: Vec<(StageHdr, usize)>,
 }
 
 impl Consumer {
@@ -998,6 +1008,8 @@ impl Consumer {
             heartbeat: 0,
             outbox: VecDeque::new(),
             buf_owner: vec![None; bounce as usize],
+            copies: None,
+            rx_batch: Vec::new(),
             inner,
         }
     }
@@ -1816,6 +1828,7 @@ impl Consumer {
                 }
             }
         }
+        self.flush_rx_batch();
         total
     }
 
@@ -1931,6 +1944,12 @@ impl Consumer {
         // until it is reposted below.
         let msg = unsafe { std::slice::from_raw_parts(inner.rx_bufs.ptr(idx), len) };
         if let Some(h) = StageHdr::decode(msg) {
+            if h.kind == STAGE_WRITE && self.batch_write(&h, &msg[STAGE_HDR_SIZE..]) {
+                self.rx_batch.push((h, idx));
+                return;
+            }
+            // Everything else is handled in arrival order, after the writes before it.
+            self.flush_rx_batch();
             self.on_stage_msg(&h, &msg[STAGE_HDR_SIZE..]);
             if !inner.stop.load(Ordering::Acquire) {
                 if let Err(e) = self.post_receive(idx) {
@@ -1939,6 +1958,7 @@ impl Consumer {
             }
             return;
         }
+        self.flush_rx_batch();
         match SendHdr::decode(msg) {
             None => tracing::warn!(
                 "software queue: dropped a {len}-byte message that is not a software-queue SEND"
@@ -2099,6 +2119,7 @@ impl Consumer {
             sent: 0,
             msgs: 0,
             owner: Some(slot),
+            prepared: None,
         };
         match p.action {
             Action::StagedWrite {
@@ -2184,12 +2205,83 @@ impl Consumer {
     }
 
     /// Sends what the outbox holds while send buffers last. Returns the messages sent.
+    /// Copies the next chunk of the outbox's GPU-memory items into send buffers, all in one batch
+    /// (one stream synchronisation instead of one per message): `send_one` then only sends.
+    fn prefetch_outbox(&mut self) {
+        let slot_room = STAGE_CHUNK.min(self.inner.send_bufs.slot - STAGE_HDR_SIZE) as u64;
+        // A quarter of the buffers stays free for acknowledgements and read requests.
+        let reserve = self.inner.send_bufs.count / 4 + 1;
+        let mut taken: Vec<usize> = Vec::new();
+        for (i, item) in self.outbox.iter().enumerate() {
+            if taken.len() >= PREFETCH_MAX || self.free_bounce.len() <= taken.len() + reserve {
+                break;
+            }
+            let carries =
+                matches!(item.kind, STAGE_WRITE | STAGE_READ_DATA) && item.status == CqStatus::Ok;
+            if item.device && carries && item.prepared.is_none() && item.sent < item.len {
+                taken.push(i);
+            }
+        }
+        if taken.len() < 2 {
+            return; // one copy gains nothing from a batch: send_one copies it
+        }
+        if self.copies.is_none() {
+            self.copies = cuda::CopyBatch::new().ok();
+        }
+        let Some(batch) = self.copies.as_mut() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        let mut prepared = Vec::with_capacity(taken.len());
+        for i in taken {
+            let item = &mut self.outbox[i];
+            let chunk = (item.len - item.sent).min(slot_room);
+            let b = self.free_bounce.pop().expect("counted above");
+            let buf = inner.send_bufs.ptr(b as usize);
+            // SAFETY: the send buffer holds header + chunk bytes; the source range was validated
+            // against the heap (or a registration) that stays allocated.
+            let r = unsafe {
+                batch.copy(
+                    buf.add(STAGE_HDR_SIZE) as *mut c_void,
+                    (item.src + item.sent) as *const c_void,
+                    chunk as usize,
+                )
+            };
+            if r.is_err() {
+                self.free_bounce.push(b);
+                break;
+            }
+            item.prepared = Some((b, chunk));
+            prepared.push(i);
+        }
+        if let Err(why) = batch.wait() {
+            // send_one copies them one by one (and reports what fails).
+            tracing::debug!(
+                "software queue: batched staging copy failed ({why}): copying one by one"
+            );
+            for i in prepared {
+                if let Some((b, _)) = self.outbox[i].prepared.take() {
+                    self.free_bounce.push(b);
+                }
+            }
+        }
+    }
+
+    /// Gives a dropped item's prepared send buffer back.
+    fn drop_item(&mut self, item: &mut OutItem) {
+        if let Some((b, _)) = item.prepared.take() {
+            self.free_bounce.push(b);
+        }
+    }
+
     fn pump_outbox(&mut self) -> usize {
         let mut sent = 0;
+        self.prefetch_outbox();
         while let Some(mut item) = self.outbox.pop_front() {
             if let Some(slot) = item.owner {
                 let token = item.token;
                 let Some(st) = self.stage_mut(token) else {
+                    self.drop_item(&mut item);
                     continue; // its WQE was flushed
                 };
                 let chunk = (item.len - item.sent).min(STAGE_CHUNK as u64);
@@ -2230,6 +2322,7 @@ impl Consumer {
                     break;
                 }
                 Err(status) => {
+                    self.drop_item(&mut item);
                     if item.owner.is_some() {
                         self.stage_fail(item.token, status);
                         if let Some(st) = self.stage_mut(item.token) {
@@ -2246,8 +2339,17 @@ impl Consumer {
     /// Sends the next message of `item`. `Ok(true)`: sent (the item advanced); `Ok(false)`: try
     /// again later; `Err`: the item failed (dropped by the caller).
     fn send_one(&mut self, item: &mut OutItem) -> std::result::Result<bool, CqStatus> {
-        let Some(b) = self.free_bounce.pop() else {
-            return Ok(false);
+        let (b, prepared) = match item.prepared.take() {
+            Some((b, chunk)) => (b, Some(chunk)),
+            None => match self.free_bounce.pop() {
+                Some(b) => (b, None),
+                None => return Ok(false),
+            },
+        };
+        // A buffer that goes back unused keeps its prepared payload for the next try.
+        let give_back = |c: &mut Consumer, item: &mut OutItem| match prepared {
+            Some(chunk) => item.prepared = Some((b, chunk)),
+            None => c.free_bounce.push(b),
         };
         let inner = self.inner.clone();
         let buf = inner.send_bufs.ptr(b as usize);
@@ -2279,16 +2381,21 @@ impl Consumer {
             total: item.len as u32,
         };
         let h = hdr.encode();
+        debug_assert!(prepared.is_none_or(|c| c == chunk));
         // SAFETY: the send buffer holds STAGE_SLOT >= header + chunk bytes; the source range was
         // validated against a registration (or the heap) that stays allocated.
         let copied = unsafe {
             ptr::copy_nonoverlapping(h.as_ptr(), buf, STAGE_HDR_SIZE);
-            copy_any(
-                buf.add(STAGE_HDR_SIZE),
-                (item.src + item.sent) as *const u8,
-                chunk as usize,
-                item.device,
-            )
+            if prepared.is_some() {
+                Ok(())
+            } else {
+                copy_any(
+                    buf.add(STAGE_HDR_SIZE),
+                    (item.src + item.sent) as *const u8,
+                    chunk as usize,
+                    item.device,
+                )
+            }
         };
         if let Err(why) = copied {
             self.free_bounce.push(b);
@@ -2301,7 +2408,7 @@ impl Consumer {
             return Ok(false);
         }
         let Some(ctx) = inner.ctxs.alloc(TAG_STX, u64::from(b)) else {
-            self.free_bounce.push(b);
+            give_back(self, item);
             return Ok(false);
         };
         // SAFETY: the buffer and the context belong to the queue and stay valid until the completion
@@ -2333,10 +2440,11 @@ impl Consumer {
             }
             Err(e) => {
                 inner.ctxs.free(ctx);
-                self.free_bounce.push(b);
                 if e.is_again() {
+                    give_back(self, item);
                     return Ok(false);
                 }
+                self.free_bounce.push(b);
                 tracing::warn!("software queue: staged message failed: {e}");
                 Err(fabric_error_status(e.code))
             }
@@ -2464,15 +2572,84 @@ impl Consumer {
         }
     }
 
-    /// Applies a staged write chunk to the local heap; the status goes back in the ack.
-    fn stage_write_here(&self, h: &StageHdr, payload: &[u8]) -> CqStatus {
+    /// Enqueues the copy of a staged write chunk into GPU memory on the batch (true), when the
+    /// heap is GPU memory, the range is valid and CUDA takes the copy; false: handle it at once.
+    fn batch_write(&mut self, h: &StageHdr, payload: &[u8]) -> bool {
+        let Ok((dst, true)) = self.stage_write_dst(h, payload.len()) else {
+            return false;
+        };
+        if self.copies.is_none() {
+            self.copies = cuda::CopyBatch::new().ok();
+        }
+        let Some(b) = self.copies.as_mut() else {
+            return false;
+        };
+        // SAFETY: the range lies inside the heap registration; the receive buffer is not reposted
+        // before flush_rx_batch waited for the copy.
+        unsafe {
+            b.copy(
+                dst as *mut c_void,
+                payload.as_ptr() as *const c_void,
+                payload.len(),
+            )
+        }
+        .is_ok()
+    }
+
+    /// Waits for the batched copies of received write chunks, then acknowledges them (and delivers
+    /// their immediates) in arrival order and reposts their receive buffers.
+    fn flush_rx_batch(&mut self) {
+        if self.rx_batch.is_empty() {
+            return;
+        }
+        let status = match self.copies.as_mut().map_or(Ok(()), |b| b.wait()) {
+            Ok(()) => CqStatus::Ok,
+            Err(why) => {
+                tracing::warn!("software queue: staged writes not applied: {why}");
+                CqStatus::LocalQpInternalError
+            }
+        };
+        let batch = std::mem::take(&mut self.rx_batch);
+        let stopping = self.inner.stop.load(Ordering::Acquire);
+        for (h, idx) in &batch {
+            if status == CqStatus::Ok {
+                if let Some(imm) = h.imm {
+                    self.push_write_imm_rx(imm, Some(h.src_pe), h.total);
+                }
+            }
+            self.reply(h, STAGE_WRITE_ACK, status, 0, false, 0);
+            if !stopping {
+                if let Err(e) = self.post_receive(*idx) {
+                    tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                }
+            }
+        }
+        self.rx_batch = batch;
+        self.rx_batch.clear();
+    }
+
+    /// Where a staged write chunk of `len` bytes lands: (host-or-device address, is GPU memory),
+    /// or the status that goes back in the ack.
+    fn stage_write_dst(
+        &self,
+        h: &StageHdr,
+        len: usize,
+    ) -> std::result::Result<(u64, bool), CqStatus> {
         let Some(heap) = self.tables.heap() else {
             tracing::warn!(
                 "software queue: staged write from PE {} before the heap is set",
                 h.src_pe
             );
-            return CqStatus::RemoteBadAddress;
+            return Err(CqStatus::RemoteBadAddress);
         };
+        if len != h.len as usize {
+            tracing::warn!(
+                "software queue: staged write from PE {} carries {len} bytes, its header says {}",
+                h.src_pe,
+                h.len
+            );
+            return Err(CqStatus::RemoteBadLength);
+        }
         let Some(dst) = heap.translate(heap.dev_base.wrapping_add(h.offset), u64::from(h.len))
         else {
             tracing::warn!(
@@ -2481,10 +2658,19 @@ impl Consumer {
                 h.len,
                 h.src_pe
             );
-            return CqStatus::RemoteBadAddress;
+            return Err(CqStatus::RemoteBadAddress);
+        };
+        Ok((dst, heap.device))
+    }
+
+    /// Applies a staged write chunk to the local heap; the status goes back in the ack.
+    fn stage_write_here(&self, h: &StageHdr, payload: &[u8]) -> CqStatus {
+        let (dst, device) = match self.stage_write_dst(h, payload.len()) {
+            Ok(d) => d,
+            Err(status) => return status,
         };
         // SAFETY: the range lies inside the heap registration, which stays allocated.
-        match unsafe { copy_any(dst as *mut u8, payload.as_ptr(), payload.len(), heap.device) } {
+        match unsafe { copy_any(dst as *mut u8, payload.as_ptr(), payload.len(), device) } {
             Ok(()) => CqStatus::Ok,
             Err(why) => {
                 tracing::warn!("software queue: staged write not applied: {why}");
@@ -2523,6 +2709,7 @@ impl Consumer {
             sent: 0,
             msgs: 0,
             owner: None,
+            prepared: None,
         };
         if kind == STAGE_WRITE_ACK {
             self.outbox.push_front(item);

@@ -432,7 +432,6 @@ lib_env=(
     "NVSHMEM_EFA_GDA=${NVSHMEM_EFA_GDA:-soft}"
     "FI_LOG_LEVEL=${FI_LOG_LEVEL:-warn}"
     "LD_PRELOAD=$PLUGIN"
-    "NVSHMEM_EFA_PRELOAD=$PLUGIN"
     "LD_LIBRARY_PATH=$fabric_lib:$PLUGIN_DIR:$NVSHMEM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 )
 [ -d "$fabric_lib/libfabric" ] && lib_env+=("FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-$fabric_lib/libfabric}")
@@ -496,7 +495,7 @@ run_tests() { # name timeout [prefix...] -- args
     local pre=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do pre+=("$1"); shift; done
     shift
-    run_mpi "$name" "$log" "$tmo" lib_env -- "${pre[@]}" "$TESTS" "$@"
+    run_mpi "$name" "$log" "$tmo" "${TEST_ENV:-lib_env}" -- "${pre[@]}" "$TESTS" "$@"
     rc=$?
     show_tests "$log" $rc
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
@@ -528,11 +527,29 @@ if [ $do_sanitizer = 1 ]; then
         record "racecheck" skipped "compute-sanitizer not found"
     else
         say "compute-sanitizer: $san"
-        # compute-sanitizer replaces LD_PRELOAD with its own library: with-preload.sh, run by the
-        # sanitizer (all target processes), puts the transport back in front of it.
-        san_pre=(--target-processes all --error-exitcode 99 "$repo/tests/gpu/with-preload.sh")
+        # Under compute-sanitizer, NVSHMEM's dlopen of its plugin by file name goes through the
+        # sanitizer's interceptor, which does not reuse the preloaded library: it loads the stock
+        # plugin next to libnvshmem_host.so.3 ($ORIGIN). So the sanitizer runs use a private copy of
+        # NVSHMEM's lib directory whose plugin file is this transport (the install-over route).
+        overlay=$work/nvshmem-lib
+        mkdir -p "$overlay"
+        for f in "$NVSHMEM"/lib/*; do ln -s "$f" "$overlay/"; done
+        rm -f "$overlay/libnvshmem_host.so.3" "$overlay/nvshmem_transport_libfabric.so.3"
+        cp "$(readlink -f "$NVSHMEM/lib/libnvshmem_host.so.3")" "$overlay/libnvshmem_host.so.3"
+        ln -s "$PLUGIN" "$overlay/nvshmem_transport_libfabric.so.3"
+        san_env=()
+        for e in "${lib_env[@]}"; do
+            case "$e" in
+            LD_PRELOAD=*) ;;
+            LD_LIBRARY_PATH=*) san_env+=("LD_LIBRARY_PATH=$overlay:${e#LD_LIBRARY_PATH=}") ;;
+            *) san_env+=("$e") ;;
+            esac
+        done
+        san_pre=(--target-processes all --error-exitcode 99)
+        export TEST_ENV=san_env
         run_tests sanitizer-memcheck "${GDA_SANITIZER_TIMEOUT:-420}" "$san" --tool memcheck "${san_pre[@]}" -- --reduced "${targs[@]}"
         run_tests sanitizer-racecheck "${GDA_SANITIZER_TIMEOUT:-420}" "$san" --tool racecheck "${san_pre[@]}" -- --reduced "${targs[@]}"
+        unset TEST_ENV
     fi
 else
     record "sanitizer" skipped "--no-sanitizer"
