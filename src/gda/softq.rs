@@ -66,6 +66,12 @@
 //!   replies with data chunks (or one error reply); the initiator copies them into the local range
 //!   and completes when all bytes are in.
 //!
+//! Copies are batched: before sending, the consumer copies the next chunk of up to
+//! [`PREFETCH_MAX`] outbox items out of GPU memory with one stream synchronisation, and the write
+//! chunks received in one CQ poll are copied into place as one batch, their acks and immediates
+//! following the wait in arrival order (any other message first flushes the batch). The staging
+//! buffers are pinned, so the copies are DMA.
+//!
 //! Messages wait in an outbox for send buffers (replies first) and are retried from the consumer
 //! loop when the provider says `-FI_EAGAIN`; nothing blocks the thread. A stopping queue flushes
 //! what is in flight; replies for flushed WQEs are ignored (the token names the WQE's count and
@@ -2624,8 +2630,12 @@ impl Consumer {
                 }
             }
         }
-        self.rx_batch = batch;
-        self.rx_batch.clear();
+        // Keep the allocation, unless a nested poll (post_receive retries poll the CQ) queued more.
+        if self.rx_batch.is_empty() {
+            let mut batch = batch;
+            batch.clear();
+            self.rx_batch = batch;
+        }
     }
 
     /// Where a staged write chunk of `len` bytes lands: (host-or-device address, is GPU memory),
