@@ -145,6 +145,29 @@ pub fn current_context() -> usize {
     ctx as usize
 }
 
+/// Makes device `ordinal`'s primary context current in this thread unless a context already is
+/// (for programs with no other CUDA user: tools and tests). The primary context is retained for the
+/// life of the process. Fails without a driver or without such a device.
+pub fn use_primary_context(ordinal: i32) -> CudaResult<()> {
+    require("cuDevicePrimaryCtxRetain")?;
+    if current_context() != 0 {
+        return Ok(());
+    }
+    let mut dev: sys::CUdevice = 0;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the driver is initialised (available() ran cuInit); outputs are locals; the retained
+    // primary context stays alive for the life of the process.
+    unsafe {
+        check(sys::cuDeviceGet(&mut dev, ordinal), || {
+            format!("cuDeviceGet({ordinal})")
+        })?;
+        check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), || {
+            "cuDevicePrimaryCtxRetain".into()
+        })?;
+        check(sys::cuCtxSetCurrent(ctx), || "cuCtxSetCurrent".into())
+    }
+}
+
 /// Makes `ctx` (from `current_context`) current in this thread; no-op for 0.
 pub fn set_current_context(ctx: usize) -> CudaResult<()> {
     if ctx == 0 {

@@ -23,22 +23,11 @@ use softq_common::*;
 
 /// Makes device 0's primary context current; false when there is no usable CUDA device.
 fn cuda_context() -> bool {
-    use cudarc::driver::sys as cu;
     if !cuda::available() {
         eprintln!("no CUDA driver: nothing to check here");
         return false;
     }
-    if cuda::current_context() != 0 {
-        return true;
-    }
-    let mut dev: cu::CUdevice = 0;
-    let mut ctx: cu::CUcontext = std::ptr::null_mut();
-    // SAFETY: the driver is initialised; outputs are locals; the primary context lives on.
-    let ok = unsafe {
-        cu::cuDeviceGet(&mut dev, 0) == cu::CUresult::CUDA_SUCCESS
-            && cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) == cu::CUresult::CUDA_SUCCESS
-            && cu::cuCtxSetCurrent(ctx) == cu::CUresult::CUDA_SUCCESS
-    };
+    let ok = cuda::use_primary_context(0).is_ok();
     if !ok {
         eprintln!("CUDA driver present but no usable device: nothing to check here");
     }

@@ -36,26 +36,15 @@ fn open_domain(p: &Provider) -> Result<Arc<Domain>, fabric::Error> {
 /// Makes device 0's primary context current so that queues can be mapped (the probe has no other
 /// CUDA user). Returns a description for the report.
 fn cuda_setup() -> String {
-    use cudarc::driver::sys as cu;
     if !cuda::available() {
         return "not available (no driver): mapping checks skipped".into();
     }
     if cuda::current_context() != 0 {
         return "available, context current".into();
     }
-    let mut dev: cu::CUdevice = 0;
-    let mut ctx: cu::CUcontext = std::ptr::null_mut();
-    // SAFETY: driver initialised (available() ran cuInit); outputs are locals; the retained primary
-    // context stays alive for the life of the process.
-    let ok = unsafe {
-        cu::cuDeviceGet(&mut dev, 0) == cu::CUresult::CUDA_SUCCESS
-            && cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) == cu::CUresult::CUDA_SUCCESS
-            && cu::cuCtxSetCurrent(ctx) == cu::CUresult::CUDA_SUCCESS
-    };
-    if ok {
-        "available, device 0's primary context made current".into()
-    } else {
-        "driver present but no usable device: mapping checks skipped".into()
+    match cuda::use_primary_context(0) {
+        Ok(()) => "available, device 0's primary context made current".into(),
+        Err(_) => "driver present but no usable device: mapping checks skipped".into(),
     }
 }
 

@@ -2214,7 +2214,7 @@ impl Consumer {
     /// Copies the next chunk of the outbox's GPU-memory items into send buffers, all in one batch
     /// (one stream synchronisation instead of one per message): `send_one` then only sends.
     fn prefetch_outbox(&mut self) {
-        let slot_room = STAGE_CHUNK.min(self.inner.send_bufs.slot - STAGE_HDR_SIZE) as u64;
+        let slot_room = self.chunk_room();
         // A quarter of the buffers stays free for acknowledgements and read requests.
         let reserve = self.inner.send_bufs.count / 4 + 1;
         let mut taken: Vec<usize> = Vec::new();
@@ -2231,12 +2231,10 @@ impl Consumer {
         if taken.len() < 2 {
             return; // one copy gains nothing from a batch: send_one copies it
         }
-        if self.copies.is_none() {
-            self.copies = cuda::CopyBatch::new().ok();
-        }
-        let Some(batch) = self.copies.as_mut() else {
+        if self.copy_batch().is_none() {
             return;
-        };
+        }
+        let batch = self.copies.as_mut().expect("created above");
         let inner = self.inner.clone();
         let mut prepared = Vec::with_capacity(taken.len());
         for i in taken {
@@ -2271,6 +2269,19 @@ impl Consumer {
                 }
             }
         }
+    }
+
+    /// Most payload bytes one staged message carries (what a send buffer holds after the header).
+    fn chunk_room(&self) -> u64 {
+        STAGE_CHUNK.min(self.inner.send_bufs.slot - STAGE_HDR_SIZE) as u64
+    }
+
+    /// The batch for staging copies, created on first use (None: CUDA cannot take copies here).
+    fn copy_batch(&mut self) -> Option<&mut cuda::CopyBatch> {
+        if self.copies.is_none() {
+            self.copies = cuda::CopyBatch::new().ok();
+        }
+        self.copies.as_mut()
     }
 
     /// Gives a dropped item's prepared send buffer back.
@@ -2362,8 +2373,7 @@ impl Consumer {
         let carries =
             matches!(item.kind, STAGE_WRITE | STAGE_READ_DATA) && item.status == CqStatus::Ok;
         let chunk = if carries {
-            (item.len - item.sent)
-                .min(STAGE_CHUNK.min(inner.send_bufs.slot - STAGE_HDR_SIZE) as u64)
+            (item.len - item.sent).min(self.chunk_room())
         } else {
             0
         };
@@ -2584,10 +2594,7 @@ impl Consumer {
         let Ok((dst, true)) = self.stage_write_dst(h, payload.len()) else {
             return false;
         };
-        if self.copies.is_none() {
-            self.copies = cuda::CopyBatch::new().ok();
-        }
-        let Some(b) = self.copies.as_mut() else {
+        let Some(b) = self.copy_batch() else {
             return false;
         };
         // SAFETY: the range lies inside the heap registration; the receive buffer is not reposted

@@ -269,6 +269,28 @@ impl EpState {
             .as_ref()
             .map_or(std::ptr::null_mut(), |m| m.desc())
     }
+
+    /// Sends `msg` from the scratch space of `ctx` (a context of this endpoint that the send's
+    /// completion gives back). The caller frees `ctx` when this fails.
+    fn send_from_scratch(
+        &self,
+        ctx: *mut c_void,
+        dest: FiAddr,
+        msg: AmMsg,
+    ) -> crate::fabric::Result<()> {
+        let s = self.ctxs.scratch(ctx).expect("own context");
+        // SAFETY: scratch is 64 bytes owned by the context until its completion.
+        unsafe {
+            std::ptr::write_unaligned(s as *mut AmMsg, msg);
+            self.ep.send(
+                s as *const u8,
+                std::mem::size_of::<AmMsg>(),
+                self.ctx_desc(),
+                dest,
+                ctx,
+            )
+        }
+    }
 }
 
 /// State that exists once endpoints are connected.
@@ -1016,18 +1038,7 @@ impl Transport {
                 "no context for an active message",
             ));
         };
-        let s = e.ctxs.scratch(ctx).expect("own context");
-        // SAFETY: scratch is 64 bytes owned by the context until its completion.
-        let r = unsafe {
-            std::ptr::write_unaligned(s as *mut AmMsg, msg);
-            e.ep.send(
-                s as *const u8,
-                std::mem::size_of::<AmMsg>(),
-                e.ctx_desc(),
-                dest,
-                ctx,
-            )
-        };
+        let r = e.send_from_scratch(ctx, dest, msg);
         if r.is_err() {
             e.ctxs.free(ctx);
         }
@@ -1973,18 +1984,7 @@ impl Transport {
         };
         let dest = c.addrs[pe as usize * NUM_EPS + ep];
         let r = self.post(c, ep, TAG_AM_SEND, wait as u64, |ctx| {
-            let s = e.ctxs.scratch(ctx).expect("own context");
-            // SAFETY: the message lives in the send context's scratch until its completion.
-            unsafe {
-                std::ptr::write_unaligned(s as *mut AmMsg, msg);
-                e.ep.send(
-                    s as *const u8,
-                    std::mem::size_of::<AmMsg>(),
-                    e.ctx_desc(),
-                    dest,
-                    ctx,
-                )
-            }
+            e.send_from_scratch(ctx, dest, msg)
         });
         if let Err(err) = r {
             e.ctxs.free(wait);

@@ -39,10 +39,9 @@ WARMUP=10
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
 OURS_MODE=${OURS_MODE:-default}
 REPEAT=${REPEAT:-1}
-if [[ -z ${PIN:-} ]]; then
-    if command -v taskset > /dev/null && (( $(nproc) >= 2 )); then PIN=1; else PIN=0; fi
-fi
-if (( PIN )); then SRV_PIN=(taskset -c 0); CLI_PIN=(taskset -c 1); else SRV_PIN=(); CLI_PIN=(); fi
+# shellcheck source=tests/bench/lib.sh
+source "$ROOT/tests/bench/lib.sh"
+bench_pins
 OUT=${OUT:-$ROOT/bench-out}
 CSV=$OUT/fabric_vs_fabtests.csv
 LOG=$OUT/fabric_vs_fabtests.log
@@ -62,15 +61,7 @@ if [[ -z ${FABRIC_BENCH:-} ]]; then
 fi
 [[ -x $FABRIC_BENCH ]] || { echo "no fabric-bench at $FABRIC_BENCH" >&2; exit 1; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fabric-bench.XXXXXX")
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-# shellcheck source=tests/bench/lib.sh
-source "$ROOT/tests/bench/lib.sh"
+bench_workdir fabric-bench
 RUN_PAIR_NO_LISTEN=${FABRIC_BENCH:-}
 
 ours() { # provider test size iters

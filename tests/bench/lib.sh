@@ -1,6 +1,31 @@
 # Shared by the benchmark scripts in tests/bench: running fabtests and our programs as server/client
 # pairs on one machine. Sourced, not run. Uses the caller's globals: BW_BYTES, LOG, WORK, PIDS,
-# SRV_PIN, CLI_PIN, RUN_TIMEOUT, OOB_PORT (and RUN_PAIR_NO_LISTEN, see run_pair).
+# SRV_PIN, CLI_PIN (bench_workdir and bench_pins set these four), RUN_TIMEOUT, OOB_PORT (and
+# RUN_PAIR_NO_LISTEN, see run_pair).
+
+# PIN (default 1 where taskset exists and there are 2 CPUs or more) -> SRV_PIN (CPU 0), CLI_PIN
+# (CPU 1), BOTH_PIN (CPUs 0 and 1), or empty prefixes.
+bench_pins() {
+    if [[ -z ${PIN:-} ]]; then
+        if command -v taskset > /dev/null && (( $(nproc) >= 2 )); then PIN=1; else PIN=0; fi
+    fi
+    if (( PIN )); then
+        SRV_PIN=(taskset -c 0); CLI_PIN=(taskset -c 1); BOTH_PIN=(taskset -c '0,1')
+    else
+        SRV_PIN=(); CLI_PIN=(); BOTH_PIN=()
+    fi
+}
+
+# bench_workdir NAME: WORK, a fresh directory removed on exit, and PIDS, processes killed on exit.
+bench_workdir() {
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+    PIDS=()
+    trap bench_cleanup EXIT
+}
+bench_cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
 
 # fabtests' name of a provider.
 ft_prov() { [[ $1 == tcp ]] && echo "tcp;ofi_rxm" || echo "$1"; }

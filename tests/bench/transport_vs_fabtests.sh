@@ -41,14 +41,9 @@ BW_BYTES=${BW_BYTES:-268435456}
 WINDOW=64 # the harness's BENCH_WINDOW
 WARMUP=10 # the harness's BENCH_WARMUP
 RUN_TIMEOUT=${RUN_TIMEOUT:-60}
-if [[ -z ${PIN:-} ]]; then
-    if command -v taskset > /dev/null && (( $(nproc) >= 2 )); then PIN=1; else PIN=0; fi
-fi
-if (( PIN )); then
-    SRV_PIN=(taskset -c 0); CLI_PIN=(taskset -c 1); BOTH_PIN=(taskset -c '0,1')
-else
-    SRV_PIN=(); CLI_PIN=(); BOTH_PIN=()
-fi
+# shellcheck source=tests/bench/lib.sh
+source "$ROOT/tests/bench/lib.sh"
+bench_pins
 OUT=${OUT:-$ROOT/bench-out}
 CSV=$OUT/transport_vs_fabtests.csv
 LOG=$OUT/transport_vs_fabtests.log
@@ -66,15 +61,7 @@ if [[ ! -f $LIB ]]; then
 fi
 [[ -f $LIB ]] || { echo "no library at $LIB" >&2; exit 1; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/transport-bench.XXXXXX")
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-# shellcheck source=tests/bench/lib.sh
-source "$ROOT/tests/bench/lib.sh"
+bench_workdir transport-bench
 
 HARNESS=$WORK/harness
 cc -O2 -g -Wall -Werror -o "$HARNESS" "$ROOT/tests/harness/harness.c" -ldl
