@@ -527,10 +527,11 @@ if [ $do_sanitizer = 1 ]; then
         record "racecheck" skipped "compute-sanitizer not found"
     else
         say "compute-sanitizer: $san"
-        # Under compute-sanitizer, NVSHMEM's dlopen of its plugin by file name goes through the
-        # sanitizer's interceptor, which does not reuse the preloaded library: it loads the stock
-        # plugin next to libnvshmem_host.so.3 ($ORIGIN). So the sanitizer runs use a private copy of
-        # NVSHMEM's lib directory whose plugin file is this transport (the install-over route).
+        # Under compute-sanitizer, NVSHMEM's dlopen of its plugin by file name returned the stock
+        # plugin next to libnvshmem_host.so.3 ($ORIGIN) although the preloaded one was in the
+        # process (seen with LD_DEBUG; the sanitizer's injected interceptors are the likely cause).
+        # So the sanitizer runs use a private copy of NVSHMEM's lib directory whose plugin file is
+        # this transport (the install-over route).
         overlay=$work/nvshmem-lib
         mkdir -p "$overlay"
         for f in "$NVSHMEM"/lib/*; do ln -s "$f" "$overlay/"; done
