@@ -152,11 +152,12 @@ fn host_lib_in(dir: &Path) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
+/// The NVSHMEM to report on, or why none was found.
 fn find_nvshmem(
     home: Option<PathBuf>,
     source: Option<String>,
     version: Option<String>,
-) -> Option<Nvshmem> {
+) -> Result<Nvshmem, String> {
     let (home, source) = match home {
         Some(h) => (h, source.unwrap_or_else(|| "--nvshmem-home".into())),
         None => match std::env::var_os("NVSHMEM_HOME").filter(|v| !v.is_empty()) {
@@ -166,7 +167,8 @@ fn find_nvshmem(
                 let dir = ld
                     .split(':')
                     .filter(|d| !d.is_empty())
-                    .find(|d| host_lib_in(Path::new(d)).is_some())?;
+                    .find(|d| host_lib_in(Path::new(d)).is_some())
+                    .ok_or("looked at --nvshmem-home, NVSHMEM_HOME and LD_LIBRARY_PATH")?;
                 let lib = PathBuf::from(dir);
                 let home = lib.parent().map(Path::to_path_buf).unwrap_or(lib);
                 (home, "LD_LIBRARY_PATH".into())
@@ -175,6 +177,12 @@ fn find_nvshmem(
     };
     let host_lib = host_lib_in(&home.join("lib")).or_else(|| host_lib_in(&home));
     let header = std::fs::read_to_string(home.join("include/non_abi/nvshmem_version.h")).ok();
+    if host_lib.is_none() && header.is_none() {
+        return Err(format!(
+            "{source}={} holds neither lib/libnvshmem_host.so* nor include/non_abi/nvshmem_version.h",
+            home.display()
+        ));
+    }
     let mut n = Nvshmem {
         source,
         home,
@@ -210,7 +218,7 @@ fn find_nvshmem(
             }
         }
     }
-    Some(n)
+    Ok(n)
 }
 
 /// One provider as the library would ask for it.
@@ -371,6 +379,7 @@ fn main() -> ExitCode {
     let nv = find_nvshmem(args.home, args.source, args.version);
     let served = nv
         .as_ref()
+        .ok()
         .and_then(|n| n.abi)
         .map(|m| SERVED_MAJORS.contains(&m));
     let (fmaj, fmin) = fabric::library_version();
@@ -394,13 +403,15 @@ fn main() -> ExitCode {
             1u8,
             "no libfabric provider answers: the library cannot move data here".to_string(),
         )
-    } else if nv.is_none() {
+    } else if let Err(why) = &nv {
         (
             4,
-            "no NVSHMEM found (set NVSHMEM_HOME or install nvidia-nvshmem-cu12/-cu13)".to_string(),
+            format!(
+                "no NVSHMEM found ({why}; set NVSHMEM_HOME or install nvidia-nvshmem-cu12/-cu13)"
+            ),
         )
     } else if served != Some(true) {
-        let n = nv.as_ref().expect("checked");
+        let n = nv.as_ref().expect("checked above");
         (
             3,
             match n.abi {
@@ -421,8 +432,9 @@ fn main() -> ExitCode {
 
     if args.json {
         let nv_j = match &nv {
-            None => J::Null,
-            Some(n) => J::O(vec![
+            Err(why) => J::O(vec![("found", J::B(false)), ("why", J::s(why.clone()))]),
+            Ok(n) => J::O(vec![
+                ("found", J::B(true)),
                 ("source", J::s(n.source.clone())),
                 ("home", J::s(n.home.display().to_string())),
                 (
@@ -517,8 +529,8 @@ fn main() -> ExitCode {
     );
     println!("NVSHMEM");
     match &nv {
-        None => println!("  not found (looked at --nvshmem-home, NVSHMEM_HOME, LD_LIBRARY_PATH)"),
-        Some(n) => {
+        Err(why) => println!("  not found: {why}"),
+        Ok(n) => {
             println!("  found via      {}", n.source);
             println!("  home           {}", n.home.display());
             match &n.host_lib {
