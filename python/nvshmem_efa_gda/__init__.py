@@ -359,19 +359,6 @@ def enable(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional[str]
     global _active
     with _lock:
         nv = find_nvshmem(nvshmem_home=nvshmem_home, nvshmem_version=nvshmem_version, abi=abi)
-        served = served_abis()
-        if nv.abi is None:
-            raise UnservedAbi(
-                f"cannot tell the transport ABI of NVSHMEM {nv.version or '(unknown version)'} "
-                f"({nv.source}): known releases are 3.4 to 3.8; pass enable(abi=N) if you know it"
-            )
-        if nv.abi not in served:
-            raise UnservedAbi(
-                f"NVSHMEM {nv.version or ''} ({nv.source}) uses transport ABI {nv.abi}, which this "
-                f"nvshmem-efa-gda {__version__} does not serve (it serves "
-                + ", ".join(f"ABI {a} = {_release_of_abi(a)}" for a in served)
-                + "): install a served NVSHMEM release or an nvshmem-efa-gda that serves it"
-            )
         if _active is not None:
             if _active.abi == nv.abi:
                 return _active
@@ -397,6 +384,19 @@ def enable(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional[str]
             raise AlreadyInitialized(
                 f"another libfabric transport plugin is already loaded ({foreign[0]}): NVSHMEM "
                 "initialised with its own; call enable() before NVSHMEM initialises"
+            )
+        served = served_abis()
+        if nv.abi is None:
+            raise UnservedAbi(
+                f"cannot tell the transport ABI of NVSHMEM {nv.version or '(unknown version)'} "
+                f"({nv.source}): known releases are 3.4 to 3.8; pass enable(abi=N) if you know it"
+            )
+        if nv.abi not in served:
+            raise UnservedAbi(
+                f"NVSHMEM {nv.version or ''} ({nv.source}) uses transport ABI {nv.abi}, which this "
+                f"nvshmem-efa-gda {__version__} does not serve (it serves "
+                + ", ".join(f"ABI {a} = {_release_of_abi(a)}" for a in served)
+                + "): install a served NVSHMEM release or an nvshmem-efa-gda that serves it"
             )
         fabric, looked = find_libfabric(load=True)
         if fabric is None:
