@@ -17,8 +17,10 @@ work=$(mktemp -d)
 trap '[ -n "$keep" ] || rm -rf "$work"' EXIT
 [ -z "$keep" ] || { mkdir -p "$keep"; work=$(cd "$keep" && pwd); }
 
-echo "--- build the wheel"
-python3 -m pip wheel -q --no-deps --disable-pip-version-check -w "$work/dist" .
+echo "--- build the wheel (pip wheel: the in-tree PEP 517 backend runs cargo and cmake/install.sh)"
+# A venv of its own for the build frontend: Debian's python3 has no pip outside a venv.
+python3 -m venv "$work/build-venv"
+"$work/build-venv/bin/python" -m pip wheel -q --no-deps --disable-pip-version-check -w "$work/dist" .
 wheel=$(ls "$work"/dist/nvshmem_efa_gda-*.whl)
 echo "$(basename "$wheel") ($(stat -c %s "$wheel") bytes)"
 
