@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use crate::efa::cqe::{self, RxCqe, RX_CQE_EX_SIZE, TX_CQE_SIZE};
 use crate::efa::wqe::{self, WqeDesc, WQE_SIZE};
 
+use super::error::{GdaError, Result};
 use super::mem::{self, read_shared};
 use super::softq::{HostView, SoftQueue};
 use super::state::NvshmemEfaGdaQueueCtrl;
-use super::{GdaError, Result};
 
 const OFF_RESV: usize = offset_of!(NvshmemEfaGdaQueueCtrl, resv);
 const OFF_READY: usize = offset_of!(NvshmemEfaGdaQueueCtrl, ready);

@@ -35,10 +35,10 @@ use crate::efa::gda_ops::{
 use crate::efa::wqe::WQE_SIZE;
 use crate::fabric::{sys as fi, Domain, Error as FabricError, FiAddr};
 
+use super::error::{GdaError, Result};
 use super::mem;
 use super::softq::SOFT_RX_CQE_SIZE;
 use super::state::{NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_HW};
-use super::{GdaError, Result};
 
 /// The error text for a domain without GDA ops.
 pub const NO_GDA_OPS: &str =

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::cuda::{self, DeviceBuffer, MappedHostBuffer};
 
-use super::{GdaError, Result};
+use super::error::{GdaError, Result};
 
 /// Where a queue's GPU-updated control words live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::cuda::{self, PtrKind};
 use crate::fabric::{sys as fi, Domain, Error as FabricError};
 
-use super::{GdaError, Result};
+use super::error::{GdaError, Result};
 
 /// First key this module requests (a range the transport does not use).
 const KEY_BASE: u64 = 0x4744_4100_0000;

@@ -102,6 +102,7 @@ use crate::fabric::{
     sys as fi, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, FiAddr, OpContexts,
 };
 
+use super::error::{GdaError, Result};
 use super::mem::{self, CtrlMem, CtrlPlacement, SharedMem};
 use super::mr::OwnedMr;
 use super::state::{
@@ -112,7 +113,6 @@ use super::wire::{
     STAGE_CHUNK, STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE,
     STAGE_WRITE_ACK,
 };
-use super::{GdaError, Result};
 
 /// Size of one RX completion of the software queue (the extended EFA receive form).
 pub const SOFT_RX_CQE_SIZE: u32 = RX_CQE_EX_SIZE as u32;
