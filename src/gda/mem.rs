@@ -17,6 +17,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::cuda::{self, DeviceBuffer, MappedHostBuffer};
+use crate::fabric::MemKind;
 
 use super::error::{GdaError, Result};
 
@@ -33,6 +34,15 @@ pub enum CtrlPlacement {
 /// True when CUDA can be used for allocations from this thread (driver present, context current).
 pub fn cuda_usable() -> bool {
     cuda::available() && cuda::current_context() != 0
+}
+
+/// Where the memory at `addr` lives, as the CUDA driver says (host memory without CUDA). Asked once
+/// per range; the answer travels with the range from then on.
+pub fn mem_kind(addr: u64) -> MemKind {
+    match cuda::pointer_kind(addr as *const c_void) {
+        cuda::PtrKind::Host => MemKind::Host,
+        cuda::PtrKind::Device { ordinal, .. } => MemKind::Cuda(ordinal),
+    }
 }
 
 enum SharedKind {

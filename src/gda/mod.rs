@@ -5,7 +5,7 @@
 //! Two ways in:
 //! * [`init_internal`] when this library is NVSHMEM's transport: the queue gets a dedicated endpoint
 //!   (own AV, own CQ) on the transport's domain, so libfabric never posts on the send queue the GPU
-//!   posts to. `auto` picks hardware when the domain answers `fi_open_ops("efa gda ops")` and is
+//!   posts to. `auto` picks hardware when the domain serves the `efa gda ops` table and is
 //!   `efa-direct`, the software queue otherwise.
 //! * [`init_on_external_ep`] for a patched NVSHMEM that owns the endpoint: hardware only.
 //!
@@ -24,8 +24,6 @@ pub mod hw;
 /// cbindgen:ignore
 pub mod mem;
 /// cbindgen:ignore
-pub mod mr;
-/// cbindgen:ignore
 pub mod softq;
 pub mod state;
 /// cbindgen:ignore
@@ -39,12 +37,13 @@ use parking_lot::Mutex;
 
 use crate::config::{Config, GdaMode};
 use crate::cuda::{self, DeviceBuffer};
-use crate::fabric::{sys as fi, Domain, MemoryRegion};
+use crate::fabric::{
+    CqHandle, Domain, DomainHandle, Endpoint, EndpointHandle, MemKind, MemoryRegion, MrHandle,
+};
 
 pub use self::error::{GdaError, Result};
-use self::hw::{GdaOps, HwQueue};
+use self::hw::HwQueue;
 use self::mem::CtrlPlacement;
-use self::mr::OwnedMr;
 use self::softq::{SoftQueue, SoftQueueConfig, Staging};
 use self::state::{
     NvshmemEfaGdaDeviceState, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_MODE_HW,
@@ -88,6 +87,22 @@ enum Backend {
     Hw(Box<HwQueue>),
 }
 
+/// One registration of a local range as the queues use it.
+struct Registered {
+    key: u64,
+    desc: *mut c_void,
+    /// `None` where the software queue stages the memory (not registered).
+    handle: Option<MrHandle>,
+    kind: MemKind,
+}
+
+impl Registered {
+    fn mr(&self) -> Result<MrHandle> {
+        self.handle
+            .ok_or_else(|| GdaError::invalid("the range is staged, not registered"))
+    }
+}
+
 /// The local heap and how queues address it.
 struct LocalHeap {
     base: u64,
@@ -127,10 +142,11 @@ enum Published {
 pub struct Gda {
     backend: Backend,
     heap: Option<LocalHeap>,
-    registrations: Vec<OwnedMr>,
+    registrations: Vec<MemoryRegion>,
     extra_lkeys: Vec<u32>,
     domain: Option<Arc<Domain>>,
-    domain_raw: *mut fi::fid_domain,
+    /// Identity of the domain (for the idempotence of `init_*`).
+    domain_id: usize,
     mode: u32,
     reason: String,
     my_pe: i32,
@@ -142,12 +158,6 @@ pub struct Gda {
     use_cuda: bool,
     cuda_ctx: usize,
 }
-
-// SAFETY: the raw domain pointer is only used for identity checks and calls on an FI_THREAD_SAFE
-// domain; everything else is Send + Sync data.
-unsafe impl Send for Gda {}
-// SAFETY: as above.
-unsafe impl Sync for Gda {}
 
 fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueConfig {
     let mut c = SoftQueueConfig::new(
@@ -165,7 +175,7 @@ impl Gda {
         mode: u32,
         reason: String,
         domain: Option<Arc<Domain>>,
-        domain_raw: *mut fi::fid_domain,
+        domain_id: usize,
         backend: Backend,
     ) -> Gda {
         Gda {
@@ -174,7 +184,7 @@ impl Gda {
             registrations: Vec::new(),
             extra_lkeys: Vec::new(),
             domain,
-            domain_raw,
+            domain_id,
             mode,
             reason,
             my_pe: -1,
@@ -198,13 +208,13 @@ impl Gda {
         let hw_attempt = || -> Result<HwQueue> {
             if !hw::is_efa_direct(domain) {
                 // Still ask, so that the answer (and its error) is what the log shows.
-                let _ = GdaOps::open(domain)?;
+                let _ = hw::open_ops(domain)?;
                 return Err(GdaError::unsupported(format!(
                     "{}: provider {provider} is not efa-direct",
                     hw::NO_GDA_OPS
                 )));
             }
-            let ops = GdaOps::open(domain)?;
+            let ops = hw::open_ops(domain)?;
             HwQueue::open(domain, ops)
         };
         let soft = |reason: String| -> Result<Gda> {
@@ -214,7 +224,7 @@ impl Gda {
                 MODE_SOFT,
                 reason,
                 Some(domain.clone()),
-                domain.as_ptr(),
+                domain.handle().id(),
                 Backend::Soft(q),
             ))
         };
@@ -225,7 +235,7 @@ impl Gda {
                     MODE_OFF,
                     "NVSHMEM_EFA_GDA=off".into(),
                     Some(domain.clone()),
-                    domain.as_ptr(),
+                    domain.handle().id(),
                     Backend::Off,
                 ))
             }
@@ -239,7 +249,7 @@ impl Gda {
                         MODE_HW,
                         "NVSHMEM_EFA_GDA=hw".into(),
                         Some(domain.clone()),
-                        domain.as_ptr(),
+                        domain.handle().id(),
                         Backend::Hw(Box::new(q)),
                     ))
                 }
@@ -262,7 +272,7 @@ impl Gda {
                         MODE_HW,
                         "GDA ops answer".into(),
                         Some(domain.clone()),
-                        domain.as_ptr(),
+                        domain.handle().id(),
                         Backend::Hw(Box::new(q)),
                     ))
                 }
@@ -278,13 +288,10 @@ impl Gda {
     /// `domain` and `ep` must be open libfabric objects (the endpoint enabled, of that domain) that
     /// stay open until this value is dropped; nothing else may post sends on `ep` afterwards.
     pub unsafe fn on_external_ep(
-        domain: *mut fi::fid_domain,
-        ep: *mut fi::fid_ep,
+        domain: DomainHandle,
+        ep: EndpointHandle,
         cfg: &Config,
     ) -> Result<Gda> {
-        if domain.is_null() || ep.is_null() {
-            return Err(GdaError::invalid("null domain or endpoint"));
-        }
         match cfg.gda {
             GdaMode::Off => {
                 tracing::info!("GDA: off (NVSHMEM_EFA_GDA=off)");
@@ -292,7 +299,7 @@ impl Gda {
                     MODE_OFF,
                     "NVSHMEM_EFA_GDA=off".into(),
                     None,
-                    domain,
+                    domain.id(),
                     Backend::Off,
                 ));
             }
@@ -306,8 +313,9 @@ impl Gda {
             GdaMode::Hw | GdaMode::Auto => {}
         }
         // SAFETY: forwarded contract.
-        let q =
-            unsafe { GdaOps::open_raw(domain).and_then(|ops| HwQueue::on_external_ep(ops, ep)) };
+        let q = unsafe {
+            hw::open_ops_foreign(domain).and_then(|ops| HwQueue::on_external_ep(ops, ep))
+        };
         match q {
             Ok(q) => {
                 tracing::info!("GDA: hardware EFA queue on the caller's endpoint");
@@ -315,7 +323,7 @@ impl Gda {
                     MODE_HW,
                     "GDA ops answer".into(),
                     None,
-                    domain,
+                    domain.id(),
                     Backend::Hw(Box::new(q)),
                 ))
             }
@@ -481,19 +489,17 @@ impl Gda {
         self.publish()
     }
 
-    fn ep_for_binding(&self) -> Option<*mut fi::fid_ep> {
+    fn endpoint(&self) -> Option<&Endpoint> {
         match &self.backend {
-            Backend::Soft(q) => Some(q.endpoint().as_ptr()),
-            Backend::Hw(q) => Some(q.ep()),
+            Backend::Soft(q) => Some(q.endpoint()),
+            Backend::Hw(q) => q.endpoint(),
             Backend::Off => None,
         }
     }
 
-    fn register(
-        &mut self,
-        base: u64,
-        size: u64,
-    ) -> Result<(u64, *mut c_void, *mut fi::fid_mr, bool)> {
+    /// Registers `[base, base+size)` of memory of `kind` on the queue's endpoint (kept until this
+    /// value is dropped), or leaves it to the software queue's staging.
+    fn register(&mut self, base: u64, size: u64, kind: MemKind) -> Result<Registered> {
         let domain = self.domain.clone().ok_or_else(|| {
             GdaError::invalid(
                 "the caller owns the domain: pass the heap's registration (struct fid_mr)",
@@ -502,29 +508,43 @@ impl Gda {
         if let Backend::Soft(q) = &self.backend {
             // A staging software queue moves GPU memory itself (non-blocking-stream copies): the
             // provider never sees it, so it is not registered (no key, no descriptor).
-            if q.staging() != Staging::Off
-                && matches!(
-                    cuda::pointer_kind(base as *const c_void),
-                    cuda::PtrKind::Device { .. }
-                )
-            {
+            if q.staging() != Staging::Off && kind.is_device() {
                 tracing::info!(
                     "GDA: GPU memory {base:#x}+{size} is staged by the software queue: not registered with the provider"
                 );
-                return Ok((0, std::ptr::null_mut(), std::ptr::null_mut(), true));
+                return Ok(Registered {
+                    key: 0,
+                    desc: std::ptr::null_mut(),
+                    handle: None,
+                    kind,
+                });
             }
         }
         // SAFETY: the caller of set_local_heap/register_local guarantees the memory stays allocated
         // until fini; the endpoint belongs to the domain.
-        let mr = unsafe { OwnedMr::register(&domain, base, size, self.ep_for_binding())? };
-        let r = (mr.key(), mr.desc(), mr.as_ptr(), mr.is_device());
+        let mr = unsafe {
+            MemoryRegion::register_reserved(
+                &domain,
+                base as *const u8,
+                size as usize,
+                kind,
+                self.endpoint(),
+            )?
+        };
+        let r = Registered {
+            key: mr.key(),
+            desc: mr.desc(),
+            handle: Some(mr.handle()),
+            kind,
+        };
         self.registrations.push(mr);
         Ok(r)
     }
 
     /// Sets the local symmetric heap. With `mr` (a registration of exactly this range on the queue's
-    /// domain, kept open by the caller until [`Gda`] is dropped) its descriptor and key are used;
-    /// without, the range is registered here (host or CUDA memory as `cuda::pointer_kind` says).
+    /// domain, kept open by the caller until [`Gda`] is dropped) its descriptor, key and memory kind
+    /// are used; without, the range is registered here (host or CUDA memory as
+    /// `cuda::pointer_kind` says).
     pub fn set_local_heap(
         &mut self,
         base: u64,
@@ -532,21 +552,33 @@ impl Gda {
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
         // SAFETY: a MemoryRegion is an open registration.
-        unsafe {
-            self.set_local_heap_raw(base, size, mr.map_or(std::ptr::null_mut(), |m| m.as_ptr()))
-        }
+        unsafe { self.set_local_heap_with(base, size, mr.map(|m| (m.handle(), m.kind()))) }
     }
 
-    /// [`Gda::set_local_heap`] with a raw registration (null: register here).
+    /// [`Gda::set_local_heap`] with a registration the caller owns (`None`: register here). The
+    /// memory kind is found from the address.
     ///
     /// # Safety
-    /// `mr`, when not null, must be an open registration of `[base, base+size)` on the queue's domain
+    /// `mr`, when given, must be an open registration of `[base, base+size)` on the queue's domain
     /// that stays open until this value is dropped; the memory must stay allocated as long.
     pub unsafe fn set_local_heap_raw(
         &mut self,
         base: u64,
         size: u64,
-        mr: *mut fi::fid_mr,
+        mr: Option<MrHandle>,
+    ) -> Result<()> {
+        let kind = mem::mem_kind(base);
+        // SAFETY: forwarded contract.
+        unsafe { self.set_local_heap_with(base, size, mr.map(|m| (m, kind))) }
+    }
+
+    /// # Safety
+    /// As for [`Gda::set_local_heap_raw`].
+    unsafe fn set_local_heap_with(
+        &mut self,
+        base: u64,
+        size: u64,
+        mr: Option<(MrHandle, MemKind)>,
     ) -> Result<()> {
         self.need_queue()?;
         if base == 0 || size == 0 || base.checked_add(size).is_none() {
@@ -555,23 +587,26 @@ impl Gda {
             )));
         }
         let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
-        let (key, desc, raw, device) =
-            if mr.is_null() || (mr_endpoint && matches!(self.backend, Backend::Soft(_))) {
-                if !mr.is_null() {
-                    tracing::info!(
+        let reg = match mr {
+            Some((m, kind)) if !(mr_endpoint && matches!(self.backend, Backend::Soft(_))) => {
+                // SAFETY: open registration per the contract.
+                let (key, desc) = unsafe { (m.key(), m.desc()) };
+                Registered {
+                    key,
+                    desc,
+                    handle: Some(m),
+                    kind,
+                }
+            }
+            Some((_, kind)) => {
+                tracing::info!(
                     "GDA: FI_MR_ENDPOINT provider: registering the heap again for the GDA endpoint"
                 );
-                }
-                self.register(base, size)?
-            } else {
-                // SAFETY: open registration per the contract.
-                let (key, desc) = unsafe { (fi::fi_mr_key(mr), fi::fi_mr_desc(mr)) };
-                let device = matches!(
-                    cuda::pointer_kind(base as *const c_void),
-                    cuda::PtrKind::Device { .. }
-                );
-                (key, desc, mr, device)
-            };
+                self.register(base, size, kind)?
+            }
+            None => self.register(base, size, mem::mem_kind(base))?,
+        };
+        let (key, desc, device) = (reg.key, reg.desc, reg.kind.is_device());
         let old = self.heap.take();
         let (lkey, soft_lkey) = match &self.backend {
             Backend::Soft(q) => {
@@ -584,8 +619,8 @@ impl Gda {
                 }
                 (l, Some(l))
             }
-            // SAFETY: raw is an open registration of the queue's domain.
-            Backend::Hw(q) => (unsafe { q.lkey(raw)? }, None),
+            // SAFETY: an open registration of the queue's domain.
+            Backend::Hw(q) => (unsafe { q.lkey(reg.mr()?)? }, None),
             Backend::Off => unreachable!("checked above"),
         };
         self.heap = Some(LocalHeap {
@@ -608,12 +643,14 @@ impl Gda {
     /// The memory must stay allocated until this value is dropped.
     pub unsafe fn register_local(&mut self, base: u64, size: u64) -> Result<u32> {
         self.need_queue()?;
-        let (_, desc, raw, device) = self.register(base, size)?;
+        let reg = self.register(base, size, mem::mem_kind(base))?;
         let lkey = match &self.backend {
             // SAFETY: our registration of this range lives as long as the queue.
-            Backend::Soft(q) => unsafe { q.add_local(base, base, size, desc, device)? },
+            Backend::Soft(q) => unsafe {
+                q.add_local(base, base, size, reg.desc, reg.kind.is_device())?
+            },
             // SAFETY: open registration of the queue's domain.
-            Backend::Hw(q) => unsafe { q.lkey(raw)? },
+            Backend::Hw(q) => unsafe { q.lkey(reg.mr()?)? },
             Backend::Off => unreachable!("checked above"),
         };
         self.extra_lkeys.push(lkey);
@@ -676,7 +713,7 @@ impl Gda {
     ///
     /// # Safety
     /// As for [`HwQueue::set_cq`].
-    pub unsafe fn set_cq(&mut self, cq: *mut fi::fid_cq) -> Result<()> {
+    pub unsafe fn set_cq(&mut self, cq: CqHandle) -> Result<()> {
         match &mut self.backend {
             // SAFETY: forwarded contract.
             Backend::Hw(q) => unsafe { q.set_cq(cq)? },
@@ -842,8 +879,8 @@ impl Gda {
         Ok(())
     }
 
-    fn same_domain(&self, domain: *mut fi::fid_domain) -> bool {
-        self.domain_raw == domain
+    fn same_domain(&self, domain: DomainHandle) -> bool {
+        self.domain_id == domain.id()
     }
 }
 
@@ -868,7 +905,7 @@ static GDA: Mutex<Option<Gda>> = Mutex::new(None);
 pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
     let mut g = GDA.lock();
     if let Some(x) = g.as_ref() {
-        if x.same_domain(domain.as_ptr()) {
+        if x.same_domain(domain.handle()) {
             return Ok(x.mode);
         }
         return Err(GdaError {
@@ -887,7 +924,7 @@ pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
 ///
 /// # Safety
 /// As for [`Gda::on_external_ep`].
-pub unsafe fn init_on_external_ep(domain: *mut fi::fid_domain, ep: *mut fi::fid_ep) -> Result<u32> {
+pub unsafe fn init_on_external_ep(domain: DomainHandle, ep: EndpointHandle) -> Result<u32> {
     let cfg = Config::from_env().map_err(|e| GdaError::invalid(e.to_string()))?;
     let mut g = GDA.lock();
     if let Some(x) = g.as_ref() {
@@ -930,7 +967,7 @@ pub fn set_local_heap(base: u64, size: u64, mr: Option<&MemoryRegion>) -> Result
 ///
 /// # Safety
 /// As for [`Gda::set_local_heap_raw`], with "until [`fini`]".
-pub unsafe fn set_local_heap_raw(base: u64, size: u64, mr: *mut fi::fid_mr) -> Result<()> {
+pub unsafe fn set_local_heap_raw(base: u64, size: u64, mr: Option<MrHandle>) -> Result<()> {
     // SAFETY: forwarded contract.
     with(|g| unsafe { g.set_local_heap_raw(base, size, mr) })
 }
@@ -949,7 +986,7 @@ pub fn local_heap_key() -> Result<u64> {
 ///
 /// # Safety
 /// As for [`HwQueue::set_cq`].
-pub unsafe fn set_cq(cq: *mut fi::fid_cq) -> Result<()> {
+pub unsafe fn set_cq(cq: CqHandle) -> Result<()> {
     // SAFETY: forwarded contract.
     with(|g| unsafe { g.set_cq(cq) })
 }

@@ -95,8 +95,8 @@ impl Consumer {
     }
 
     pub(super) fn on_completion(&mut self, e: &CqEntry) {
-        let remote_data = u64::from(fi::FI_REMOTE_CQ_DATA);
-        if e.flags & remote_data != 0 && e.flags & u64::from(fi::FI_RECV) == 0 {
+        let remote_data = flags::REMOTE_CQ_DATA;
+        if e.flags & remote_data != 0 && e.flags & flags::RECV == 0 {
             self.on_write_imm(e.data, e.len);
             return;
         }
@@ -131,11 +131,11 @@ impl Consumer {
             }
             Some((TAG_STX, b)) => {
                 self.inner.ctxs.free(ctx);
-                self.on_stage_sent(b as usize, if code == 0 { -(fi::FI_EIO as i32) } else { code }, text);
+                self.on_stage_sent(b as usize, if code == 0 { -(errno::EIO as i32) } else { code }, text);
             }
             Some((TAG_RX, idx)) => {
                 self.inner.ctxs.free(ctx);
-                if code.unsigned_abs() == fi::FI_ECANCELED {
+                if code.unsigned_abs() == errno::ECANCELED {
                     return;
                 }
                 tracing::warn!("software queue: receive failed: {text}");

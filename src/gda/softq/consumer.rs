@@ -62,7 +62,7 @@ impl Consumer {
             in_flight: 0,
             rejected: 0,
             completed: 0,
-            delivery_flags: u64::from(fi::FI_DELIVERY_COMPLETE),
+            delivery_flags: flags::DELIVERY_COMPLETE,
             bad_doorbell: None,
             heartbeat: 0,
             outbox: VecDeque::new(),

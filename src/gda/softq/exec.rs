@@ -13,29 +13,29 @@ pub(super) struct InFlight {
 pub fn fabric_error_status(code: i32) -> CqStatus {
     let e = code.unsigned_abs();
     match e {
-        x if x == fi::FI_ECANCELED => CqStatus::Flushed,
-        x if x == fi::FI_EINVAL
-            || x == fi::FI_EACCES
-            || x == fi::FI_EKEYREJECTED
-            || x == fi::FI_ENOKEY =>
+        x if x == errno::ECANCELED => CqStatus::Flushed,
+        x if x == errno::EINVAL
+            || x == errno::EACCES
+            || x == errno::EKEYREJECTED
+            || x == errno::ENOKEY =>
         {
             CqStatus::RemoteBadAddress
         }
-        x if x == fi::FI_EMSGSIZE || x == fi::FI_ETRUNC || x == fi::FI_ETOOSMALL => {
+        x if x == errno::EMSGSIZE || x == errno::ETRUNC || x == errno::ETOOSMALL => {
             CqStatus::RemoteBadLength
         }
-        x if x == fi::FI_ECONNRESET || x == fi::FI_ECONNABORTED => CqStatus::RemoteAbort,
-        x if x == fi::FI_ENOTCONN
-            || x == fi::FI_ECONNREFUSED
-            || x == fi::FI_EHOSTUNREACH
-            || x == fi::FI_ENETUNREACH
-            || x == fi::FI_EADDRNOTAVAIL =>
+        x if x == errno::ECONNRESET || x == errno::ECONNABORTED => CqStatus::RemoteAbort,
+        x if x == errno::ENOTCONN
+            || x == errno::ECONNREFUSED
+            || x == errno::EHOSTUNREACH
+            || x == errno::ENETUNREACH
+            || x == errno::EADDRNOTAVAIL =>
         {
             CqStatus::LocalUnreachableRemote
         }
-        x if x == fi::FI_ETIMEDOUT => CqStatus::LocalUnresponsiveRemote,
-        x if x == fi::FI_EOPNOTSUPP || x == fi::FI_ENOSYS => CqStatus::LocalUnsupportedOp,
-        x if x == fi::FI_ENOMEM => CqStatus::LocalQpInternalError,
+        x if x == errno::ETIMEDOUT => CqStatus::LocalUnresponsiveRemote,
+        x if x == errno::EOPNOTSUPP || x == errno::ENOSYS => CqStatus::LocalUnsupportedOp,
+        x if x == errno::ENOMEM => CqStatus::LocalQpInternalError,
         _ => CqStatus::RemoteBadStatus,
     }
 }
@@ -109,9 +109,9 @@ impl Consumer {
             match r {
                 Err(e)
                     if self.delivery_flags != 0
-                        && (e.code == -(fi::FI_EBADFLAGS as i32)
-                            || e.code == -(fi::FI_EOPNOTSUPP as i32)
-                            || e.code == -(fi::FI_ENOSYS as i32)) =>
+                        && (e.code == -(errno::EBADFLAGS as i32)
+                            || e.code == -(errno::EOPNOTSUPP as i32)
+                            || e.code == -(errno::ENOSYS as i32)) =>
                 {
                     tracing::info!("software queue: provider refuses FI_DELIVERY_COMPLETE ({e}); using its default completion");
                     self.delivery_flags = 0;
@@ -151,7 +151,7 @@ impl Consumer {
         p: &Pending,
         ctx: *mut c_void,
     ) -> crate::fabric::Result<()> {
-        let ep = inner.ep.as_ptr();
+        let ep = &inner.ep;
         match p.action {
             Action::Write {
                 local,
@@ -164,12 +164,11 @@ impl Consumer {
             } => {
                 let mut flags = self.delivery_flags;
                 if data.is_some() {
-                    flags |= u64::from(fi::FI_REMOTE_CQ_DATA);
+                    flags |= flags::REMOTE_CQ_DATA;
                 }
                 // SAFETY: forwarded contract.
                 unsafe {
-                    rma_msg(
-                        ep,
+                    ep.rma_msg(
                         true,
                         local as *mut u8,
                         len,
@@ -193,8 +192,7 @@ impl Consumer {
             } => {
                 // SAFETY: forwarded contract.
                 unsafe {
-                    rma_msg(
-                        ep,
+                    ep.rma_msg(
                         false,
                         local as *mut u8,
                         len,
@@ -216,8 +214,7 @@ impl Consumer {
                 let len = SEND_HDR_SIZE + usize::from(hdr.len);
                 // SAFETY: forwarded contract; the bounce buffer holds header and payload.
                 unsafe {
-                    send_msg(
-                        ep,
+                    ep.send_msg(
                         inner.send_bufs.ptr(b),
                         len,
                         inner.send_bufs.desc(),
@@ -274,96 +271,5 @@ impl Consumer {
             self.free_bounce.push(b);
         }
         self.push_tx_cqe(p.req_id, status, p.op);
-    }
-}
-
-/// `fi_writemsg` / `fi_readmsg` with one local and one remote segment, optional CQ data and flags.
-///
-/// # Safety
-/// `ep` must be an open endpoint; `buf` (described by `desc`) and `ctx` must stay valid until the
-/// completion is reaped or the endpoint is closed.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn rma_msg(
-    ep: *mut fi::fid_ep,
-    write: bool,
-    buf: *mut u8,
-    len: usize,
-    desc: *mut c_void,
-    dest: FiAddr,
-    addr: u64,
-    key: u64,
-    ctx: *mut c_void,
-    data: u64,
-    flags: u64,
-) -> crate::fabric::Result<()> {
-    let iov = libc::iovec {
-        iov_base: buf as *mut c_void,
-        iov_len: len,
-    };
-    let mut d = desc;
-    let riov = fi::fi_rma_iov { addr, len, key };
-    // SAFETY: an all-zero fi_msg_rma is valid; every pointer set below outlives the call.
-    let mut msg: fi::fi_msg_rma = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &iov as *const libc::iovec as *const _;
-    msg.desc = &mut d;
-    msg.iov_count = 1;
-    msg.addr = dest;
-    msg.rma_iov = &riov;
-    msg.rma_iov_count = 1;
-    msg.context = ctx;
-    msg.data = data;
-    // SAFETY: forwarded contract.
-    let ret = unsafe {
-        if write {
-            fi::fi_writemsg(ep, &msg, flags)
-        } else {
-            fi::fi_readmsg(ep, &msg, flags)
-        }
-    };
-    if ret == 0 {
-        Ok(())
-    } else {
-        let what = if write { "fi_writemsg" } else { "fi_readmsg" };
-        Err(crate::fabric::Error::from_ret(
-            ret as i64,
-            format!("{what}({len} bytes, {dest}:{addr:#x}, flags {flags:#x})"),
-        ))
-    }
-}
-
-/// `fi_sendmsg` of one registered buffer with flags.
-///
-/// # Safety
-/// As for [`rma_msg`].
-pub(super) unsafe fn send_msg(
-    ep: *mut fi::fid_ep,
-    buf: *mut u8,
-    len: usize,
-    desc: *mut c_void,
-    dest: FiAddr,
-    ctx: *mut c_void,
-    flags: u64,
-) -> crate::fabric::Result<()> {
-    let iov = libc::iovec {
-        iov_base: buf as *mut c_void,
-        iov_len: len,
-    };
-    let mut d = desc;
-    // SAFETY: an all-zero fi_msg is valid; every pointer set below outlives the call.
-    let mut msg: fi::fi_msg = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &iov as *const libc::iovec as *const _;
-    msg.desc = &mut d;
-    msg.iov_count = 1;
-    msg.addr = dest;
-    msg.context = ctx;
-    // SAFETY: forwarded contract.
-    let ret = unsafe { fi::fi_sendmsg(ep, &msg, flags) };
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(crate::fabric::Error::from_ret(
-            ret as i64,
-            format!("fi_sendmsg({len} bytes to {dest}, flags {flags:#x})"),
-        ))
     }
 }

@@ -118,12 +118,12 @@ use crate::cuda;
 use crate::efa::cqe::{self, CqStatus, RxCqe, TxCqe, AH_UNKNOWN, RX_CQE_EX_SIZE, TX_CQE_SIZE};
 use crate::efa::wqe::{self, OpType, SendPayload, WqeDesc, WqeError, WqeOp, WQE_SIZE};
 use crate::fabric::{
-    sys as fi, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, FiAddr, OpContexts,
+    errno, flags, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, FiAddr, MemKind,
+    MemoryRegion, OpContexts,
 };
 
 use super::error::{GdaError, Result};
 use super::mem::{self, CtrlMem, CtrlPlacement, SharedMem};
-use super::mr::OwnedMr;
 use super::state::{
     NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_SOFT,
 };
@@ -669,23 +669,23 @@ mod tests {
     #[test]
     fn status_mapping() {
         assert_eq!(
-            fabric_error_status(-(fi::FI_ECANCELED as i32)),
+            fabric_error_status(-(errno::ECANCELED as i32)),
             CqStatus::Flushed
         );
         assert_eq!(
-            fabric_error_status(-(fi::FI_EINVAL as i32)),
+            fabric_error_status(-(errno::EINVAL as i32)),
             CqStatus::RemoteBadAddress
         );
         assert_eq!(
-            fabric_error_status(fi::FI_ETRUNC as i32),
+            fabric_error_status(errno::ETRUNC as i32),
             CqStatus::RemoteBadLength
         );
         assert_eq!(
-            fabric_error_status(-(fi::FI_ENOTCONN as i32)),
+            fabric_error_status(-(errno::ENOTCONN as i32)),
             CqStatus::LocalUnreachableRemote
         );
         assert_eq!(
-            fabric_error_status(-(fi::FI_EIO as i32)),
+            fabric_error_status(-(errno::EIO as i32)),
             CqStatus::RemoteBadStatus
         );
         assert_eq!(

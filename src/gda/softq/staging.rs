@@ -377,8 +377,7 @@ impl Consumer {
         // SAFETY: the buffer and the context belong to the queue and stay valid until the completion
         // is reaped or the endpoint is closed.
         let r = unsafe {
-            send_msg(
-                inner.ep.as_ptr(),
+            inner.ep.send_msg(
                 buf,
                 STAGE_HDR_SIZE + chunk as usize,
                 inner.send_bufs.desc(),
@@ -421,7 +420,7 @@ impl Consumer {
             self.free_bounce.push(b as u32);
         }
         if code != 0 {
-            if code.unsigned_abs() != fi::FI_ECANCELED {
+            if code.unsigned_abs() != errno::ECANCELED {
                 tracing::warn!("software queue: staged message failed: {text}");
             }
             if let Some(token) = owner {

@@ -70,7 +70,7 @@ impl Tables {
 /// Registered host buffers: `count` slots of `slot` bytes.
 pub(super) struct BufPool {
     pub(super) mem: SharedMem,
-    pub(super) mr: Option<OwnedMr>,
+    pub(super) mr: Option<MemoryRegion>,
     pub(super) slot: usize,
     pub(super) count: usize,
 }
@@ -88,11 +88,12 @@ impl BufPool {
         // SAFETY: the memory is owned by the pool, which keeps the registration and drops it first
         // (field order); the endpoint belongs to `domain`.
         let mr = unsafe {
-            OwnedMr::register(
+            MemoryRegion::register_reserved(
                 domain,
-                mem.host() as u64,
-                (slot * count) as u64,
-                Some(ep.as_ptr()),
+                mem.host(),
+                slot * count,
+                MemKind::Host,
+                Some(ep),
             )?
         };
         Ok(BufPool {
