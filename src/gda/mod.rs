@@ -24,6 +24,8 @@ pub mod hw;
 /// cbindgen:ignore
 pub mod mem;
 /// cbindgen:ignore
+pub mod queue;
+/// cbindgen:ignore
 pub mod softq;
 pub mod state;
 /// cbindgen:ignore
@@ -38,16 +40,17 @@ use parking_lot::Mutex;
 use crate::config::{Config, GdaMode};
 use crate::cuda::{self, DeviceBuffer};
 use crate::fabric::{
-    CqHandle, Domain, DomainHandle, Endpoint, EndpointHandle, MemKind, MemoryRegion, MrHandle,
+    CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, MemoryRegion, MrHandle,
 };
 
 pub use self::error::{GdaError, Result};
 use self::hw::HwQueue;
 use self::mem::CtrlPlacement;
+use self::queue::{GdaQueue, Registration};
 use self::softq::{SoftQueue, SoftQueueConfig, Staging};
 use self::state::{
     NvshmemEfaGdaDeviceState, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_MODE_HW,
-    NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_PEER_VALID, NVSHMEM_EFA_GDA_STATE_VERSION,
+    NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_STATE_VERSION,
 };
 
 /// GDA is off (`NVSHMEM_EFA_GDA=off`).
@@ -78,28 +81,6 @@ impl Default for GdaOptions {
             sq_depth: None,
             max_batch: None,
         }
-    }
-}
-
-enum Backend {
-    Off,
-    Soft(SoftQueue),
-    Hw(Box<HwQueue>),
-}
-
-/// One registration of a local range as the queues use it.
-struct Registered {
-    key: u64,
-    desc: *mut c_void,
-    /// `None` where the software queue stages the memory (not registered).
-    handle: Option<MrHandle>,
-    kind: MemKind,
-}
-
-impl Registered {
-    fn mr(&self) -> Result<MrHandle> {
-        self.handle
-            .ok_or_else(|| GdaError::invalid("the range is staged, not registered"))
     }
 }
 
@@ -140,7 +121,8 @@ enum Published {
 /// Field order is drop order: the queue (and its consumer thread) goes before the registrations it
 /// uses.
 pub struct Gda {
-    backend: Backend,
+    /// The queue; `None` when GDA is off. Every queue call goes through it.
+    queue: Option<Box<dyn GdaQueue>>,
     heap: Option<LocalHeap>,
     registrations: Vec<MemoryRegion>,
     extra_lkeys: Vec<u32>,
@@ -176,10 +158,10 @@ impl Gda {
         reason: String,
         domain: Option<Arc<Domain>>,
         domain_id: usize,
-        backend: Backend,
+        queue: Option<Box<dyn GdaQueue>>,
     ) -> Gda {
         Gda {
-            backend,
+            queue,
             heap: None,
             registrations: Vec::new(),
             extra_lkeys: Vec::new(),
@@ -225,7 +207,7 @@ impl Gda {
                 reason,
                 Some(domain.clone()),
                 domain.handle().id(),
-                Backend::Soft(q),
+                Some(Box::new(q)),
             ))
         };
         match cfg.gda {
@@ -236,7 +218,7 @@ impl Gda {
                     "NVSHMEM_EFA_GDA=off".into(),
                     Some(domain.clone()),
                     domain.handle().id(),
-                    Backend::Off,
+                    None,
                 ))
             }
             GdaMode::Soft => soft("NVSHMEM_EFA_GDA=soft".into()),
@@ -250,7 +232,7 @@ impl Gda {
                         "NVSHMEM_EFA_GDA=hw".into(),
                         Some(domain.clone()),
                         domain.handle().id(),
-                        Backend::Hw(Box::new(q)),
+                        Some(Box::new(q)),
                     ))
                 }
                 Err(e) => {
@@ -273,7 +255,7 @@ impl Gda {
                         "GDA ops answer".into(),
                         Some(domain.clone()),
                         domain.handle().id(),
-                        Backend::Hw(Box::new(q)),
+                        Some(Box::new(q)),
                     ))
                 }
                 Err(e) => soft(format!("no hardware queues: {e}")),
@@ -300,7 +282,7 @@ impl Gda {
                     "NVSHMEM_EFA_GDA=off".into(),
                     None,
                     domain.id(),
-                    Backend::Off,
+                    None,
                 ));
             }
             GdaMode::Soft => {
@@ -324,7 +306,7 @@ impl Gda {
                     "GDA ops answer".into(),
                     None,
                     domain.id(),
-                    Backend::Hw(Box::new(q)),
+                    Some(Box::new(q)),
                 ))
             }
             Err(e) => {
@@ -358,27 +340,27 @@ impl Gda {
 
     /// The software queue, in software mode.
     pub fn soft_queue(&self) -> Option<&SoftQueue> {
-        match &self.backend {
-            Backend::Soft(q) => Some(q),
-            _ => None,
-        }
+        self.queue.as_deref().and_then(|q| q.as_soft())
     }
 
-    fn need_queue(&self) -> Result<()> {
-        match self.backend {
-            Backend::Off => Err(GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)")),
-            _ => Ok(()),
+    /// The queue; an error when GDA is off.
+    fn q(&self) -> Result<&dyn GdaQueue> {
+        self.queue
+            .as_deref()
+            .ok_or_else(|| GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)"))
+    }
+
+    /// [`Gda::q`], mutable.
+    fn q_mut(&mut self) -> Result<&mut dyn GdaQueue> {
+        match self.queue.as_deref_mut() {
+            Some(q) => Ok(q),
+            None => Err(GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)")),
         }
     }
 
     /// Raw name of the dedicated endpoint (exchange it with every PE, then [`Gda::connect`]).
     pub fn address(&self) -> Result<Vec<u8>> {
-        self.need_queue()?;
-        match &self.backend {
-            Backend::Soft(q) => q.name(),
-            Backend::Hw(q) => q.name(),
-            Backend::Off => unreachable!("checked above"),
-        }
+        self.q()?.name()
     }
 
     /// Builds the peer table from every PE's endpoint name (`names`, `n_pes` names of equal length back
@@ -390,7 +372,7 @@ impl Gda {
         names: &[u8],
         fi_addrs: Option<&[u64]>,
     ) -> Result<()> {
-        self.need_queue()?;
+        self.q()?;
         if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
             return Err(GdaError::invalid(format!("connect: PE {my_pe} of {n_pes}")));
         }
@@ -421,55 +403,7 @@ impl Gda {
                 ),
             });
         }
-        let peers: Vec<NvshmemEfaGdaPeer> = match &mut self.backend {
-            Backend::Soft(q) => {
-                if names.is_empty() {
-                    return Err(GdaError::invalid(
-                        "connect: the software queue needs every PE's GDA endpoint name",
-                    ));
-                }
-                if n_pes > wire::SOFT_MAX_PES {
-                    return Err(GdaError::invalid(format!(
-                        "connect: the software queue addresses at most {} PEs",
-                        wire::SOFT_MAX_PES
-                    )));
-                }
-                let addrs = q.insert_names(names, n)?;
-                let qkey = wire::soft_qkey(n_pes, names);
-                q.set_peers(my_pe, qkey, &addrs)?;
-                (0..n_pes)
-                    .map(|pe| NvshmemEfaGdaPeer {
-                        ahn: pe as u16,
-                        qpn: wire::soft_qpn(pe),
-                        qkey,
-                        flags: NVSHMEM_EFA_GDA_PEER_VALID,
-                        ..Default::default()
-                    })
-                    .collect()
-            }
-            Backend::Hw(q) => {
-                let addrs = match (fi_addrs, names.is_empty()) {
-                    (Some(a), _) => a.to_vec(),
-                    (None, false) => q.insert_names(names, n)?,
-                    (None, true) => {
-                        return Err(GdaError::invalid(
-                            "connect: neither endpoint names nor fi_addr values",
-                        ))
-                    }
-                };
-                q.query_peers(&addrs, my_pe as usize)?
-                    .into_iter()
-                    .map(|(ahn, qpn, qkey)| NvshmemEfaGdaPeer {
-                        ahn,
-                        qpn,
-                        qkey,
-                        flags: NVSHMEM_EFA_GDA_PEER_VALID,
-                        ..Default::default()
-                    })
-                    .collect()
-            }
-            Backend::Off => unreachable!("checked above"),
-        };
+        let peers = self.q_mut()?.connect(my_pe, n_pes, names, fi_addrs)?;
         self.my_pe = my_pe;
         self.n_pes = n_pes;
         self.names = names.to_vec();
@@ -489,36 +423,25 @@ impl Gda {
         self.publish()
     }
 
-    fn endpoint(&self) -> Option<&Endpoint> {
-        match &self.backend {
-            Backend::Soft(q) => Some(q.endpoint()),
-            Backend::Hw(q) => q.endpoint(),
-            Backend::Off => None,
-        }
-    }
-
     /// Registers `[base, base+size)` of memory of `kind` on the queue's endpoint (kept until this
     /// value is dropped), or leaves it to the software queue's staging.
-    fn register(&mut self, base: u64, size: u64, kind: MemKind) -> Result<Registered> {
+    fn register(&mut self, base: u64, size: u64, kind: MemKind) -> Result<Registration> {
         let domain = self.domain.clone().ok_or_else(|| {
             GdaError::invalid(
                 "the caller owns the domain: pass the heap's registration (struct fid_mr)",
             )
         })?;
-        if let Backend::Soft(q) = &self.backend {
-            // A staging software queue moves GPU memory itself (non-blocking-stream copies): the
-            // provider never sees it, so it is not registered (no key, no descriptor).
-            if q.staging() != Staging::Off && kind.is_device() {
-                tracing::info!(
-                    "GDA: GPU memory {base:#x}+{size} is staged by the software queue: not registered with the provider"
-                );
-                return Ok(Registered {
-                    key: 0,
-                    desc: std::ptr::null_mut(),
-                    handle: None,
-                    kind,
-                });
-            }
+        let q = self.q()?;
+        if q.stages(kind) {
+            tracing::info!(
+                "GDA: GPU memory {base:#x}+{size} is staged by the software queue: not registered with the provider"
+            );
+            return Ok(Registration {
+                key: 0,
+                desc: std::ptr::null_mut(),
+                handle: None,
+                kind,
+            });
         }
         // SAFETY: the caller of set_local_heap/register_local guarantees the memory stays allocated
         // until fini; the endpoint belongs to the domain.
@@ -528,10 +451,10 @@ impl Gda {
                 base as *const u8,
                 size as usize,
                 kind,
-                self.endpoint(),
+                q.endpoint(),
             )?
         };
-        let r = Registered {
+        let r = Registration {
             key: mr.key(),
             desc: mr.desc(),
             handle: Some(mr.handle()),
@@ -580,18 +503,20 @@ impl Gda {
         size: u64,
         mr: Option<(MrHandle, MemKind)>,
     ) -> Result<()> {
-        self.need_queue()?;
+        let takes_caller = {
+            let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
+            self.q()?.takes_caller_registration(mr_endpoint)
+        };
         if base == 0 || size == 0 || base.checked_add(size).is_none() {
             return Err(GdaError::invalid(format!(
                 "set_local_heap: bad range {base:#x}+{size}"
             )));
         }
-        let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
         let reg = match mr {
-            Some((m, kind)) if !(mr_endpoint && matches!(self.backend, Backend::Soft(_))) => {
+            Some((m, kind)) if takes_caller => {
                 // SAFETY: open registration per the contract.
                 let (key, desc) = unsafe { (m.key(), m.desc()) };
-                Registered {
+                Registration {
                     key,
                     desc,
                     handle: Some(m),
@@ -606,23 +531,14 @@ impl Gda {
             }
             None => self.register(base, size, mem::mem_kind(base))?,
         };
-        let (key, desc, device) = (reg.key, reg.desc, reg.kind.is_device());
         let old = self.heap.take();
-        let (lkey, soft_lkey) = match &self.backend {
-            Backend::Soft(q) => {
-                // SAFETY: desc describes [base, base+size) (our registration, or the caller's per the
-                // contract), which stays registered and allocated while the queue lives.
-                let l = unsafe { q.add_local(base, base, size, desc, device)? };
-                q.set_heap(l)?;
-                if let Some(o) = old.as_ref().and_then(|o| o.soft_lkey) {
-                    let _ = q.remove_local(o);
-                }
-                (l, Some(l))
-            }
-            // SAFETY: an open registration of the queue's domain.
-            Backend::Hw(q) => (unsafe { q.lkey(reg.mr()?)? }, None),
-            Backend::Off => unreachable!("checked above"),
+        // SAFETY: reg describes [base, base+size) (our registration, or the caller's per the
+        // contract), which stays registered and allocated while the queue lives.
+        let (lkey, soft_lkey) = unsafe {
+            self.q()?
+                .set_heap(base, size, &reg, old.and_then(|o| o.soft_lkey))?
         };
+        let (key, device) = (reg.key, reg.kind.is_device());
         self.heap = Some(LocalHeap {
             base,
             size,
@@ -642,17 +558,10 @@ impl Gda {
     /// # Safety
     /// The memory must stay allocated until this value is dropped.
     pub unsafe fn register_local(&mut self, base: u64, size: u64) -> Result<u32> {
-        self.need_queue()?;
+        self.q()?;
         let reg = self.register(base, size, mem::mem_kind(base))?;
-        let lkey = match &self.backend {
-            // SAFETY: our registration of this range lives as long as the queue.
-            Backend::Soft(q) => unsafe {
-                q.add_local(base, base, size, reg.desc, reg.kind.is_device())?
-            },
-            // SAFETY: open registration of the queue's domain.
-            Backend::Hw(q) => unsafe { q.lkey(reg.mr()?)? },
-            Backend::Off => unreachable!("checked above"),
-        };
+        // SAFETY: our registration of this range lives as long as the queue.
+        let lkey = unsafe { self.q()?.add_local(base, size, &reg)? };
         self.extra_lkeys.push(lkey);
         Ok(lkey)
     }
@@ -668,7 +577,7 @@ impl Gda {
     /// Records PE `pe`'s heap: base address, size, and the key of its registration. Before
     /// [`Gda::connect`] the heap is kept and applied when the peer table exists.
     pub fn set_remote_heap(&mut self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
-        self.need_queue()?;
+        let q = self.q()?;
         if pe < 0 || (self.n_pes > 0 && pe >= self.n_pes) {
             return Err(GdaError::invalid(format!(
                 "set_remote_heap: PE {pe} out of range (n_pes {})",
@@ -680,11 +589,7 @@ impl Gda {
                 "set_remote_heap: bad range {base:#x}+{size} for PE {pe}"
             )));
         }
-        if matches!(self.backend, Backend::Hw(_)) && key > u64::from(u32::MAX) {
-            return Err(GdaError::invalid(format!(
-                "set_remote_heap: key {key:#x} of PE {pe} does not fit an EFA rkey"
-            )));
-        }
+        q.check_remote_key(pe, key)?;
         let h = RemoteHeap { base, size, key };
         self.remote.insert(pe, h);
         if self.n_pes > 0 {
@@ -695,13 +600,7 @@ impl Gda {
     }
 
     fn apply_remote(&mut self, pe: i32, h: RemoteHeap) -> Result<()> {
-        let rkey = match &self.backend {
-            Backend::Soft(q) => {
-                q.set_remote_heap(pe, h.base, h.size, h.key)?;
-                wire::SOFT_RKEY_HEAP
-            }
-            _ => h.key as u32,
-        };
+        let rkey = self.q()?.set_remote_heap(pe, h.base, h.size, h.key)?;
         let p = &mut self.peers[pe as usize];
         p.heap_base = h.base;
         p.heap_size = h.size;
@@ -714,24 +613,16 @@ impl Gda {
     /// # Safety
     /// As for [`HwQueue::set_cq`].
     pub unsafe fn set_cq(&mut self, cq: CqHandle) -> Result<()> {
-        match &mut self.backend {
-            // SAFETY: forwarded contract.
-            Backend::Hw(q) => unsafe { q.set_cq(cq)? },
-            _ => {
-                return Err(GdaError::invalid(
-                    "set_cq: only for hardware GDA on the caller's endpoint",
-                ))
-            }
-        }
+        let q = self.queue.as_deref_mut().ok_or_else(|| {
+            GdaError::invalid("set_cq: only for hardware GDA on the caller's endpoint")
+        })?;
+        // SAFETY: forwarded contract.
+        unsafe { q.set_cq(cq)? };
         self.publish()
     }
 
-    fn queue(&self) -> Option<NvshmemEfaGdaQueue> {
-        match &self.backend {
-            Backend::Soft(q) => Some(q.queue_desc()),
-            Backend::Hw(q) => Some(q.queue_desc()),
-            Backend::Off => None,
-        }
+    fn queue_desc(&self) -> Option<NvshmemEfaGdaQueue> {
+        self.queue.as_deref().map(|q| q.queue_desc())
     }
 
     /// The peer table (host copy).
@@ -749,7 +640,7 @@ impl Gda {
 
     /// The device state (host copy; the addresses inside are the ones kernels use).
     pub fn device_state(&self) -> Option<NvshmemEfaGdaDeviceState> {
-        let queue = self.queue()?;
+        let queue = self.queue_desc()?;
         let heap = self.heap.as_ref();
         let remote_complete = self.n_pes > 0 && self.peers.iter().all(|p| p.heap_size > 0);
         let cq_known = queue.cq != 0;
@@ -818,7 +709,7 @@ impl Gda {
 
     /// Rewrites the device copy of the peer table and the state.
     fn publish(&mut self) -> Result<()> {
-        if matches!(self.backend, Backend::Off) {
+        if self.queue.is_none() {
             return Ok(());
         }
         if self.use_cuda {
@@ -886,7 +777,7 @@ impl Gda {
 
 impl Drop for Gda {
     fn drop(&mut self) {
-        if let Backend::Soft(q) = &self.backend {
+        if let Some(q) = &self.queue {
             q.stop();
         }
         if self.mode != MODE_OFF {
