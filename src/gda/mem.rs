@@ -27,7 +27,7 @@ pub enum CtrlPlacement {
     /// Device memory when CUDA is usable (driver present and a context current), else host memory.
     Auto,
     /// Host memory (mapped for the GPU when CUDA is usable): lets a CPU thread play the GPU's part
-    /// ([`super::host_poster::HostPoster`]); GPU atomics on it are system-scope atomics over PCIe.
+    /// (`gda::host_poster::HostPoster`, feature `test-support`); GPU atomics on it are system-scope atomics over PCIe.
     Host,
 }
 

@@ -17,6 +17,7 @@
 //! are idempotent. [`Gda`] is the same thing as a value, for programs (and tests) that want several.
 /// cbindgen:ignore
 pub mod error;
+#[cfg(feature = "test-support")]
 /// cbindgen:ignore
 pub mod host_poster;
 /// cbindgen:ignore
