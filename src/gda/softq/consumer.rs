@@ -73,6 +73,28 @@ impl Consumer {
         }
     }
 
+    /// The thread body: [`Consumer::run`] behind a panic boundary. A panic is logged with its
+    /// message and the queue is marked failed: [`SoftQueue::failure`] answers the message (host
+    /// waiters stop waiting), and `host_ctrl.stopped` turns 1, which kernels' waits check.
+    pub(super) fn run_guarded(self) {
+        let inner = self.inner.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || self.run()));
+        if let Err(p) = r {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic without a message".into());
+            tracing::error!(
+                "software queue consumer thread panicked: {msg}. The queue is failed: kernels see it \
+                 stopped, host waiters get an error"
+            );
+            *inner.failure.lock() = Some(msg);
+            inner.failed.store(true, Ordering::Release);
+            inner.host_ctrl_word(HC_STOPPED).store(1, Ordering::Release);
+        }
+    }
+
     pub(super) fn run(mut self) {
         if let Err(e) = cuda::set_current_context(self.inner.cuda_ctx) {
             tracing::warn!("software queue thread: {e}");

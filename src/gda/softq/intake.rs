@@ -143,6 +143,10 @@ impl Consumer {
                 break;
             }
             let pc = self.ci;
+            #[cfg(feature = "test-support")]
+            if pc == self.inner.panic_at.load(Ordering::Acquire) {
+                panic!("injected fault: consumer panic at WQE {pc}");
+            }
             let slot = (pc & u64::from(self.inner.sq_entries - 1)) as usize;
             // SAFETY: the slot lies inside the SQ ring; 64-byte aligned.
             let bytes: [u8; WQE_SIZE] = unsafe {

@@ -293,6 +293,13 @@ struct Inner {
     tables: Mutex<Arc<Tables>>,
     generation: AtomicU64,
     stop: AtomicBool,
+    /// Set (after `failure`) when the consumer thread died of a panic.
+    failed: AtomicBool,
+    /// The panic message of a failed consumer.
+    failure: Mutex<Option<String>>,
+    /// Test support: the producer count at which the consumer panics (`u64::MAX`: never).
+    #[cfg(feature = "test-support")]
+    panic_at: AtomicU64,
     cq_data_wide: bool,
     virt_addr: bool,
     completed: AtomicU64,
@@ -359,6 +366,10 @@ impl SoftQueue {
             tables: Mutex::new(Arc::new(Tables::default())),
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            #[cfg(feature = "test-support")]
+            panic_at: AtomicU64::new(u64::MAX),
             cq_data_wide: info.cq_data_size() >= 8,
             virt_addr: info.virt_addr(),
             completed: AtomicU64::new(0),
@@ -371,7 +382,7 @@ impl SoftQueue {
         consumer.post_all_receives()?;
         let thread = std::thread::Builder::new()
             .name("nvshmem-efa-softq".into())
-            .spawn(move || consumer.run())
+            .spawn(move || consumer.run_guarded())
             .map_err(|e| GdaError::io(format!("cannot start the software queue thread: {e}")))?;
         tracing::info!(
             "software EFA queue: {sq_entries} x 64 B WQEs, CQ {cq_entries} x 16 B, RX {rx_entries} x 32 B, \
@@ -588,6 +599,22 @@ impl SoftQueue {
             .host_ctrl_word(HC_STOPPED)
             .load(Ordering::Acquire)
             != 0
+    }
+
+    /// Why the consumer thread failed (its panic message), if it did. A failed queue is also
+    /// [`SoftQueue::stopped`], which is what kernels see.
+    pub fn failure(&self) -> Option<String> {
+        if !self.inner.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.inner.failure.lock().clone()
+    }
+
+    /// Test support (fault injection): makes the consumer thread panic when it takes the WQE of
+    /// producer count `pc`.
+    #[cfg(feature = "test-support")]
+    pub fn inject_panic_at(&self, pc: u64) {
+        self.inner.panic_at.store(pc, Ordering::Release);
     }
 
     /// Stops the consumer (bounded wait for in-flight operations) and joins it. Idempotent.
