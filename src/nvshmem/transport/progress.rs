@@ -1,0 +1,203 @@
+//! The progress thread, completion polling and dispatch by context tag.
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::am::{AM_RECV_BUFS, STAGE_BYTES};
+use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_SLOT_SEND};
+use super::{internal, Connected, TResult, Transport};
+use crate::cuda;
+use crate::fabric::{CqEntry, Provider};
+
+impl Transport {
+    pub(super) fn start_progress_thread(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        let ctx = self.cuda_ctx.load(Ordering::Relaxed) as usize;
+        // A target sees no completion for the RMA aimed at it, so "nothing completed" does not mean
+        // idle: with manual data progress (software providers) every incoming write waits for this
+        // PE to poll, and a sleeping poller costs each of the initiator's operations a sleep (measured
+        // on shm: ~130 us per 8-byte put). Such providers are polled continuously (yielding the CPU
+        // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off.
+        let may_sleep = !self.info.manual_progress()
+            && matches!(
+                self.provider,
+                Provider::EfaDirect | Provider::Verbs | Provider::Cxi
+            );
+        let h = std::thread::Builder::new()
+            .name("nvshmem-efa-progress".into())
+            .spawn(move || {
+                if let Err(e) = cuda::set_current_context(ctx) {
+                    tracing::warn!("progress thread: {e}");
+                }
+                let mut idle = 0u32;
+                while !stop.load(Ordering::Acquire) {
+                    let Some(t) = weak.upgrade() else { break };
+                    let n = t.progress_all();
+                    drop(t);
+                    if n > 0 {
+                        idle = 0;
+                    } else {
+                        idle = idle.saturating_add(1);
+                        if may_sleep && idle > 2000 {
+                            std::thread::sleep(Duration::from_micros(50));
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            });
+        match h {
+            Ok(h) => *self.progress_thread.lock() = Some(h),
+            Err(e) => tracing::warn!("could not start the progress thread: {e}"),
+        }
+    }
+
+    /// Drives every endpoint once; returns how many completions were handled.
+    pub fn progress_all(&self) -> usize {
+        let Some(c) = self.conn.get() else { return 0 };
+        (0..c.eps.len()).map(|i| self.progress_ep(c, i)).sum()
+    }
+
+    pub(super) fn progress_ep(&self, c: &Connected, i: usize) -> usize {
+        let e = &c.eps[i];
+        let mut handled = 0;
+        // SAFETY: fi_cq_data_entry is plain data; all-zero is a valid value.
+        let mut buf: [CqEntry; 16] = unsafe { std::mem::zeroed() };
+        loop {
+            match e.cq.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for ent in &buf[..n] {
+                        self.complete(c, i, ent.op_context, ent.len, None);
+                    }
+                    handled += n;
+                }
+                Err(err) => {
+                    handled += 1;
+                    if err.context.is_null() {
+                        // Not attributable to one operation: record it so quiet reports it.
+                        e.record_error(err.error.to_string());
+                        tracing::error!("endpoint {i}: {}", err.error);
+                        break;
+                    }
+                    self.complete(c, i, err.context, 0, Some(err.error.to_string()));
+                }
+            }
+        }
+        self.flush_am_pending(c, i);
+        handled
+    }
+
+    /// Handles one completion; `len` is the received length for receives.
+    pub(super) fn complete(
+        &self,
+        c: &Connected,
+        i: usize,
+        ctx: *mut c_void,
+        len: usize,
+        error: Option<String>,
+    ) {
+        let e = &c.eps[i];
+        let Some((tag, data)) = e.ctxs.get(ctx) else {
+            tracing::warn!("endpoint {i}: completion with a foreign context {ctx:p}");
+            return;
+        };
+        match tag {
+            TAG_OP => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: operation failed: {msg}");
+                    e.record_error(msg);
+                }
+                e.ctxs.free(ctx);
+                e.completed.fetch_add(1, Ordering::AcqRel);
+            }
+            TAG_AM_SEND => {
+                if let Some(msg) = error {
+                    // A request that never left fails its waiting operation; a lost response
+                    // leaves the initiator's quiet to time out and report.
+                    tracing::error!("endpoint {i}: active message send failed: {msg}");
+                    if data != 0 {
+                        self.fail_am_wait(e, data as *mut c_void, msg);
+                    }
+                }
+                e.ctxs.free(ctx);
+            }
+            TAG_AM_RECV => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: active message receive failed: {msg}");
+                } else {
+                    self.handle_am(c, i, data as usize, len);
+                }
+                // Repost the same buffer with the same context.
+                if let Some((buf, mr)) = &e.am_bufs {
+                    let slot = data as usize;
+                    // SAFETY: the buffer slot belongs to this endpoint's registered AM slab.
+                    let r = unsafe {
+                        e.ep.recv(
+                            buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8,
+                            STAGE_BYTES,
+                            mr.desc(),
+                            ctx,
+                        )
+                    };
+                    if let Err(err) = r {
+                        tracing::error!(
+                            "endpoint {i}: could not repost an AM receive buffer: {err}"
+                        );
+                        e.ctxs.free(ctx);
+                    }
+                }
+            }
+            TAG_SLOT_SEND => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: staged send failed: {msg}");
+                    // SAFETY: own context; scratch[0] holds the waiting context (or 0).
+                    let wait = e.ctxs.scratch(ctx).map(|s| unsafe { *s }).unwrap_or(0);
+                    if wait != 0 {
+                        self.fail_am_wait(e, wait as *mut c_void, msg);
+                    }
+                }
+                e.send_free.lock().push(data as usize);
+                e.ctxs.free(ctx);
+            }
+            TAG_AM_WAIT => {
+                // Completed by a response (handle_am), never by the CQ.
+                tracing::warn!("endpoint {i}: unexpected CQ completion for a waiting AMO");
+            }
+            _ => {
+                tracing::warn!("endpoint {i}: completion with unknown tag {tag}");
+                e.ctxs.free(ctx);
+            }
+        }
+    }
+
+    pub(super) fn fail_am_wait(&self, e: &EpState, wait: *mut c_void, msg: String) {
+        if e.ctxs.get(wait).map(|(t, _)| t) == Some(TAG_AM_WAIT) {
+            e.record_error(msg);
+            e.finish_wait(wait);
+        }
+    }
+
+    pub(super) fn post_am_recvs(&self, e: &EpState, i: usize) -> TResult<()> {
+        let Some((buf, mr)) = &e.am_bufs else {
+            return Ok(());
+        };
+        for slot in 0..AM_RECV_BUFS {
+            let ctx = e.ctxs.alloc(TAG_AM_RECV, slot as u64).ok_or_else(|| {
+                internal(format!("endpoint {i}: no context for AM receive buffers"))
+            })?;
+            // SAFETY: buffer slot inside the registered slab owned by the endpoint state.
+            unsafe {
+                e.ep.recv(
+                    buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8,
+                    STAGE_BYTES,
+                    mr.desc(),
+                    ctx,
+                )?
+            };
+        }
+        Ok(())
+    }
+}
