@@ -19,6 +19,7 @@
 mod am;
 mod amo;
 mod endpoints;
+mod error;
 mod memory;
 mod progress;
 mod provider_ops;
@@ -34,11 +35,11 @@ use parking_lot::{Mutex, RwLock};
 
 use super::abi;
 use crate::config::{AtomicsPath, Config};
-use crate::fabric::{
-    AddressVector, Domain, Error as FabricError, Fabric, FiAddr, Info, InfoRequest, Provider,
-};
+use crate::fabric::{AddressVector, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
 
 use endpoints::EpState;
+use error::{internal, invalid};
+pub use error::{TResult, TransportError};
 use memory::Registration;
 
 /// Endpoint index for host-initiated operations.
@@ -47,48 +48,6 @@ pub const EP_HOST: usize = 0;
 pub const EP_PROXY: usize = 1;
 /// Endpoints per PE.
 pub const NUM_EPS: usize = 2;
-
-/// A transport error: the NVSHMEM status code to return, and the message (already logged).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TransportError {
-    /// NVSHMEM status code (`abi::status::*`).
-    pub status: i32,
-    /// What went wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for TransportError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-fn invalid(message: impl Into<String>) -> TransportError {
-    let message = message.into();
-    tracing::error!("{message}");
-    TransportError {
-        status: abi::status::INVALID_VALUE,
-        message,
-    }
-}
-
-fn internal(message: impl Into<String>) -> TransportError {
-    let message = message.into();
-    tracing::error!("{message}");
-    TransportError {
-        status: abi::status::INTERNAL,
-        message,
-    }
-}
-
-impl From<FabricError> for TransportError {
-    fn from(e: FabricError) -> Self {
-        internal(e.to_string())
-    }
-}
-
-/// Result of a transport op.
-pub type TResult<T> = Result<T, TransportError>;
 
 /// The bootstrap allgather: `send` from every PE lands in `recv`, PE by PE.
 pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;
