@@ -1,13 +1,11 @@
 //! Active messages: the wire format, receive buffers, request and response handling, and the send
 //! slots that carry staged payloads.
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
 
-use super::endpoints::{EpState, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
+use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
 use super::memory::{copy_any, write_any};
-use super::{abi, internal, Connected, TResult, Transport, NUM_EPS};
-use crate::fabric::{sys, Error as FabricError, FiAddr};
+use super::{abi, internal, Connected, TResult, Transport};
+use crate::fabric::FiAddr;
 
 // Active-message format (64 bytes, in a context's scratch space).
 pub(super) const AM_MAGIC: u32 = 0x4d41_4645; // "EFAM"
@@ -64,11 +62,9 @@ impl Transport {
     /// Applies an AM request, or completes a waiting AMO with a response.
     pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize) {
         let e = &c.eps[i];
-        let Some((buf, _)) = &e.am_bufs else { return };
+        let Some(base) = e.am_buf(slot) else { return };
         // SAFETY: slot < AM_RECV_BUFS; the receive completed, so the provider is done writing it.
-        let m: AmMsg = unsafe {
-            std::ptr::read_unaligned(buf.as_ptr().add(slot * STAGE_BYTES) as *const AmMsg)
-        };
+        let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
         if m.magic != AM_MAGIC || len < std::mem::size_of::<AmMsg>() {
             tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
             return;
@@ -86,6 +82,8 @@ impl Transport {
             // A truncated put is not answered: its initiator's quiet reports the loss at its bound.
             return;
         }
+        // SAFETY: a payload follows the header inside this receive slot (length checked above).
+        let payload = unsafe { base.add(AM_BYTES) } as *const u8;
         match m.kind {
             AM_REQ => {
                 let src_pe = m.result as i64;
@@ -96,20 +94,11 @@ impl Transport {
                         (err.status, 0)
                     }
                 };
-                if src_pe < 0 || src_pe >= c.n_pes as i64 {
+                let Some(dest) = c.peer_addr(src_pe, i) else {
                     tracing::error!("AM request from out-of-range PE {src_pe}");
                     return;
-                }
-                let resp = AmMsg {
-                    magic: AM_MAGIC,
-                    kind: AM_RESP,
-                    token: m.token,
-                    result: old,
-                    status,
-                    ..Default::default()
                 };
-                let dest = c.addrs[src_pe as usize * NUM_EPS + i];
-                e.am_pending.lock().push_back(Pending::Msg(dest, resp));
+                e.push_response(dest, m.token, old, status);
             }
             AM_RESP => {
                 let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
@@ -134,43 +123,28 @@ impl Transport {
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
-                if src_pe < 0 || src_pe >= c.n_pes as i64 || m.size as usize > STAGE_CHUNK {
+                let Some(dest) = c.peer_addr(src_pe, i) else {
                     tracing::error!("staged put from PE {src_pe} with {} bytes dropped", m.size);
                     return;
-                }
-                // SAFETY: the payload follows the header inside this receive slot.
-                let payload = unsafe { buf.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) };
-                let status = match self.find_registration(m.addr, m.size as u64) {
-                    Some(_) => match copy_any(m.addr as *mut u8, payload, m.size as usize) {
-                        Ok(()) => 0,
-                        Err(err) => err.status,
-                    },
-                    None => {
-                        tracing::error!(
-                            "staged put from PE {src_pe}: {:#x}+{} is not registered here",
-                            m.addr,
-                            m.size
-                        );
-                        abi::status::INVALID_VALUE
-                    }
                 };
-                let resp = AmMsg {
-                    magic: AM_MAGIC,
-                    kind: AM_RESP,
-                    token: m.token,
-                    status,
-                    ..Default::default()
-                };
-                let dest = c.addrs[src_pe as usize * NUM_EPS + i];
-                e.am_pending.lock().push_back(Pending::Msg(dest, resp));
+                let status = self.copy_registered(
+                    m.addr as *mut u8,
+                    payload,
+                    m.addr,
+                    m.size,
+                    &format!("staged put from PE {src_pe}"),
+                );
+                e.push_response(dest, m.token, 0, status);
             }
             AM_GET => {
                 let src_pe = m.val as i64;
-                if src_pe < 0 || src_pe >= c.n_pes as i64 || m.size as usize > STAGE_CHUNK {
+                let Some(dest) = c
+                    .peer_addr(src_pe, i)
+                    .filter(|_| m.size as usize <= STAGE_CHUNK)
+                else {
                     tracing::error!("staged get from PE {src_pe} with {} bytes dropped", m.size);
                     return;
-                }
-                let dest = c.addrs[src_pe as usize * NUM_EPS + i];
+                };
                 e.am_pending.lock().push_back(Pending::GetData {
                     dest,
                     token: m.token,
@@ -184,17 +158,47 @@ impl Transport {
                 };
                 if m.status != 0 {
                     e.record_error(format!("remote get failed with status {}", m.status));
-                } else {
-                    // SAFETY: the payload follows the header inside this receive slot.
-                    let payload = unsafe { buf.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) };
-                    if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
-                        e.record_error(err.message);
-                    }
+                } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
+                    e.record_error(err.message);
                 }
                 e.finish_wait(wait);
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }
+    }
+
+    /// Copies `len` bytes to `dst` from `src` when `[addr, addr+len)` (the side in this PE's
+    /// memory) lies in a registration; the status to answer with.
+    fn copy_registered(
+        &self,
+        dst: *mut u8,
+        src: *const u8,
+        addr: u64,
+        len: u32,
+        what: &str,
+    ) -> i32 {
+        if self.find_registration(addr, len as u64).is_none() {
+            tracing::error!("{what}: {addr:#x}+{len} is not registered here");
+            return abi::status::INVALID_VALUE;
+        }
+        match copy_any(dst, src, len as usize) {
+            Ok(()) => 0,
+            Err(err) => err.status,
+        }
+    }
+
+    /// Posts every AM receive buffer of endpoint `i` (at connect).
+    pub(super) fn post_am_recvs(&self, e: &EpState, i: usize) -> TResult<()> {
+        if e.am_bufs.is_none() {
+            return Ok(());
+        }
+        for slot in 0..AM_RECV_BUFS {
+            let ctx = e.ctxs.alloc(TAG_AM_RECV, slot as u64).ok_or_else(|| {
+                internal(format!("endpoint {i}: no context for AM receive buffers"))
+            })?;
+            e.post_am_recv(slot, ctx)?;
+        }
+        Ok(())
     }
 
     pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
@@ -215,23 +219,15 @@ impl Transport {
                         e.am_pending.lock().push_front(p);
                         return;
                     };
-                    // SAFETY: the slot belongs to this endpoint's registered send slab.
-                    let sp = unsafe { e.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8 };
-                    let status = match self.find_registration(*addr, *len as u64) {
-                        // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
-                        Some(_) => match copy_any(
-                            unsafe { sp.add(AM_BYTES) },
-                            *addr as *const u8,
-                            *len as usize,
-                        ) {
-                            Ok(()) => 0,
-                            Err(err) => err.status,
-                        },
-                        None => {
-                            tracing::error!("staged get: {addr:#x}+{len} is not registered here");
-                            abi::status::INVALID_VALUE
-                        }
-                    };
+                    // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+                    let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    let status = self.copy_registered(
+                        payload,
+                        *addr as *const u8,
+                        *addr,
+                        *len,
+                        "staged get",
+                    );
                     let size = if status == 0 { *len } else { 0 };
                     let hdr = AmMsg {
                         magic: AM_MAGIC,
@@ -266,17 +262,9 @@ impl Transport {
         dest: FiAddr,
         msg: AmMsg,
     ) -> crate::fabric::Result<()> {
-        let Some(ctx) = e.ctxs.alloc(TAG_AM_SEND, 0) else {
-            return Err(FabricError::from_ret(
-                -(sys::FI_EAGAIN as i64),
-                "no context for an active message",
-            ));
-        };
-        let r = e.send_from_scratch(ctx, dest, msg);
-        if r.is_err() {
-            e.ctxs.free(ctx);
-        }
-        r
+        e.send_with_ctx(TAG_AM_SEND, 0, "no context for an active message", |ctx| {
+            e.send_from_scratch(ctx, dest, msg)
+        })
     }
 
     /// Sends send slot `slot` (header written here, payload already in place). `wait` is the
@@ -289,49 +277,27 @@ impl Transport {
         hdr: AmMsg,
         wait: u64,
     ) -> crate::fabric::Result<()> {
-        let Some(ctx) = e.ctxs.alloc(TAG_SLOT_SEND, slot as u64) else {
-            return Err(FabricError::from_ret(
-                -(sys::FI_EAGAIN as i64),
-                "no context for a staged send",
-            ));
-        };
-        // SAFETY: own context; scratch[0] remembers the waiting context.
-        unsafe { *e.ctxs.scratch(ctx).expect("own context") = wait };
-        // SAFETY: the slot lies in the registered send slab and stays reserved until completion.
-        let r = unsafe {
-            let sp = e.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8;
-            std::ptr::write_unaligned(sp as *mut AmMsg, hdr);
-            e.ep.send(
-                sp,
-                AM_BYTES + hdr.size as usize,
-                e.send_slab.1.desc(),
-                dest,
-                ctx,
-            )
-        };
-        if r.is_err() {
-            e.ctxs.free(ctx);
-        }
-        r
-    }
-
-    /// Takes a free send slot, driving progress while none is free (bounded).
-    pub(super) fn alloc_slot(&self, c: &Connected, ep: usize) -> TResult<usize> {
-        let e = &c.eps[ep];
-        let deadline = Instant::now() + self.cfg.quiet_timeout;
-        loop {
-            if let Some(s) = e.send_free.lock().pop() {
-                return Ok(s);
-            }
-            self.progress_ep(c, ep);
-            if Instant::now() > deadline {
-                return Err(internal(format!(
-                    "endpoint {ep}: no staging slot freed within {:?}",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            std::hint::spin_loop();
-        }
+        e.send_with_ctx(
+            TAG_SLOT_SEND,
+            slot as u64,
+            "no context for a staged send",
+            |ctx| {
+                // SAFETY: own context; scratch[0] remembers the waiting context.
+                unsafe { *e.ctxs.scratch(ctx).expect("own context") = wait };
+                let sp = e.send_slot_ptr(slot);
+                // SAFETY: the slot lies in the registered send slab and stays reserved until completion.
+                unsafe {
+                    std::ptr::write_unaligned(sp as *mut AmMsg, hdr);
+                    e.ep.send(
+                        sp,
+                        AM_BYTES + hdr.size as usize,
+                        e.send_slab.1.desc(),
+                        dest,
+                        ctx,
+                    )
+                }
+            },
+        )
     }
 
     /// Staged put or get of `len` bytes: GPU memory never reaches the provider. Each chunk is a
@@ -349,13 +315,12 @@ impl Transport {
         ep: usize,
     ) -> TResult<()> {
         let e = &c.eps[ep];
-        let dest = c.addrs[pe as usize * NUM_EPS + ep];
+        let dest = c.addr(pe, ep);
         let mut off = 0u64;
         while off < len {
             let n = (STAGE_CHUNK as u64).min(len - off);
             let wait_data = if is_put { 0 } else { laddr + off };
-            let wait = self.alloc_ctx(c, ep, TAG_AM_WAIT, wait_data)?;
-            e.submitted.fetch_add(1, Ordering::AcqRel);
+            let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, wait_data)?;
             let hdr = AmMsg {
                 magic: AM_MAGIC,
                 kind: if is_put { AM_PUT } else { AM_GET },
@@ -366,26 +331,23 @@ impl Transport {
                 ..Default::default()
             };
             let r = if is_put {
-                // Every failure below gives the slot back; the caller's cleanup gives back `wait`.
+                // Every failure below gives the slot back; the cleanup below gives back `wait`.
                 self.alloc_slot(c, ep).and_then(|slot| {
                     // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
-                    let sp = unsafe {
-                        e.send_slab.0.as_ptr().add(slot * STAGE_BYTES + AM_BYTES) as *mut u8
-                    };
+                    let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
                     copy_any(sp, (laddr + off) as *const u8, n as usize)
                         .and_then(|()| {
-                            self.retry_send(c, ep, || {
+                            self.retry_again(c, ep, || {
                                 self.send_slot(e, dest, slot, hdr, wait as u64)
                             })
                         })
                         .inspect_err(|_| e.send_free.lock().push(slot))
                 })
             } else {
-                self.retry_send(c, ep, || self.send_small(e, dest, hdr))
+                self.retry_again(c, ep, || self.send_small(e, dest, hdr))
             };
             if let Err(err) = r {
-                e.ctxs.free(wait);
-                e.submitted.fetch_sub(1, Ordering::AcqRel);
+                e.uncount(wait);
                 return Err(err);
             }
             off += n;
@@ -393,21 +355,19 @@ impl Transport {
         Ok(())
     }
 
-    pub(super) fn retry_send(
-        &self,
-        c: &Connected,
-        ep: usize,
-        f: impl Fn() -> crate::fabric::Result<()>,
-    ) -> TResult<()> {
-        let deadline = Instant::now() + self.cfg.quiet_timeout;
-        loop {
-            match f() {
-                Ok(()) => return Ok(()),
-                Err(err) if err.is_again() && Instant::now() < deadline => {
-                    self.progress_ep(c, ep);
-                }
-                Err(err) => return Err(err.into()),
-            }
-        }
+    /// Takes a free send slot, driving progress while none is free (bounded).
+    fn alloc_slot(&self, c: &Connected, ep: usize) -> TResult<usize> {
+        let e = &c.eps[ep];
+        self.wait_for(
+            c,
+            ep,
+            || e.send_free.lock().pop(),
+            || {
+                internal(format!(
+                    "endpoint {ep}: no staging slot freed within {:?}",
+                    self.cfg.quiet_timeout
+                ))
+            },
+        )
     }
 }

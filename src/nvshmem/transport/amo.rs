@@ -5,11 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::abi::{self, amo, AmoMemdesc};
 use super::am::{AmMsg, AM_MAGIC, AM_REQ};
 use super::endpoints::{TAG_AM_SEND, TAG_AM_WAIT, TAG_OP};
-use super::provider_ops::provider_op;
-use super::{internal, invalid, Connected, TResult, Transport, NUM_EPS};
+use super::memory::is_device;
+use super::provider_ops::{provider_op, ProviderAmo};
+use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
-use crate::cuda::{self, PtrKind};
-use crate::fabric::{sys, Provider};
+use crate::cuda;
+use crate::fabric::Provider;
 
 impl Transport {
     /// `amo`: every NVSHMEM atomic, 4 and 8 bytes. Fetch results land in `retptr` by quiet.
@@ -52,8 +53,8 @@ impl Transport {
             _ => t.val,
         };
         if self.use_provider_atomics {
-            if let Some((fop, dt)) = provider_op(verb.op, elembytes) {
-                let (a, f, cmp) = c.eps[ep].ep.atomic_valid(dt, fop);
+            if let Some(pop) = provider_op(verb.op, elembytes) {
+                let (a, f, cmp) = c.eps[ep].ep.atomic_valid(pop.datatype, pop.op);
                 let ok = if verb.op == amo::COMPARE_SWAP {
                     cmp
                 } else if fetch || self.provider == Provider::Shm {
@@ -62,8 +63,7 @@ impl Transport {
                     a
                 };
                 if ok {
-                    return self
-                        .amo_provider(c, pe, verb.op, fop, dt, &t, val, raddr, key, size, ep);
+                    return self.amo_provider(c, pe, verb.op, pop, &t, val, raddr, key, size, ep);
                 }
                 if self.cfg.atomics == AtomicsPath::Provider {
                     return Err(invalid(format!(
@@ -82,8 +82,7 @@ impl Transport {
         c: &Connected,
         pe: i32,
         opc: i32,
-        fop: sys::fi_op,
-        dt: sys::fi_datatype,
+        pop: ProviderAmo,
         t: &AmoMemdesc,
         val: u64,
         raddr: u64,
@@ -91,16 +90,14 @@ impl Transport {
         size: u64,
         ep: usize,
     ) -> TResult<()> {
-        let dest = c.addrs[pe as usize * NUM_EPS + ep];
+        let dest = c.addr(pe, ep);
         let e = &c.eps[ep];
         let fetch = opc > amo::END_OF_NONFETCH;
         let (res_ptr, res_desc) = if fetch {
             let rp = t.retptr as u64;
             match self.local_desc(t.ret_handle, rp, size, ep) {
                 Some((_r, d)) => (rp as *mut u8, d),
-                None if !self.info.mr_local()
-                    && !matches!(cuda::pointer_kind(t.retptr), PtrKind::Device { .. }) =>
-                {
+                None if !self.info.mr_local() && !is_device(t.retptr) => {
                     (rp as *mut u8, std::ptr::null_mut())
                 }
                 None => {
@@ -114,6 +111,7 @@ impl Transport {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
         let cdesc = e.ctx_desc();
+        let (fop, dt) = (pop.op, pop.datatype);
         let shm_fetch_workaround = self.provider == Provider::Shm && !fetch;
         self.post(c, ep, TAG_OP, 0, |ctx| {
             let s = e.ctxs.scratch(ctx).expect("own context");
@@ -184,10 +182,9 @@ impl Transport {
         } else {
             0
         };
-        let wait = self.alloc_ctx(c, ep, TAG_AM_WAIT, retptr)?;
+        let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, retptr)?;
         // SAFETY: own context; scratch[0] keeps the operand size for the response handler.
         unsafe { *e.ctxs.scratch(wait).expect("own context") = size };
-        e.submitted.fetch_add(1, Ordering::AcqRel);
         let msg = AmMsg {
             magic: AM_MAGIC,
             kind: AM_REQ,
@@ -201,13 +198,12 @@ impl Transport {
             status: 0,
             reserved: 0,
         };
-        let dest = c.addrs[pe as usize * NUM_EPS + ep];
+        let dest = c.addr(pe, ep);
         let r = self.post(c, ep, TAG_AM_SEND, wait as u64, |ctx| {
             e.send_from_scratch(ctx, dest, msg)
         });
         if let Err(err) = r {
-            e.ctxs.free(wait);
-            e.submitted.fetch_sub(1, Ordering::AcqRel);
+            e.uncount(wait);
             return Err(err);
         }
         Ok(())

@@ -8,12 +8,13 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::am::{AmMsg, Pending, AM_RECV_BUFS, SEND_SLOTS, STAGE_BYTES};
-use super::{internal, invalid, Allgather, Connected, TResult, Transport, NUM_EPS};
+use super::am::{AmMsg, Pending, AM_MAGIC, AM_RECV_BUFS, AM_RESP, SEND_SLOTS, STAGE_BYTES};
+use super::provider_ops::again;
+use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
 use crate::config::GdaMode;
 use crate::cuda;
 use crate::fabric::{
-    AddressVector, CompletionQueue, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
+    AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
 };
 
 // Context tags.
@@ -46,7 +47,94 @@ pub(super) struct EpState {
     pub(super) send_free: Mutex<Vec<usize>>,
 }
 
+/// A zeroed host buffer of `bytes` registered (local access) on `ep`. The buffer and its
+/// registration travel together; the owner keeps the registration next to the buffer it covers.
+pub(super) fn host_slab(
+    domain: &Arc<Domain>,
+    ep: &Endpoint,
+    bytes: usize,
+) -> TResult<(Box<[u8]>, MemoryRegion)> {
+    let buf = vec![0u8; bytes].into_boxed_slice();
+    // SAFETY: the boxed slice's memory does not move when the pair moves; the pair lives in the
+    // endpoint state, which outlives every operation that uses the buffer.
+    let mr = unsafe {
+        MemoryRegion::register(
+            domain,
+            buf.as_ptr(),
+            buf.len(),
+            MemKind::Host,
+            false,
+            Some(ep),
+        )?
+    };
+    Ok((buf, mr))
+}
+
 impl EpState {
+    /// Gives back a context taken with `Transport::alloc_counted` whose operation was not posted.
+    pub(super) fn uncount(&self, ctx: *mut c_void) {
+        self.ctxs.free(ctx);
+        self.submitted.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Start of AM receive buffer `slot` (< AM_RECV_BUFS); `None` on an endpoint without them.
+    pub(super) fn am_buf(&self, slot: usize) -> Option<*mut u8> {
+        debug_assert!(slot < AM_RECV_BUFS);
+        // SAFETY: slot < AM_RECV_BUFS, so the offset lies inside the slab.
+        self.am_bufs
+            .as_ref()
+            .map(|(buf, _)| unsafe { buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8 })
+    }
+
+    /// Posts AM receive buffer `slot` with context `ctx` (a no-op without AM buffers).
+    pub(super) fn post_am_recv(&self, slot: usize, ctx: *mut c_void) -> crate::fabric::Result<()> {
+        let (Some(p), Some((_, mr))) = (self.am_buf(slot), &self.am_bufs) else {
+            return Ok(());
+        };
+        // SAFETY: the buffer slot belongs to this endpoint's registered AM slab, which lives as
+        // long as the endpoint.
+        unsafe { self.ep.recv(p, STAGE_BYTES, mr.desc(), ctx) }
+    }
+
+    /// Start of send slot `slot` (< SEND_SLOTS).
+    pub(super) fn send_slot_ptr(&self, slot: usize) -> *mut u8 {
+        debug_assert!(slot < SEND_SLOTS);
+        // SAFETY: slot < SEND_SLOTS, so the offset lies inside the send slab.
+        unsafe { self.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8 }
+    }
+
+    /// Queues a response (old value or status) to a request with `token`.
+    pub(super) fn push_response(&self, dest: FiAddr, token: u64, result: u64, status: i32) {
+        let resp = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_RESP,
+            token,
+            result,
+            status,
+            ..Default::default()
+        };
+        self.am_pending.lock().push_back(Pending::Msg(dest, resp));
+    }
+
+    /// Takes a context with `tag`/`data`, runs `send` with it and gives it back if `send` fails;
+    /// no free context is EAGAIN (`what` says which send).
+    pub(super) fn send_with_ctx(
+        &self,
+        tag: u64,
+        data: u64,
+        what: &str,
+        send: impl FnOnce(*mut c_void) -> crate::fabric::Result<()>,
+    ) -> crate::fabric::Result<()> {
+        let Some(ctx) = self.ctxs.alloc(tag, data) else {
+            return Err(again(what));
+        };
+        let r = send(ctx);
+        if r.is_err() {
+            self.ctxs.free(ctx);
+        }
+        r
+    }
+
     /// Counts a failed operation; quiet reports it with this message.
     pub(super) fn record_error(&self, msg: String) {
         self.errors.fetch_add(1, Ordering::AcqRel);
@@ -139,23 +227,8 @@ impl Transport {
                 None
             };
             // Host slabs owned by EpState together with their registrations.
-            let slab = |bytes: usize| -> TResult<(Box<[u8]>, MemoryRegion)> {
-                let buf = vec![0u8; bytes].into_boxed_slice();
-                // SAFETY: the slab moves into EpState with its registration and outlives it.
-                let mr = unsafe {
-                    MemoryRegion::register(
-                        &self.domain,
-                        buf.as_ptr(),
-                        buf.len(),
-                        MemKind::Host,
-                        false,
-                        Some(&ep),
-                    )?
-                };
-                Ok((buf, mr))
-            };
-            let mut send_slab = slab(SEND_SLOTS * STAGE_BYTES)?;
-            let mut am_bufs = slab(AM_RECV_BUFS * STAGE_BYTES)?;
+            let mut send_slab = host_slab(&self.domain, &ep, SEND_SLOTS * STAGE_BYTES)?;
+            let mut am_bufs = host_slab(&self.domain, &ep, AM_RECV_BUFS * STAGE_BYTES)?;
             // Staged GPU data is copied out of the send slots and into place from the receive
             // buffers: pinned memory makes those copies DMA.
             let pins = [&mut send_slab.0, &mut am_bufs.0]
@@ -259,16 +332,11 @@ impl Transport {
             tracing::warn!("GDA address size exchange failed");
             return;
         }
-        let max = lens
+        // n_pes > 0 (checked by connect), so both bounds come from real sizes.
+        let (min, max) = lens
             .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .max()
-            .unwrap_or(0) as usize;
-        let min = lens
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .min()
-            .unwrap_or(0) as usize;
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+            .fold((usize::MAX, 0), |(lo, hi), n| (lo.min(n), hi.max(n)));
         if max == 0 {
             return;
         }
@@ -286,6 +354,49 @@ impl Transport {
         }
     }
 
+    /// Runs `take` until it yields, driving progress on `ep` in between; `timeout()` is the error
+    /// once the quiet timeout has passed.
+    pub(super) fn wait_for<T>(
+        &self,
+        c: &Connected,
+        ep: usize,
+        mut take: impl FnMut() -> Option<T>,
+        timeout: impl FnOnce() -> TransportError,
+    ) -> TResult<T> {
+        let deadline = Instant::now() + self.cfg.quiet_timeout;
+        loop {
+            if let Some(x) = take() {
+                return Ok(x);
+            }
+            self.progress_ep(c, ep);
+            if Instant::now() > deadline {
+                return Err(timeout());
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Runs `f` until it does not answer EAGAIN, driving progress on `ep` in between (bounded by
+    /// the quiet timeout).
+    pub(super) fn retry_again(
+        &self,
+        c: &Connected,
+        ep: usize,
+        f: impl Fn() -> crate::fabric::Result<()>,
+    ) -> TResult<()> {
+        let deadline = Instant::now() + self.cfg.quiet_timeout;
+        loop {
+            match f() {
+                Ok(()) => return Ok(()),
+                Err(err) if err.is_again() && Instant::now() < deadline => {
+                    self.progress_ep(c, ep);
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// Takes a context of endpoint `ep`, driving progress while none is free (bounded).
     pub(super) fn alloc_ctx(
         &self,
         c: &Connected,
@@ -294,24 +405,35 @@ impl Transport {
         data: u64,
     ) -> TResult<*mut c_void> {
         let e = &c.eps[ep];
-        let deadline = Instant::now() + self.cfg.quiet_timeout;
-        loop {
-            if let Some(x) = e.ctxs.alloc(tag, data) {
-                return Ok(x);
-            }
-            self.progress_ep(c, ep);
-            if Instant::now() > deadline {
-                return Err(internal(format!(
+        self.wait_for(
+            c,
+            ep,
+            || e.ctxs.alloc(tag, data),
+            || {
+                internal(format!(
                     "endpoint {ep}: {} operations in flight and none completes within {:?}",
                     e.ctxs.in_flight(),
                     self.cfg.quiet_timeout
-                )));
-            }
-            std::hint::spin_loop();
-        }
+                ))
+            },
+        )
     }
 
-    /// Posts one operation with retry on EAGAIN, counting it as submitted.
+    /// Takes a context for an operation that quiet waits for (counted as submitted; give it
+    /// back with [`EpState::uncount`] if the operation is not posted).
+    pub(super) fn alloc_counted(
+        &self,
+        c: &Connected,
+        ep: usize,
+        tag: u64,
+        data: u64,
+    ) -> TResult<*mut c_void> {
+        let ctx = self.alloc_ctx(c, ep, tag, data)?;
+        c.eps[ep].submitted.fetch_add(1, Ordering::AcqRel);
+        Ok(ctx)
+    }
+
+    /// Posts one operation with retry on EAGAIN; a `TAG_OP` operation counts as submitted.
     pub(super) fn post(
         &self,
         c: &Connected,
@@ -321,24 +443,21 @@ impl Transport {
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()>,
     ) -> TResult<*mut c_void> {
         let e = &c.eps[ep];
-        let ctx = self.alloc_ctx(c, ep, tag, data)?;
-        if tag == TAG_OP {
-            e.submitted.fetch_add(1, Ordering::AcqRel);
-        }
-        let deadline = Instant::now() + self.cfg.quiet_timeout;
-        loop {
-            match f(ctx) {
-                Ok(()) => return Ok(ctx),
-                Err(err) if err.is_again() && Instant::now() < deadline => {
-                    self.progress_ep(c, ep);
-                }
-                Err(err) => {
+        let counted = tag == TAG_OP;
+        let ctx = if counted {
+            self.alloc_counted(c, ep, tag, data)?
+        } else {
+            self.alloc_ctx(c, ep, tag, data)?
+        };
+        match self.retry_again(c, ep, || f(ctx)) {
+            Ok(()) => Ok(ctx),
+            Err(err) => {
+                if counted {
+                    e.uncount(ctx);
+                } else {
                     e.ctxs.free(ctx);
-                    if tag == TAG_OP {
-                        e.submitted.fetch_sub(1, Ordering::AcqRel);
-                    }
-                    return Err(err.into());
                 }
+                Err(err)
             }
         }
     }

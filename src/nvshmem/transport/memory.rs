@@ -7,11 +7,16 @@ use std::sync::Arc;
 use super::abi::{self, MemHandle, RmaMemdesc};
 use super::{internal, invalid, Connected, TResult, Transport, NUM_EPS};
 use crate::cuda::{self, PtrKind};
-use crate::fabric::{MemKind, MemoryRegion, Provider};
+use crate::fabric::{Endpoint, MemKind, MemoryRegion, Provider};
 
 pub(super) const HANDLE_MAGIC: u64 = 0x4144_4741_4645_564e; // "NVEFAGDA"
 pub(super) const HANDLE_VERSION: u32 = 1;
 pub(super) const HANDLE_FLAG_DEVICE: u32 = 1;
+
+/// Whether `[addr, addr+len)` lies inside `[base, base+size)` (without overflow).
+fn range_contains(base: u64, size: u64, addr: u64, len: u64) -> bool {
+    addr >= base && len <= size && addr - base <= size - len
+}
 
 /// What this transport writes into NVSHMEM's 512-byte opaque handle.
 #[repr(C)]
@@ -49,7 +54,7 @@ impl HandleBlob {
     }
 
     pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.base && len <= self.len && addr - self.base <= self.len - len
+        range_contains(self.base, self.len, addr, len)
     }
 }
 
@@ -70,8 +75,9 @@ impl Registration {
             n => self.mrs[ep.min(n - 1)].desc(),
         }
     }
+
     pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.base && len <= self.len && addr - self.base <= self.len - len
+        range_contains(self.base, self.len, addr, len)
     }
 }
 
@@ -128,39 +134,25 @@ impl Transport {
         };
         let conn = self.conn.get();
         let staged_device = self.staging && matches!(kind, MemKind::Cuda(_));
-        let mrs = if staged_device {
+        // The endpoints to bind the registration to: each one for FI_MR_ENDPOINT providers, else
+        // one registration bound to none.
+        let bind_to: Vec<Option<&Endpoint>> = if staged_device {
             Vec::new()
         } else if self.info.mr_endpoint() {
             let c = conn.ok_or_else(|| {
                 internal("get_mem_handle before connect on an FI_MR_ENDPOINT provider")
             })?;
-            c.eps
-                .iter()
-                // SAFETY: NVSHMEM keeps the memory allocated until release_mem_handle.
-                .map(|e| unsafe {
-                    MemoryRegion::register(
-                        &self.domain,
-                        buf as *const u8,
-                        size,
-                        kind,
-                        !local_only,
-                        Some(&e.ep),
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?
+            c.eps.iter().map(|e| Some(&e.ep)).collect()
         } else {
-            // SAFETY: as above.
-            vec![unsafe {
-                MemoryRegion::register(
-                    &self.domain,
-                    buf as *const u8,
-                    size,
-                    kind,
-                    !local_only,
-                    None,
-                )?
-            }]
+            vec![None]
         };
+        let mrs = bind_to
+            .into_iter()
+            // SAFETY: NVSHMEM keeps the memory allocated until release_mem_handle.
+            .map(|ep| unsafe {
+                MemoryRegion::register(&self.domain, buf as *const u8, size, kind, !local_only, ep)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let reg_id = self.next_reg.fetch_add(1, Ordering::Relaxed);
         let mut keys = [0u64; NUM_EPS];
         for (i, k) in keys.iter_mut().enumerate() {
@@ -312,31 +304,27 @@ impl Transport {
         len: u64,
         ep: usize,
     ) -> Option<(Arc<Registration>, *mut c_void)> {
-        if let Some(b) = HandleBlob::read(handle) {
-            if b.cookie == self.cookie {
-                if let Some(r) = self.regs.read().get(&b.reg_id).cloned() {
-                    if r.contains(addr, len) {
-                        let d = r.desc(ep);
-                        return Some((r, d));
-                    }
-                }
-            }
-        }
-        self.find_registration(addr, len).map(|r| {
-            let d = r.desc(ep);
-            (r, d)
-        })
+        let by_handle = HandleBlob::read(handle)
+            .filter(|b| b.cookie == self.cookie)
+            .and_then(|b| self.regs.read().get(&b.reg_id).cloned())
+            .filter(|r| r.contains(addr, len));
+        by_handle
+            .or_else(|| self.find_registration(addr, len))
+            .map(|r| {
+                let d = r.desc(ep);
+                (r, d)
+            })
     }
 }
 
+/// Whether `p` is GPU memory.
+pub(super) fn is_device(p: *const c_void) -> bool {
+    matches!(cuda::pointer_kind(p), PtrKind::Device { .. })
+}
+
+/// Copies `n` bytes between any two of host and GPU memory (the driver where either is GPU memory).
 pub(super) fn copy_any(dst: *mut u8, src: *const u8, n: usize) -> TResult<()> {
-    let dev = |p: *const u8| {
-        matches!(
-            cuda::pointer_kind(p as *const c_void),
-            PtrKind::Device { .. }
-        )
-    };
-    if dev(dst) || dev(src) {
+    if is_device(dst as *const c_void) || is_device(src as *const c_void) {
         // SAFETY: both ranges come from NVSHMEM buffers of at least n bytes.
         unsafe { cuda::memcpy(dst as *mut c_void, src as *const c_void, n) }
             .map_err(|e| internal(e.to_string()))

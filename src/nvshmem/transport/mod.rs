@@ -61,6 +61,25 @@ struct Connected {
     addrs: Vec<FiAddr>,
 }
 
+impl Connected {
+    /// The address of endpoint `ep` of PE `pe` (checked by the caller).
+    fn addr(&self, pe: i32, ep: usize) -> FiAddr {
+        self.addrs[pe as usize * NUM_EPS + ep]
+    }
+
+    /// The address of endpoint `ep` of the PE a message names; `None` when the PE is out of range.
+    fn peer_addr(&self, pe: i64, ep: usize) -> Option<FiAddr> {
+        (0..self.n_pes as i64)
+            .contains(&pe)
+            .then(|| self.addr(pe as i32, ep))
+    }
+}
+
+/// Whether the provider drives a NIC (efa-direct, verbs, cxi), which writes GPU memory itself.
+fn is_nic(p: &Provider) -> bool {
+    matches!(p, Provider::EfaDirect | Provider::Verbs | Provider::Cxi)
+}
+
 /// The transport.
 pub struct Transport {
     cfg: Config,
@@ -154,10 +173,7 @@ impl Transport {
         // staged GPU transfers; NIC providers write GPU memory themselves (GPUDirect RDMA).
         let staging = match cfg.gpu_staging {
             Some(v) => v,
-            None => !matches!(
-                provider,
-                Provider::EfaDirect | Provider::Verbs | Provider::Cxi
-            ),
+            None => !is_nic(&provider),
         };
         let fabric = Fabric::open(info.clone())?;
         let domain = Domain::open(&fabric)?;

@@ -4,11 +4,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::am::{AM_RECV_BUFS, STAGE_BYTES};
 use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_SLOT_SEND};
-use super::{internal, Connected, TResult, Transport};
+use super::{is_nic, Connected, Transport};
 use crate::cuda;
-use crate::fabric::{CqEntry, Provider};
+use crate::fabric::CqEntry;
 
 impl Transport {
     pub(super) fn start_progress_thread(self: &Arc<Self>) {
@@ -20,11 +19,7 @@ impl Transport {
         // PE to poll, and a sleeping poller costs each of the initiator's operations a sleep (measured
         // on shm: ~130 us per 8-byte put). Such providers are polled continuously (yielding the CPU
         // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off.
-        let may_sleep = !self.info.manual_progress()
-            && matches!(
-                self.provider,
-                Provider::EfaDirect | Provider::Verbs | Provider::Cxi
-            );
+        let may_sleep = !self.info.manual_progress() && is_nic(&self.provider);
         let h = std::thread::Builder::new()
             .name("nvshmem-efa-progress".into())
             .spawn(move || {
@@ -131,23 +126,9 @@ impl Transport {
                     self.handle_am(c, i, data as usize, len);
                 }
                 // Repost the same buffer with the same context.
-                if let Some((buf, mr)) = &e.am_bufs {
-                    let slot = data as usize;
-                    // SAFETY: the buffer slot belongs to this endpoint's registered AM slab.
-                    let r = unsafe {
-                        e.ep.recv(
-                            buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8,
-                            STAGE_BYTES,
-                            mr.desc(),
-                            ctx,
-                        )
-                    };
-                    if let Err(err) = r {
-                        tracing::error!(
-                            "endpoint {i}: could not repost an AM receive buffer: {err}"
-                        );
-                        e.ctxs.free(ctx);
-                    }
+                if let Err(err) = e.post_am_recv(data as usize, ctx) {
+                    tracing::error!("endpoint {i}: could not repost an AM receive buffer: {err}");
+                    e.ctxs.free(ctx);
                 }
             }
             TAG_SLOT_SEND => {
@@ -178,26 +159,5 @@ impl Transport {
             e.record_error(msg);
             e.finish_wait(wait);
         }
-    }
-
-    pub(super) fn post_am_recvs(&self, e: &EpState, i: usize) -> TResult<()> {
-        let Some((buf, mr)) = &e.am_bufs else {
-            return Ok(());
-        };
-        for slot in 0..AM_RECV_BUFS {
-            let ctx = e.ctxs.alloc(TAG_AM_RECV, slot as u64).ok_or_else(|| {
-                internal(format!("endpoint {i}: no context for AM receive buffers"))
-            })?;
-            // SAFETY: buffer slot inside the registered slab owned by the endpoint state.
-            unsafe {
-                e.ep.recv(
-                    buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8,
-                    STAGE_BYTES,
-                    mr.desc(),
-                    ctx,
-                )?
-            };
-        }
-        Ok(())
     }
 }

@@ -2,11 +2,9 @@
 use std::ffi::c_void;
 
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
-use super::endpoints::TAG_OP;
-use super::memory::{copy_any, HANDLE_FLAG_DEVICE};
-use super::{invalid, Connected, TResult, Transport, NUM_EPS};
-use crate::cuda::{self, PtrKind};
-use crate::fabric::{sys, MemKind, MemoryRegion};
+use super::endpoints::{host_slab, TAG_OP};
+use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
+use super::{invalid, Connected, TResult, Transport};
 
 pub(super) const BOUNCE_BYTES: usize = 4 << 20;
 
@@ -78,16 +76,8 @@ impl Transport {
                 )));
             }
             for i in 0..bytes.nelems as u64 {
-                let r = RmaMemdesc {
-                    ptr: (rd.ptr as u64 + i * rstride as u64 * elem) as *mut c_void,
-                    offset: rd.offset + i * rstride as u64 * elem,
-                    handle: rd.handle,
-                };
-                let l = RmaMemdesc {
-                    ptr: (ld.ptr as u64 + i * lstride as u64 * elem) as *mut c_void,
-                    offset: 0,
-                    handle: ld.handle,
-                };
+                let r = shifted(&rd, i * rstride as u64 * elem);
+                let l = shifted(&ld, i * lstride as u64 * elem);
                 self.rma_contig(c, pe, is_put, &r, &l, elem, ep)?;
             }
         }
@@ -112,7 +102,7 @@ impl Transport {
         if self.staging {
             let b = self.remote_blob(rd, len, what)?;
             let raddr = rd.ptr as u64;
-            let local_dev = matches!(cuda::pointer_kind(ld.ptr), PtrKind::Device { .. });
+            let local_dev = is_device(ld.ptr);
             let stage_all = self.cfg.gpu_staging == Some(true);
             if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
                 return self.staged(c, pe, is_put, ld.ptr as u64, raddr, len, ep);
@@ -124,23 +114,13 @@ impl Transport {
             let mut off = 0;
             while off < len {
                 let n = chunk.min(len - off);
-                let r = RmaMemdesc {
-                    ptr: (rd.ptr as u64 + off) as *mut c_void,
-                    offset: rd.offset + off,
-                    handle: rd.handle,
-                };
-                let l = RmaMemdesc {
-                    ptr: (ld.ptr as u64 + off) as *mut c_void,
-                    offset: 0,
-                    handle: ld.handle,
-                };
-                self.rma_contig(c, pe, is_put, &r, &l, n, ep)?;
+                self.rma_contig(c, pe, is_put, &shifted(rd, off), &shifted(ld, off), n, ep)?;
                 off += n;
             }
             return Ok(());
         }
         let (raddr, key) = self.remote_target(rd, len, ep, what)?;
-        let dest = c.addrs[pe as usize * NUM_EPS + ep];
+        let dest = c.addr(pe, ep);
         let laddr = ld.ptr as u64;
         let e = &c.eps[ep];
         match self.local_desc(ld.handle, laddr, len, ep) {
@@ -184,12 +164,9 @@ impl Transport {
         len: u64,
         ep: usize,
     ) -> TResult<()> {
-        let dest = c.addrs[pe as usize * NUM_EPS + ep];
+        let dest = c.addr(pe, ep);
         let e = &c.eps[ep];
-        let device = matches!(
-            cuda::pointer_kind(laddr as *const c_void),
-            PtrKind::Device { .. }
-        );
+        let device = is_device(laddr as *const c_void);
         if is_put && !device && (len as usize) <= self.info.inject_size() {
             self.post(c, ep, TAG_OP, 0, |ctx| {
                 // SAFETY: FI_INJECT: the provider copies the source before returning.
@@ -202,7 +179,7 @@ impl Transport {
                         raddr,
                         key,
                         ctx,
-                        sys::FI_INJECT as u64 | self.tx_flags(),
+                        self.inject_flags(),
                     )
                 }
             })?;
@@ -211,19 +188,7 @@ impl Transport {
         // Bounce buffer: serialised per endpoint, each chunk completed before the next.
         let mut guard = e.bounce.lock();
         if guard.is_none() {
-            let buf = vec![0u8; BOUNCE_BYTES].into_boxed_slice();
-            // SAFETY: the buffer lives with its registration in the endpoint state.
-            let mr = unsafe {
-                MemoryRegion::register(
-                    &self.domain,
-                    buf.as_ptr(),
-                    buf.len(),
-                    MemKind::Host,
-                    false,
-                    Some(&e.ep),
-                )?
-            };
-            *guard = Some((buf, mr));
+            *guard = Some(host_slab(&self.domain, &e.ep, BOUNCE_BYTES)?);
         }
         let (buf, mr) = guard.as_mut().expect("bounce buffer just created");
         let mut off = 0u64;
@@ -299,5 +264,14 @@ impl Transport {
             self.quiet(ep)?;
         }
         Ok(())
+    }
+}
+
+/// `d` moved on by `by` bytes (address and offset; the handle stays).
+fn shifted(d: &RmaMemdesc, by: u64) -> RmaMemdesc {
+    RmaMemdesc {
+        ptr: (d.ptr as u64 + by) as *mut c_void,
+        offset: d.offset + by,
+        handle: d.handle,
     }
 }
