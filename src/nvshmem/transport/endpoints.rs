@@ -368,6 +368,7 @@ impl Transport {
             if let Some(x) = take() {
                 return Ok(x);
             }
+            self.check_alive()?;
             self.progress_ep(c, ep);
             if Instant::now() > deadline {
                 return Err(timeout());
@@ -389,6 +390,7 @@ impl Transport {
             match f() {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is_again() && Instant::now() < deadline => {
+                    self.check_alive()?;
                     self.progress_ep(c, ep);
                 }
                 Err(err) => return Err(err.into()),

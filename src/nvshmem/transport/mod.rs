@@ -95,6 +95,11 @@ pub struct Transport {
     next_reg: AtomicU64,
     am_lock: Mutex<()>,
     stop: Arc<AtomicBool>,
+    /// Why the transport can no longer work (set once, by the progress thread's panic boundary).
+    failed: Arc<OnceLock<String>>,
+    /// Test support: makes the progress thread panic at its next turn.
+    #[cfg(any(test, feature = "test-support"))]
+    inject_panic: Arc<AtomicBool>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     cuda_ctx: AtomicU64,
     gda_heap_set: AtomicBool,
@@ -200,6 +205,9 @@ impl Transport {
             next_reg: AtomicU64::new(1),
             am_lock: Mutex::new(()),
             stop: Arc::new(AtomicBool::new(false)),
+            failed: Arc::new(OnceLock::new()),
+            #[cfg(any(test, feature = "test-support"))]
+            inject_panic: Arc::new(AtomicBool::new(false)),
             progress_thread: Mutex::new(None),
             cuda_ctx: AtomicU64::new(0),
             gda_heap_set: AtomicBool::new(false),
@@ -221,7 +229,25 @@ impl Transport {
         self.use_provider_atomics
     }
 
+    /// An error once the transport has failed (its progress thread panicked), naming the cause.
+    fn check_alive(&self) -> TResult<()> {
+        match self.failed.get() {
+            None => Ok(()),
+            Some(why) => Err(internal(format!("transport failed: {why}"))),
+        }
+    }
+
+    /// Test support: makes the progress thread panic at its next turn, to exercise its panic
+    /// boundary. Compiled only into unit tests and builds with the `test-support` feature, which
+    /// only the crate's own tests enable; it is not reachable through the C ABI either.
+    #[cfg(any(test, feature = "test-support"))]
+    #[doc(hidden)]
+    pub fn inject_progress_panic(&self) {
+        self.inject_panic.store(true, Ordering::Release);
+    }
+
     fn conn(&self) -> TResult<&Connected> {
+        self.check_alive()?;
         self.conn
             .get()
             .ok_or_else(|| internal("transport used before connect_endpoints"))

@@ -1,5 +1,7 @@
 //! The progress thread, completion polling and dispatch by context tag.
+use std::any::Any;
 use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,27 +22,47 @@ impl Transport {
         // on shm: ~130 us per 8-byte put). Such providers are polled continuously (yielding the CPU
         // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off.
         let may_sleep = !self.info.manual_progress() && is_nic(&self.provider);
+        let failed = self.failed.clone();
+        #[cfg(any(test, feature = "test-support"))]
+        let inject_panic = self.inject_panic.clone();
         let h = std::thread::Builder::new()
             .name("nvshmem-efa-progress".into())
             .spawn(move || {
                 if let Err(e) = cuda::set_current_context(ctx) {
                     tracing::warn!("progress thread: {e}");
                 }
-                let mut idle = 0u32;
-                while !stop.load(Ordering::Acquire) {
-                    let Some(t) = weak.upgrade() else { break };
-                    let n = t.progress_all();
-                    drop(t);
-                    if n > 0 {
-                        idle = 0;
-                    } else {
-                        idle = idle.saturating_add(1);
-                        if may_sleep && idle > 2000 {
-                            std::thread::sleep(Duration::from_micros(50));
+                // The panic boundary: a panic ends the loop, never silently. The transport is
+                // marked failed, so every waiter (quiet, blocking ops, staged waits) and every later
+                // op returns an error at once instead of at the quiet timeout.
+                let body = catch_unwind(AssertUnwindSafe(|| {
+                    let mut idle = 0u32;
+                    while !stop.load(Ordering::Acquire) {
+                        let Some(t) = weak.upgrade() else { break };
+                        #[cfg(any(test, feature = "test-support"))]
+                        if inject_panic.swap(false, Ordering::AcqRel) {
+                            panic!("panic injected into the progress thread (test support)");
+                        }
+                        let n = t.progress_all();
+                        drop(t);
+                        if n > 0 {
+                            idle = 0;
                         } else {
-                            std::thread::yield_now();
+                            idle = idle.saturating_add(1);
+                            if may_sleep && idle > 2000 {
+                                std::thread::sleep(Duration::from_micros(50));
+                            } else {
+                                std::thread::yield_now();
+                            }
                         }
                     }
+                }));
+                if let Err(payload) = body {
+                    let msg = panic_message(payload.as_ref());
+                    tracing::error!(
+                        "progress thread panicked: {msg}; the transport is marked failed and every \
+                         operation on it now returns an error"
+                    );
+                    let _ = failed.set(format!("the progress thread panicked: {msg}"));
                 }
             });
         match h {
@@ -159,5 +181,29 @@ impl Transport {
             e.record_error(msg);
             e.finish_wait(wait);
         }
+    }
+}
+
+/// The message of a panic payload (`panic!` with a literal or a formatted string).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_messages_are_read_from_both_payload_kinds() {
+        let literal = catch_unwind(|| panic!("literal")).unwrap_err();
+        assert_eq!(panic_message(literal.as_ref()), "literal");
+        let formatted = catch_unwind(|| panic!("formatted {}", 7)).unwrap_err();
+        assert_eq!(panic_message(formatted.as_ref()), "formatted 7");
+        let other = catch_unwind(|| std::panic::panic_any(7u32)).unwrap_err();
+        assert_eq!(panic_message(other.as_ref()), "a panic without a message");
     }
 }

@@ -10,6 +10,7 @@ impl Transport {
         let Some(c) = self.conn.get() else {
             return Ok(());
         };
+        self.check_alive()?;
         let e = &c.eps[ep];
         let target = e.submitted.load(Ordering::Acquire);
         let deadline = Instant::now() + self.cfg.quiet_timeout;
@@ -17,6 +18,7 @@ impl Transport {
         let mut warned = false;
         let started = Instant::now();
         while e.completed.load(Ordering::Acquire) < target {
+            self.check_alive()?;
             self.progress_ep(c, ep);
             if !warned && started.elapsed() > Duration::from_secs(2) {
                 warned = true;
