@@ -119,7 +119,7 @@ impl Transport {
                         e.record_error(err.message);
                     }
                 }
-                e.finish_wait(wait);
+                e.finish_counted(wait);
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
@@ -161,7 +161,7 @@ impl Transport {
                 } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
                     e.record_error(err.message);
                 }
-                e.finish_wait(wait);
+                e.finish_counted(wait);
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }

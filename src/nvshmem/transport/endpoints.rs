@@ -158,9 +158,9 @@ impl EpState {
         }
     }
 
-    /// Completes a waiting context (counted for quiet).
-    pub(super) fn finish_wait(&self, wait: *mut c_void) {
-        self.ctxs.free(wait);
+    /// Completes a context counted for quiet (an operation's or a waiting one).
+    pub(super) fn finish_counted(&self, ctx: *mut c_void) {
+        self.ctxs.free(ctx);
         self.completed.fetch_add(1, Ordering::AcqRel);
     }
 

@@ -15,6 +15,15 @@
 //! datatype; otherwise (or with `NVSHMEM_EFA_ATOMICS=target`) an active message to the target PE,
 //! which applies it in its progress path under one lock (host memory with CPU atomics, GPU memory
 //! with a CUDA copy in and out — no GDRCopy) and answers with the old value. All AMOs to a PE take
+//! the same path, so concurrent AMOs from all PEs are exact.
+//!
+//! Failure: the progress thread runs behind a panic boundary. A panic there marks the transport
+//! failed; every bounded wait and every later operation then returns an error naming the panic.
+//!
+//! Layout: `endpoints` (endpoint state, connect, contexts and posting), `progress` (the progress
+//! thread and completion dispatch), `am` (active messages and staged transfers), `memory` (handles
+//! and registrations), `rma`, `amo`, `quiet`, `provider_ops` (every raw libfabric constant used
+//! here), `error`.
 
 mod am;
 mod amo;

@@ -127,17 +127,14 @@ impl Transport {
                     tracing::error!("endpoint {i}: operation failed: {msg}");
                     e.record_error(msg);
                 }
-                e.ctxs.free(ctx);
-                e.completed.fetch_add(1, Ordering::AcqRel);
+                e.finish_counted(ctx);
             }
             TAG_AM_SEND => {
                 if let Some(msg) = error {
                     // A request that never left fails its waiting operation; a lost response
                     // leaves the initiator's quiet to time out and report.
                     tracing::error!("endpoint {i}: active message send failed: {msg}");
-                    if data != 0 {
-                        self.fail_am_wait(e, data as *mut c_void, msg);
-                    }
+                    self.fail_am_wait(e, data as *mut c_void, msg);
                 }
                 e.ctxs.free(ctx);
             }
@@ -158,9 +155,7 @@ impl Transport {
                     tracing::error!("endpoint {i}: staged send failed: {msg}");
                     // SAFETY: own context; scratch[0] holds the waiting context (or 0).
                     let wait = e.ctxs.scratch(ctx).map(|s| unsafe { *s }).unwrap_or(0);
-                    if wait != 0 {
-                        self.fail_am_wait(e, wait as *mut c_void, msg);
-                    }
+                    self.fail_am_wait(e, wait as *mut c_void, msg);
                 }
                 e.send_free.lock().push(data as usize);
                 e.ctxs.free(ctx);
@@ -176,10 +171,12 @@ impl Transport {
         }
     }
 
+    /// Fails the waiting context `wait` with `msg` (quiet reports it); anything else (no context,
+    /// as for a send that had no waiter, or one that is not waiting) is left alone.
     pub(super) fn fail_am_wait(&self, e: &EpState, wait: *mut c_void, msg: String) {
         if e.ctxs.get(wait).map(|(t, _)| t) == Some(TAG_AM_WAIT) {
             e.record_error(msg);
-            e.finish_wait(wait);
+            e.finish_counted(wait);
         }
     }
 }
