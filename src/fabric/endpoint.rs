@@ -11,6 +11,7 @@ use super::cq::CompletionQueue;
 use super::domain::{close_fid, Domain, FiAddr};
 use super::error::{check, Result};
 use super::handle::EndpointHandle;
+use super::types::{AtomicOp, Datatype};
 
 /// An enabled RDM endpoint bound to an AV, a CQ and a counter.
 pub struct Endpoint {
@@ -355,12 +356,8 @@ impl Endpoint {
     }
 
     /// Whether the provider supports `op` on `datatype` (non-fetching, fetching, compare forms).
-    pub fn atomic_valid(
-        &self,
-        datatype: impl Into<fi::fi_datatype>,
-        op: impl Into<fi::fi_op>,
-    ) -> (bool, bool, bool) {
-        let (datatype, op) = (datatype.into(), op.into());
+    pub fn atomic_valid(&self, datatype: Datatype, op: AtomicOp) -> (bool, bool, bool) {
+        let (datatype, op) = (fi::fi_datatype::from(datatype), fi::fi_op::from(op));
         let mut count = 0usize;
         // SAFETY: queries only.
         unsafe {
@@ -384,11 +381,11 @@ impl Endpoint {
         dest: FiAddr,
         addr: u64,
         key: u64,
-        dt: impl Into<fi::fi_datatype>,
-        op: impl Into<fi::fi_op>,
+        dt: Datatype,
+        op: AtomicOp,
         ctx: *mut c_void,
     ) -> Result<()> {
-        let (dt, op) = (dt.into(), op.into());
+        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
         // SAFETY: the caller upholds this function's contract (see `# Safety`).
         unsafe {
             let ret = fi::fi_atomic(
@@ -423,11 +420,11 @@ impl Endpoint {
         dest: FiAddr,
         addr: u64,
         key: u64,
-        dt: impl Into<fi::fi_datatype>,
-        op: impl Into<fi::fi_op>,
+        dt: Datatype,
+        op: AtomicOp,
         ctx: *mut c_void,
     ) -> Result<()> {
-        let (dt, op) = (dt.into(), op.into());
+        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
         // SAFETY: the caller upholds this function's contract (see `# Safety`).
         unsafe {
             let ret = fi::fi_fetch_atomic(
@@ -466,10 +463,10 @@ impl Endpoint {
         dest: FiAddr,
         addr: u64,
         key: u64,
-        dt: impl Into<fi::fi_datatype>,
+        dt: Datatype,
         ctx: *mut c_void,
     ) -> Result<()> {
-        let dt = dt.into();
+        let dt = fi::fi_datatype::from(dt);
         // SAFETY: the caller upholds this function's contract (see `# Safety`).
         unsafe {
             let ret = fi::fi_compare_atomic(

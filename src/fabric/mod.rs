@@ -27,7 +27,8 @@ pub use error::{Error, Result};
 pub use handle::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
 pub use info::{library_version, list_providers, Info, InfoRequest, Provider, API_VERSION};
 pub use mr::{MemKind, MemoryRegion};
-/// Raw libfabric constants and types. Only the NVSHMEM transport still uses them (it moves to the
-/// typed names of this module next); nothing else outside `fabric` may.
+/// Raw libfabric bindings, for the crate's own tests only (they compare error texts with
+/// libfabric's); the library itself uses the typed names of this module outside `fabric`.
+#[cfg(any(test, feature = "test-support"))]
 pub use ofi_libfabric_sys::bindgen as sys;
 pub use types::{errno, flags, AtomicOp, Datatype};
