@@ -61,7 +61,7 @@ patch_q() { # patch_q MODE (check-apply | check-reverse | apply)
     fi
 }
 
-state_tu=$kdir/nvshmem_efa_gda_state.cu
+state_tu=$kdir/efa_gda_state.cu
 state_text='// nvshmem-efa-gda: the one definition of the GDA device state (patches/deepep/apply.sh)
 #include "nvshmem_efa_gda_state.cu"'
 
@@ -73,7 +73,7 @@ if grep -q "$MARK" "$kdir/ibgda_device.cuh"; then
     if cmp -s "$header" "$kdir/ibgda_device.cuh"; then h_state=applied; else h_state=stale; fi
 else h_state=pending; fi
 if [ -f "$state_tu" ] && [ "$(cat "$state_tu")" = "$state_text" ]; then s_state=applied; else s_state=pending; fi
-say "patch $(basename "$patchfile"): $p_state; ibgda_device.cuh: $h_state; nvshmem_efa_gda_state.cu: $s_state"
+say "patch $(basename "$patchfile"): $p_state; ibgda_device.cuh: $h_state; efa_gda_state.cu: $s_state"
 
 if [ $check_only = 1 ]; then
     [ $p_state = applied ] && [ $h_state = applied ] && [ $s_state = applied ] && exit 0

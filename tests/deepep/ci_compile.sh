@@ -133,11 +133,11 @@ else
     flags=("${NVCC_FLAGS[@]}" --ptxas-options=--register-usage-level=10 -DDISABLE_AGGRESSIVE_PTX_INSTRS
         -I"$repo/include" -I"$repo/cuda")
     if [ -f "$t/csrc/kernels/runtime.cu" ]; then
-        tus=(csrc/kernels/internode_ll.cu csrc/kernels/runtime.cu csrc/kernels/nvshmem_efa_gda_state.cu)
+        tus=(csrc/kernels/internode_ll.cu csrc/kernels/runtime.cu csrc/kernels/efa_gda_state.cu)
         [ "${DEEPEP_CI_FULL:-0}" = 1 ] && tus+=(csrc/kernels/internode.cu)
         flags+=(-I"$t/csrc")
     else
-        tus=(csrc/kernels/legacy/internode_ll.cu csrc/kernels/backend/nvshmem.cu csrc/kernels/legacy/nvshmem_efa_gda_state.cu)
+        tus=(csrc/kernels/legacy/internode_ll.cu csrc/kernels/backend/nvshmem.cu csrc/kernels/legacy/efa_gda_state.cu)
         [ "${DEEPEP_CI_FULL:-0}" = 1 ] && tus+=(csrc/kernels/legacy/internode.cu)
         flags+=(-I"$t/csrc" -I"$t/deep_ep/include")
     fi
