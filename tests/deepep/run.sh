@@ -120,8 +120,16 @@ if [ $do_build = 1 ]; then
         else
             say "build:   no ninja: setuptools compiles the 7 sources one after the other (slower) (log $OUT/build.log)"
         fi
+        # CUDA 13 keeps libcu++ (cuda/std/...) under include/cccl, which nvcc finds by itself but the
+        # host compiler does not; NVSHMEM 3.4.5's nvshmem.h includes cuda/std/tuple, and DeepEP
+        # v1.2.1's deep_ep.cpp includes nvshmem.h (DeepEP main adds the directory itself).
+        cuda_home=$("$PYTHON" -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")' 2>/dev/null)
+        cccl_inc=""
+        [ -n "$cuda_home" ] && [ -d "$cuda_home/include/cccl" ] && cccl_inc=$cuda_home/include/cccl
+        say "build:   CUDA_HOME=${cuda_home:-?}${cccl_inc:+, host include $cccl_inc}"
         t0=$(date +%s)
         (cd "$tree" && env NVSHMEM_EFA_GDA_HOME="$repo" NVSHMEM_EFA_GDA_LIB_DIR="$lib_dir" \
+            ${cccl_inc:+CPLUS_INCLUDE_PATH="$cccl_inc${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"} \
             TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS="$jobs" "$PYTHON" setup.py build_ext --inplace) >"$OUT/build.log" 2>&1
         rc=$?
         say "build:   rc=$rc in $(( $(date +%s) - t0 )) s"
