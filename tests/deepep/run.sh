@@ -32,6 +32,12 @@ usage: tests/deepep/run.sh [options] DEEPEP_TREE
   --timeout S         seconds per test run (default 420)
   --test-args "..."   extra arguments for test_low_latency.py (default: its own defaults,
                       128 tokens, hidden 7168, top-8 of 288 experts)
+  --single-registration
+                      until the library publishes every heap chunk (device state version 2): a heap
+                      NVSHMEM registers in one piece (NVSHMEM_DISABLE_CUDA_VMM=1,
+                      NVSHMEM_SYMMETRIC_SIZE=1536M) and --num-experts 144 (a ~1 GiB buffer) unless
+                      --test-args says otherwise; DeepEP's default 288 experts need ~2 GiB, which
+                      NVSHMEM registers as more than one chunk
   --debug             NVSHMEM_DEBUG=INFO and NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug
 environment: PLUGIN_DIR (libnvshmem_efa_gda.so + nvshmem_transport_libfabric.so.3),
   LIBFABRIC_HOME (libfabric prefix), OUT (default ./deepep-out), PYTHON (default
@@ -48,6 +54,7 @@ do_gda=1
 timeout_s=420
 test_args=""
 debug=0
+single_reg=0
 tree=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -59,6 +66,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=${2:?--timeout needs a value}; shift ;;
     --test-args) test_args=${2?--test-args needs a value}; shift ;;
     --debug) debug=1 ;;
+    --single-registration) single_reg=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "run.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     *) [ -z "$tree" ] || { echo "run.sh: one DEEPEP_TREE only" >&2; exit 2; }; tree=$1 ;;
@@ -165,6 +173,11 @@ trap stop_mps EXIT
 common_env=(DEEPEP_TREE="$tree" PYTHONUNBUFFERED=1 MASTER_PORT=$((8361 + RANDOM % 500))
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_DEBUG=$([ $debug = 1 ] && echo INFO || echo WARN) "${mps_env[@]}")
 [ $debug = 1 ] && common_env+=(NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug)
+if [ $single_reg = 1 ]; then
+    common_env+=(NVSHMEM_DISABLE_CUDA_VMM=1 NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1536M})
+    case " $test_args " in *" --num-experts "*) ;; *) test_args="$test_args --num-experts 144" ;; esac
+    say "single registration: NVSHMEM_DISABLE_CUDA_VMM=1 NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1536M}, test args:$test_args"
+fi
 
 status=0
 run_case() { # run_case NAME ENV... -- TEST-ARGS...
