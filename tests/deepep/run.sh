@@ -143,11 +143,17 @@ if [ $do_build = 1 ]; then
         say "build:   rc=$rc in $(( $(date +%s) - t0 )) s"
         [ $rc = 0 ] || { tail -n 30 "$OUT/build.log"; die "DeepEP build failed (see $OUT/build.log)" 1; }
         ext=$(ls "$tree"/deep_ep_cpp*.so 2>/dev/null | head -n 1)
+        "$PYTHON" -c 'import torch; print(torch.__version__)' >"$tree/.nvshmem_efa_gda_torch" 2>/dev/null
     else
         say "build:   $ext is current"
     fi
 fi
 [ -n "$ext" ] || die "no deep_ep_cpp*.so in $tree (build it, or drop --no-build)"
+# An extension built elsewhere (e.g. carried to the node) must match this torch exactly.
+torch_now=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null)
+if [ -f "$tree/.nvshmem_efa_gda_torch" ] && [ "$(cat "$tree/.nvshmem_efa_gda_torch")" != "$torch_now" ]; then
+    die "$ext was built with torch $(cat "$tree/.nvshmem_efa_gda_torch"), this python has torch $torch_now: rebuild (--rebuild)"
+fi
 
 # 3. placement: GPUs, MPS
 ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
@@ -170,6 +176,8 @@ fi
 stop_mps() { [ $mps_started = 1 ] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; mps_started=0; }
 trap stop_mps EXIT
 
+# NVSHMEM's host library by path too: an extension built elsewhere carries another rpath.
+export LD_LIBRARY_PATH="$nvshmem_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 common_env=(DEEPEP_TREE="$tree" PYTHONUNBUFFERED=1 MASTER_PORT=$((8361 + RANDOM % 500))
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_DEBUG=$([ $debug = 1 ] && echo INFO || echo WARN) "${mps_env[@]}")
 [ $debug = 1 ] && common_env+=(NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug)
