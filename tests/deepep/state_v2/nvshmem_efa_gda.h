@@ -3,8 +3,8 @@
  * Compile-test fixture: the device-state layout version 2 proposed for src/gda/state.rs (multi-chunk
  * symmetric heap, granule-indexed registration table), laid over the generated header so the CUDA
  * code's version-2 path can be compiled before the Rust side publishes it. Put this directory
- * BEFORE include/ on the include path. Once include/nvshmem_efa_gda.h itself says version 2, this
- * file only forwards to it.
+ * BEFORE include/ on the include path, and only while include/nvshmem_efa_gda.h says version 1
+ * (tests/deepep/ci_compile.sh checks); delete it once src/gda/state.rs publishes version 2.
  *
  * Layout (x86-64 and CUDA alike; every field naturally aligned, no implicit padding):
  *   NvshmemEfaGdaHeapKey (32 bytes)
