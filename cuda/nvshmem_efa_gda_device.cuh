@@ -125,6 +125,7 @@
 #define NVSHMEM_EFA_GDA_ERR_NOT_READY 0x1003 /* device state not loaded / not ready */
 #define NVSHMEM_EFA_GDA_ERR_INVALID 0x1004   /* bad PE, address outside a heap, bad size */
 #define NVSHMEM_EFA_GDA_ERR_FAILED 0x1005    /* the queue failed earlier (see first_error) */
+#define NVSHMEM_EFA_GDA_ERR_UNSUPPORTED 0x1006 /* not available on this queue (AMOs in hardware mode) */
 
 // Per-application device word next to the state (defined in nvshmem_efa_gda_state.cu): the
 // fail-fast flag of the queue and the two numbers DeepEP-style code reads through
@@ -227,6 +228,7 @@ struct View {
     uint32_t cq_entry_size;
     uint32_t rx_entries;
     uint32_t max_batch;
+    uint32_t mode;
     uint64_t heap_base;
     uint64_t heap_size;
     uint32_t heap_lkey;
@@ -264,6 +266,7 @@ NVSHMEM_EFA_GDA_DEV View view() {
     v.cq_entry_size = __ldg(&s->queue.cq_entry_size);
     v.rx_entries = __ldg(&s->queue.rx_entries);
     v.max_batch = __ldg(&s->queue.max_batch);
+    v.mode = __ldg(&s->queue.mode);
     v.heap_base = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_base));
     v.heap_size = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_size));
     v.heap_lkey = __ldg(&s->heap_lkey);
@@ -806,6 +809,12 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
                                       int pe, bool has_imm = false, uint32_t imm = 0u) {
     const View v = view();
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    // On the hardware queue nothing posts receives for these SENDs or applies them (EFA has no
+    // RDMA atomics): the target NIC would answer RNR or drop them. Refuse instead of losing them.
+    if (v.mode == NVSHMEM_EFA_GDA_MODE_HW) {
+        record_error(v, NVSHMEM_EFA_GDA_ERR_UNSUPPORTED);
+        return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED;
+    }
     if (pe < 0 || pe >= v.n_pes || (roff & (uint64_t)(size - 1)) != 0) {
         record_error(v, NVSHMEM_EFA_GDA_ERR_INVALID);
         return NVSHMEM_EFA_GDA_ERR_INVALID;
@@ -1022,6 +1031,8 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t byt
 // its heap; all AMO messages a PE receives are applied in arrival order by one agent, so concurrent
 // adds from every PE are exact. Complete (applied) at the target after quiet() as the queue defines
 // SEND completion; use them only together with other AMOs of this API on the same word.
+// Software queue only: the agent that applies them is the queue's consumer thread. On a hardware
+// queue they return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED (recorded on the queue).
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
