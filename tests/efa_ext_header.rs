@@ -1,6 +1,6 @@
 //! The `repr(C)` mirrors of libfabric's EFA GDA extension checked against the real header.
 //!
-//! `src/efa/gda_ops.rs` mirrors `fi_ext_efa.h` from notes (sizes and offsets asserted at compile
+//! `src/fabric/efa_gda_abi.rs` mirrors `fi_ext_efa.h` from notes (sizes and offsets asserted at compile
 //! time against those notes). This test checks the notes against a libfabric tree: with
 //! `NVSHMEM_EFA_LIBFABRIC_SRC` naming a libfabric source tree (`prov/efa/src/fi_ext_efa.h`, e.g. a
 //! checkout of tag v2.6.0) or an installation prefix (`include/rdma/fi_ext_efa.h`), it compiles a
@@ -21,7 +21,7 @@ use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use nvshmem_efa_gda::efa::gda_ops::{
+use nvshmem_efa_gda::fabric::efa_gda_abi::{
     FiEfaCompCntrInitAttr, FiEfaCqAttr, FiEfaCqExtMemDmabuf, FiEfaCqInitAttr, FiEfaMemoryLocation,
     FiEfaMemoryLocationDmabuf, FiEfaOpsGda, FiEfaWqAttr,
     FI_EFA_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM, FI_EFA_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM,
@@ -56,7 +56,7 @@ const PROGRAM_HEAD: &str = r#"
 #define SZ(T) printf("sizeof." #T " %zu\n", sizeof(struct T))
 #define OFF(T, F) printf("offsetof." #T "." #F " %zu\n", offsetof(struct T, F))
 #define VAL(N) printf("value." #N " %llu\n", (unsigned long long)(N))
-/* The function types of src/efa/gda_ops.rs, spelled in C (QueryAddrFn, QueryQpWqsFn, ...). */
+/* The function types of src/fabric/efa_gda_abi.rs, spelled in C (QueryAddrFn, QueryQpWqsFn, ...). */
 #define SLOT_TYPE(F, ...) _Static_assert(__builtin_types_compatible_p( \
     __typeof__(((struct fi_efa_ops_gda *)0)->F), __VA_ARGS__), "slot " #F " has another type")
 
@@ -388,7 +388,7 @@ fn mirrors_match_the_libfabric_header() {
     let Some(root) = std::env::var_os(ENV).filter(|v| !v.is_empty()) else {
         println!(
             "skipped: {ENV} is not set. Set it to a libfabric source tree (tag v2.6.0 or later) or \
-             installation prefix to check src/efa/gda_ops.rs against its fi_ext_efa.h"
+             installation prefix to check src/fabric/efa_gda_abi.rs against its fi_ext_efa.h"
         );
         return;
     };
@@ -482,7 +482,7 @@ fn mirrors_match_the_libfabric_header() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         bad.is_empty(),
-        "src/efa/gda_ops.rs differs from {}:\n  {}",
+        "src/fabric/efa_gda_abi.rs differs from {}:\n  {}",
         header.display(),
         bad.join("\n  ")
     );
