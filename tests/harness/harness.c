@@ -4,7 +4,8 @@
  * heap registration, handle allgather, the host ops, finalize), on several processes of one
  * machine, without a GPU.
  *
- *   harness --lib <path> --abi 3|4 --np N [--case name]... [--list] [--verbose]
+ *   harness --lib <path> --abi 3|4|5|6|7 --np N [--case name]... [--list] [--verbose]
+ *   (ABI 5, 6 and 7 use the v4 view of the struct; 6 and 7 call amo/put_signal with the 20-byte verb)
  *           [--case-timeout S] [--boot-timeout S] [--timeout S]
  *   harness --lib <path> --abi 3|4 --np N --bench [--bench-sizes a,b,...] [--bench-bytes N] [--csv FILE]
  *
@@ -522,6 +523,10 @@ static int h_amo(int pe, int op, harness_amo_memdesc *m, int elembytes, int qp, 
         b = (harness_amo_bytesdesc){elembytes == 4 ? 8 : 9, elembytes};
     }
     if (g.abi == 3) return g.t3->host_ops.amo(g.t3, pe, NULL, v, m, b, qp);
+    if (g.abi >= 6) {
+        harness_amo_verb_f vf = {v.op, v.is_fetch, v.is_val, v.is_cmp, 0};
+        return ((harness_amo_f_fn)(void *)g.t4->host_ops.amo)(g.t4, pe, NULL, vf, m, b, qp);
+    }
     return g.t4->host_ops.amo(g.t4, pe, NULL, v, m, b, qp);
 }
 
@@ -580,7 +585,7 @@ static int wait_word(volatile uint64_t *p, uint64_t want, int timeout_ms, uint64
  * Setup cases
  * ==================================================================================== */
 static void case_bad_version(void) {
-    static const int bad[] = {20000, 50000};
+    static const int bad[] = {20000, 80000};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         void *t = (void *)0x1;
         int64_t t0 = now_ms();
@@ -611,7 +616,11 @@ static void case_init(void) {
     if (!HOP(op)) failf("host_ops." #op " is NULL (NVSHMEM calls it unchecked)");
     NEED(can_reach_peer) NEED(connect_endpoints) NEED(get_mem_handle) NEED(release_mem_handle) NEED(finalize)
     NEED(progress) NEED(rma) NEED(amo) NEED(fence) NEED(quiet)
-    if (g.abi == 4 && !g.t4->host_ops.put_signal) failf("host_ops.put_signal is NULL (the v4 proxy calls it unchecked)");
+    if (g.abi >= 4 && !g.t4->host_ops.put_signal) failf("host_ops.put_signal is NULL (the v4 proxy calls it unchecked)");
+    if (g.abi >= 7) {
+        void **extra = (void **)((char *)&g.t4->host_ops + sizeof g.t4->host_ops);
+        if (!extra[0] || !extra[1]) failf("ABI 7: rma_with_hints %p / region_flush %p is NULL", extra[0], extra[1]);
+    }
 #undef NEED
     if (R.failed) return;
     vlog("attr %#x n_devices %d atomics_complete_on_quiet %d api_version %d", TF(attr), TF(n_devices),
@@ -1416,7 +1425,14 @@ static void case_put_signal(void) {
         st.val = rounds[rd].val;
         harness_amo_bytesdesc sb = {JUNK_INT, 8};
         int qp = rounds[rd].qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST;
-        int rc = g.t4->host_ops.put_signal(g.t4, q, wv, &vr, &vl, &vb, sv, &st, sb, qp);
+        int rc;
+        if (g.abi >= 6) {
+            harness_amo_verb_f svf = {sv.op, sv.is_fetch, sv.is_val, sv.is_cmp, 0};
+            rc = ((harness_put_signal_f_fn)(void *)g.t4->host_ops.put_signal)(g.t4, q, wv, &vr, &vl, &vb, svf, &st,
+                                                                              sb, qp);
+        } else {
+            rc = g.t4->host_ops.put_signal(g.t4, q, wv, &vr, &vl, &vb, sv, &st, sb, qp);
+        }
         if (rc) failf("put_signal round %zu to PE %d (qp %d) returned %d", rd, q, qp, rc);
         uint64_t seen = 0;
         rc = wait_word(sig, rounds[rd].expect, 20000, &seen);
@@ -2161,8 +2177,8 @@ int main(int argc, char **argv) {
             g.lib = v;
             i++;
         } else if (!strcmp(a, "--abi")) {
-            if (parse_int(v, 3, 4, &g.abi)) {
-                fprintf(stderr, "harness: --abi must be 3 or 4\n");
+            if (parse_int(v, 3, 7, &g.abi)) {
+                fprintf(stderr, "harness: --abi must be 3, 4, 5, 6 or 7\n");
                 return 2;
             }
             i++;
@@ -2244,7 +2260,7 @@ int main(int argc, char **argv) {
     }
     if (!any_selected)
         for (size_t k = 0; k < NCASES; k++) selected[k] = 1;
-    g.api_version = g.abi == 3 ? HARNESS_API_VERSION_V3 : HARNESS_API_VERSION_V4;
+    g.api_version = g.abi * 10000;
 
     /* window layout of the RMA cases */
     size_t off = 0;

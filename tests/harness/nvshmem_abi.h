@@ -27,6 +27,7 @@
 /* api_version = major * 10000 + minor * 100 + patch */
 #define HARNESS_API_VERSION_V3 30000 /* NVSHMEM 3.4.5 passes this */
 #define HARNESS_API_VERSION_V4 40000 /* NVSHMEM 3.5.0 / 3.5.1 pass this */
+/* NVSHMEM 3.6.5, 3.7.2, 3.8.0 pass 50000, 60000, 70000 (plugin versions 5.0.0, 6.0.0, 7.0.0) */
 #define HARNESS_API_MAJOR(v) ((v) / 10000)
 #define HARNESS_API_MAJOR_MINOR(v) ((v) / 100)
 /* bootstrap_handle.version NVSHMEM 3.4.x / 3.5.x fill in (bootstrap ABI 3.0.0) */
@@ -151,6 +152,28 @@ typedef struct harness_amo_verb {
     int is_cmp;
 } harness_amo_verb;
 
+/* ABI 6 (NVSHMEM 3.7.x) and 7 (3.8.x): amo_verb gains a trailing is_float; 20 bytes, so amo and
+ * put_signal take a different argument type (passed in memory, not in two registers). The struct
+ * layouts of ABI 5, 6 and 7 keep v4's order up to add_device_remote_mem_handles; ABI 7 appends
+ * rma_with_hints and region_flush to the host ops and an int device_assignment_mode after them. */
+typedef struct harness_amo_verb_f {
+    int op;
+    int is_fetch;
+    int is_val;
+    int is_cmp;
+    int is_float;
+} harness_amo_verb_f;
+
+typedef struct harness_op_attrs {
+    uint32_t flags; /* bit 0: MORE_FOLLOWS */
+    uint32_t hints; /* bit 0: BATCH_RMA */
+    uint64_t issuer_id;
+    uint64_t region_id;
+} harness_op_attrs;
+#define HARNESS_OP_FLAG_MORE_FOLLOWS 1u
+#define HARNESS_REGION_ROLE_HOST 0
+#define HARNESS_REGION_ROLE_PROXY 1
+
 typedef struct harness_amo_memdesc {
     harness_rma_memdesc remote;
     uint64_t retflag;
@@ -267,6 +290,13 @@ struct harness_transport_v3 {
  * ABI v4 (NVSHMEM 3.5.x): host_ops at the end, qp_index, put_signal
  * ------------------------------------------------------------------------------------- */
 struct harness_transport_v4;
+/* ABI 6/7 forms of amo and put_signal, called through the v4 view's slots. */
+typedef int (*harness_amo_f_fn)(struct harness_transport_v4 *t, int pe, void *curetptr, harness_amo_verb_f verb,
+                                harness_amo_memdesc *target, harness_amo_bytesdesc bytes, int qp);
+typedef int (*harness_put_signal_f_fn)(struct harness_transport_v4 *t, int pe, harness_rma_verb write_verb,
+                                       harness_vec *write_remote, harness_vec *write_local, harness_vec *write_bytes,
+                                       harness_amo_verb_f sig_verb, harness_amo_memdesc *sig_target,
+                                       harness_amo_bytesdesc sig_bytes, int qp);
 
 struct harness_host_ops_v4 {
     int (*can_reach_peer)(int *access, harness_pe_info *peer_info,
@@ -361,6 +391,8 @@ HARNESS_ASSERT_OFF(harness_rma_bytesdesc, srcstride, 16);
 HARNESS_ASSERT_OFF(harness_rma_bytesdesc, deststride, 24);
 
 HARNESS_ASSERT_SIZE(harness_amo_verb, 16);
+HARNESS_ASSERT_SIZE(harness_amo_verb_f, 20);
+HARNESS_ASSERT_SIZE(harness_op_attrs, 24);
 HARNESS_ASSERT_OFF(harness_amo_verb, is_fetch, 4);
 HARNESS_ASSERT_OFF(harness_amo_verb, is_val, 8);
 HARNESS_ASSERT_OFF(harness_amo_verb, is_cmp, 12);
