@@ -15,7 +15,7 @@ use crate::nvshmem::abi::v3::{HostOpsV3, TransportV3};
 use crate::nvshmem::abi::v4::{HostOpsV4, TransportV4};
 use crate::nvshmem::abi::v5::TransportV5;
 use crate::nvshmem::abi::v6::{HostOpsV6, TransportV6};
-use crate::nvshmem::abi::v7::{op_flag, HostOpsV7, OpAttrs, TransportV7};
+use crate::nvshmem::abi::v7::{self, op_flag, HostOpsV7, OpAttrs, TransportV7};
 use crate::nvshmem::abi::{
     self, AmoBytesdesc, AmoMemdesc, AmoVerb, AmoVerbF, BootstrapHandle, CxxVector, MemHandle,
     PeInfo, RmaBytesdesc, RmaMemdesc, RmaVerb, TransportTail,
@@ -39,13 +39,16 @@ impl std::ops::Deref for Plugin {
     }
 }
 
-/// Access to the common tail of every layout.
+/// Access to the common tail of every layout, and the transport ABI major the layout mirrors.
 trait Layout {
+    /// The transport ABI major (for messages).
+    const MAJOR: c_int;
     fn tail(&mut self) -> &mut TransportTail;
 }
 macro_rules! layouts {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $m:expr),*) => {$(
         impl Layout for $t {
+            const MAJOR: c_int = $m;
             fn tail(&mut self) -> &mut TransportTail {
                 &mut self.tail
             }
@@ -53,11 +56,11 @@ macro_rules! layouts {
     )*};
 }
 layouts!(
-    TransportV3,
-    TransportV4,
-    TransportV5,
-    TransportV6,
-    TransportV7
+    TransportV3 => 3,
+    TransportV4 => 4,
+    TransportV5 => 5,
+    TransportV6 => 6,
+    TransportV7 => 7
 );
 
 /// The transport behind a struct pointer NVSHMEM hands back to a thunk.
@@ -185,7 +188,7 @@ pub unsafe extern "C" fn nvshmemt_init(
             6 => alloc::<TransportV6>(version, state, |t| t.host_ops = ops_v6()),
             _ => alloc::<TransportV7>(version, state, |t| {
                 t.host_ops = ops_v7();
-                t.device_assignment_mode = 0;
+                t.device_assignment_mode = v7::device_assignment::DEFAULT;
             }),
         };
         // SAFETY: out checked non-null.
@@ -366,9 +369,49 @@ fn connect_common<L: Layout>(name: &str, t: *mut c_void) -> c_int {
         // SAFETY: t is our struct (checked by with()).
         let tail = unsafe { (*(t as *mut L)).tail() };
         let (my_pe, n_pes, boot) = (tail.my_pe, tail.n_pes, tail.boot_handle);
+        // SAFETY: a non-null boot handle is NVSHMEM's, valid while the transport lives.
+        let boot_ids = (!boot.is_null()).then(|| unsafe { ((*boot).pg_rank, (*boot).pg_size) });
+        if let Err(msg) = check_host_fields(L::MAJOR, my_pe, n_pes, boot_ids) {
+            tracing::error!("{name}: {msg}");
+            return INVALID;
+        }
         let ag = boot_allgather(boot);
         code(tr.connect(my_pe, n_pes, &ag))
     })
+}
+
+/// The layout self-check: when NVSHMEM first calls `connect_endpoints` it has filled `boot_handle`,
+/// `my_pe` and `n_pes` of the struct. If the library mirrored the wrong layout for this NVSHMEM,
+/// these read as garbage (or the handle's rank and size disagree with them), and the transport
+/// refuses to go on instead of writing through a misread struct later.
+fn check_host_fields(
+    major: c_int,
+    my_pe: c_int,
+    n_pes: c_int,
+    boot: Option<(c_int, c_int)>,
+) -> Result<(), String> {
+    let hint = || {
+        format!(
+            "the transport struct of ABI {major} (NVSHMEM {}) as this library mirrors it does not \
+             match the host's; refusing to continue (wrong NVSHMEM version for this ABI, or a \
+             layout this library has wrong)",
+            abi::nvshmem_line(major).unwrap_or("?")
+        )
+    };
+    let Some((rank, size)) = boot else {
+        return Err(format!("no bootstrap handle in the struct: {}", hint()));
+    };
+    if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
+        return Err(format!("my_pe {my_pe} / n_pes {n_pes} out of range: {}", hint()));
+    }
+    if rank != my_pe || size != n_pes {
+        return Err(format!(
+            "my_pe {my_pe} / n_pes {n_pes} disagree with the bootstrap's rank {rank} / size \
+             {size}: {}",
+            hint()
+        ));
+    }
+    Ok(())
 }
 
 unsafe extern "C" fn connect_v3(t: *mut c_void, _dev_ids: *mut c_int, _n: c_int) -> c_int {
@@ -733,4 +776,29 @@ unsafe extern "C" fn region_flush<L: Layout>(
     with::<L>("region_flush", t, |tr| {
         code(tr.region_flush(&tr.batch, role, issuer, region))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_host_fields;
+
+    #[test]
+    fn host_fields_matching_the_bootstrap_pass() {
+        assert!(check_host_fields(7, 0, 2, Some((0, 2))).is_ok());
+        assert!(check_host_fields(6, 3, 4, Some((3, 4))).is_ok());
+    }
+
+    #[test]
+    fn misread_host_fields_fail_naming_the_abi() {
+        let e = check_host_fields(6, 1, 2, Some((0, 2))).unwrap_err();
+        assert!(e.contains("ABI 6 (NVSHMEM 3.7.x)") && e.contains("rank 0"), "{e}");
+        let e = check_host_fields(7, 0, 2, Some((0, 4))).unwrap_err();
+        assert!(e.contains("ABI 7") && e.contains("size 4"), "{e}");
+        let e = check_host_fields(5, 0, 0, Some((0, 0))).unwrap_err();
+        assert!(e.contains("out of range") && e.contains("ABI 5"), "{e}");
+        let e = check_host_fields(5, 7, 2, Some((7, 2))).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let e = check_host_fields(4, 0, 2, None).unwrap_err();
+        assert!(e.contains("no bootstrap handle") && e.contains("ABI 4"), "{e}");
+    }
 }

@@ -1,17 +1,21 @@
 //! Mirror of NVSHMEM's transport plugin ABI (`src/include/internal/host_transport/transport.h`):
-//! the types every ABI shares (this file) and one file per transport ABI major:
+//! the types every ABI shares (this file) and one file per transport ABI major. Sources are
+//! NVIDIA/nvshmem commits as stored in a public code index (the major of each commit is the
+//! `TRANSPORT_VERSION_MAJOR` of its `src/CMakeLists.txt`):
 //!
-//! | major | NVSHMEM | file | source of the layout |
-//! |---|---|---|---|
-//! | 3 | 3.4.x | [`v3`] | NVIDIA/nvshmem tag v3.4.5-0 |
-//! | 4 | 3.5.x | [`v4`] | NVIDIA/nvshmem branch devel (3.5.1), commit 2c7f5a37b16d74166b7dfd30014bb1de1c6aaa0a |
-//! | 5 | 3.6.x | [`v5`] | the v4 layout; wheel nvidia-nvshmem-cu13 3.6.5 (plugin major 5, shared types equal 3.5.21's) |
-//! | 6 | 3.7.x | [`v6`] | v5 + `amo_verb.is_float`; wheel 3.7.2 (plugin major 6, `NVSHMEMI_AMO_FLOAT_BIT`) |
-//! | 7 | 3.8.x | [`v7`] | v6 + `rma_with_hints`, `region_flush`, `device_assignment_mode`; wheel 3.8.0 (major 7, `NVSHMEMI_OP_REGION_END`) |
+//! | major | NVSHMEM | file | source of the layout | status |
+//! |---|---|---|---|---|
+//! | 3 | 3.4.x | [`v3`] | NVIDIA/nvshmem tag v3.4.5-0 | established |
+//! | 4 | 3.5.x | [`v4`] | NVIDIA/nvshmem 2c7f5a37b16d74166b7dfd30014bb1de1c6aaa0a (3.5.1) | established |
+//! | 5 | 3.6.x | [`v5`] | NVIDIA/nvshmem ef92d34f16d05a7f119b760da864efaa0742d20d (major 5): v4's layout | established |
+//! | 6 | 3.7.x | [`v6`] | no major-6 header found: v5 + `amo_verb.is_float` | **inferred** |
+//! | 7 | 3.8.x | [`v7`] | NVIDIA/nvshmem 6d5e14cd961a1fa07a30849e05f0882d78a6cdb1, 7bbd6c8417f2fc59d3762492181445808986c86e, e4c3dfc8cf9daf1f30a76c461fef5fc69712eb7e (major 7) | established |
 //!
-//! The majors come from each wheel's `include/non_abi/nvshmem_version.h` (plugin version N.0.0) and
-//! from the transport file names in its `lib/`. Every type carries size and offset assertions for
-//! LP64 (x86-64, aarch64).
+//! The majors of the released wheels come from each wheel's `include/non_abi/nvshmem_version.h`
+//! (nvidia-nvshmem-cu13 3.6.5, 3.7.2, 3.8.0: plugin versions 5.0.0, 6.0.0, 7.0.0) and from the
+//! transport file names in its `lib/`. Every type carries size and offset assertions for LP64
+//! (x86-64, aarch64). At run time the first `connect_endpoints` checks that the struct fields the
+//! host filled (`my_pe`, `n_pes`) agree with its bootstrap handle, so a wrong layout fails loudly.
 #![allow(missing_docs)]
 use std::ffi::{c_int, c_void};
 
@@ -332,12 +336,25 @@ pub mod cap {
     pub const GPU_WRITE: i32 = 1 << 7;
     pub const GPU_READ: i32 = 1 << 8;
     pub const GPU_ATOMICS: i32 = 1 << 9;
+    /// ABI 7 (NVSHMEM 3.8; source in [`super::v7`]): the transport exports logical endpoints. This
+    /// library does not set it.
+    pub const LOGICAL_ENDPOINT: i32 = 1 << 10;
 }
 
 /// Transport attribute bits.
 pub mod attr {
     pub const NO_ENDPOINTS: i32 = 1;
     pub const CONNECTED: i32 = 1 << 1;
+    /// ABI 7 (source in [`super::v7`]): the transport drives several NICs per PE. Not set here.
+    pub const MULTI_NIC_ENABLED: i32 = 1 << 2;
+}
+
+/// `nvshmem_transport_inline_lib_code_type_t` (the struct's `type`): ABI 5 on adds GPUNETIO (2).
+/// This library leaves `type` at NONE (0).
+pub mod lib_code {
+    pub const NONE: i32 = 0;
+    pub const IBGDA: i32 = 1;
+    pub const GPUNETIO: i32 = 2;
 }
 
 /// NVSHMEM error codes the ops return.

@@ -1,9 +1,12 @@
-//! Transport ABI 5 (NVSHMEM 3.6.x). What is established (wheel nvidia-nvshmem-cu13 3.6.5): the host
-//! opens `nvshmem_transport_libfabric.so.5`, its `non_abi/nvshmem_version.h` defines plugin version
-//! 5.0.0, and its shared-types header (`device_host_transport/nvshmem_common_transport.h`) equals
-//! 3.5.21's: no float AMOs, no regions. No public `transport.h` of 3.6 was found, so the layout is
-//! v4's (the major moved with 3.6's multi-NIC rework inside NVIDIA's own transports); the GPU suite
-//! under the real 3.6.5 is what confirms it.
+//! Transport ABI 5 (NVSHMEM 3.6.x). Source: NVIDIA/nvshmem commit
+//! ef92d34f16d05a7f119b760da864efaa0742d20d, whose `src/CMakeLists.txt` sets
+//! `TRANSPORT_VERSION_MAJOR 5` and whose exported header list matches the 3.6.5 wheel's `include/`
+//! (no logical endpoints, no GDAKI). Its `src/include/internal/host_transport/transport.h` keeps v4's
+//! layout field for field: `struct nvshmem_transport` with the host ops last, the same fifteen host
+//! ops in the same order with the same signatures (`connect_endpoints` with QP outputs, `rma`/`amo`
+//! /`quiet` with a QP index, `fence` with QP index and `is_multi`, the C++ `std::vector` `put_signal`),
+//! and the 16-byte `amo_verb_t`. The one addition is the library code `GPUNETIO = 2` of the struct's
+//! `type` (the plugin writes NONE). The wheel nvidia-nvshmem-cu13 3.6.5 states plugin version 5.0.0.
 use std::ffi::c_int;
 
 use super::v4::HostOpsV4;

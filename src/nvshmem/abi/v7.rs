@@ -1,23 +1,31 @@
-//! Transport ABI 7 (NVSHMEM 3.8.x). Established (wheel nvidia-nvshmem-cu13 3.8.0): file
-//! `nvshmem_transport_libfabric.so.7`, plugin version 7.0.0, `NVSHMEMI_OP_REGION_END = 9` in the
-//! shared types and `non_abi/nvshmemi_region_types.h` (regions with the hint
-//! `NVSHMEMI_REGION_HINT_BATCH_RMA = 1`). From NVIDIA/nvshmem's host code of that line (code index:
-//! `src/modules/transport/common/transport_batch_rma.hpp` at 38bd4c0412a222dbef353a458708995a4c43a110
-//! and the host region file that calls `host_ops.region_flush(tcurr, role, issuer_id, region_id)`):
-//! an op-attributes struct `nvshmem_transport_op_attrs_t {flags, hints, issuer_id, region_id}` with
-//! `NVSHMEM_TRANSPORT_OP_FLAG_NONE` / `..._MORE_FOLLOWS`, region roles HOST and PROXY (a two-entry
-//! table indexed by role: HOST for `qp_index == NVSHMEMX_QP_HOST (0)`, PROXY otherwise).
+//! Transport ABI 7 (NVSHMEM 3.8.x). Source: NVIDIA/nvshmem commits
+//! 6d5e14cd961a1fa07a30849e05f0882d78a6cdb1, 7bbd6c8417f2fc59d3762492181445808986c86e and
+//! e4c3dfc8cf9daf1f30a76c461fef5fc69712eb7e: each `src/CMakeLists.txt` sets
+//! `TRANSPORT_VERSION_MAJOR 7`, and their `src/include/internal/host_transport/transport.h` agree on:
+//! - `amo_verb_t` gains a trailing `int is_float` ([`AmoVerbF`], 20 bytes);
+//! - `nvshmem_transport_op_attrs_t {uint32_t flags; uint32_t hints; uint64_t issuer_id; uint64_t
+//!   region_id}` ([`OpAttrs`]); op flags NONE 0 and MORE_FOLLOWS `1u << 0` (advisory: "this
+//!   operation is not the terminal operation in a compatible transport-defined batch domain");
+//! - region roles HOST 0, PROXY 1, COUNT 2 (an enum, passed as `int`);
+//! - host ops: v5's fifteen, then `rma_with_hints(t, pe, verb, remote, local, bytesdesc, qp_index,
+//!   const op_attrs *)` and `region_flush(t, role, uint64_t issuer_id, uint64_t region_id)`, both
+//!   optional (the host calls `rma` when `rma_with_hints` is NULL and skips a NULL `region_flush`);
+//! - `struct nvshmem_transport`: v5's, then after `host_ops` an enum `device_assignment_mode`
+//!   (DEFAULT 0, HCA_LIST 1, HCA_PE_MAPPING 2);
+//! - new bits `NVSHMEM_TRANSPORT_CAP_LOGICAL_ENDPOINT` (1 << 10) and
+//!   `NVSHMEM_TRANSPORT_ATTR_MULTI_NIC_ENABLED` (1 << 2), neither set by this library.
 //!
-//! Not seen in a public header and therefore inferred (the GPU suite under the real 3.8.0 confirms
-//! or refutes it): the two new ops are appended after `add_device_remote_mem_handles`;
-//! `rma_with_hints` is `rma` plus a trailing `const nvshmem_transport_op_attrs_t *`; the attrs are
-//! `{u32 flags; u32 hints; u64 issuer_id; u64 region_id}` (the order the host fills them); MORE_FOLLOWS
-//! is bit 0; `device_assignment_mode` is an `int` after the host ops; roles are HOST 0, PROXY 1.
+//! The wheel nvidia-nvshmem-cu13 3.8.0 states plugin version 7.0.0, `NVSHMEMI_OP_REGION_END = 9` and
+//! `non_abi/nvshmemi_region_types.h` (hint `NVSHMEMI_REGION_HINT_BATCH_RMA = 1`). The host fills the
+//! attrs of an RMA inside a host region with issuer 1 and the region's id (NVIDIA/nvshmem
+//! `src/host/comm/region.cpp`), and a transport batches by (issuer, region) until `region_flush`
+//! (`src/modules/transport/common/transport_batch_rma.hpp` at
+//! 38bd4c0412a222dbef353a458708995a4c43a110).
 use std::ffi::c_int;
 
 use super::*;
 
-/// `nvshmem_transport_op_attrs_t` (inferred order, see the module doc).
+/// `nvshmem_transport_op_attrs_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct OpAttrs {
@@ -32,6 +40,13 @@ pub mod op_flag {
     pub const NONE: u32 = 0;
     /// More operations of the same batch follow on this QP: the transport may defer its flush.
     pub const MORE_FOLLOWS: u32 = 1;
+}
+
+/// `NVSHMEM_TRANSPORT_DEVICE_ASSIGNMENT_*` (`device_assignment_mode`).
+pub mod device_assignment {
+    pub const DEFAULT: i32 = 0;
+    pub const HCA_LIST: i32 = 1;
+    pub const HCA_PE_MAPPING: i32 = 2;
 }
 
 /// `NVSHMEM_TRANSPORT_REGION_ROLE_*`.
@@ -86,7 +101,7 @@ pub struct TransportV7 {
     pub cap: *mut c_int,
     pub tail: TransportTail,
     pub host_ops: HostOpsV7,
-    /// Left 0 by the plugin (the host's default assignment of devices to PEs).
+    /// Left DEFAULT by the plugin (the host's default assignment of devices to PEs).
     pub device_assignment_mode: c_int,
 }
 
