@@ -160,8 +160,9 @@ static void job_init(int *argc, char ***argv, unsigned init_timeout_s) {
     g_job.local_rank = lr;
     int ndev = 0;
     CK(cudaGetDeviceCount(&ndev));
-    if (lr >= ndev) fatal(__FILE__, __LINE__, "node-local rank %d but %d CUDA device(s)", lr, ndev);
-    CK(cudaSetDevice(lr));
+    if (ndev < 1) fatal(__FILE__, __LINE__, "no CUDA device visible");
+    // Fewer GPUs than node-local PEs: shared through CUDA MPS (tests/gpu/mps.sh).
+    CK(cudaSetDevice(lr % ndev));
     CK(cudaFree(nullptr));
 #ifndef GDA_TESTS_NO_MPI
     MPI_Comm comm = MPI_COMM_WORLD;

@@ -364,14 +364,17 @@ fabric_lib=$LIBFABRIC_HOME/lib
 MPIRUN=$(command -v mpirun 2>/dev/null) || die "mpirun not found"
 [ $use_mpi = 1 ] || die "the GPU run needs MPI (mpicc with mpi.h) for the bootstrap"
 command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: is this a GPU node?"
-ngpu=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-[ "${ngpu:-0}" -ge 2 ] || die "need 2 GPUs, nvidia-smi -L lists ${ngpu:-0}"
+# shellcheck source=tests/gpu/mps.sh
+source "$repo/tests/gpu/mps.sh"
+gpu_placement 2 || die "no usable GPU layout for 2 PEs ($GPU_LAYOUT)"
+trap 'gpu_placement_end; cleanup' EXIT
 
 provider=${NVSHMEM_LIBFABRIC_PROVIDER:-shm}
 dbg_level=WARN
 [ $debug = 1 ] && dbg_level=INFO
 read -ra mpirun_extra <<<"${MPIRUN_ARGS:---bind-to none --mca pml ob1 --mca btl self,vader,tcp}"
 say "OUT:     $OUT"
+say "GPUs:    $GPU_LAYOUT"
 say "plugin:  $PLUGIN"
 say "libfabric: $LIBFABRIC_HOME (provider $provider)"
 
@@ -422,6 +425,7 @@ common_env=(
     "NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}"
     "NVSHMEM_DEBUG=$dbg_level"
     "NVSHMEM_BOOTSTRAP_MPI_PLUGIN=$NVSHMEM/lib/nvshmem_bootstrap_mpi.so.3"
+    "${GPU_ENV[@]}"
 )
 [ -n "${GDA_TESTS_CASE_TIMEOUT:-}" ] && common_env+=("GDA_TESTS_CASE_TIMEOUT=$GDA_TESTS_CASE_TIMEOUT")
 lib_env=(
