@@ -90,6 +90,11 @@ nvshmem_version() { # DIR -> e.g. 3.4.5
         "$1/include/non_abi/nvshmem_version.h" 2>/dev/null | paste -sd. -
 }
 
+nvshmem_transport_major() { # DIR -> the transport ABI major its plugins use (3 for 3.4.x ... 7 for 3.8.x)
+    sed -n 's/^#define NVSHMEM_TRANSPORT_PLUGIN_MAJOR_VERSION \([0-9]*\).*/\1/p' \
+        "$1/include/non_abi/nvshmem_version.h" 2>/dev/null | head -n 1
+}
+
 mpi_to_nvcc() {
     local tok a parts
     for tok in $1; do
