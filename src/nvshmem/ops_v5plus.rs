@@ -16,6 +16,7 @@ use super::transport::{TResult, Transport, TransportError};
 use crate::cuda::{self, PtrKind};
 
 fn invalid(message: String) -> TransportError {
+    tracing::error!("{message}");
     TransportError {
         status: abi::status::INVALID_VALUE,
         message,
