@@ -402,7 +402,10 @@ fn check_host_fields(
         return Err(format!("no bootstrap handle in the struct: {}", hint()));
     };
     if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
-        return Err(format!("my_pe {my_pe} / n_pes {n_pes} out of range: {}", hint()));
+        return Err(format!(
+            "my_pe {my_pe} / n_pes {n_pes} out of range: {}",
+            hint()
+        ));
     }
     if rank != my_pe || size != n_pes {
         return Err(format!(
@@ -791,7 +794,10 @@ mod tests {
     #[test]
     fn misread_host_fields_fail_naming_the_abi() {
         let e = check_host_fields(6, 1, 2, Some((0, 2))).unwrap_err();
-        assert!(e.contains("ABI 6 (NVSHMEM 3.7.x)") && e.contains("rank 0"), "{e}");
+        assert!(
+            e.contains("ABI 6 (NVSHMEM 3.7.x)") && e.contains("rank 0"),
+            "{e}"
+        );
         let e = check_host_fields(7, 0, 2, Some((0, 4))).unwrap_err();
         assert!(e.contains("ABI 7") && e.contains("size 4"), "{e}");
         let e = check_host_fields(5, 0, 0, Some((0, 0))).unwrap_err();
@@ -799,6 +805,9 @@ mod tests {
         let e = check_host_fields(5, 7, 2, Some((7, 2))).unwrap_err();
         assert!(e.contains("out of range"), "{e}");
         let e = check_host_fields(4, 0, 2, None).unwrap_err();
-        assert!(e.contains("no bootstrap handle") && e.contains("ABI 4"), "{e}");
+        assert!(
+            e.contains("no bootstrap handle") && e.contains("ABI 4"),
+            "{e}"
+        );
     }
 }

@@ -92,6 +92,9 @@ trap cleanup EXIT
 # ----------------------------------------------------------------------------------------------
 # shellcheck source=tests/gpu/tools.sh
 source "$repo/tests/gpu/tools.sh"
+# Prebuilt programs need only NVSHMEM's runtime (no libnvshmem_device.a).
+need_device_lib=1
+[ -n "$bin_dir" ] && [ $compile_only = 0 ] && need_device_lib=0
 
 # mpicc -showme output -> nvcc arguments (one per line)
 if ! NVCC=$(find_nvcc); then

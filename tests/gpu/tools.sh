@@ -27,9 +27,11 @@ find_nvcc() {
     return 1
 }
 
+# need_device_lib (caller's global, default 1): 0 when prebuilt programs run (--bin-dir), so a
+# runtime-only NVSHMEM (tests/gpu/pack_carry.sh: no libnvshmem_device.a) is accepted.
 nvshmem_ok() {
     [ -f "$1/include/nvshmem.h" ] && [ -f "$1/lib/libnvshmem_host.so.3" ] &&
-        [ -f "$1/lib/libnvshmem_device.a" ]
+        { [ "${need_device_lib:-1}" = 0 ] || [ -f "$1/lib/libnvshmem_device.a" ]; }
 }
 
 find_nvshmem() {
