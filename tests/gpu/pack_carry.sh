@@ -6,7 +6,7 @@
 #
 #   bash tests/gpu/pack_carry.sh VERSION     -> .gpu/carry-VERSION.tar.zst (xz when zstd is missing)
 #
-# On the node, from the repository root: tar -xf .gpu/carry-VERSION.tar.zst (paths start with .gpu/),
+# On the node, from the repository root: zstd -dc .gpu/carry-VERSION.tar.zst | tar -xf - (paths start with .gpu/),
 # then tests/gpu/run.sh --bin-dir .gpu/bins-VERSION with NVSHMEM_HOME=.gpu/nvshmem-VERSION
 # (tests/gpu/README.md). Prints the bundle's path and size.
 set -euo pipefail
