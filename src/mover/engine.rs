@@ -1,0 +1,401 @@
+//! The mover itself: registration (memory kind decided once, IPC export), peers' regions opened
+//! lazily and cached, copies submitted per endpoint queue, polled and waited for with a deadline.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::handle::{HostId, IpcDesc};
+use super::queue::{CopyQueue, CudaEngine};
+use super::stats::{Stage, Stats};
+use super::{choose, Kind, MResult, Means, MoverError, Peer, Policy};
+use crate::cuda::{self, ipc, PtrKind};
+
+/// What registration decided about a local region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registered {
+    /// The memory kind, carried with the registration from now on.
+    pub kind: Kind,
+    /// The IPC export to put into the memory handle (GPU memory that legacy IPC can export).
+    pub ipc: Option<IpcDesc>,
+    /// Why GPU memory has no export (logged; peers then use the staged or provider path).
+    pub no_ipc: Option<String>,
+}
+
+/// A peer's allocation: open, or known not to open (not retried).
+type MapSlot = Option<Arc<ipc::Mapping>>;
+
+/// The data mover of one transport.
+pub struct Mover {
+    policy: Policy,
+    /// The CUDA context copies run in (the application's, captured at connect).
+    ctx: AtomicUsize,
+    my_pe: AtomicUsize,
+    hosts: RwLock<Vec<HostId>>,
+    /// Opened peer allocations by (peer, exporter's allocation base).
+    maps: Mutex<HashMap<(i32, u64), MapSlot>>,
+    /// One copy queue per endpoint (created at first use: needs the context).
+    queues: Vec<Mutex<Option<CopyQueue<CudaEngine>>>>,
+    stats: Arc<Stats>,
+}
+
+impl Mover {
+    /// A mover with `queues` copy queues (one per transport endpoint).
+    pub fn new(policy: Policy, queues: usize) -> Mover {
+        Mover {
+            policy,
+            ctx: AtomicUsize::new(0),
+            my_pe: AtomicUsize::new(usize::MAX),
+            hosts: RwLock::new(Vec::new()),
+            maps: Mutex::new(HashMap::new()),
+            queues: (0..queues).map(|_| Mutex::new(None)).collect(),
+            stats: Arc::new(Stats::default()),
+        }
+    }
+
+    /// The policy fixed at initialisation.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The per-stage counters (shared with the transport's staged path).
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The CUDA context for copies and IPC mappings (0: none known yet).
+    pub fn set_context(&self, ctx: usize) {
+        if ctx != 0 {
+            self.ctx.store(ctx, Ordering::Relaxed);
+        }
+    }
+
+    /// Every PE's host identity, in PE order, as exchanged at connect.
+    pub fn set_peers(&self, my_pe: i32, hosts: Vec<HostId>) {
+        let same = hosts.iter().filter(|h| h.same_as(HostId::local())).count();
+        tracing::debug!(
+            "PE {my_pe}: {same} of {} PEs on this host (host id {:#018x})",
+            hosts.len(),
+            HostId::local().0
+        );
+        self.my_pe.store(my_pe as usize, Ordering::Relaxed);
+        *self.hosts.write() = hosts;
+    }
+
+    /// Whether `pe` runs on this host.
+    pub fn same_host(&self, pe: i32) -> bool {
+        usize::try_from(pe)
+            .ok()
+            .and_then(|p| self.hosts.read().get(p).copied())
+            .is_some_and(|h| h.same_as(HostId::local()))
+    }
+
+    /// Classifies `[base, base + len)` once and, for GPU memory with IPC on, exports it.
+    pub fn register(&self, base: u64, len: u64) -> Registered {
+        let ordinal = match cuda::pointer_kind(base as *const std::ffi::c_void) {
+            PtrKind::Host => {
+                return Registered {
+                    kind: Kind::Host,
+                    ipc: None,
+                    no_ipc: None,
+                }
+            }
+            PtrKind::Device { ordinal, .. } => ordinal,
+        };
+        let mut r = Registered {
+            kind: Kind::Device,
+            ipc: None,
+            no_ipc: None,
+        };
+        if !self.policy.ipc {
+            r.no_ipc = Some("NVSHMEM_EFA_IPC=0".into());
+            return r;
+        }
+        let _g = match cuda::ContextGuard::enter(self.ctx.load(Ordering::Relaxed)) {
+            Ok(g) => g,
+            Err(e) => {
+                r.no_ipc = Some(e.to_string());
+                return r;
+            }
+        };
+        match ipc::export(base, len) {
+            Ok(x) => {
+                r.ipc = Some(IpcDesc {
+                    host: HostId::local(),
+                    pid: std::process::id(),
+                    ordinal,
+                    alloc_base: x.alloc_base,
+                    alloc_len: x.alloc_len,
+                    region_base: base,
+                    region_len: len,
+                    handle: x.handle,
+                });
+                tracing::debug!(
+                    "{base:#x}+{len}: exported for CUDA IPC (allocation {:#x}+{})",
+                    x.alloc_base,
+                    x.alloc_len
+                );
+            }
+            Err(e) => {
+                let msg = format!("{base:#x}+{len}: no same-host GPU copies: {e}");
+                if matches!(e, ipc::ExportError::Vmm) {
+                    tracing::warn!("{msg}");
+                } else {
+                    tracing::info!("{msg}");
+                }
+                r.no_ipc = Some(msg);
+            }
+        }
+        r
+    }
+
+    /// Where the peer's `[addr, addr + len)` (described by `desc`, read from its memory handle) is
+    /// reachable from this process: `Ok(Some(local address))` when the peer shares this host and its
+    /// allocation is (or now gets) opened; `Ok(None)` when IPC does not apply or the handle does
+    /// not open (logged once per allocation; the caller uses another means); an error for a range
+    /// outside the registered region.
+    pub fn resolve(&self, pe: i32, desc: &IpcDesc, addr: u64, len: u64) -> MResult<Option<u64>> {
+        if !desc.contains(addr, len) {
+            return Err(MoverError::Invalid(format!(
+                "PE {pe}: remote range {addr:#x}+{len} outside the registered region {:#x}+{}",
+                desc.region_base, desc.region_len
+            )));
+        }
+        if !self.policy.ipc || !self.same_host(pe) || !desc.host.same_as(HostId::local()) {
+            return Ok(None);
+        }
+        if desc.pid == std::process::id() {
+            // This process's own memory (a PE talking to itself): no mapping needed.
+            return Ok(Some(addr));
+        }
+        let key = (pe, desc.alloc_base);
+        let slot = {
+            let mut maps = self.maps.lock();
+            match maps.get(&key) {
+                Some(s) => s.clone(),
+                None => {
+                    let t = Instant::now();
+                    let s = match ipc::Mapping::open(self.ctx.load(Ordering::Relaxed), &desc.handle)
+                    {
+                        Ok(m) => {
+                            tracing::debug!(
+                                "PE {pe}: opened allocation {:#x}+{} at {:#x} in {:?}",
+                                desc.alloc_base,
+                                desc.alloc_len,
+                                m.base(),
+                                t.elapsed()
+                            );
+                            Some(Arc::new(m))
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                "PE {pe}: cannot open its GPU memory through CUDA IPC ({e}); \
+                                 transfers to it take the staged path"
+                            );
+                            None
+                        }
+                    };
+                    maps.insert(key, s.clone());
+                    s
+                }
+            }
+        };
+        match slot {
+            Some(m) => desc.translate(m.base(), addr, len).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The means for one transfer (see [`super::choose`]).
+    pub fn means(&self, pe: i32, local: Kind, remote: Kind, ipc_open: bool) -> Means {
+        let peer = Peer {
+            is_self: pe >= 0 && pe as usize == self.my_pe.load(Ordering::Relaxed),
+            same_host: self.same_host(pe),
+            ipc_open,
+        };
+        choose(self.policy, local, remote, peer)
+    }
+
+    /// Enqueues a copy on endpoint `ep`'s queue (never blocks on the GPU). Complete once
+    /// [`Mover::quiet`] on the same endpoint returned `Ok`.
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `len` bytes (addresses of this process, mapped peer memory
+    /// included) until that quiet returns.
+    pub unsafe fn copy(&self, ep: usize, dst: u64, src: u64, len: usize) -> MResult<()> {
+        let q = self
+            .queues
+            .get(ep)
+            .ok_or_else(|| MoverError::Invalid(format!("copy queue {ep} does not exist")))?;
+        let mut q = q.lock();
+        if q.is_none() {
+            *q = Some(CopyQueue::new(CudaEngine::new(
+                self.ctx.load(Ordering::Relaxed),
+            )?));
+        }
+        let t = self.stats.start();
+        // SAFETY: the caller's guarantee.
+        let r = unsafe { q.as_mut().expect("created above").submit(dst, src, len) };
+        self.stats.record(Stage::IpcSubmit, t, len as u64);
+        r
+    }
+
+    /// Retires completed copies of endpoint `ep` (for progress); returns how many.
+    pub fn poll(&self, ep: usize) -> u64 {
+        match self.queues.get(ep) {
+            // try_lock: progress never waits for a thread that is submitting.
+            Some(q) => q
+                .try_lock()
+                .and_then(|mut q| q.as_mut().map(|q| q.poll()))
+                .unwrap_or(0),
+            None => 0,
+        }
+    }
+
+    /// Copies of endpoint `ep` not yet complete.
+    pub fn outstanding(&self, ep: usize) -> u64 {
+        self.queues
+            .get(ep)
+            .and_then(|q| q.lock().as_ref().map(|q| q.outstanding()))
+            .unwrap_or(0)
+    }
+
+    /// Waits until every copy submitted on `ep` before the call has completed; an error at
+    /// `deadline`, or the first copy error since the last quiet.
+    pub fn quiet(&self, ep: usize, deadline: Instant) -> MResult<()> {
+        let Some(q) = self.queues.get(ep) else {
+            return Ok(());
+        };
+        let t = self.stats.start();
+        let r = match q.lock().as_mut() {
+            Some(q) => q.quiet(deadline),
+            None => Ok(()),
+        };
+        self.stats.record(Stage::IpcQuiet, t, 0);
+        r
+    }
+
+    /// Closes every opened peer allocation (finalize). Copies must be complete.
+    pub fn close_peers(&self) {
+        self.maps.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::ipc::HANDLE_BYTES;
+
+    fn policy() -> Policy {
+        Policy {
+            ipc: true,
+            staging: true,
+            stage_all: false,
+        }
+    }
+
+    fn desc(host: HostId, pid: u32) -> IpcDesc {
+        IpcDesc {
+            host,
+            pid,
+            ordinal: 0,
+            alloc_base: 0x10_0000,
+            alloc_len: 1 << 20,
+            region_base: 0x10_0000,
+            region_len: 1 << 20,
+            handle: [7; HANDLE_BYTES],
+        }
+    }
+
+    #[test]
+    fn peers_on_other_hosts_are_not_resolved() {
+        let m = Mover::new(policy(), 2);
+        let other = HostId(HostId::local().0 ^ 1);
+        m.set_peers(0, vec![HostId::local(), other]);
+        assert!(m.same_host(0));
+        assert!(!m.same_host(1));
+        assert!(!m.same_host(2) && !m.same_host(-1));
+        assert_eq!(m.resolve(1, &desc(other, 1), 0x10_0000, 8), Ok(None));
+        // A descriptor claiming this host for a peer known to be elsewhere is not trusted either.
+        assert_eq!(
+            m.resolve(1, &desc(HostId::local(), 1), 0x10_0000, 8),
+            Ok(None)
+        );
+        assert_eq!(m.means(1, Kind::Device, Kind::Device, false), Means::Staged);
+        assert_eq!(m.means(0, Kind::Device, Kind::Device, false), Means::Local);
+    }
+
+    #[test]
+    fn out_of_range_is_an_error_before_anything_opens() {
+        let m = Mover::new(policy(), 2);
+        m.set_peers(0, vec![HostId::local(), HostId::local()]);
+        let d = desc(HostId::local(), 1);
+        assert!(matches!(
+            m.resolve(1, &d, d.region_base + d.region_len, 1),
+            Err(MoverError::Invalid(_))
+        ));
+        assert!(m.resolve(1, &d, d.region_base - 1, 8).is_err());
+    }
+
+    #[test]
+    fn own_process_memory_resolves_to_itself() {
+        let m = Mover::new(policy(), 2);
+        m.set_peers(0, vec![HostId::local(), HostId::local()]);
+        let d = desc(HostId::local(), std::process::id());
+        assert_eq!(m.resolve(1, &d, 0x10_0040, 64), Ok(Some(0x10_0040)));
+    }
+
+    #[test]
+    fn a_handle_that_does_not_open_is_remembered_and_falls_back() {
+        if cuda::available() {
+            return; // a real driver would try the bogus handle; covered on the GPU node
+        }
+        let m = Mover::new(policy(), 2);
+        m.set_peers(0, vec![HostId::local(), HostId::local()]);
+        let d = desc(HostId::local(), std::process::id().wrapping_add(1));
+        assert_eq!(m.resolve(1, &d, 0x10_0000, 8), Ok(None));
+        assert_eq!(m.maps.lock().len(), 1, "the failure is cached");
+        assert_eq!(m.resolve(1, &d, 0x10_0100, 8), Ok(None));
+        assert_eq!(m.maps.lock().len(), 1);
+        assert_eq!(m.means(1, Kind::Device, Kind::Device, false), Means::Staged);
+    }
+
+    #[test]
+    fn ipc_off_resolves_nothing_and_registers_without_export() {
+        let m = Mover::new(
+            Policy {
+                ipc: false,
+                ..policy()
+            },
+            1,
+        );
+        m.set_peers(0, vec![HostId::local(), HostId::local()]);
+        let d = desc(HostId::local(), std::process::id().wrapping_add(1));
+        assert_eq!(m.resolve(1, &d, 0x10_0000, 8), Ok(None));
+        let buf = [0u8; 64];
+        let r = m.register(buf.as_ptr() as u64, 64);
+        assert_eq!(r.kind, Kind::Host);
+        assert_eq!(r.ipc, None);
+    }
+
+    #[test]
+    fn queues_are_bounded_and_idle_quiet_is_immediate() {
+        let m = Mover::new(policy(), 2);
+        // SAFETY: the call fails before touching memory (no such queue).
+        assert!(unsafe { m.copy(5, 1, 2, 3) }.is_err());
+        assert_eq!(m.outstanding(0), 0);
+        assert_eq!(m.poll(1), 0);
+        assert_eq!(m.poll(9), 0);
+        m.quiet(0, Instant::now()).unwrap();
+        m.quiet(9, Instant::now()).unwrap();
+        if !cuda::available() {
+            // SAFETY: fails at engine creation (no driver), before any copy.
+            assert!(matches!(
+                unsafe { m.copy(0, 1, 2, 3) },
+                Err(MoverError::Cuda(_))
+            ));
+        }
+    }
+}
