@@ -25,6 +25,9 @@ pub mod handle;
 pub mod queue;
 pub mod stats;
 
+#[cfg(test)]
+mod gpu_tests;
+
 use std::fmt;
 
 /// Where a region's bytes live; decided once, at registration.
