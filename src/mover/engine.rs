@@ -242,6 +242,45 @@ impl Mover {
         r
     }
 
+    /// One put or get with a peer whose region is described by `desc` (from its memory handle):
+    /// when the pair allows a copy-engine copy (same host, IPC open, or this very process), the copy
+    /// is enqueued on endpoint `ep`'s queue and `Ok(true)` returned (complete at the next quiet of
+    /// `ep`); `Ok(false)` leaves the transfer to the caller's other means (staged or provider).
+    /// Errors: the remote range leaves the registered region, or the copy could not be enqueued.
+    ///
+    /// # Safety
+    /// `[local, local + len)` must be valid memory of this process until that quiet returns.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn transfer(
+        &self,
+        ep: usize,
+        pe: i32,
+        is_put: bool,
+        local: u64,
+        local_kind: Kind,
+        desc: &IpcDesc,
+        raddr: u64,
+        len: u64,
+    ) -> MResult<bool> {
+        let Some(mapped) = self.resolve(pe, desc, raddr, len)? else {
+            return Ok(false);
+        };
+        let means = self.means(pe, local_kind, Kind::Device, true);
+        if !matches!(means, Means::Ipc | Means::Local) {
+            return Ok(false);
+        }
+        let (dst, src) = if is_put {
+            (mapped, local)
+        } else {
+            (local, mapped)
+        };
+        // SAFETY: `mapped` lies in the peer's open allocation (resolve checked the range against the
+        // registered region) and the mapping stays open until close_peers; the caller vouches for
+        // the local range.
+        unsafe { self.copy(ep, dst, src, len as usize)? };
+        Ok(true)
+    }
+
     /// Retires completed copies of endpoint `ep` (for progress); returns how many.
     pub fn poll(&self, ep: usize) -> u64 {
         match self.queues.get(ep) {
@@ -378,6 +417,47 @@ mod tests {
         let r = m.register(buf.as_ptr() as u64, 64);
         assert_eq!(r.kind, Kind::Host);
         assert_eq!(r.ipc, None);
+    }
+
+    #[test]
+    fn transfer_declines_what_ipc_cannot_carry_and_rejects_bad_ranges() {
+        let m = Mover::new(policy(), 2);
+        let other = HostId(HostId::local().0 ^ 1);
+        m.set_peers(0, vec![HostId::local(), other, HostId::local()]);
+        let d = desc(other, 1);
+        // SAFETY: declined before any copy.
+        assert_eq!(
+            unsafe { m.transfer(0, 1, true, 0x1000, Kind::Device, &d, 0x10_0000, 64) },
+            Ok(false),
+            "peer on another host"
+        );
+        // SAFETY: rejected before any copy.
+        let r = unsafe { m.transfer(0, 1, true, 0x1000, Kind::Device, &d, 0x20_0000, 64) };
+        assert!(matches!(r, Err(MoverError::Invalid(_))), "{r:?}");
+        if !cuda::available() {
+            // Same host, but the handle cannot open here: declined, the caller stages.
+            let d = desc(HostId::local(), std::process::id().wrapping_add(1));
+            // SAFETY: declined before any copy.
+            assert_eq!(
+                unsafe { m.transfer(1, 2, false, 0x1000, Kind::Host, &d, 0x10_0000, 64) },
+                Ok(false)
+            );
+        }
+        let off = Mover::new(
+            Policy {
+                ipc: false,
+                ..policy()
+            },
+            2,
+        );
+        off.set_peers(0, vec![HostId::local(), HostId::local()]);
+        let d = desc(HostId::local(), std::process::id());
+        // SAFETY: declined before any copy.
+        assert_eq!(
+            unsafe { off.transfer(0, 1, true, 0x1000, Kind::Device, &d, 0x10_0000, 64) },
+            Ok(false),
+            "NVSHMEM_EFA_IPC=0"
+        );
     }
 
     #[test]

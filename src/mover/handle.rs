@@ -223,6 +223,32 @@ impl IpcDesc {
     }
 }
 
+/// Writes `desc` (or zeros: no IPC) into its section of a memory handle's bytes.
+pub fn write_section(handle: &mut [u8], desc: Option<&IpcDesc>) -> MResult<()> {
+    let n = handle.len();
+    let sec = handle
+        .get_mut(IPC_DESC_OFFSET..IPC_DESC_OFFSET + IPC_DESC_BYTES)
+        .ok_or_else(|| {
+            MoverError::Invalid(format!("memory handle of {n} bytes has no IPC section"))
+        })?;
+    match desc {
+        Some(d) => sec.copy_from_slice(&d.encode()),
+        None => sec.fill(0),
+    }
+    Ok(())
+}
+
+/// Reads the IPC section of a memory handle's bytes (see [`IpcDesc::decode`]).
+pub fn read_section(handle: &[u8]) -> MResult<Option<IpcDesc>> {
+    match handle.get(IPC_DESC_OFFSET..) {
+        Some(sec) => IpcDesc::decode(sec),
+        None => Err(MoverError::Invalid(format!(
+            "memory handle of {} bytes has no IPC section",
+            handle.len()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +287,27 @@ mod tests {
         assert_eq!(IpcDesc::decode(&h[IPC_DESC_OFFSET..]), Ok(Some(d)));
         // The section fits in the handle after the transport's blob.
         const { assert!(IPC_DESC_OFFSET + IPC_DESC_BYTES <= 512) };
+    }
+
+    #[test]
+    fn sections_of_a_handle() {
+        let mut h = [0xeeu8; 512];
+        write_section(&mut h, Some(&desc())).unwrap();
+        assert_eq!(read_section(&h), Ok(Some(desc())));
+        assert_eq!(
+            h[IPC_DESC_OFFSET - 1],
+            0xee,
+            "bytes before the section untouched"
+        );
+        assert_eq!(
+            h[IPC_DESC_OFFSET + IPC_DESC_BYTES],
+            0xee,
+            "bytes after untouched"
+        );
+        write_section(&mut h, None).unwrap();
+        assert_eq!(read_section(&h), Ok(None));
+        assert!(write_section(&mut [0u8; 200], None).is_err());
+        assert!(read_section(&[0u8; 100]).is_err());
     }
 
     #[test]
