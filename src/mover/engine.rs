@@ -34,8 +34,9 @@ pub struct Mover {
     ctx: AtomicUsize,
     my_pe: AtomicUsize,
     hosts: RwLock<Vec<HostId>>,
-    /// Opened peer allocations by (peer, exporter's allocation base).
-    maps: Mutex<HashMap<(i32, u64), MapSlot>>,
+    /// Opened peer allocations by (peer, IPC handle): the driver gives a new allocation a new
+    /// handle even at a reused address, so a freed and reallocated heap is opened afresh.
+    maps: Mutex<HashMap<(i32, [u8; ipc::HANDLE_BYTES]), MapSlot>>,
     /// One copy queue per endpoint (created at first use: needs the context).
     queues: Vec<Mutex<Option<CopyQueue<CudaEngine>>>>,
     stats: Arc<Stats>,
@@ -170,7 +171,7 @@ impl Mover {
             // This process's own memory (a PE talking to itself): no mapping needed.
             return Ok(Some(addr));
         }
-        let key = (pe, desc.alloc_base);
+        let key = (pe, desc.handle);
         let slot = {
             let mut maps = self.maps.lock();
             match maps.get(&key) {
