@@ -1,16 +1,20 @@
 //! Per-stage counters and a debug timeline of the data paths, to see where a transfer waits.
 //!
 //! Counters (always on, a few relaxed atomics per chunk): per [`Stage`], how often it happened, the
-//! bytes, and — when debug logging is enabled — the total and longest time spent in it.
+//! bytes, and — when target `nvshmem_efa_gda::stages` logs at debug level — the total and longest
+//! time spent in it.
 //! [`Stats::summary`] renders them; the transport logs the summary when a quiet is still waiting
 //! after 2 s and at finalize (debug).
 //!
 //! Timeline (debug level, target `nvshmem_efa_gda::timeline`): for sampled operations (the first
 //! of at least [`TIMELINE_MIN_BYTES`] and every [`TIMELINE_EVERY`]-th one after it) one line per
-//! stage event with microseconds since the process's first event, the operation's token and the
-//! chunk. Initiator and target lines carry the same token (the staged message's waiting context),
-//! so sorting both PEs' logs by time shows one large put: chunk posted → send completed → target
-//! copy start/end → response sent → response received.
+//! stage event with microseconds since the process's first stamp, the pid, the chunk's token (its
+//! waiting context at the initiator) and the chunk's remote address. Initiator and target lines of
+//! a chunk carry the same token and address (the flag travels in the staged message), so merging
+//! both PEs' logs by time shows one large put: chunk posted → send completed → target copy
+//! start/end → response queued/sent → response received. The clocks of two processes on one host
+//! are the same monotonic clock, but each log counts from its own first stamp: compare durations
+//! within a PE, and order across PEs by the token/address pairs.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -86,8 +90,10 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
+/// Durations are measured when `nvshmem_efa_gda::stages` logs at debug level (e.g.
+/// `NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug`, or `warn,nvshmem_efa_gda::stages=debug`).
 fn timed() -> bool {
-    tracing::enabled!(tracing::Level::DEBUG)
+    tracing::enabled!(target: "nvshmem_efa_gda::stages", tracing::Level::DEBUG)
 }
 
 impl Stats {
@@ -105,6 +111,26 @@ impl Stats {
             let ns = t.elapsed().as_nanos() as u64;
             c.ns.fetch_add(ns, Ordering::Relaxed);
             c.max_ns.fetch_max(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// A timestamp to keep with an operation (nanoseconds since the first stamp, plus one), or 0
+    /// when durations are not measured.
+    pub fn stamp(&self) -> u64 {
+        if timed() {
+            epoch().elapsed().as_nanos() as u64 + 1
+        } else {
+            0
+        }
+    }
+
+    /// Counts one event of `stage` with `bytes`, timed from `stamp` (from [`Stats::stamp`]; 0: untimed).
+    pub fn record_since(&self, stage: Stage, stamp: u64, bytes: u64) {
+        if stamp == 0 {
+            self.record(stage, None, bytes);
+        } else {
+            let now = epoch().elapsed().as_nanos() as u64 + 1;
+            self.record_ns(stage, now.saturating_sub(stamp), bytes);
         }
     }
 
@@ -138,14 +164,16 @@ impl Stats {
         self.candidates.fetch_add(1, Ordering::Relaxed) % TIMELINE_EVERY == 0
     }
 
-    /// One timeline line (call only for sampled operations).
-    pub fn timeline(&self, stage: Stage, token: u64, chunk: u64, bytes: u64) {
+    /// One timeline line (call only for sampled operations); `event` qualifies the stage
+    /// (`start`, `end`, or empty).
+    pub fn timeline(&self, stage: Stage, event: &str, token: u64, addr: u64, bytes: u64) {
         let us = epoch().elapsed().as_secs_f64() * 1e6;
         tracing::debug!(
             target: "nvshmem_efa_gda::timeline",
-            "t_us={us:.1} pid={} stage={} token={token:#x} chunk={chunk} bytes={bytes}",
+            "t_us={us:.1} pid={} stage={}{}{event} token={token:#x} addr={addr:#x} bytes={bytes}",
             std::process::id(),
-            NAMES[stage as usize]
+            NAMES[stage as usize],
+            if event.is_empty() { "" } else { ":" },
         );
     }
 
