@@ -8,7 +8,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 
 use super::handle::{HostId, IpcDesc};
-use super::queue::{CopyQueue, CudaEngine};
+use super::queue::{CopyQueue, CudaEngine, INLINE_BYTES};
 use super::stats::{Stage, Stats};
 use super::{choose, Kind, MResult, Means, MoverError, Peer, Policy};
 use crate::cuda::{self, ipc, PtrKind};
@@ -40,6 +40,8 @@ pub struct Mover {
     /// One copy queue per endpoint (created at first use: needs the context).
     queues: Vec<Mutex<Option<CopyQueue<CudaEngine>>>>,
     stats: Arc<Stats>,
+    /// How long a submission may wait for a free inline slot.
+    timeout: std::time::Duration,
 }
 
 impl Mover {
@@ -53,7 +55,14 @@ impl Mover {
             maps: Mutex::new(HashMap::new()),
             queues: (0..queues).map(|_| Mutex::new(None)).collect(),
             stats: Arc::new(Stats::default()),
+            timeout: std::time::Duration::from_secs(60),
         }
+    }
+
+    /// Sets how long a submission may wait for resources (the transport's quiet timeout).
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Mover {
+        self.timeout = timeout;
+        self
     }
 
     /// The policy fixed at initialisation.
@@ -226,6 +235,18 @@ impl Mover {
     /// Both ranges must be valid for `len` bytes (addresses of this process, mapped peer memory
     /// included) until that quiet returns.
     pub unsafe fn copy(&self, ep: usize, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller's guarantee.
+        self.with_queue(ep, len, |q| unsafe { q.submit(dst, src, len) })
+    }
+
+    /// Runs `f` on endpoint `ep`'s queue (created at first use), counted as one submission of
+    /// `len` bytes.
+    fn with_queue(
+        &self,
+        ep: usize,
+        len: usize,
+        f: impl FnOnce(&mut CopyQueue<CudaEngine>) -> MResult<()>,
+    ) -> MResult<()> {
         let q = self
             .queues
             .get(ep)
@@ -237,8 +258,7 @@ impl Mover {
             )?));
         }
         let t = self.stats.start();
-        // SAFETY: the caller's guarantee.
-        let r = unsafe { q.as_mut().expect("created above").submit(dst, src, len) };
+        let r = f(q.as_mut().expect("created above"));
         self.stats.record(Stage::IpcSubmit, t, len as u64);
         r
     }
@@ -249,8 +269,14 @@ impl Mover {
     /// `ep`); `Ok(false)` leaves the transfer to the caller's other means (staged or provider).
     /// Errors: the remote range leaves the registered region, or the copy could not be enqueued.
     ///
+    /// `local_registered` says whether the local range lies in a registration (kept until quiet).
+    /// A put from memory that is not (NVSHMEM's inline values: the caller may reuse them as soon as
+    /// this returns) is taken at once through the inline ring when it is host memory of at most
+    /// [`INLINE_BYTES`]; a larger one is declined.
+    ///
     /// # Safety
-    /// `[local, local + len)` must be valid memory of this process until that quiet returns.
+    /// `[local, local + len)` must be valid memory of this process until that quiet returns (for
+    /// inline puts: until this call returns).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn transfer(
         &self,
@@ -259,16 +285,28 @@ impl Mover {
         is_put: bool,
         local: u64,
         local_kind: Kind,
+        local_registered: bool,
         desc: &IpcDesc,
         raddr: u64,
         len: u64,
     ) -> MResult<bool> {
+        let inline = is_put && !local_registered;
+        if inline && (local_kind != Kind::Host || len as usize > INLINE_BYTES) {
+            return Ok(false);
+        }
         let Some(mapped) = self.resolve(pe, desc, raddr, len)? else {
             return Ok(false);
         };
         let means = self.means(pe, local_kind, Kind::Device, true);
         if !matches!(means, Means::Ipc | Means::Local) {
             return Ok(false);
+        }
+        if inline {
+            // SAFETY: the caller vouches for the local range for the duration of this call.
+            let bytes = unsafe { std::slice::from_raw_parts(local as *const u8, len as usize) };
+            // SAFETY: `mapped` lies in the peer's open allocation (see below).
+            unsafe { self.copy_inline(ep, mapped, bytes)? };
+            return Ok(true);
         }
         let (dst, src) = if is_put {
             (mapped, local)
@@ -280,6 +318,19 @@ impl Mover {
         // the local range.
         unsafe { self.copy(ep, dst, src, len as usize)? };
         Ok(true)
+    }
+
+    /// Enqueues a copy of `bytes` (taken at once, at most [`INLINE_BYTES`]) to `dst` on endpoint
+    /// `ep`'s queue.
+    ///
+    /// # Safety
+    /// `[dst, dst + bytes.len())` must be valid until the next quiet of `ep` returned.
+    pub unsafe fn copy_inline(&self, ep: usize, dst: u64, bytes: &[u8]) -> MResult<()> {
+        let deadline = Instant::now() + self.timeout;
+        // SAFETY: the caller's guarantee.
+        self.with_queue(ep, bytes.len(), |q| unsafe {
+            q.submit_inline(dst, bytes, deadline)
+        })
     }
 
     /// Retires completed copies of endpoint `ep` (for progress); returns how many.
@@ -428,19 +479,32 @@ mod tests {
         let d = desc(other, 1);
         // SAFETY: declined before any copy.
         assert_eq!(
-            unsafe { m.transfer(0, 1, true, 0x1000, Kind::Device, &d, 0x10_0000, 64) },
+            unsafe { m.transfer(0, 1, true, 0x1000, Kind::Device, true, &d, 0x10_0000, 64) },
             Ok(false),
             "peer on another host"
         );
         // SAFETY: rejected before any copy.
-        let r = unsafe { m.transfer(0, 1, true, 0x1000, Kind::Device, &d, 0x20_0000, 64) };
+        let r = unsafe { m.transfer(0, 1, true, 0x1000, Kind::Device, true, &d, 0x20_0000, 64) };
         assert!(matches!(r, Err(MoverError::Invalid(_))), "{r:?}");
         if !cuda::available() {
             // Same host, but the handle cannot open here: declined, the caller stages.
             let d = desc(HostId::local(), std::process::id().wrapping_add(1));
             // SAFETY: declined before any copy.
             assert_eq!(
-                unsafe { m.transfer(1, 2, false, 0x1000, Kind::Host, &d, 0x10_0000, 64) },
+                unsafe { m.transfer(1, 2, false, 0x1000, Kind::Host, true, &d, 0x10_0000, 64) },
+                Ok(false)
+            );
+        }
+        // Unregistered local memory: GPU memory, or more than an inline slot, is declined before
+        // anything is resolved (no error even for a bad range).
+        // SAFETY: declined before any copy.
+        unsafe {
+            assert_eq!(
+                m.transfer(0, 1, true, 0x1000, Kind::Device, false, &d, 0x20_0000, 8),
+                Ok(false)
+            );
+            assert_eq!(
+                m.transfer(0, 1, true, 0x1000, Kind::Host, false, &d, 0x20_0000, 257),
                 Ok(false)
             );
         }
@@ -455,7 +519,7 @@ mod tests {
         let d = desc(HostId::local(), std::process::id());
         // SAFETY: declined before any copy.
         assert_eq!(
-            unsafe { off.transfer(0, 1, true, 0x1000, Kind::Device, &d, 0x10_0000, 64) },
+            unsafe { off.transfer(0, 1, true, 0x1000, Kind::Device, true, &d, 0x10_0000, 64) },
             Ok(false),
             "NVSHMEM_EFA_IPC=0"
         );

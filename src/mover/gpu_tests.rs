@@ -209,6 +209,20 @@ fn ipc_child() {
             lat.as_secs_f64() * 1e6
         );
     }
+    // Inline puts (values the caller reuses at once) land, in order with the other copies.
+    let mut value = 0u64;
+    for i in 0..2000u64 {
+        value = 0x5a5a_0000_0000 + i;
+        // SAFETY: the remote range is open; the value is taken before copy_inline returns.
+        unsafe {
+            m.copy_inline(0, remote + 8 * (i % 64), &value.to_le_bytes())
+                .unwrap()
+        };
+    }
+    // SAFETY: as above.
+    unsafe { m.copy(0, local.ptr(), remote + 8 * (1999 % 64), 8).unwrap() };
+    m.quiet(0, deadline()).unwrap();
+    assert_eq!(d2h(local.ptr(), 8), value.to_le_bytes(), "inline put lost");
     // Put the final pattern for the parent to check.
     h2d(local.ptr(), &pattern(2, region));
     // SAFETY: as above.

@@ -23,7 +23,16 @@ pub trait CopyEngine: Send {
     /// Whether the oldest outstanding mark has completed; a completed mark is retired (the next
     /// call asks about the next one). Never blocks.
     fn oldest_done(&mut self) -> MResult<bool>;
+    /// Host memory of [`INLINE_SLOTS`] x [`INLINE_BYTES`] bytes that the engine copies from
+    /// asynchronously (pinned for the copy engine), created at first use; its address.
+    fn inline_ring(&mut self) -> MResult<u64>;
 }
+
+/// Slots of the inline ring: small puts whose source the caller may reuse at once are copied here
+/// first (at most this many in flight per queue).
+pub const INLINE_SLOTS: usize = 1024;
+/// Bytes per inline slot: the largest put taken inline.
+pub const INLINE_BYTES: usize = 256;
 
 /// Copies between every `MARK_EVERY`-th submission get one mark (so a long burst shows progress
 /// before quiet); quiet and poll mark whatever is unmarked.
@@ -81,6 +90,49 @@ impl<E: CopyEngine> CopyQueue<E> {
         self.groups.push_back(self.unmarked);
         self.unmarked = 0;
         Ok(())
+    }
+
+    /// Enqueues a copy of `bytes` (at most [`INLINE_BYTES`]) to `dst`, taken from the caller at
+    /// once: they go through a slot of the inline ring, reused only after the copy that last used it
+    /// completed (waiting, up to `deadline`, when [`INLINE_SLOTS`] copies are in flight).
+    ///
+    /// # Safety
+    /// `[dst, dst + bytes.len())` must be valid until [`CopyQueue::quiet`] returned.
+    pub unsafe fn submit_inline(
+        &mut self,
+        dst: u64,
+        bytes: &[u8],
+        deadline: Instant,
+    ) -> MResult<()> {
+        if bytes.len() > INLINE_BYTES {
+            return Err(MoverError::Invalid(format!(
+                "inline copy of {} bytes (at most {INLINE_BYTES})",
+                bytes.len()
+            )));
+        }
+        let ring = self.engine.inline_ring()?;
+        // Slot `submitted % SLOTS` was last used by copy `submitted - SLOTS`; copies complete in
+        // order, so it is free once fewer than SLOTS copies are outstanding.
+        let started = Instant::now();
+        while self.outstanding() >= INLINE_SLOTS as u64 {
+            self.poll();
+            if self.outstanding() < INLINE_SLOTS as u64 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(MoverError::Timeout {
+                    outstanding: self.outstanding(),
+                    waited: started.elapsed(),
+                });
+            }
+            std::thread::yield_now();
+        }
+        let slot = ring + (self.submitted % INLINE_SLOTS as u64) * INLINE_BYTES as u64;
+        // SAFETY: the slot lies in the engine's ring and no outstanding copy reads it (above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot as *mut u8, bytes.len());
+            self.submit(dst, slot, bytes.len())
+        }
     }
 
     /// Marks what is unmarked and retires every completed group; returns the copies completed by
@@ -167,6 +219,7 @@ impl<E: CopyEngine> CopyQueue<E> {
 #[derive(Default)]
 pub struct HostEngine {
     marks: u64,
+    ring: Vec<u8>,
 }
 
 impl CopyEngine for HostEngine {
@@ -187,6 +240,12 @@ impl CopyEngine for HostEngine {
         self.marks -= 1;
         Ok(true)
     }
+    fn inline_ring(&mut self) -> MResult<u64> {
+        if self.ring.is_empty() {
+            self.ring = vec![0u8; INLINE_SLOTS * INLINE_BYTES];
+        }
+        Ok(self.ring.as_mut_ptr() as u64)
+    }
 }
 
 /// CUDA's copy engine: `cuMemcpyAsync` on a non-blocking stream of the transport's context,
@@ -195,6 +254,7 @@ pub struct CudaEngine {
     stream: CopyStream,
     inflight: VecDeque<Event>,
     free: Vec<Event>,
+    ring: Option<crate::cuda::MappedHostBuffer>,
 }
 
 impl CudaEngine {
@@ -204,6 +264,7 @@ impl CudaEngine {
             stream: CopyStream::new(ctx)?,
             inflight: VecDeque::new(),
             free: Vec::new(),
+            ring: None,
         })
     }
 }
@@ -236,6 +297,15 @@ impl CopyEngine for CudaEngine {
         self.free.push(ev);
         Ok(true)
     }
+    fn inline_ring(&mut self) -> MResult<u64> {
+        if self.ring.is_none() {
+            let _g = crate::cuda::ContextGuard::enter(self.stream.context())?;
+            self.ring = Some(crate::cuda::MappedHostBuffer::new(
+                INLINE_SLOTS * INLINE_BYTES,
+            )?);
+        }
+        Ok(self.ring.as_ref().expect("created above").host() as u64)
+    }
 }
 
 #[cfg(test)]
@@ -254,6 +324,7 @@ mod tests {
         retired: u64,
         fail_query: bool,
         fail_submit: bool,
+        ring: Vec<u8>,
     }
 
     impl CopyEngine for Gate {
@@ -281,6 +352,12 @@ mod tests {
                 return Ok(true);
             }
             Ok(false)
+        }
+        fn inline_ring(&mut self) -> MResult<u64> {
+            if self.ring.is_empty() {
+                self.ring = vec![0u8; INLINE_SLOTS * INLINE_BYTES];
+            }
+            Ok(self.ring.as_ptr() as u64)
         }
     }
 
@@ -388,6 +465,57 @@ mod tests {
         assert!(unsafe { q.submit(1, 2, 3) }.is_err());
         assert_eq!(q.counts(), (0, 0, 0), "a refused copy is not counted");
         q.quiet_for(Duration::from_millis(10)).unwrap();
+    }
+
+    #[test]
+    fn inline_copies_take_the_bytes_at_once() {
+        let mut q = CopyQueue::new(HostEngine::default());
+        let mut dst = [0u64; 4];
+        for (i, d) in dst.iter_mut().enumerate() {
+            let v = (i as u64 + 1) * 0x0101_0101;
+            // SAFETY: dst lives until quiet below; the value is copied before submit_inline returns.
+            unsafe {
+                q.submit_inline(
+                    d as *mut u64 as u64,
+                    &v.to_le_bytes(),
+                    Instant::now() + Duration::from_secs(1),
+                )
+                .unwrap()
+            };
+        }
+        q.quiet_for(Duration::from_secs(1)).unwrap();
+        assert_eq!(dst, [0x0101_0101, 0x0202_0202, 0x0303_0303, 0x0404_0404]);
+        // SAFETY: rejected before any copy.
+        let big = unsafe { q.submit_inline(0, &[0u8; INLINE_BYTES + 1], Instant::now()) };
+        assert!(matches!(big, Err(MoverError::Invalid(_))));
+    }
+
+    #[test]
+    fn inline_slots_are_reused_only_after_completion() {
+        let release = Arc::new(AtomicU64::new(0));
+        let mut q = CopyQueue::new(Gate {
+            release: release.clone(),
+            ..Default::default()
+        });
+        let soon = || Instant::now() + Duration::from_millis(30);
+        for i in 0..INLINE_SLOTS as u64 {
+            // SAFETY: the gate engine never touches memory.
+            unsafe { q.submit_inline(i, &[i as u8; 8], soon()).unwrap() };
+        }
+        // Every slot is in flight: the next one times out instead of overwriting slot 0.
+        let ring = q.engine.ring.as_ptr();
+        // SAFETY: as above.
+        let e = unsafe { q.submit_inline(7, &[0xff; 8], soon()) }.unwrap_err();
+        assert!(matches!(e, MoverError::Timeout { .. }), "{e:?}");
+        // SAFETY: reading the gate's own ring.
+        assert_eq!(unsafe { *ring }, 0, "slot 0 untouched");
+        // Once the first group (32 copies) completes, slot 0 is reused.
+        release.store(1, Ordering::Release);
+        // SAFETY: as above.
+        unsafe { q.submit_inline(7, &[0xff; 8], soon()).unwrap() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { *ring }, 0xff);
+        assert_eq!(q.engine.submitted.last(), Some(&(7, ring as u64, 8)));
     }
 
     #[test]
