@@ -158,9 +158,6 @@ impl Transport {
         }
     }
 
-    /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):
-    /// small puts are injected; the rest goes through the endpoint's registered bounce buffer.
-    #[allow(clippy::too_many_arguments)]
     /// Same-host GPU memory: the copy engine moves the bytes through the peer's IPC-opened heap.
     /// `true` when done that way (complete at the endpoint's next quiet), `false` when another
     /// means must carry it (peer elsewhere, no export, the export does not open here, NVSHMEM_EFA_IPC=0,
@@ -210,6 +207,9 @@ impl Transport {
         .map_err(|e| internal(format!("{what} to PE {pe} through CUDA IPC: {e}")))
     }
 
+    /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):
+    /// small puts are injected; the rest goes through the endpoint's registered bounce buffer.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn rma_unregistered(
         &self,
         c: &Connected,
