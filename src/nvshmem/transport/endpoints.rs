@@ -117,6 +117,21 @@ impl EpState {
         self.am_pending.lock().push_back(Pending::Msg(dest, resp));
     }
 
+    /// Queues the response to staged put chunk `m`: its status, and the chunk's remote address and
+    /// trace flag echoed for the initiator's timeline.
+    pub(super) fn push_put_response(&self, dest: FiAddr, m: &AmMsg, status: i32) {
+        let resp = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_RESP,
+            token: m.token,
+            status,
+            addr: m.addr,
+            reserved: m.reserved & super::am::AM_TRACED,
+            ..Default::default()
+        };
+        self.am_pending.lock().push_back(Pending::Msg(dest, resp));
+    }
+
     /// Takes a context with `tag`/`data`, runs `send` with it and gives it back if `send` fails;
     /// no free context is EAGAIN (`what` says which send).
     pub(super) fn send_with_ctx(
