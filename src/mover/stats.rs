@@ -42,7 +42,8 @@ pub enum Stage {
     Response,
     /// Target: a response left the pending queue (time spent queued).
     ResponseSent,
-    /// Initiator: a chunk's response received (time since its post).
+    /// Initiator: a chunk's response received (time since its post); target-applied AMOs'
+    /// responses are counted here too, untimed.
     ResponseRecv,
     /// Initiator: copying get data into place.
     CopyIn,

@@ -236,7 +236,9 @@ impl Transport {
     }
 
     /// `add_device_remote_mem_handles`: every PE's handle of one heap chunk, stride `stride`,
-    /// this transport at `index`. Feeds GDA's peer table.
+    /// this transport at `index`. Opens the chunk of every same-host PE for CUDA IPC now (at heap
+    /// setup, while no kernel waits for the proxy, rather than at the first put), and feeds GDA's
+    /// peer table.
     ///
     /// # Safety
     /// `handles` must be null or hold `n_pes * stride` handles.
@@ -251,6 +253,29 @@ impl Transport {
             return Err(invalid(format!(
                 "add_device_remote_mem_handles: bad arguments (stride {stride}, index {index})"
             )));
+        }
+        if self.mover.policy().ipc {
+            for pe in (0..c.n_pes).filter(|&pe| pe != c.my_pe && self.mover.same_host(pe)) {
+                // SAFETY: NVSHMEM passes n_pes * stride handles.
+                let h = unsafe { handles.add(pe as usize * stride as usize + index as usize) };
+                let Some(b) = HandleBlob::read(h) else {
+                    continue;
+                };
+                let rd = RmaMemdesc {
+                    ptr: b.base as *mut c_void,
+                    offset: 0,
+                    handle: h,
+                };
+                match self.remote_ipc(&rd, &b, "add_device_remote_mem_handles") {
+                    // A handle that does not open is remembered and logged by the mover; its
+                    // transfers take the staged path.
+                    Ok(Some(d)) => {
+                        let _ = self.mover.resolve(pe, &d, d.region_base, d.region_len);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("PE {pe}: {}", e.message),
+                }
+            }
         }
         if crate::gda::mode() <= 0 {
             return Ok(());
