@@ -15,6 +15,11 @@
 //! many per synchronisation, completion polled through events ([`queue::CopyQueue`]). No host bounce,
 //! never the legacy default stream, and a quiet with a deadline that fails instead of hanging.
 //!
+//! Ordering: the copies of one endpoint's queue run on one stream, so they complete in submission
+//! order (a fence between two IPC copies costs nothing); against operations carried by other means
+//! (staged messages, provider operations, target-applied AMOs such as a put-with-signal's signal)
+//! the transport's fence and quiet wait for the queue first.
+//!
 //! Same host means the same kernel boot and host name ([`handle::HostId`]); PEs exchange it in the
 //! transport's address allgather. An IPC handle that does not open (GPU not visible, another
 //! container, VMM memory) sends that peer's region down the staged path, logged once.
