@@ -190,8 +190,9 @@ impl Mover {
                     let s = match ipc::Mapping::open(self.ctx.load(Ordering::Relaxed), &desc.handle)
                     {
                         Ok(m) => {
-                            tracing::debug!(
-                                "PE {pe}: opened allocation {:#x}+{} at {:#x} in {:?}",
+                            tracing::info!(
+                                "PE {pe}: GPU memory opened for same-host copies (CUDA IPC): \
+                                 allocation {:#x}+{} at {:#x} in {:?}",
                                 desc.alloc_base,
                                 desc.alloc_len,
                                 m.base(),
