@@ -67,6 +67,8 @@ pub struct Config {
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
     /// `Some(false)`: never staged.
     pub gpu_staging: Option<bool>,
+    /// `NVSHMEM_EFA_IPC`: same-host GPU memory through CUDA IPC copies (`auto`) or never (`0`).
+    pub ipc: crate::mover::IpcMode,
 }
 
 /// A bad environment variable.
@@ -142,6 +144,7 @@ impl Config {
             sq_entry_size: 64,
             soft_rx_overwrite: false,
             gpu_staging: None,
+            ipc: crate::mover::IpcMode::Auto,
         };
         if let Some(v) = get("NVSHMEM_LIBFABRIC_PROVIDER") {
             if !v.trim().is_empty() && v.trim() != "auto" {
@@ -230,6 +233,13 @@ impl Config {
                 ),
             };
         }
+        if let Some(v) = get("NVSHMEM_EFA_IPC") {
+            c.ipc = crate::mover::IpcMode::parse(&v).ok_or_else(|| ConfigError {
+                var: "NVSHMEM_EFA_IPC",
+                value: v.clone(),
+                expected: "auto or 0",
+            })?;
+        }
         if let Some(v) = get("NVSHMEM_EFA_MAX_BATCH") {
             c.max_batch = parse_u64("NVSHMEM_EFA_MAX_BATCH", &v, 1, 32768, "1 to 32768")? as u32;
         }
@@ -301,6 +311,23 @@ mod tests {
         assert_eq!(c.gda, GdaMode::Auto);
         assert!(c.progress_thread);
         assert_eq!(c.sq_depth, 1024);
+        assert_eq!(c.ipc, crate::mover::IpcMode::Auto);
+    }
+
+    #[test]
+    fn ipc_switch() {
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_IPC", "0")]).unwrap().ipc,
+            crate::mover::IpcMode::Off
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_IPC", "auto")]).unwrap().ipc,
+            crate::mover::IpcMode::Auto
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_IPC", "later")]).unwrap_err().var,
+            "NVSHMEM_EFA_IPC"
+        );
     }
 
     #[test]

@@ -7,6 +7,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+pub mod ipc;
+pub mod stream;
+
 /// A CUDA driver error with context.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaError {
@@ -165,6 +168,50 @@ pub fn use_primary_context(ordinal: i32) -> CudaResult<()> {
             "cuDevicePrimaryCtxRetain".into()
         })?;
         check(sys::cuCtxSetCurrent(ctx), || "cuCtxSetCurrent".into())
+    }
+}
+
+/// Keeps a context current in this thread while it lives: pushes it unless it already is current,
+/// and pops it again on drop, so that the thread's own current context (NVSHMEM's proxy thread,
+/// the application thread) is left as it was.
+pub struct ContextGuard {
+    pushed: bool,
+    /// Push and pop must happen on the same thread.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ContextGuard {
+    /// Makes `ctx` (from [`current_context`]) current; a no-op guard for 0 or when it already is.
+    pub fn enter(ctx: usize) -> CudaResult<ContextGuard> {
+        require("cuCtxPushCurrent")?;
+        if ctx == 0 || current_context() == ctx {
+            return Ok(ContextGuard {
+                pushed: false,
+                _not_send: std::marker::PhantomData,
+            });
+        }
+        // SAFETY: ctx is a context handle obtained from the driver in this process and still alive
+        // (contexts outlive the transport).
+        check(
+            unsafe { sys::cuCtxPushCurrent_v2(ctx as sys::CUcontext) },
+            || "cuCtxPushCurrent".into(),
+        )?;
+        Ok(ContextGuard {
+            pushed: true,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut prev: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops exactly the context this guard pushed on this thread (the guard is not Send).
+            unsafe {
+                let _ = sys::cuCtxPopCurrent_v2(&mut prev);
+            }
+        }
     }
 }
 
