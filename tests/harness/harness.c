@@ -2070,8 +2070,8 @@ static void case_extreme_args(void) {
 
 /* Registration of ranges that cannot be registered, and a provider-level failure (a put with a
  * handle its owner released) that must not leave the pair of PEs unusable. */
+static void provider_failure_round(int variant);
 static void case_bad_handle_range(void) {
-    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
     harness_mem_handle h;
     int64_t t0;
     char what[200];
@@ -2107,82 +2107,104 @@ static void case_bad_handle_range(void) {
     }
     quiet_all(0, "quiet after the refused registrations");
 
-    /* Provider-level failure: every PE registers a buffer, shares the handle, then releases it;
-     * the neighbour's put with the stale handle passes every check the initiator can make and
-     * fails at the target. Afterwards the pair must work again. */
+    for (int variant = 0; variant < 3 && !bs.broken; variant++) provider_failure_round(variant);
+}
+
+/* A put that passes every check the initiator can make and fails inside the provider at the
+ * target, then good traffic on the same pair. Variant 0: the target released the registration
+ * before the put; 1: the registration is local_only (no remote access); 2: the registration claims
+ * SIZE_MAX bytes (refused by a correct library: then there is nothing to put through) and the put
+ * lands just past the real buffer. */
+static void provider_failure_round(int variant) {
+    static const char *names[] = {"a released handle", "a local_only handle", "a SIZE_MAX handle"};
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
     const size_t blen = 64 * KiB;
-    unsigned char *buf = mmap(NULL, blen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* variant 2: the real buffer is the first half of the mapping; the put aims at the second */
+    unsigned char *buf = mmap(NULL, 2 * blen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     harness_mem_handle *hs = calloc((size_t)g.np, sizeof *hs);
     uint64_t addrs[MAX_PES];
+    int oks[MAX_PES];
+    harness_mem_handle h;
+    size_t first = 0;
     if (buf == MAP_FAILED || !hs) {
         failf("out of memory");
         free(hs);
         return;
     }
-    memset(buf, REL_SENT, blen);
-    int rc = h_get_mem_handle(&h, buf, blen, false);
-    if (rc) failf("get_mem_handle(%zu bytes) returned %d", blen, rc);
+    memset(buf, REL_SENT, 2 * blen);
+    int rc = h_get_mem_handle(&h, buf, variant == 2 ? SIZE_MAX : blen, variant == 1);
+    int ok = rc == 0;
+    if (rc && variant != 2) failf("get_mem_handle(%zu bytes) returned %d", blen, rc);
     uint64_t a = (uint64_t)(uintptr_t)buf;
-    if (allgather(rc ? &(harness_mem_handle){{0}} : &h, hs, sizeof h) || allgather(&a, addrs, sizeof a)) {
+    if (allgather(ok ? &h : &(harness_mem_handle){{0}}, hs, sizeof h) || allgather(&a, addrs, sizeof a) ||
+        allgather(&ok, oks, sizeof ok)) {
         failf("bootstrap allgather failed: %s", bs.err);
         goto out;
     }
-    if (rc == 0 && (rc = h_release(&h))) failf("release_mem_handle returned %d", rc);
+    if (ok && variant == 0) {
+        rc = h_release(&h);
+        ok = 0;
+        if (rc) failf("release_mem_handle returned %d", rc);
+    }
     if (barrier()) {
         failf("bootstrap barrier failed: %s", bs.err);
         goto out;
     }
-    fill_pattern(g.heap + REL_OFF, 4096, me, 4096, 82);
-    harness_rma_memdesc r = {(void *)(uintptr_t)(addrs[q] + 4096), 4096, &hs[q]};
-    harness_rma_memdesc l = ldesc(REL_OFF);
-    int64_t t1 = now_ms();
-    int prc = h_rma(q, HARNESS_OP_PUT, 1, &r, &l, 4096, 1, 1, 1, 0);
-    int qrc = h_quiet(q, 0);
-    vlog("put with a released handle: rma %d, quiet %d after %" PRId64 " ms", prc, qrc, now_ms() - t1);
-    if (now_ms() - t1 > 5000)
-        failf("a put with a released remote handle took %" PRId64 " ms to fail or complete", now_ms() - t1);
+    if (oks[q]) {
+        fill_pattern(g.heap + REL_OFF, 4096, me, 4096, 82);
+        size_t at = variant == 2 ? blen + 64 : 4096;
+        harness_rma_memdesc r = {(void *)(uintptr_t)(addrs[q] + at), at, &hs[q]};
+        harness_rma_memdesc l = ldesc(REL_OFF);
+        int64_t t1 = now_ms();
+        int prc = h_rma(q, HARNESS_OP_PUT, 1, &r, &l, 4096, 1, 1, 1, 0);
+        int qrc = h_quiet(q, 0);
+        vlog("put with %s: rma %d, quiet %d after %" PRId64 " ms", names[variant], prc, qrc, now_ms() - t1);
+        if (now_ms() - t1 > 5000)
+            failf("a put with %s took %" PRId64 " ms to fail or complete", names[variant], now_ms() - t1);
+    }
     if (barrier()) {
         failf("bootstrap barrier failed: %s", bs.err);
         goto out;
     }
-    size_t first = 0;
-    if (check_fill(buf, blen, REL_SENT, &first))
-        failf("a put from PE %d with a handle this PE had released wrote its buffer (offset %zu)", src, first);
+    if (check_fill(buf, 2 * blen, REL_SENT, &first))
+        failf("a put from PE %d with %s wrote this PE's memory (offset %zu)", src, names[variant], first);
     /* the pair must be usable again: blocking put, blocking get, AMO, quiet, every byte checked */
     memset(g.heap + REL_OFF + 8 * KiB, 0, 8 * KiB);
     uint64_t zero64 = 0;
     memcpy(g.heap + REL_OFF + 16 * KiB, &zero64, 8);
+    fill_pattern(g.heap + REL_OFF, 4096, me, 4096, 82);
     BARRIER_OR_FAIL("before the traffic after the provider failure");
     harness_rma_memdesc rr = rdesc(q, REL_OFF + 8 * KiB), ll = ldesc(REL_OFF);
     rc = h_rma(q, HARNESS_OP_PUT, 0, &rr, &ll, 4096, 1, 1, 1, 0);
-    if (rc) failf("a good blocking put to PE %d after the failed one returned %d (pair left unusable)", q, rc);
+    if (rc) failf("after a put with %s: a good blocking put to PE %d returned %d (pair left unusable)", names[variant], q, rc);
     rr = rdesc(q, REL_OFF);
     ll = ldesc(REL_OFF + 12 * KiB);
     rc = h_rma(q, HARNESS_OP_GET, 0, &rr, &ll, 4096, 1, 1, 1, 0);
-    if (rc) failf("a good blocking get from PE %d after the failed put returned %d", q, rc);
+    if (rc) failf("after a put with %s: a good blocking get from PE %d returned %d", names[variant], q, rc);
     else {
         unsigned got = 0, want = 0;
         if (check_pattern(g.heap + REL_OFF + 12 * KiB, 4096, q, 4096, 82, &first, &got, &want))
-            failf("good get from PE %d after the failed put: byte %zu wrong", q, first);
+            failf("after a put with %s: good get from PE %d: byte %zu wrong", names[variant], q, first);
     }
     harness_amo_memdesc m;
     memset(&m, 0, sizeof m);
     m.remote = rdesc(q, REL_OFF + 16 * KiB);
     m.val = 3;
     rc = h_amo(q, HARNESS_AMO_ADD, &m, 8, 0, 0);
-    if (rc) failf("a good AMO to PE %d after the failed put returned %d", q, rc);
+    if (rc) failf("after a put with %s: a good AMO to PE %d returned %d", names[variant], q, rc);
     quiet_all(0, "quiet after the good traffic");
     BARRIER_OR_FAIL("after the good traffic");
     {
         unsigned got = 0, want = 0;
         if (check_pattern(g.heap + REL_OFF + 8 * KiB, 4096, src, 4096, 82, &first, &got, &want))
-            failf("good put from PE %d after its failed put: byte %zu wrong", src, first);
+            failf("after a put with %s: good put from PE %d: byte %zu wrong", names[variant], src, first);
         uint64_t v = 0;
         memcpy(&v, g.heap + REL_OFF + 16 * KiB, 8);
-        if (v != 3) failf("good AMO ADD 3 from PE %d after the failed put: word is %" PRIu64, src, v);
+        if (v != 3) failf("after a put with %s: good AMO ADD 3 from PE %d: word is %" PRIu64, names[variant], src, v);
     }
 out:
-    munmap(buf, blen);
+    if (ok) h_release(&h);
+    munmap(buf, 2 * blen);
     free(hs);
 }
 
