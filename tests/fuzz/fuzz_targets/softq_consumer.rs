@@ -194,7 +194,7 @@ impl Bytes<'_> {
 
 /// One WQE to post: either a description (request id and phase filled in at posting) or raw bytes.
 enum Entry {
-    Desc(WqeDesc, Expect),
+    Desc(WqeDesc, Expect, String),
     Raw { bytes: [u8; WQE_SIZE], fix: bool },
 }
 
@@ -209,7 +209,7 @@ fn buffer(b: &mut Bytes, base: u64, size: u64, canary: u64, len: u32) -> (u64, b
             (base + u64::from(b.u32()) % room, len <= size)
         }
         // straddles the end
-        4 => (base + size - len / 2 - 1, len < 2),
+        4 => (base + size - len / 2, len == 0),
         // before the start
         5 => (base.wrapping_sub(1 + u64::from(b.u16())), false),
         // in the canary (unregistered memory)
@@ -224,6 +224,7 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
     let canary = w.canary.addr();
     let sel = b.u8();
     let mut ok = true;
+    let mut why: Vec<&str> = Vec::new();
     let len = match b.u8() % 8 {
         0 => 0,
         1..=5 => 1 + b.u32() % MAX_LEN,
@@ -233,6 +234,7 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
     let mut any = len == 0;
     if len as usize > HEAP {
         ok = false;
+        why.push("length beyond the heap");
     }
     let (laddr, lok) = buffer(b, heap, HEAP as u64, canary, len);
     let (raddr, rok) = buffer(b, heap, HEAP as u64, canary, len);
@@ -247,9 +249,10 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
         _ => w.peer.heap_rkey,
     };
     let mut rlen = len;
+    let mut rlen_bad = false;
     if b.u8() % 16 == 0 {
         rlen = len.wrapping_add(1 + u32::from(b.u8()));
-        ok = false;
+        rlen_bad = true;
     }
     let op = match sel % 6 {
         0 | 1 => WqeOp::RdmaWrite {
@@ -295,6 +298,7 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
             // An inline SEND touches no buffer, so only the addressing below can make it wrong; the
             // receiver may still refuse a payload that announces an AMO it cannot apply.
             ok = true;
+            why.clear();
             any = true;
             WqeOp::Send {
                 payload: SendPayload::inline(&bytes).expect("fits"),
@@ -305,6 +309,7 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
             let slen = len.min(8192);
             if slen as usize > nvshmem_efa_gda::gda::wire::SOFT_SEND_MAX {
                 ok = false;
+                why.push("SEND above 4 KiB");
             }
             any = true;
             WqeOp::Send {
@@ -320,16 +325,24 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
             }
         }
     };
-    let uses_buffers = !matches!(op, WqeOp::Send { payload: SendPayload::Inline { .. }, .. });
+    let uses_buffers = !matches!(
+        op,
+        WqeOp::Send {
+            payload: SendPayload::Inline { .. },
+            ..
+        }
+    );
     let uses_remote = matches!(
         op,
         WqeOp::RdmaWrite { .. } | WqeOp::RdmaWriteImm { .. } | WqeOp::RdmaRead { .. }
     );
     if uses_buffers && (!lok || lkey != w.lkey) {
         ok = false;
+        why.push("local buffer or lkey");
     }
-    if uses_remote && (!rok || rkey != w.peer.heap_rkey) {
+    if uses_remote && (!rok || rkey != w.peer.heap_rkey || rlen_bad) {
         ok = false;
+        why.push("remote buffer, rkey or length mismatch");
     }
     let mut d = WqeDesc {
         op,
@@ -346,14 +359,17 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
         0 => {
             d.ah = d.ah.wrapping_add(1 + u16::from(b.u8()));
             ok = false;
+            why.push("address handle");
         }
         1 => {
             d.dest_qpn = d.dest_qpn.wrapping_add(1 + u16::from(b.u8()));
             ok = false;
+            why.push("QP number");
         }
         2 => {
             d.qkey = d.qkey.wrapping_add(1 + u32::from(b.u8()));
             ok = false;
+            why.push("qkey");
         }
         _ => {}
     }
@@ -364,6 +380,14 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
             fix: true,
         };
     }
+    // An empty transfer touches no memory: whether the queue checks its buffers is its choice.
+    // Wrong addressing (address handle, QP number, qkey) is refused whatever the length.
+    let addressing_bad = why
+        .iter()
+        .any(|w| matches!(*w, "address handle" | "QP number" | "qkey"));
+    if len == 0 && !addressing_bad {
+        ok = true;
+    }
     let expect = if !ok {
         Expect::Error
     } else if any {
@@ -371,7 +395,7 @@ fn structured(b: &mut Bytes, w: &World) -> Entry {
     } else {
         Expect::Ok
     };
-    Entry::Desc(d, expect)
+    Entry::Desc(d, expect, why.join(", "))
 }
 
 fn raw(b: &mut Bytes) -> Entry {
@@ -412,7 +436,7 @@ fn run(data: &[u8]) {
     }
     w.log.lock().unwrap().clear();
     let view = *w.poster.view();
-    let mut expects: Vec<(u64, Expect)> = Vec::new();
+    let mut expects: Vec<(u64, Expect, String)> = Vec::new();
     let mut at = 0;
     while at < entries.len() {
         // Doorbell noise due before this batch: a value far ahead or behind; the consumer must
@@ -438,11 +462,11 @@ fn run(data: &[u8]) {
                 let e = &batch[i];
                 i += 1;
                 match e {
-                    Entry::Desc(d, x) => {
+                    Entry::Desc(d, x, why) => {
                         let mut d = *d;
                         d.req_id = pc & 0xFFFF;
                         d.phase = phase;
-                        expects.push((pc, *x));
+                        expects.push((pc, *x, format!("{d:?} [refused for: {why}]")));
                         wqe::encode(&d)
                     }
                     Entry::Raw { bytes, fix } => {
@@ -453,7 +477,7 @@ fn run(data: &[u8]) {
                             bytes[1] = id[1];
                             bytes[3] = (bytes[3] & !wqe::CTRL2_PHASE) | phase;
                         }
-                        expects.push((pc, expect_raw(&bytes, pc)));
+                        expects.push((pc, expect_raw(&bytes, pc), format!("raw {bytes:02x?}")));
                         bytes
                     }
                 }
@@ -471,7 +495,7 @@ fn run(data: &[u8]) {
         rx.clear();
     }
     let log = w.log.lock().unwrap().clone();
-    for (pc, want) in &expects {
+    for (pc, want, what) in &expects {
         let got: Vec<u8> = log.iter().filter(|(p, _)| p == pc).map(|x| x.1).collect();
         assert_eq!(
             got.len(),
@@ -480,8 +504,16 @@ fn run(data: &[u8]) {
             got.len()
         );
         match want {
-            Expect::Ok => assert_eq!(got[0], 0, "valid WQE {pc} completed with status {}", got[0]),
-            Expect::Error => assert_ne!(got[0], 0, "bad WQE {pc} completed with status 0"),
+            Expect::Ok => assert_eq!(
+                got[0], 0,
+                "valid WQE {pc} completed with status {}: {what} (heap {:#x}+{HEAP:#x}, canary {:#x}, lkey {})",
+                got[0], w.heap.addr(), w.canary.addr(), w.lkey
+            ),
+            Expect::Error => assert_ne!(
+                got[0], 0,
+                "bad WQE {pc} completed with status 0: {what} (heap {:#x}+{HEAP:#x}, canary {:#x}, lkey {}, peer {:?})",
+                w.heap.addr(), w.canary.addr(), w.lkey, w.peer
+            ),
             Expect::Any => {}
         }
     }
