@@ -1989,6 +1989,7 @@ static void case_bad_stride(void) {
     expect_untouched("strided gets with overflowing strides (local window)", g.heap + REL_OFF + win, win,
                      (ptrdiff_t)mid);
     if (R.failed) return;
+    BARRIER_OR_FAIL("after the checks"); /* nobody's good put may land before everyone checked */
     /* a good strided put still works: 4 elements of 8 bytes, remote stride 2 */
     harness_rma_memdesc r = rdesc(q, REL_OFF + mid), l = ldesc(REL_OFF + 2 * win);
     int rc = h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 4, 8, 1, 2, 0);
