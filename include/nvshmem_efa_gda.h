@@ -261,6 +261,19 @@ int32_t nvshmemt_efa_gda_get_device_state(struct NvshmemEfaGdaDeviceState *out);
 // use); 0 when there is none.
 uint64_t nvshmemt_efa_gda_device_state_ptr(void);
 
+// Copies the NVSHMEM transport ABI majors this library serves (ascending) into `out`, at most
+// `cap` of them, and returns how many it serves (which may exceed `cap`: call again with more room).
+// `out` may be NULL when `cap` is 0. Returns -1 when `out` is NULL and `cap` is not 0.
+//
+// # Safety
+// `out` must point to `cap` writable `int`s when `cap` is not 0.
+int nvshmem_efa_gda_served_abi_majors(int *out,
+                                      size_t cap);
+
+// The installed CUDA driver's version (`cuDriverGetVersion`, e.g. 13000 for CUDA 13.0), or 0 when
+// no CUDA driver library can be loaded. Does not initialise CUDA.
+int nvshmem_efa_gda_cuda_driver_version(void);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

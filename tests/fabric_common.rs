@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::fabric::{
-    sys, AddressVector, CompletionQueue, CqEntry, CqError, Domain, Endpoint, Fabric, FiAddr, Info,
-    InfoRequest, MemKind, MemoryRegion, OpContexts, Provider,
+    flags, AddressVector, AtomicOp, CompletionQueue, CqEntry, CqError, Datatype, Domain, Endpoint,
+    Fabric, FiAddr, Info, InfoRequest, MemKind, MemoryRegion, OpContexts, Provider,
 };
 
 /// Rank of a child process (absent in the parent and in a plain test run).
@@ -549,7 +549,7 @@ impl Node {
                 for e in &buf[..n] {
                     if self.ctxs.get(e.op_context).is_some() {
                         self.done.insert(e.op_context as usize, Ok(*e));
-                    } else if e.flags & sys::FI_REMOTE_CQ_DATA as u64 != 0 {
+                    } else if e.flags & flags::REMOTE_CQ_DATA != 0 {
                         self.remote_events.push(*e);
                     } else {
                         self.stray.push(format!(
@@ -970,7 +970,7 @@ fn write_with_data(node: &mut Node, right: usize, left: usize) {
         "rank {me}: remote CQ data {:#x}",
         e.data
     );
-    assert!(e.flags & sys::FI_REMOTE_CQ_DATA as u64 != 0);
+    assert!(e.flags & flags::REMOTE_CQ_DATA != 0);
     let got = node.read_bytes(WDATA, WRITEDATA_LEN);
     if let Some((i, g, w)) = first_mismatch(&got, |i| pattern(seed(left, 200), i)) {
         panic!("rank {me}: write-with-data payload byte {i} is {g:#x}, want {w:#x}");
@@ -1007,12 +1007,8 @@ fn atomic_op(
 fn atomics(node: &mut Node) {
     let me = node.rank;
     let n = node.nranks;
-    let (a, f, _) = node
-        .ep
-        .atomic_valid(sys::fi_datatype_FI_UINT64, sys::fi_op_FI_SUM);
-    let (_, _, c) = node
-        .ep
-        .atomic_valid(sys::fi_datatype_FI_UINT64, sys::fi_op_FI_CSWAP);
+    let (a, f, _) = node.ep.atomic_valid(Datatype::U64, AtomicOp::Sum);
+    let (_, _, c) = node.ep.atomic_valid(Datatype::U64, AtomicOp::Cswap);
     assert!(
         a && f && c,
         "rank {me}: u64 SUM/fetch-SUM/CSWAP not valid: {a} {f} {c}"
@@ -1048,8 +1044,8 @@ fn atomics(node: &mut Node) {
                             dst,
                             raddr,
                             key,
-                            sys::fi_datatype_FI_UINT64,
-                            sys::fi_op_FI_SUM,
+                            Datatype::U64,
+                            AtomicOp::Sum,
                             ctx,
                         )
                     } else {
@@ -1059,8 +1055,8 @@ fn atomics(node: &mut Node) {
                             dst,
                             raddr,
                             key,
-                            sys::fi_datatype_FI_UINT64,
-                            sys::fi_op_FI_SUM,
+                            Datatype::U64,
+                            AtomicOp::Sum,
                             ctx,
                         )
                     }
@@ -1088,8 +1084,8 @@ fn atomics(node: &mut Node) {
                         dst,
                         raddr,
                         key,
-                        sys::fi_datatype_FI_UINT64,
-                        sys::fi_op_FI_SUM,
+                        Datatype::U64,
+                        AtomicOp::Sum,
                         ctx,
                     )
                 }
@@ -1220,7 +1216,7 @@ fn cas(node: &mut Node, off: usize, compare: u64, swap: u64) -> u64 {
                 dst,
                 raddr,
                 key,
-                sys::fi_datatype_FI_UINT64,
+                Datatype::U64,
                 ctx,
             )
         }
@@ -1283,7 +1279,7 @@ fn send_recv(node: &mut Node, right: usize, left: usize) {
             Err(e) => panic!("rank {me}: receive failed: {}", e.error),
         };
         assert!(
-            e.flags & sys::FI_RECV as u64 != 0 && e.flags & sys::FI_MSG as u64 != 0,
+            e.flags & flags::RECV != 0 && e.flags & flags::MSG != 0,
             "recv flags {:#x}",
             e.flags
         );

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use nvshmem_efa_gda::capi::gda::*;
 use nvshmem_efa_gda::config::GdaMode;
 use nvshmem_efa_gda::fabric::{AddressVector, CompletionQueue, Endpoint};
-use nvshmem_efa_gda::gda::hw::{GdaOps, NO_GDA_OPS};
+use nvshmem_efa_gda::gda::hw::{self, NO_GDA_OPS};
 use nvshmem_efa_gda::gda::state::NvshmemEfaGdaDeviceState;
 use nvshmem_efa_gda::gda::{self, Gda, GdaOptions, MODE_OFF, MODE_SOFT};
 use softq_common::*;
@@ -67,7 +67,7 @@ fn software_providers_have_no_gda_ops() {
     capture();
     for p in providers() {
         let d = domain(&p).unwrap();
-        let e = GdaOps::open(&d)
+        let e = hw::open_ops(&d)
             .err()
             .expect("no GDA ops on a software provider");
         assert_eq!(e.code, -libc::EOPNOTSUPP, "{e}");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use nvshmem_efa_gda::cuda;
 use nvshmem_efa_gda::fabric::{self, Domain, Fabric, Info, InfoRequest, Provider};
-use nvshmem_efa_gda::gda::hw::{self, GdaOps};
+use nvshmem_efa_gda::gda::hw;
 
 const USAGE: &str = "\
 usage: efa-gda-probe [--provider NAME] [--help]
@@ -74,7 +74,7 @@ fn probe(p: &Provider) -> Outcome {
         if i.has_hmem() { "yes" } else { "no" },
         i.cq_data_size()
     );
-    let ops = match GdaOps::open(&d) {
+    let ops = match hw::open_ops(&d) {
         Ok(o) => o,
         Err(e) => {
             println!("  GDA ops: no ({e})");

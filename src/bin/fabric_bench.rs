@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::fabric::{
-    sys, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, Fabric, FiAddr, Info,
+    flags, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, Fabric, FiAddr, Info,
     InfoRequest, MemKind, MemoryRegion, OpContexts, Provider,
 };
 
@@ -243,9 +243,7 @@ impl Side {
             flags: match args.mode {
                 Mode::Default => None,
                 Mode::Plain => Some(0),
-                Mode::Inject if args.size <= domain.info().inject_size() => {
-                    Some(sys::FI_INJECT as u64)
-                }
+                Mode::Inject if args.size <= domain.info().inject_size() => Some(flags::INJECT),
                 Mode::Inject => Some(0),
             },
             entries: vec![

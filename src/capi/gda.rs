@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 
 use super::ffi_guard;
-use crate::fabric::sys as fi;
+use crate::fabric::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
 use crate::gda::{self, state::NvshmemEfaGdaDeviceState, GdaError};
 
 /// Opaque `struct fid_domain` (libfabric); only pointers to it cross the C API.
@@ -60,10 +60,18 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_init_on_ep(
         if domain.is_null() || ep.is_null() {
             return invalid(NAME, "null domain or endpoint");
         }
-        // SAFETY: non-null; the caller guarantees they are open objects of one domain.
-        match unsafe {
-            gda::init_on_external_ep(domain as *mut fi::fid_domain, ep as *mut fi::fid_ep)
-        } {
+        // SAFETY: the caller guarantees they are open objects of one domain (or null).
+        let handles = unsafe {
+            (
+                DomainHandle::from_opaque(domain as *mut c_void),
+                EndpointHandle::from_opaque(ep as *mut c_void),
+            )
+        };
+        let (Some(domain), Some(ep)) = handles else {
+            return invalid(NAME, "null domain or endpoint");
+        };
+        // SAFETY: as above.
+        match unsafe { gda::init_on_external_ep(domain, ep) } {
             Ok(_) => 0,
             Err(e) => fail(NAME, e),
         }
@@ -83,8 +91,12 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_set_cq(cq: *mut FidCq) -> i32 {
         if cq.is_null() {
             return invalid(NAME, "null CQ");
         }
-        // SAFETY: non-null; the caller guarantees it is the endpoint's open transmit CQ.
-        match unsafe { gda::set_cq(cq as *mut fi::fid_cq) } {
+        // SAFETY: the caller guarantees it is the endpoint's open transmit CQ (or null).
+        let Some(cq) = (unsafe { CqHandle::from_opaque(cq as *mut c_void) }) else {
+            return invalid(NAME, "null CQ");
+        };
+        // SAFETY: as above.
+        match unsafe { gda::set_cq(cq) } {
             Ok(()) => 0,
             Err(e) => fail(NAME, e),
         }
@@ -213,8 +225,10 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_set_local_heap(
         if base.is_null() || size == 0 {
             return invalid(NAME, &format!("empty heap {base:p}+{size}"));
         }
+        // SAFETY: forwarded contract (`mr` is an open registration or null).
+        let mr = unsafe { MrHandle::from_opaque(mr as *mut c_void) };
         // SAFETY: forwarded contract.
-        match unsafe { gda::set_local_heap_raw(base as u64, size as u64, mr as *mut fi::fid_mr) } {
+        match unsafe { gda::set_local_heap_raw(base as u64, size as u64, mr) } {
             Ok(()) => 0,
             Err(e) => fail(NAME, e),
         }

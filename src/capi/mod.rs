@@ -2,6 +2,7 @@
 //! into C; it is logged and turned into an error code. Argument checks happen here, before the safe
 //! implementation runs.
 pub mod gda;
+pub mod info;
 pub mod transport;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

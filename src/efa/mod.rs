@@ -1,5 +1,5 @@
-//! EFA formats: the TX WQE and the CQEs (encode, validating decode), and the binding of the provider's
-//! GPU Direct Async operations table. Bit positions follow the EFA device's queue definitions.
+//! EFA formats: the TX WQE and the CQEs (encode, validating decode). Bit positions follow the EFA
+//! device's queue definitions. (The binding of the provider's GPU Direct Async operations table is
+//! in `fabric::efa_gda`.)
 pub mod cqe;
-pub mod gda_ops;
 pub mod wqe;

@@ -32,6 +32,14 @@ impl Error {
         }
     }
 
+    /// An operation the provider (or this layer) does not support here (`-EOPNOTSUPP`).
+    pub fn unsupported(context: impl Into<String>) -> Self {
+        Error {
+            code: -(libc::EOPNOTSUPP),
+            context: context.into(),
+        }
+    }
+
     /// True for `-FI_EAGAIN`: the operation can be retried after progress.
     pub fn is_again(&self) -> bool {
         self.code == -(fi::FI_EAGAIN as i32)

@@ -312,6 +312,18 @@ impl Info {
         self.mr_mode() & fi::FI_MR_ENDPOINT as u64 != 0
     }
 
+    /// Transmit queue depth (`tx_attr->size`).
+    pub fn tx_size(&self) -> usize {
+        // SAFETY: tx_attr is always set in a getinfo answer.
+        unsafe { (*(*self.raw).tx_attr).size }
+    }
+
+    /// Receive queue depth (`rx_attr->size`).
+    pub fn rx_size(&self) -> usize {
+        // SAFETY: rx_attr is always set in a getinfo answer.
+        unsafe { (*(*self.raw).rx_attr).size }
+    }
+
     /// Largest message.
     pub fn max_msg_size(&self) -> usize {
         // SAFETY: ep_attr is always set in a getinfo answer.

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use crate::efa::cqe::{self, RxCqe, RX_CQE_EX_SIZE, TX_CQE_SIZE};
 use crate::efa::wqe::{self, WqeDesc, WQE_SIZE};
 
+use super::error::{GdaError, Result};
 use super::mem::{self, read_shared};
 use super::softq::{HostView, SoftQueue};
 use super::state::NvshmemEfaGdaQueueCtrl;
-use super::{GdaError, Result};
 
 const OFF_RESV: usize = offset_of!(NvshmemEfaGdaQueueCtrl, resv);
 const OFF_READY: usize = offset_of!(NvshmemEfaGdaQueueCtrl, ready);
@@ -53,7 +53,7 @@ pub struct HostPoster<'q> {
     observer: Option<Arc<CqeObserver>>,
     timeout: Duration,
     duplicates: AtomicU64,
-    _queue: std::marker::PhantomData<&'q SoftQueue>,
+    queue: &'q SoftQueue,
 }
 
 impl<'q> HostPoster<'q> {
@@ -70,7 +70,7 @@ impl<'q> HostPoster<'q> {
             observer: None,
             timeout: Duration::from_secs(60),
             duplicates: AtomicU64::new(0),
-            _queue: std::marker::PhantomData,
+            queue: q,
         })
     }
 
@@ -104,6 +104,16 @@ impl<'q> HostPoster<'q> {
     fn status_word(&self, slot: u64) -> &AtomicU32 {
         // SAFETY: slot < sq_entries, inside the status array.
         unsafe { mem::atomic_u32(self.v.slot_status.add(slot as usize) as *mut u8) }
+    }
+
+    /// An error when the queue's consumer failed (nothing more will complete).
+    fn check_alive(&self) -> Result<()> {
+        match self.queue.failure() {
+            Some(m) => Err(GdaError::io(format!(
+                "host poster: the software queue failed: {m}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn stuck(&self, what: &str) -> GdaError {
@@ -144,6 +154,7 @@ impl<'q> HostPoster<'q> {
         let mut spins = 0u32;
         while end - self.word(OFF_DONE).load(Ordering::Acquire) > n {
             if self.poll_cq() == 0 {
+                self.check_alive()?;
                 spins = spins.saturating_add(1);
                 backoff(spins);
             }
@@ -163,6 +174,7 @@ impl<'q> HostPoster<'q> {
         let mut spins = 0u32;
         while self.word(OFF_READY).load(Ordering::Acquire) != base {
             if self.poll_cq() == 0 {
+                self.check_alive()?;
                 spins = spins.saturating_add(1);
                 backoff(spins);
             }
@@ -305,6 +317,7 @@ impl<'q> HostPoster<'q> {
         let mut spins = 0u32;
         while self.done() < target {
             if self.poll_cq() == 0 {
+                self.check_alive()?;
                 spins = spins.saturating_add(1);
                 backoff(spins);
             }

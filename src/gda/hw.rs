@@ -1,5 +1,5 @@
-//! The hardware binding: the provider's GPU Direct Async ops (`fi_open_ops(domain, "efa gda ops")`,
-//! libfabric >= 2.3, `efa-direct` fabric), the queries of an endpoint's send queue and of its
+//! The hardware queue: the provider's GPU Direct Async ops (the `efa gda ops` table, libfabric
+//! >= 2.3, `efa-direct` fabric; the calls are in `fabric::efa_gda`), the queries of an endpoint's send queue and of its
 //! completion queues, peer address handles, lkeys, and the mapping of the send ring and its doorbell
 //! for the GPU.
 //!
@@ -22,39 +22,32 @@
 //! Nothing here can run without an EFA device; what can run anywhere is the error path (other
 //! providers answer `-FI_ENOSYS` or `-FI_EOPNOTSUPP` to `fi_open_ops`, mapped to [`NO_GDA_OPS`]).
 use std::ffi::c_void;
-use std::ptr;
 use std::sync::Arc;
 
 use cudarc::driver::sys as cu;
 
 use crate::cuda::{self, DeviceBuffer, HostRegistration, PtrKind};
-use crate::efa::gda_ops::{
-    FiCqAttr, FiEfaCqAttr, FiEfaCqInitAttr, FiEfaOpsGda, FiEfaWqAttr, FidCq, FidDomain, FidEp,
-    FidMr, FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF, FI_EFA_GDA_OPS_CSTR,
-};
 use crate::efa::wqe::WQE_SIZE;
-use crate::fabric::{sys as fi, Domain, Error as FabricError, FiAddr};
+use crate::fabric::efa_gda::is_no_ops_code;
+pub use crate::fabric::efa_gda::GdaOps;
+use crate::fabric::efa_gda_abi::{FiEfaCqAttr, FiEfaWqAttr};
+use crate::fabric::{
+    AddressVector, CompletionQueue, CqHandle, Domain, DomainHandle, Endpoint, EndpointHandle,
+    Error as FabricError, FiAddr, MrHandle,
+};
 
+use super::error::{GdaError, Result};
 use super::mem;
 use super::softq::SOFT_RX_CQE_SIZE;
 use super::state::{NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_HW};
-use super::{GdaError, Result};
 
 /// The error text for a domain without GDA ops.
 pub const NO_GDA_OPS: &str =
     "provider has no GDA ops (needs libfabric >= 2.3 with the efa-direct fabric)";
 
-/// `FI_KEY_NOTAVAIL`.
-const FI_KEY_NOTAVAIL: u64 = u64::MAX;
-
-fn no_ops_error(code: i32) -> bool {
-    let c = code.unsigned_abs();
-    c == fi::FI_ENOSYS || c == fi::FI_EOPNOTSUPP || c == fi::FI_EINVAL || c == fi::FI_ENOENT
-}
-
 /// Turns an `fi_open_ops` failure into the clear error.
 pub fn open_ops_error(e: FabricError) -> GdaError {
-    if no_ops_error(e.code) {
+    if is_no_ops_code(e.code) {
         GdaError {
             code: -libc::EOPNOTSUPP,
             message: format!("{NO_GDA_OPS}: {e}"),
@@ -62,6 +55,20 @@ pub fn open_ops_error(e: FabricError) -> GdaError {
     } else {
         GdaError::from(e)
     }
+}
+
+/// Opens the GDA ops of `domain`; a provider without them gets the clear error ([`NO_GDA_OPS`]).
+pub fn open_ops(domain: &Arc<Domain>) -> Result<GdaOps> {
+    GdaOps::open(domain).map_err(open_ops_error)
+}
+
+/// [`open_ops`] on a domain the caller owns.
+///
+/// # Safety
+/// `domain` must be an open libfabric domain that outlives the returned value.
+pub unsafe fn open_ops_foreign(domain: DomainHandle) -> Result<GdaOps> {
+    // SAFETY: forwarded contract.
+    unsafe { GdaOps::open_foreign(domain) }.map_err(open_ops_error)
 }
 
 /// The error for a mapping the CUDA driver refused.
@@ -73,233 +80,6 @@ pub fn mapping_error(what: &str, e: cuda::CudaError) -> GdaError {
              NVIDIA driver option PeerMappingOverride=1 (for example `options nvidia \
              NVreg_RegistryDwords=\"PeerMappingOverride=1;\"` in /etc/modprobe.d, then reload the driver)"
         ),
-    }
-}
-
-/// The provider's GDA operations table of one domain.
-#[derive(Clone, Copy)]
-pub struct GdaOps {
-    table: *const FiEfaOpsGda,
-    domain: *mut fi::fid_domain,
-}
-
-// SAFETY: the table is immutable provider data; the calls are thread-safe on an FI_THREAD_SAFE domain.
-unsafe impl Send for GdaOps {}
-// SAFETY: as above.
-unsafe impl Sync for GdaOps {}
-
-macro_rules! slot {
-    ($self:ident, $name:ident) => {
-        // SAFETY: the table pointer came from fi_open_ops and stays valid while the domain is open;
-        // the first five slots exist in every version of the table (2.3.0 on).
-        unsafe { (*$self.table).$name }.ok_or_else(|| {
-            GdaError::unsupported(concat!("GDA ops: ", stringify!($name), " is missing"))
-        })?
-    };
-}
-
-impl GdaOps {
-    /// Opens the GDA ops of `domain`.
-    pub fn open(domain: &Arc<Domain>) -> Result<GdaOps> {
-        // SAFETY: the name is the GDA table, whose layout `FiEfaOpsGda` mirrors.
-        let ops = unsafe { domain.open_ops(FI_EFA_GDA_OPS_CSTR) }.map_err(open_ops_error)?;
-        Self::from_table(ops, domain.as_ptr())
-    }
-
-    /// Opens the GDA ops of a domain the caller owns.
-    ///
-    /// # Safety
-    /// `domain` must be an open libfabric domain that outlives the returned value.
-    pub unsafe fn open_raw(domain: *mut fi::fid_domain) -> Result<GdaOps> {
-        if domain.is_null() {
-            return Err(GdaError::invalid("null domain"));
-        }
-        let mut ops: *mut c_void = ptr::null_mut();
-        // SAFETY: open domain per the contract.
-        let ret = unsafe {
-            fi::fi_open_ops(
-                &mut (*domain).fid,
-                FI_EFA_GDA_OPS_CSTR.as_ptr(),
-                0,
-                &mut ops,
-                ptr::null_mut(),
-            )
-        };
-        if ret != 0 {
-            return Err(open_ops_error(FabricError::from_ret(
-                ret as i64,
-                "fi_open_ops(efa gda ops)",
-            )));
-        }
-        Self::from_table(ops, domain)
-    }
-
-    fn from_table(ops: *mut c_void, domain: *mut fi::fid_domain) -> Result<GdaOps> {
-        if ops.is_null() {
-            return Err(GdaError::unsupported(format!(
-                "{NO_GDA_OPS}: fi_open_ops returned no table"
-            )));
-        }
-        Ok(GdaOps {
-            table: ops as *const FiEfaOpsGda,
-            domain,
-        })
-    }
-
-    /// The domain the table belongs to.
-    pub fn domain(&self) -> *mut fi::fid_domain {
-        self.domain
-    }
-
-    /// Address handle number, QP number and qkey of `addr` as seen from `ep`.
-    ///
-    /// # Safety
-    /// `ep` must be an open endpoint of the ops' domain and `addr` an address of its AV.
-    pub unsafe fn query_addr(&self, ep: *mut fi::fid_ep, addr: FiAddr) -> Result<(u16, u16, u32)> {
-        let f = slot!(self, query_addr);
-        let (mut ahn, mut qpn, mut qkey) = (0u16, 0u16, 0u32);
-        // SAFETY: forwarded contract; outputs are locals.
-        let r = unsafe { f(ep as *mut FidEp, addr, &mut ahn, &mut qpn, &mut qkey) };
-        if r != 0 {
-            return Err(
-                FabricError::from_ret(r as i64, format!("GDA query_addr(fi_addr {addr})")).into(),
-            );
-        }
-        Ok((ahn, qpn, qkey))
-    }
-
-    /// The send and receive rings of `ep`.
-    ///
-    /// # Safety
-    /// `ep` must be an open, enabled endpoint of the ops' domain.
-    pub unsafe fn query_qp_wqs(&self, ep: *mut fi::fid_ep) -> Result<(FiEfaWqAttr, FiEfaWqAttr)> {
-        let f = slot!(self, query_qp_wqs);
-        let mut sq = FiEfaWqAttr::zeroed();
-        let mut rq = FiEfaWqAttr::zeroed();
-        // SAFETY: forwarded contract; outputs are locals.
-        let r = unsafe { f(ep as *mut FidEp, &mut sq, &mut rq) };
-        if r != 0 {
-            return Err(FabricError::from_ret(r as i64, "GDA query_qp_wqs").into());
-        }
-        Ok((sq, rq))
-    }
-
-    /// The ring of `cq`.
-    ///
-    /// # Safety
-    /// `cq` must be an open CQ of the ops' domain.
-    pub unsafe fn query_cq(&self, cq: *mut fi::fid_cq) -> Result<FiEfaCqAttr> {
-        let f = slot!(self, query_cq);
-        let mut a = FiEfaCqAttr::zeroed();
-        // SAFETY: forwarded contract; output is a local.
-        let r = unsafe { f(cq as *mut FidCq, &mut a) };
-        if r != 0 {
-            return Err(FabricError::from_ret(r as i64, "GDA query_cq").into());
-        }
-        Ok(a)
-    }
-
-    /// The device lkey of `mr`.
-    ///
-    /// # Safety
-    /// `mr` must be an open registration of the ops' domain.
-    pub unsafe fn get_mr_lkey(&self, mr: *mut fi::fid_mr) -> Result<u32> {
-        let f = slot!(self, get_mr_lkey);
-        // SAFETY: forwarded contract.
-        let k = unsafe { f(mr as *mut FidMr) };
-        if k == FI_KEY_NOTAVAIL || k > u64::from(crate::efa::wqe::LKEY_MASK) {
-            return Err(GdaError::invalid(format!(
-                "GDA get_mr_lkey: no usable lkey ({k:#x})"
-            )));
-        }
-        Ok(k as u32)
-    }
-
-    /// Opens a CQ whose ring is `len` bytes of GPU memory at `buffer` exported as dmabuf `fd`.
-    ///
-    /// # Safety
-    /// The memory must stay allocated while the CQ is open.
-    unsafe fn cq_open_dmabuf(
-        &self,
-        size: usize,
-        buffer: u64,
-        len: u64,
-        offset: u64,
-        fd: i32,
-    ) -> Result<RawCq> {
-        let f = slot!(self, cq_open_ext);
-        // SAFETY: all-zero fi_cq_attr is valid input.
-        let mut attr: fi::fi_cq_attr = unsafe { std::mem::zeroed() };
-        attr.size = size;
-        attr.format = fi::fi_cq_format_FI_CQ_FORMAT_DATA;
-        attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
-        let mut init = FiEfaCqInitAttr::zeroed();
-        init.flags = FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF;
-        init.ext_mem_dmabuf.buffer = buffer as *mut u8;
-        init.ext_mem_dmabuf.length = len;
-        init.ext_mem_dmabuf.offset = offset;
-        init.ext_mem_dmabuf.fd = fd as u32;
-        let mut cq: *mut FidCq = ptr::null_mut();
-        // SAFETY: valid domain and attributes; cq receives the new object.
-        let r = unsafe {
-            f(
-                self.domain as *mut FidDomain,
-                &mut attr as *mut fi::fi_cq_attr as *mut FiCqAttr,
-                &mut init,
-                &mut cq,
-                ptr::null_mut(),
-            )
-        };
-        if r != 0 || cq.is_null() {
-            return Err(FabricError::from_ret(r as i64, "GDA cq_open_ext(dmabuf)").into());
-        }
-        Ok(RawCq {
-            raw: cq as *mut fi::fid_cq,
-        })
-    }
-}
-
-fn close_raw(fid: *mut fi::fid, what: &str) {
-    // SAFETY: the callers pass the fid of an object they own, closed once.
-    let r = unsafe { fi::fi_close(fid) };
-    if r != 0 {
-        tracing::warn!(
-            "{}",
-            FabricError::from_ret(r as i64, format!("fi_close({what})"))
-        );
-    }
-}
-
-/// An owned CQ.
-struct RawCq {
-    raw: *mut fi::fid_cq,
-}
-impl Drop for RawCq {
-    fn drop(&mut self) {
-        // SAFETY: open CQ.
-        close_raw(unsafe { &mut (*self.raw).fid }, "cq");
-    }
-}
-
-/// An owned AV.
-struct RawAv {
-    raw: *mut fi::fid_av,
-}
-impl Drop for RawAv {
-    fn drop(&mut self) {
-        // SAFETY: open AV.
-        close_raw(unsafe { &mut (*self.raw).fid }, "av");
-    }
-}
-
-/// An owned endpoint.
-struct RawEp {
-    raw: *mut fi::fid_ep,
-}
-impl Drop for RawEp {
-    fn drop(&mut self) {
-        // SAFETY: open endpoint.
-        close_raw(unsafe { &mut (*self.raw).fid }, "ep");
     }
 }
 
@@ -354,7 +134,7 @@ enum CqRing {
 /// A CQ ring published to the GPU, with the CQ when this library opened it. Dropping it unmaps a
 /// host ring before the CQ closes, and closes the CQ before its GPU ring is freed.
 struct CqView {
-    cq: Option<RawCq>,
+    cq: Option<Arc<CompletionQueue>>,
     ring: Option<CqRing>,
     device: u64,
     attr: FiEfaCqAttr,
@@ -380,32 +160,21 @@ impl Drop for CqView {
 
 /// Opens a CQ for the GPU: `cq_open_ext` on GPU memory (dmabuf), else a plain CQ mapped with DEVICEMAP.
 fn open_gpu_cq(ops: &GdaOps, domain: &Arc<Domain>, entries: usize) -> Result<CqView> {
-    match open_dmabuf_cq(ops, entries) {
+    match open_dmabuf_cq(ops, domain, entries) {
         Ok(x) => return Ok(x),
         Err(e) => tracing::info!(
             "GDA: CQ on GPU memory not available ({e}); using a host CQ mapped for the GPU"
         ),
     }
-    // SAFETY: all-zero fi_cq_attr is valid input.
-    let mut attr: fi::fi_cq_attr = unsafe { std::mem::zeroed() };
-    attr.size = entries;
-    attr.format = fi::fi_cq_format_FI_CQ_FORMAT_DATA;
-    attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
-    let mut raw = ptr::null_mut();
-    // SAFETY: valid domain; raw receives the new CQ.
-    let r = unsafe { fi::fi_cq_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut()) };
-    if r != 0 {
-        return Err(FabricError::from_ret(r as i64, "fi_cq_open").into());
-    }
-    let cq = RawCq { raw };
+    let cq = CompletionQueue::open(domain, entries)?;
     // SAFETY: open CQ of this domain.
-    let a = unsafe { ops.query_cq(cq.raw)? };
+    let a = unsafe { ops.query_cq(cq.handle())? };
     let mut view = cq_view(a)?;
     view.cq = Some(cq);
     Ok(view)
 }
 
-fn open_dmabuf_cq(ops: &GdaOps, entries: usize) -> Result<CqView> {
+fn open_dmabuf_cq(ops: &GdaOps, domain: &Arc<Domain>, entries: usize) -> Result<CqView> {
     let page = page_size();
     let len = ((entries as u64 * 32 + 4096) + page - 1) & !(page - 1);
     let buf = DeviceBuffer::new(len as usize)
@@ -428,16 +197,16 @@ fn open_dmabuf_cq(ops: &GdaOps, entries: usize) -> Result<CqView> {
         )));
     }
     // SAFETY: the device buffer goes into the returned view, which frees it only after the CQ closes.
-    let cq = unsafe { ops.cq_open_dmabuf(entries, buf.ptr(), len, buf.ptr() - base, fd) };
+    let cq = unsafe { ops.cq_open_dmabuf(domain, entries, buf.ptr(), len, buf.ptr() - base, fd) };
     // SAFETY: fd is ours; the provider holds its own reference once the CQ is open.
     unsafe { libc::close(fd) };
     let cq = cq?;
     // SAFETY: open CQ.
-    let a = match unsafe { ops.query_cq(cq.raw) } {
+    let a = match unsafe { ops.query_cq(cq.handle()) } {
         Ok(a) => a,
         Err(e) => {
             drop(cq);
-            return Err(e);
+            return Err(e.into());
         }
     };
     Ok(CqView {
@@ -482,9 +251,7 @@ fn cq_view(a: FiEfaCqAttr) -> Result<CqView> {
 /// Endpoint objects this library opened itself (dedicated GDA endpoint); the CQs live in the
 /// queue's CQ views and close after the endpoint.
 struct Owned {
-    ep: RawEp,
-    av: RawAv,
-    _domain: Arc<Domain>,
+    ep: Endpoint,
 }
 
 /// A hardware EFA queue published to the GPU. Dropping it unmaps the provider's rings, closes the
@@ -499,7 +266,7 @@ pub struct HwQueue {
     ctrl: DeviceBuffer,
     owned: Option<Owned>,
     ops: GdaOps,
-    ep: *mut fi::fid_ep,
+    ep: EndpointHandle,
     sq: FiEfaWqAttr,
     qpn: u16,
 }
@@ -519,63 +286,15 @@ impl HwQueue {
             ));
         }
         let info = domain.info();
-        // SAFETY: tx_attr/rx_attr are always set in a getinfo answer.
-        let (tx_size, rx_size) = unsafe {
-            (
-                (*(*info.as_ptr()).tx_attr).size,
-                (*(*info.as_ptr()).rx_attr).size,
-            )
-        };
-        let tx_view = open_gpu_cq(&ops, domain, tx_size.max(64))?;
-        let rx_view = open_gpu_cq(&ops, domain, rx_size.max(64))?;
-        let tx_cq = tx_view.cq.as_ref().map(|c| c.raw).expect("CQ opened here");
-        let rx_cq = rx_view.cq.as_ref().map(|c| c.raw).expect("CQ opened here");
-        // SAFETY: zeroed attr is valid input.
-        let mut av_attr: fi::fi_av_attr = unsafe { std::mem::zeroed() };
-        av_attr.type_ = fi::fi_av_type_FI_AV_TABLE;
-        av_attr.count = 64;
-        let mut av_raw = ptr::null_mut();
-        // SAFETY: valid domain; av_raw receives the AV.
-        let r =
-            unsafe { fi::fi_av_open(domain.as_ptr(), &mut av_attr, &mut av_raw, ptr::null_mut()) };
-        if r != 0 {
-            return Err(FabricError::from_ret(r as i64, "fi_av_open").into());
-        }
-        let av = RawAv { raw: av_raw };
-        let mut ep_raw = ptr::null_mut();
-        // SAFETY: valid domain and info; ep_raw receives the endpoint.
-        let r = unsafe {
-            fi::fi_endpoint(domain.as_ptr(), info.as_ptr(), &mut ep_raw, ptr::null_mut())
-        };
-        if r != 0 {
-            return Err(FabricError::from_ret(r as i64, "fi_endpoint").into());
-        }
-        let ep = RawEp { raw: ep_raw };
-        // SAFETY: binding open objects of the same domain, then enabling.
-        unsafe {
-            let bind = |fid: *mut fi::fid, flags: u64, what: &str| -> Result<()> {
-                let r = fi::fi_ep_bind(ep.raw, fid, flags);
-                if r != 0 {
-                    return Err(
-                        FabricError::from_ret(r as i64, format!("fi_ep_bind({what})")).into(),
-                    );
-                }
-                Ok(())
-            };
-            bind(&mut (*av.raw).fid, 0, "av")?;
-            bind(&mut (*tx_cq).fid, u64::from(fi::FI_TRANSMIT), "transmit cq")?;
-            bind(&mut (*rx_cq).fid, u64::from(fi::FI_RECV), "receive cq")?;
-            let r = fi::fi_enable(ep.raw);
-            if r != 0 {
-                return Err(FabricError::from_ret(r as i64, "fi_enable").into());
-            }
-        }
+        let tx_view = open_gpu_cq(&ops, domain, info.tx_size().max(64))?;
+        let rx_view = open_gpu_cq(&ops, domain, info.rx_size().max(64))?;
+        let tx_cq = tx_view.cq.clone().expect("CQ opened here");
+        let rx_cq = rx_view.cq.clone().expect("CQ opened here");
+        let av = AddressVector::open(domain, 64)?;
         let owned = Owned {
-            ep,
-            av,
-            _domain: domain.clone(),
+            ep: Endpoint::open_split(domain, &av, &tx_cq, &rx_cq)?,
         };
-        let ep = owned.ep.raw;
+        let ep = owned.ep.handle();
         // SAFETY: enabled endpoint of the ops' domain.
         let mut q = unsafe { Self::map_endpoint(ops, ep)? };
         q.tx_cq = Some(tx_view);
@@ -591,10 +310,7 @@ impl HwQueue {
     /// # Safety
     /// `ep` must be an open, enabled endpoint of the ops' domain that stays open until this value is
     /// dropped, and on which nothing else posts sends from now on.
-    pub unsafe fn on_external_ep(ops: GdaOps, ep: *mut fi::fid_ep) -> Result<HwQueue> {
-        if ep.is_null() {
-            return Err(GdaError::invalid("null endpoint"));
-        }
+    pub unsafe fn on_external_ep(ops: GdaOps, ep: EndpointHandle) -> Result<HwQueue> {
         if !mem::cuda_usable() {
             return Err(GdaError::unsupported(
                 "hardware GDA needs the CUDA driver and a current context to map the queues",
@@ -606,7 +322,7 @@ impl HwQueue {
 
     /// # Safety
     /// As for `on_external_ep`.
-    unsafe fn map_endpoint(ops: GdaOps, ep: *mut fi::fid_ep) -> Result<HwQueue> {
+    unsafe fn map_endpoint(ops: GdaOps, ep: EndpointHandle) -> Result<HwQueue> {
         // SAFETY: forwarded contract.
         let (sq, rq) = unsafe { ops.query_qp_wqs(ep)? };
         tracing::info!(
@@ -683,10 +399,7 @@ impl HwQueue {
     /// # Safety
     /// `cq` must be the open CQ bound to the endpoint for transmit completions, staying open while
     /// this value lives; the caller must not read completions from it afterwards.
-    pub unsafe fn set_cq(&mut self, cq: *mut fi::fid_cq) -> Result<()> {
-        if cq.is_null() {
-            return Err(GdaError::invalid("null CQ"));
-        }
+    pub unsafe fn set_cq(&mut self, cq: CqHandle) -> Result<()> {
         // SAFETY: forwarded contract.
         let a = unsafe { self.ops.query_cq(cq)? };
         self.tx_cq = Some(cq_view(a)?);
@@ -704,21 +417,7 @@ impl HwQueue {
             .owned
             .as_ref()
             .ok_or_else(|| GdaError::invalid("the endpoint belongs to the caller"))?;
-        let mut buf = vec![0u8; 256];
-        let mut len = buf.len();
-        // SAFETY: open endpoint; buf has len bytes.
-        let r = unsafe {
-            fi::fi_getname(
-                &mut (*o.ep.raw).fid,
-                buf.as_mut_ptr() as *mut c_void,
-                &mut len,
-            )
-        };
-        if r != 0 {
-            return Err(FabricError::from_ret(r as i64, "fi_getname").into());
-        }
-        buf.truncate(len);
-        Ok(buf)
+        Ok(o.ep.name()?)
     }
 
     /// Inserts `count` names into the dedicated endpoint's AV.
@@ -732,27 +431,7 @@ impl HwQueue {
                 names.len()
             )));
         }
-        let mut addrs = vec![u64::MAX; count];
-        // SAFETY: names holds count addresses; addrs has room for count results.
-        let r = unsafe {
-            fi::fi_av_insert(
-                o.av.raw,
-                names.as_ptr() as *const c_void,
-                count,
-                addrs.as_mut_ptr(),
-                0,
-                ptr::null_mut(),
-            )
-        };
-        if r < 0 {
-            return Err(FabricError::from_ret(r as i64, "fi_av_insert").into());
-        }
-        if r as usize != count {
-            return Err(GdaError::invalid(format!(
-                "fi_av_insert inserted {r} of {count} addresses"
-            )));
-        }
-        Ok(addrs)
+        Ok(o.ep.av().insert(names, count)?)
     }
 
     /// Address handle, QP number and qkey of every address, and this PE's QP number (`me`).
@@ -772,14 +451,14 @@ impl HwQueue {
     ///
     /// # Safety
     /// `mr` must be an open registration of the queue's domain.
-    pub unsafe fn lkey(&self, mr: *mut fi::fid_mr) -> Result<u32> {
+    pub unsafe fn lkey(&self, mr: MrHandle) -> Result<u32> {
         // SAFETY: forwarded contract.
-        unsafe { self.ops.get_mr_lkey(mr) }
+        Ok(unsafe { self.ops.get_mr_lkey(mr)? })
     }
 
-    /// The raw endpoint (to bind registrations).
-    pub fn ep(&self) -> *mut fi::fid_ep {
-        self.ep
+    /// The dedicated endpoint this queue opened (to bind registrations); `None` on the caller's.
+    pub fn endpoint(&self) -> Option<&Endpoint> {
+        self.owned.as_ref().map(|o| &o.ep)
     }
 
     /// The queue as kernels see it (`cq` 0 until a CQ is known).
@@ -848,13 +527,13 @@ pub struct EndpointProbe {
 /// Opens a throw-away endpoint on `domain`, queries its rings and, when CUDA is usable, maps the
 /// send ring and doorbell for the GPU (and unmaps them again).
 pub fn probe_endpoint(domain: &Arc<Domain>, ops: &GdaOps) -> Result<EndpointProbe> {
-    let av = crate::fabric::AddressVector::open(domain, 4)?;
-    let cq = crate::fabric::CompletionQueue::open(domain, 256)?;
-    let ep = crate::fabric::Endpoint::open(domain, &av, &cq, None)?;
+    let av = AddressVector::open(domain, 4)?;
+    let cq = CompletionQueue::open(domain, 256)?;
+    let ep = Endpoint::open(domain, &av, &cq, None)?;
     // SAFETY: enabled endpoint and open CQ of the ops' domain, alive for this function.
-    let (sq, rq) = unsafe { ops.query_qp_wqs(ep.as_ptr())? };
+    let (sq, rq) = unsafe { ops.query_qp_wqs(ep.handle())? };
     // SAFETY: as above.
-    let cq_attr = unsafe { ops.query_cq(cq.as_ptr()) };
+    let cq_attr = unsafe { ops.query_cq(cq.handle()) }.map_err(GdaError::from);
     let mapping = mem::cuda_usable().then(|| {
         let s = map_for_gpu(
             "send queue ring",
@@ -876,6 +555,7 @@ pub fn probe_endpoint(domain: &Arc<Domain>, ops: &GdaOps) -> Result<EndpointProb
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::errno;
 
     #[test]
     fn page_spans() {
@@ -887,15 +567,15 @@ mod tests {
 
     #[test]
     fn open_ops_errors_name_the_requirement() {
-        for code in [fi::FI_ENOSYS, fi::FI_EOPNOTSUPP] {
+        for code in [errno::ENOSYS, errno::EOPNOTSUPP] {
             let e = open_ops_error(FabricError::from_ret(
                 -(code as i64),
-                "fi_open_ops(efa gda ops)",
+                "open ops (efa gda ops)",
             ));
             assert_eq!(e.code, -libc::EOPNOTSUPP);
             assert!(e.message.contains(NO_GDA_OPS), "{e}");
         }
-        let e = open_ops_error(FabricError::from_ret(-(fi::FI_EIO as i64), "fi_open_ops"));
+        let e = open_ops_error(FabricError::from_ret(-(errno::EIO as i64), "fi_open_ops"));
         assert!(!e.message.contains(NO_GDA_OPS));
     }
 

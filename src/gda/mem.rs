@@ -17,8 +17,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::cuda::{self, DeviceBuffer, MappedHostBuffer};
+use crate::fabric::MemKind;
 
-use super::{GdaError, Result};
+use super::error::{GdaError, Result};
 
 /// Where a queue's GPU-updated control words live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,13 +27,22 @@ pub enum CtrlPlacement {
     /// Device memory when CUDA is usable (driver present and a context current), else host memory.
     Auto,
     /// Host memory (mapped for the GPU when CUDA is usable): lets a CPU thread play the GPU's part
-    /// ([`super::host_poster::HostPoster`]); GPU atomics on it are system-scope atomics over PCIe.
+    /// (`gda::host_poster::HostPoster`, feature `test-support`); GPU atomics on it are system-scope atomics over PCIe.
     Host,
 }
 
 /// True when CUDA can be used for allocations from this thread (driver present, context current).
 pub fn cuda_usable() -> bool {
     cuda::available() && cuda::current_context() != 0
+}
+
+/// Where the memory at `addr` lives, as the CUDA driver says (host memory without CUDA). Asked once
+/// per range; the answer travels with the range from then on.
+pub fn mem_kind(addr: u64) -> MemKind {
+    match cuda::pointer_kind(addr as *const c_void) {
+        cuda::PtrKind::Host => MemKind::Host,
+        cuda::PtrKind::Device { ordinal, .. } => MemKind::Cuda(ordinal),
+    }
 }
 
 enum SharedKind {

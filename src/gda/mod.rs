@@ -5,7 +5,7 @@
 //! Two ways in:
 //! * [`init_internal`] when this library is NVSHMEM's transport: the queue gets a dedicated endpoint
 //!   (own AV, own CQ) on the transport's domain, so libfabric never posts on the send queue the GPU
-//!   posts to. `auto` picks hardware when the domain answers `fi_open_ops("efa gda ops")` and is
+//!   posts to. `auto` picks hardware when the domain serves the `efa gda ops` table and is
 //!   `efa-direct`, the software queue otherwise.
 //! * [`init_on_external_ep`] for a patched NVSHMEM that owns the endpoint: hardware only.
 //!
@@ -16,13 +16,17 @@
 //! Everything is process-global behind one lock; every call is thread-safe, and `init_*` and [`fini`]
 //! are idempotent. [`Gda`] is the same thing as a value, for programs (and tests) that want several.
 /// cbindgen:ignore
+pub mod error;
+mod global;
+#[cfg(feature = "test-support")]
+/// cbindgen:ignore
 pub mod host_poster;
 /// cbindgen:ignore
 pub mod hw;
 /// cbindgen:ignore
 pub mod mem;
 /// cbindgen:ignore
-pub mod mr;
+pub mod queue;
 /// cbindgen:ignore
 pub mod softq;
 pub mod state;
@@ -31,22 +35,27 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::fmt;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use crate::config::{Config, GdaMode};
 use crate::cuda::{self, DeviceBuffer};
-use crate::fabric::{sys as fi, Domain, MemoryRegion};
+use crate::fabric::{
+    CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, MemoryRegion, MrHandle,
+};
 
-use self::hw::{GdaOps, HwQueue};
+pub use self::error::{GdaError, Result};
+pub use self::global::{
+    address, connect, device_state, device_state_device_ptr, fini, init_internal,
+    init_on_external_ep, local_heap_key, mode, set_cq, set_local_heap, set_local_heap_raw,
+    set_remote_heap,
+};
+use self::hw::HwQueue;
 use self::mem::CtrlPlacement;
-use self::mr::OwnedMr;
+use self::queue::{GdaQueue, Registration};
 use self::softq::{SoftQueue, SoftQueueConfig, Staging};
 use self::state::{
     NvshmemEfaGdaDeviceState, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_MODE_HW,
-    NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_PEER_VALID, NVSHMEM_EFA_GDA_STATE_VERSION,
+    NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_STATE_VERSION,
 };
 
 /// GDA is off (`NVSHMEM_EFA_GDA=off`).
@@ -58,79 +67,6 @@ pub const MODE_HW: u32 = NVSHMEM_EFA_GDA_MODE_HW;
 /// Software queue.
 /// cbindgen:ignore
 pub const MODE_SOFT: u32 = NVSHMEM_EFA_GDA_MODE_SOFT;
-
-/// An error of the GDA layer: a negative errno-style code and a message that says what and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GdaError {
-    /// Negative errno-style code (`-EINVAL`, `-EOPNOTSUPP`, `-ENODEV`, ...).
-    pub code: i32,
-    /// What failed and why.
-    pub message: String,
-}
-
-impl GdaError {
-    /// Bad argument (`-EINVAL`).
-    pub fn invalid(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::EINVAL,
-            message: m.into(),
-        }
-    }
-    /// Not supported here (`-EOPNOTSUPP`).
-    pub fn unsupported(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::EOPNOTSUPP,
-            message: m.into(),
-        }
-    }
-    /// Out of memory (`-ENOMEM`).
-    pub fn nomem(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::ENOMEM,
-            message: m.into(),
-        }
-    }
-    /// I/O or driver failure (`-EIO`).
-    pub fn io(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::EIO,
-            message: m.into(),
-        }
-    }
-    /// Not initialised (`-ENODEV`).
-    pub fn not_initialised() -> GdaError {
-        GdaError {
-            code: -libc::ENODEV,
-            message: "GDA is not initialised".into(),
-        }
-    }
-}
-
-impl fmt::Display for GdaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.message, self.code)
-    }
-}
-
-impl std::error::Error for GdaError {}
-
-impl From<crate::fabric::Error> for GdaError {
-    fn from(e: crate::fabric::Error) -> GdaError {
-        GdaError {
-            code: if e.code < 0 { e.code } else { -libc::EIO },
-            message: e.to_string(),
-        }
-    }
-}
-
-impl From<cuda::CudaError> for GdaError {
-    fn from(e: cuda::CudaError) -> GdaError {
-        GdaError::io(e.to_string())
-    }
-}
-
-/// Result of the GDA layer.
-pub type Result<T> = std::result::Result<T, GdaError>;
 
 /// Knobs beyond the configuration (tests and tools).
 #[derive(Clone, Debug)]
@@ -151,12 +87,6 @@ impl Default for GdaOptions {
             max_batch: None,
         }
     }
-}
-
-enum Backend {
-    Off,
-    Soft(SoftQueue),
-    Hw(Box<HwQueue>),
 }
 
 /// The local heap and how queues address it.
@@ -196,12 +126,14 @@ enum Published {
 /// Field order is drop order: the queue (and its consumer thread) goes before the registrations it
 /// uses.
 pub struct Gda {
-    backend: Backend,
+    /// The queue; `None` when GDA is off. Every queue call goes through it.
+    queue: Option<Box<dyn GdaQueue>>,
     heap: Option<LocalHeap>,
-    registrations: Vec<OwnedMr>,
+    registrations: Vec<MemoryRegion>,
     extra_lkeys: Vec<u32>,
     domain: Option<Arc<Domain>>,
-    domain_raw: *mut fi::fid_domain,
+    /// Identity of the domain (for the idempotence of `init_*`).
+    domain_id: usize,
     mode: u32,
     reason: String,
     my_pe: i32,
@@ -213,12 +145,6 @@ pub struct Gda {
     use_cuda: bool,
     cuda_ctx: usize,
 }
-
-// SAFETY: the raw domain pointer is only used for identity checks and calls on an FI_THREAD_SAFE
-// domain; everything else is Send + Sync data.
-unsafe impl Send for Gda {}
-// SAFETY: as above.
-unsafe impl Sync for Gda {}
 
 fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueConfig {
     let mut c = SoftQueueConfig::new(
@@ -236,16 +162,16 @@ impl Gda {
         mode: u32,
         reason: String,
         domain: Option<Arc<Domain>>,
-        domain_raw: *mut fi::fid_domain,
-        backend: Backend,
+        domain_id: usize,
+        queue: Option<Box<dyn GdaQueue>>,
     ) -> Gda {
         Gda {
-            backend,
+            queue,
             heap: None,
             registrations: Vec::new(),
             extra_lkeys: Vec::new(),
             domain,
-            domain_raw,
+            domain_id,
             mode,
             reason,
             my_pe: -1,
@@ -269,13 +195,13 @@ impl Gda {
         let hw_attempt = || -> Result<HwQueue> {
             if !hw::is_efa_direct(domain) {
                 // Still ask, so that the answer (and its error) is what the log shows.
-                let _ = GdaOps::open(domain)?;
+                let _ = hw::open_ops(domain)?;
                 return Err(GdaError::unsupported(format!(
                     "{}: provider {provider} is not efa-direct",
                     hw::NO_GDA_OPS
                 )));
             }
-            let ops = GdaOps::open(domain)?;
+            let ops = hw::open_ops(domain)?;
             HwQueue::open(domain, ops)
         };
         let soft = |reason: String| -> Result<Gda> {
@@ -285,8 +211,8 @@ impl Gda {
                 MODE_SOFT,
                 reason,
                 Some(domain.clone()),
-                domain.as_ptr(),
-                Backend::Soft(q),
+                domain.handle().id(),
+                Some(Box::new(q)),
             ))
         };
         match cfg.gda {
@@ -296,8 +222,8 @@ impl Gda {
                     MODE_OFF,
                     "NVSHMEM_EFA_GDA=off".into(),
                     Some(domain.clone()),
-                    domain.as_ptr(),
-                    Backend::Off,
+                    domain.handle().id(),
+                    None,
                 ))
             }
             GdaMode::Soft => soft("NVSHMEM_EFA_GDA=soft".into()),
@@ -310,8 +236,8 @@ impl Gda {
                         MODE_HW,
                         "NVSHMEM_EFA_GDA=hw".into(),
                         Some(domain.clone()),
-                        domain.as_ptr(),
-                        Backend::Hw(Box::new(q)),
+                        domain.handle().id(),
+                        Some(Box::new(q)),
                     ))
                 }
                 Err(e) => {
@@ -333,8 +259,8 @@ impl Gda {
                         MODE_HW,
                         "GDA ops answer".into(),
                         Some(domain.clone()),
-                        domain.as_ptr(),
-                        Backend::Hw(Box::new(q)),
+                        domain.handle().id(),
+                        Some(Box::new(q)),
                     ))
                 }
                 Err(e) => soft(format!("no hardware queues: {e}")),
@@ -349,13 +275,10 @@ impl Gda {
     /// `domain` and `ep` must be open libfabric objects (the endpoint enabled, of that domain) that
     /// stay open until this value is dropped; nothing else may post sends on `ep` afterwards.
     pub unsafe fn on_external_ep(
-        domain: *mut fi::fid_domain,
-        ep: *mut fi::fid_ep,
+        domain: DomainHandle,
+        ep: EndpointHandle,
         cfg: &Config,
     ) -> Result<Gda> {
-        if domain.is_null() || ep.is_null() {
-            return Err(GdaError::invalid("null domain or endpoint"));
-        }
         match cfg.gda {
             GdaMode::Off => {
                 tracing::info!("GDA: off (NVSHMEM_EFA_GDA=off)");
@@ -363,8 +286,8 @@ impl Gda {
                     MODE_OFF,
                     "NVSHMEM_EFA_GDA=off".into(),
                     None,
-                    domain,
-                    Backend::Off,
+                    domain.id(),
+                    None,
                 ));
             }
             GdaMode::Soft => {
@@ -377,8 +300,9 @@ impl Gda {
             GdaMode::Hw | GdaMode::Auto => {}
         }
         // SAFETY: forwarded contract.
-        let q =
-            unsafe { GdaOps::open_raw(domain).and_then(|ops| HwQueue::on_external_ep(ops, ep)) };
+        let q = unsafe {
+            hw::open_ops_foreign(domain).and_then(|ops| HwQueue::on_external_ep(ops, ep))
+        };
         match q {
             Ok(q) => {
                 tracing::info!("GDA: hardware EFA queue on the caller's endpoint");
@@ -386,8 +310,8 @@ impl Gda {
                     MODE_HW,
                     "GDA ops answer".into(),
                     None,
-                    domain,
-                    Backend::Hw(Box::new(q)),
+                    domain.id(),
+                    Some(Box::new(q)),
                 ))
             }
             Err(e) => {
@@ -421,27 +345,27 @@ impl Gda {
 
     /// The software queue, in software mode.
     pub fn soft_queue(&self) -> Option<&SoftQueue> {
-        match &self.backend {
-            Backend::Soft(q) => Some(q),
-            _ => None,
-        }
+        self.queue.as_deref().and_then(|q| q.as_soft())
     }
 
-    fn need_queue(&self) -> Result<()> {
-        match self.backend {
-            Backend::Off => Err(GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)")),
-            _ => Ok(()),
+    /// The queue; an error when GDA is off.
+    fn q(&self) -> Result<&dyn GdaQueue> {
+        self.queue
+            .as_deref()
+            .ok_or_else(|| GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)"))
+    }
+
+    /// [`Gda::q`], mutable.
+    fn q_mut(&mut self) -> Result<&mut dyn GdaQueue> {
+        match self.queue.as_deref_mut() {
+            Some(q) => Ok(q),
+            None => Err(GdaError::unsupported("GDA is off (NVSHMEM_EFA_GDA=off)")),
         }
     }
 
     /// Raw name of the dedicated endpoint (exchange it with every PE, then [`Gda::connect`]).
     pub fn address(&self) -> Result<Vec<u8>> {
-        self.need_queue()?;
-        match &self.backend {
-            Backend::Soft(q) => q.name(),
-            Backend::Hw(q) => q.name(),
-            Backend::Off => unreachable!("checked above"),
-        }
+        self.q()?.name()
     }
 
     /// Builds the peer table from every PE's endpoint name (`names`, `n_pes` names of equal length back
@@ -453,7 +377,7 @@ impl Gda {
         names: &[u8],
         fi_addrs: Option<&[u64]>,
     ) -> Result<()> {
-        self.need_queue()?;
+        self.q()?;
         if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
             return Err(GdaError::invalid(format!("connect: PE {my_pe} of {n_pes}")));
         }
@@ -484,55 +408,7 @@ impl Gda {
                 ),
             });
         }
-        let peers: Vec<NvshmemEfaGdaPeer> = match &mut self.backend {
-            Backend::Soft(q) => {
-                if names.is_empty() {
-                    return Err(GdaError::invalid(
-                        "connect: the software queue needs every PE's GDA endpoint name",
-                    ));
-                }
-                if n_pes > wire::SOFT_MAX_PES {
-                    return Err(GdaError::invalid(format!(
-                        "connect: the software queue addresses at most {} PEs",
-                        wire::SOFT_MAX_PES
-                    )));
-                }
-                let addrs = q.insert_names(names, n)?;
-                let qkey = wire::soft_qkey(n_pes, names);
-                q.set_peers(my_pe, qkey, &addrs)?;
-                (0..n_pes)
-                    .map(|pe| NvshmemEfaGdaPeer {
-                        ahn: pe as u16,
-                        qpn: wire::soft_qpn(pe),
-                        qkey,
-                        flags: NVSHMEM_EFA_GDA_PEER_VALID,
-                        ..Default::default()
-                    })
-                    .collect()
-            }
-            Backend::Hw(q) => {
-                let addrs = match (fi_addrs, names.is_empty()) {
-                    (Some(a), _) => a.to_vec(),
-                    (None, false) => q.insert_names(names, n)?,
-                    (None, true) => {
-                        return Err(GdaError::invalid(
-                            "connect: neither endpoint names nor fi_addr values",
-                        ))
-                    }
-                };
-                q.query_peers(&addrs, my_pe as usize)?
-                    .into_iter()
-                    .map(|(ahn, qpn, qkey)| NvshmemEfaGdaPeer {
-                        ahn,
-                        qpn,
-                        qkey,
-                        flags: NVSHMEM_EFA_GDA_PEER_VALID,
-                        ..Default::default()
-                    })
-                    .collect()
-            }
-            Backend::Off => unreachable!("checked above"),
-        };
+        let peers = self.q_mut()?.connect(my_pe, n_pes, names, fi_addrs)?;
         self.my_pe = my_pe;
         self.n_pes = n_pes;
         self.names = names.to_vec();
@@ -552,50 +428,51 @@ impl Gda {
         self.publish()
     }
 
-    fn ep_for_binding(&self) -> Option<*mut fi::fid_ep> {
-        match &self.backend {
-            Backend::Soft(q) => Some(q.endpoint().as_ptr()),
-            Backend::Hw(q) => Some(q.ep()),
-            Backend::Off => None,
-        }
-    }
-
-    fn register(
-        &mut self,
-        base: u64,
-        size: u64,
-    ) -> Result<(u64, *mut c_void, *mut fi::fid_mr, bool)> {
+    /// Registers `[base, base+size)` of memory of `kind` on the queue's endpoint (kept until this
+    /// value is dropped), or leaves it to the software queue's staging.
+    fn register(&mut self, base: u64, size: u64, kind: MemKind) -> Result<Registration> {
         let domain = self.domain.clone().ok_or_else(|| {
             GdaError::invalid(
                 "the caller owns the domain: pass the heap's registration (struct fid_mr)",
             )
         })?;
-        if let Backend::Soft(q) = &self.backend {
-            // A staging software queue moves GPU memory itself (non-blocking-stream copies): the
-            // provider never sees it, so it is not registered (no key, no descriptor).
-            if q.staging() != Staging::Off
-                && matches!(
-                    cuda::pointer_kind(base as *const c_void),
-                    cuda::PtrKind::Device { .. }
-                )
-            {
-                tracing::info!(
-                    "GDA: GPU memory {base:#x}+{size} is staged by the software queue: not registered with the provider"
-                );
-                return Ok((0, std::ptr::null_mut(), std::ptr::null_mut(), true));
-            }
+        let q = self.q()?;
+        if q.stages(kind) {
+            tracing::info!(
+                "GDA: GPU memory {base:#x}+{size} is staged by the software queue: not registered with the provider"
+            );
+            return Ok(Registration {
+                key: 0,
+                desc: std::ptr::null_mut(),
+                handle: None,
+                kind,
+            });
         }
         // SAFETY: the caller of set_local_heap/register_local guarantees the memory stays allocated
         // until fini; the endpoint belongs to the domain.
-        let mr = unsafe { OwnedMr::register(&domain, base, size, self.ep_for_binding())? };
-        let r = (mr.key(), mr.desc(), mr.as_ptr(), mr.is_device());
+        let mr = unsafe {
+            MemoryRegion::register_reserved(
+                &domain,
+                base as *const u8,
+                size as usize,
+                kind,
+                q.endpoint(),
+            )?
+        };
+        let r = Registration {
+            key: mr.key(),
+            desc: mr.desc(),
+            handle: Some(mr.handle()),
+            kind,
+        };
         self.registrations.push(mr);
         Ok(r)
     }
 
     /// Sets the local symmetric heap. With `mr` (a registration of exactly this range on the queue's
-    /// domain, kept open by the caller until [`Gda`] is dropped) its descriptor and key are used;
-    /// without, the range is registered here (host or CUDA memory as `cuda::pointer_kind` says).
+    /// domain, kept open by the caller until [`Gda`] is dropped) its descriptor, key and memory kind
+    /// are used; without, the range is registered here (host or CUDA memory as
+    /// `cuda::pointer_kind` says).
     pub fn set_local_heap(
         &mut self,
         base: u64,
@@ -603,62 +480,70 @@ impl Gda {
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
         // SAFETY: a MemoryRegion is an open registration.
-        unsafe {
-            self.set_local_heap_raw(base, size, mr.map_or(std::ptr::null_mut(), |m| m.as_ptr()))
-        }
+        unsafe { self.set_local_heap_with(base, size, mr.map(|m| (m.handle(), m.kind()))) }
     }
 
-    /// [`Gda::set_local_heap`] with a raw registration (null: register here).
+    /// [`Gda::set_local_heap`] with a registration the caller owns (`None`: register here). The
+    /// memory kind is found from the address.
     ///
     /// # Safety
-    /// `mr`, when not null, must be an open registration of `[base, base+size)` on the queue's domain
+    /// `mr`, when given, must be an open registration of `[base, base+size)` on the queue's domain
     /// that stays open until this value is dropped; the memory must stay allocated as long.
     pub unsafe fn set_local_heap_raw(
         &mut self,
         base: u64,
         size: u64,
-        mr: *mut fi::fid_mr,
+        mr: Option<MrHandle>,
     ) -> Result<()> {
-        self.need_queue()?;
+        let kind = mem::mem_kind(base);
+        // SAFETY: forwarded contract.
+        unsafe { self.set_local_heap_with(base, size, mr.map(|m| (m, kind))) }
+    }
+
+    /// # Safety
+    /// As for [`Gda::set_local_heap_raw`].
+    unsafe fn set_local_heap_with(
+        &mut self,
+        base: u64,
+        size: u64,
+        mr: Option<(MrHandle, MemKind)>,
+    ) -> Result<()> {
+        let takes_caller = {
+            let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
+            self.q()?.takes_caller_registration(mr_endpoint)
+        };
         if base == 0 || size == 0 || base.checked_add(size).is_none() {
             return Err(GdaError::invalid(format!(
                 "set_local_heap: bad range {base:#x}+{size}"
             )));
         }
-        let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
-        let (key, desc, raw, device) =
-            if mr.is_null() || (mr_endpoint && matches!(self.backend, Backend::Soft(_))) {
-                if !mr.is_null() {
-                    tracing::info!(
+        let reg = match mr {
+            Some((m, kind)) if takes_caller => {
+                // SAFETY: open registration per the contract.
+                let (key, desc) = unsafe { (m.key(), m.desc()) };
+                Registration {
+                    key,
+                    desc,
+                    handle: Some(m),
+                    kind,
+                }
+            }
+            Some((_, kind)) => {
+                tracing::info!(
                     "GDA: FI_MR_ENDPOINT provider: registering the heap again for the GDA endpoint"
                 );
-                }
-                self.register(base, size)?
-            } else {
-                // SAFETY: open registration per the contract.
-                let (key, desc) = unsafe { (fi::fi_mr_key(mr), fi::fi_mr_desc(mr)) };
-                let device = matches!(
-                    cuda::pointer_kind(base as *const c_void),
-                    cuda::PtrKind::Device { .. }
-                );
-                (key, desc, mr, device)
-            };
-        let old = self.heap.take();
-        let (lkey, soft_lkey) = match &self.backend {
-            Backend::Soft(q) => {
-                // SAFETY: desc describes [base, base+size) (our registration, or the caller's per the
-                // contract), which stays registered and allocated while the queue lives.
-                let l = unsafe { q.add_local(base, base, size, desc, device)? };
-                q.set_heap(l)?;
-                if let Some(o) = old.as_ref().and_then(|o| o.soft_lkey) {
-                    let _ = q.remove_local(o);
-                }
-                (l, Some(l))
+                self.register(base, size, kind)?
             }
-            // SAFETY: raw is an open registration of the queue's domain.
-            Backend::Hw(q) => (unsafe { q.lkey(raw)? }, None),
-            Backend::Off => unreachable!("checked above"),
+            None => self.register(base, size, mem::mem_kind(base))?,
         };
+        let old = self.heap.take();
+        // SAFETY: reg describes [base, base+size) (our registration, or the caller's per the
+        // contract), which stays registered and allocated while the queue lives.
+        let (lkey, soft_lkey) = unsafe {
+            self.q()?
+                .set_heap(base, size, &reg, old.and_then(|o| o.soft_lkey))?
+        };
+        let (key, device) = (reg.key, reg.kind.is_device());
         self.heap = Some(LocalHeap {
             base,
             size,
@@ -678,15 +563,10 @@ impl Gda {
     /// # Safety
     /// The memory must stay allocated until this value is dropped.
     pub unsafe fn register_local(&mut self, base: u64, size: u64) -> Result<u32> {
-        self.need_queue()?;
-        let (_, desc, raw, device) = self.register(base, size)?;
-        let lkey = match &self.backend {
-            // SAFETY: our registration of this range lives as long as the queue.
-            Backend::Soft(q) => unsafe { q.add_local(base, base, size, desc, device)? },
-            // SAFETY: open registration of the queue's domain.
-            Backend::Hw(q) => unsafe { q.lkey(raw)? },
-            Backend::Off => unreachable!("checked above"),
-        };
+        self.q()?;
+        let reg = self.register(base, size, mem::mem_kind(base))?;
+        // SAFETY: our registration of this range lives as long as the queue.
+        let lkey = unsafe { self.q()?.add_local(base, size, &reg)? };
         self.extra_lkeys.push(lkey);
         Ok(lkey)
     }
@@ -702,7 +582,7 @@ impl Gda {
     /// Records PE `pe`'s heap: base address, size, and the key of its registration. Before
     /// [`Gda::connect`] the heap is kept and applied when the peer table exists.
     pub fn set_remote_heap(&mut self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
-        self.need_queue()?;
+        let q = self.q()?;
         if pe < 0 || (self.n_pes > 0 && pe >= self.n_pes) {
             return Err(GdaError::invalid(format!(
                 "set_remote_heap: PE {pe} out of range (n_pes {})",
@@ -714,11 +594,7 @@ impl Gda {
                 "set_remote_heap: bad range {base:#x}+{size} for PE {pe}"
             )));
         }
-        if matches!(self.backend, Backend::Hw(_)) && key > u64::from(u32::MAX) {
-            return Err(GdaError::invalid(format!(
-                "set_remote_heap: key {key:#x} of PE {pe} does not fit an EFA rkey"
-            )));
-        }
+        q.check_remote_key(pe, key)?;
         let h = RemoteHeap { base, size, key };
         self.remote.insert(pe, h);
         if self.n_pes > 0 {
@@ -729,13 +605,7 @@ impl Gda {
     }
 
     fn apply_remote(&mut self, pe: i32, h: RemoteHeap) -> Result<()> {
-        let rkey = match &self.backend {
-            Backend::Soft(q) => {
-                q.set_remote_heap(pe, h.base, h.size, h.key)?;
-                wire::SOFT_RKEY_HEAP
-            }
-            _ => h.key as u32,
-        };
+        let rkey = self.q()?.set_remote_heap(pe, h.base, h.size, h.key)?;
         let p = &mut self.peers[pe as usize];
         p.heap_base = h.base;
         p.heap_size = h.size;
@@ -747,25 +617,17 @@ impl Gda {
     ///
     /// # Safety
     /// As for [`HwQueue::set_cq`].
-    pub unsafe fn set_cq(&mut self, cq: *mut fi::fid_cq) -> Result<()> {
-        match &mut self.backend {
-            // SAFETY: forwarded contract.
-            Backend::Hw(q) => unsafe { q.set_cq(cq)? },
-            _ => {
-                return Err(GdaError::invalid(
-                    "set_cq: only for hardware GDA on the caller's endpoint",
-                ))
-            }
-        }
+    pub unsafe fn set_cq(&mut self, cq: CqHandle) -> Result<()> {
+        let q = self.queue.as_deref_mut().ok_or_else(|| {
+            GdaError::invalid("set_cq: only for hardware GDA on the caller's endpoint")
+        })?;
+        // SAFETY: forwarded contract.
+        unsafe { q.set_cq(cq)? };
         self.publish()
     }
 
-    fn queue(&self) -> Option<NvshmemEfaGdaQueue> {
-        match &self.backend {
-            Backend::Soft(q) => Some(q.queue_desc()),
-            Backend::Hw(q) => Some(q.queue_desc()),
-            Backend::Off => None,
-        }
+    fn queue_desc(&self) -> Option<NvshmemEfaGdaQueue> {
+        self.queue.as_deref().map(|q| q.queue_desc())
     }
 
     /// The peer table (host copy).
@@ -783,7 +645,7 @@ impl Gda {
 
     /// The device state (host copy; the addresses inside are the ones kernels use).
     pub fn device_state(&self) -> Option<NvshmemEfaGdaDeviceState> {
-        let queue = self.queue()?;
+        let queue = self.queue_desc()?;
         let heap = self.heap.as_ref();
         let remote_complete = self.n_pes > 0 && self.peers.iter().all(|p| p.heap_size > 0);
         let cq_known = queue.cq != 0;
@@ -852,7 +714,7 @@ impl Gda {
 
     /// Rewrites the device copy of the peer table and the state.
     fn publish(&mut self) -> Result<()> {
-        if matches!(self.backend, Backend::Off) {
+        if self.queue.is_none() {
             return Ok(());
         }
         if self.use_cuda {
@@ -913,14 +775,14 @@ impl Gda {
         Ok(())
     }
 
-    fn same_domain(&self, domain: *mut fi::fid_domain) -> bool {
-        self.domain_raw == domain
+    fn same_domain(&self, domain: DomainHandle) -> bool {
+        self.domain_id == domain.id()
     }
 }
 
 impl Drop for Gda {
     fn drop(&mut self) {
-        if let Backend::Soft(q) = &self.backend {
+        if let Some(q) = &self.queue {
             q.stop();
         }
         if self.mode != MODE_OFF {
@@ -929,135 +791,9 @@ impl Drop for Gda {
     }
 }
 
-// ---- the process-global context ----
-
-static GDA: Mutex<Option<Gda>> = Mutex::new(None);
-
-/// Initialises GDA for this library's own transport on `domain` (idempotent: a second call on the
-/// same domain returns the mode chosen the first time). Returns `MODE_OFF`, `MODE_HW` or
-/// `MODE_SOFT`.
-pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
-    let mut g = GDA.lock();
-    if let Some(x) = g.as_ref() {
-        if x.same_domain(domain.as_ptr()) {
-            return Ok(x.mode);
-        }
-        return Err(GdaError {
-            code: -libc::EALREADY,
-            message: "GDA is already initialised on another domain".into(),
-        });
-    }
-    let gda = Gda::new(domain, cfg, &GdaOptions::default())?;
-    let m = gda.mode;
-    *g = Some(gda);
-    Ok(m)
-}
-
-/// Initialises hardware GDA on an endpoint the caller owns (patched NVSHMEM). The configuration is
-/// read from the environment.
-///
-/// # Safety
-/// As for [`Gda::on_external_ep`].
-pub unsafe fn init_on_external_ep(domain: *mut fi::fid_domain, ep: *mut fi::fid_ep) -> Result<u32> {
-    let cfg = Config::from_env().map_err(|e| GdaError::invalid(e.to_string()))?;
-    let mut g = GDA.lock();
-    if let Some(x) = g.as_ref() {
-        if x.same_domain(domain) {
-            return Ok(x.mode);
-        }
-        return Err(GdaError {
-            code: -libc::EALREADY,
-            message: "GDA is already initialised on another domain".into(),
-        });
-    }
-    // SAFETY: forwarded contract.
-    let gda = unsafe { Gda::on_external_ep(domain, ep, &cfg)? };
-    let m = gda.mode;
-    *g = Some(gda);
-    Ok(m)
-}
-
-fn with<T>(f: impl FnOnce(&mut Gda) -> Result<T>) -> Result<T> {
-    let mut g = GDA.lock();
-    f(g.as_mut().ok_or_else(GdaError::not_initialised)?)
-}
-
-/// Raw name of the GDA endpoint.
-pub fn address() -> Result<Vec<u8>> {
-    with(|g| g.address())
-}
-
-/// Builds the peer table (see [`Gda::connect`]).
-pub fn connect(my_pe: i32, n_pes: i32, names: &[u8], fi_addrs: Option<&[u64]>) -> Result<()> {
-    with(|g| g.connect(my_pe, n_pes, names, fi_addrs))
-}
-
-/// Sets the local heap (see [`Gda::set_local_heap`]). A given `mr` must stay open until [`fini`].
-pub fn set_local_heap(base: u64, size: u64, mr: Option<&MemoryRegion>) -> Result<()> {
-    with(|g| g.set_local_heap(base, size, mr))
-}
-
-/// [`set_local_heap`] with a raw registration.
-///
-/// # Safety
-/// As for [`Gda::set_local_heap_raw`], with "until [`fini`]".
-pub unsafe fn set_local_heap_raw(base: u64, size: u64, mr: *mut fi::fid_mr) -> Result<()> {
-    // SAFETY: forwarded contract.
-    with(|g| unsafe { g.set_local_heap_raw(base, size, mr) })
-}
-
-/// Records a peer's heap (see [`Gda::set_remote_heap`]).
-pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
-    with(|g| g.set_remote_heap(pe, base, size, key))
-}
-
-/// The key peers use for this PE's heap.
-pub fn local_heap_key() -> Result<u64> {
-    with(|g| g.local_heap_key())
-}
-
-/// Names the transmit CQ of the caller's endpoint (hardware GDA on an external endpoint).
-///
-/// # Safety
-/// As for [`HwQueue::set_cq`].
-pub unsafe fn set_cq(cq: *mut fi::fid_cq) -> Result<()> {
-    // SAFETY: forwarded contract.
-    with(|g| unsafe { g.set_cq(cq) })
-}
-
-/// The device state (host copy), if initialised with a queue.
-pub fn device_state() -> Option<NvshmemEfaGdaDeviceState> {
-    GDA.lock().as_ref().and_then(|g| g.device_state())
-}
-
-/// Address of the device-resident copy of the state kernels read (host address without CUDA), or 0.
-pub fn device_state_device_ptr() -> u64 {
-    GDA.lock().as_ref().map_or(0, |g| g.device_state_ptr())
-}
-
-/// 0 off, 1 hardware, 2 software, `-ENODEV` when not initialised.
-pub fn mode() -> i32 {
-    GDA.lock().as_ref().map_or(-libc::ENODEV, |g| g.mode as i32)
-}
-
-/// Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent.
-pub fn fini() {
-    let g = GDA.lock().take();
-    drop(g);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_carry_codes() {
-        assert_eq!(GdaError::invalid("x").code, -libc::EINVAL);
-        assert_eq!(GdaError::not_initialised().code, -libc::ENODEV);
-        let e: GdaError = crate::fabric::Error::from_ret(-38, "fi_open_ops").into();
-        assert_eq!(e.code, -38);
-        assert!(e.to_string().contains("fi_open_ops"));
-    }
 
     #[test]
     fn uninitialised_calls_fail_cleanly() {

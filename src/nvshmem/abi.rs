@@ -372,3 +372,4 @@ const _: () = {
     assert!(offset_of!(TransportV4, host_ops) == 0x80);
     assert!(size_of::<TransportV4>() == 0xf8);
 };
+pub const SERVED_MAJORS: &[i32] = &[3, 4];

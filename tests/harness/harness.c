@@ -1753,10 +1753,11 @@ static struct {
     uint64_t bytes;     /* --bench-bytes: bytes per size and endpoint (default 256 MiB) */
     int64_t limit_ms;   /* per size and endpoint */
     const char *csv;    /* --csv FILE (appended to); NULL: CSV lines on stdout after the table */
+    int lat_amo;        /* --bench-lat-amo: also 8 B put latency and the AMO rate (host endpoint) */
     /* results, rank 0 */
     uint64_t iters[2][BENCH_MAX_SIZES];
     double mbps[2][BENCH_MAX_SIZES];
-} bench = {0, {8, 4096, 65536, 1 * MiB, 4 * MiB}, 5, 256 * MiB, 2000, NULL, {{0}}, {{0}}};
+} bench = {0, {8, 4096, 65536, 1 * MiB, 4 * MiB}, 5, 256 * MiB, 2000, NULL, 0, {{0}}, {{0}}};
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -1862,6 +1863,101 @@ static void bench_report(void) {
     else fflush(stdout);
 }
 
+/* --bench-lat-amo, rank 0, host endpoint (qp 0), each for ~1 s:
+ *   lat: blocking 8-byte puts (is_nbi 0) each followed by a quiet: microseconds per put, i.e. the
+ *        time until the put is delivered at the target (the library's puts are delivery complete);
+ *   amo: non-fetching 64-bit ADD of 1 to a counter on rank 1, quiet every BENCH_WINDOW: operations
+ *        per second; rank 1 then checks that the counter equals the number of ADDs posted. */
+#define BENCH_LAT_AMO_MS 1000
+static int bench_lat(uint64_t *iters, double *usec) {
+    harness_rma_memdesc l = ldesc(BENCH_SRC_OFF), r = rdesc(1, BENCH_DST_OFF);
+    uint64_t n = 0;
+    int64_t t0 = 0;
+    for (uint64_t i = 0;; i++) {
+        if (i == BENCH_WARMUP) t0 = now_ns();
+        int rc = h_rma(1, HARNESS_OP_PUT, 0, &r, &l, 8, 1, 1, 1, 0);
+        if (!rc) rc = h_quiet(1, 0);
+        if (rc) {
+            failf("bench: blocking 8-byte put #%" PRIu64 " + quiet returned %d", i, rc);
+            return -1;
+        }
+        if (i >= BENCH_WARMUP) {
+            n++;
+            if ((n & 63) == 0 && now_ns() - t0 >= (int64_t)BENCH_LAT_AMO_MS * 1000000) break;
+        }
+    }
+    *iters = n;
+    *usec = (double)(now_ns() - t0) / 1e3 / (double)n;
+    return 0;
+}
+static int bench_amo(uint64_t *posted, uint64_t *iters, double *mops) {
+    uint64_t n = 0, total = 0;
+    int64_t t0 = 0;
+    for (int phase = 0; phase < 2; phase++) { /* 0: warm-up window, 1: timed */
+        if (phase) t0 = now_ns();
+        for (;;) {
+            for (int k = 0; k < BENCH_WINDOW; k++) {
+                harness_amo_memdesc m;
+                memset(&m, 0, sizeof m);
+                m.remote = rdesc(1, CNT_OFF);
+                m.val = 1;
+                int rc = h_amo(1, HARNESS_AMO_ADD, &m, 8, 0, 0);
+                if (rc) {
+                    failf("bench: amo ADD #%" PRIu64 " to PE 1 returned %d", total, rc);
+                    return -1;
+                }
+                total++;
+                if (phase) n++;
+            }
+            int rc = h_quiet(1, 0);
+            if (rc) {
+                failf("bench: quiet after amo ADDs returned %d", rc);
+                return -1;
+            }
+            if (!phase || now_ns() - t0 >= (int64_t)BENCH_LAT_AMO_MS * 1000000) break;
+        }
+    }
+    *posted = total;
+    *iters = n;
+    *mops = (double)n / ((double)(now_ns() - t0) / 1e9) / 1e6;
+    return 0;
+}
+
+static void case_bench_lat_amo(void) {
+    const int me = g.rank;
+    uint64_t lat_n = 0, amo_posted = 0, amo_n = 0;
+    double usec = 0, mops = 0;
+    int ok = 1;
+    if (me == 1) memset(g.heap + CNT_OFF, 0, 64);
+    BARRIER_OR_FAIL("before the latency and amo bench");
+    if (me == 0) ok = bench_lat(&lat_n, &usec) == 0 && bench_amo(&amo_posted, &amo_n, &mops) == 0;
+    BARRIER_OR_FAIL("after the latency and amo bench");
+    uint64_t mine[2] = {(uint64_t)ok, amo_posted}, all[MAX_PES][2];
+    if (allgather(mine, all, sizeof mine)) {
+        failf("bootstrap allgather failed (after the latency and amo bench): %s", bs.err);
+        return;
+    }
+    if (!all[0][0]) return;
+    if (me == 1) {
+        uint64_t got;
+        memcpy(&got, g.heap + CNT_OFF, 8);
+        if (got != all[0][1]) failf("bench: counter after %" PRIu64 " amo ADDs is %" PRIu64, all[0][1], got);
+    }
+    if (me != 0) return;
+    const char *prov = bench_provider();
+    printf("transport 8-byte blocking put + quiet: %.2f us (%" PRIu64 " puts); amo ADD (quiet every %d): "
+           "%.3f Mops/s (%" PRIu64 " ops)\n", usec, lat_n, BENCH_WINDOW, mops, amo_n);
+    FILE *csv = bench.csv ? fopen(bench.csv, "a") : stdout;
+    if (!csv) {
+        failf("bench: cannot open %s: %s", bench.csv, strerror(errno));
+        return;
+    }
+    fprintf(csv, "transport_lat,%s,%d,host,8,%" PRIu64 ",%.3f\n", prov, g.abi, lat_n, usec);
+    fprintf(csv, "transport_amo,%s,%d,host,8,%" PRIu64 ",%.4f\n", prov, g.abi, amo_n, mops);
+    if (csv != stdout) fclose(csv);
+    else fflush(stdout);
+}
+
 static void case_bench(void) {
     const int me = g.rank;
     size_t maxsize = 0;
@@ -1893,6 +1989,7 @@ static void case_bench(void) {
         }
     }
     if (me == 0 && ok) bench_report();
+    if (ok && bench.lat_amo) case_bench_lat_amo();
 }
 
 /* ======================================================================================
@@ -2656,8 +2753,10 @@ static void usage(FILE *f) {
             "  the proxy endpoint (quiet every %d puts; each size stops after ~2 s or --bench-bytes), prints a\n"
             "  table and appends CSV lines transport,<provider>,<abi>,<endpoint>,<size>,<iters>,<mbps> to FILE\n"
             "  (stdout without --csv); no other case runs\n"
+            "  --bench-lat-amo: --bench, then (host endpoint, ~1 s each) 8-byte blocking put + quiet latency and\n"
+            "  the rate of 64-bit amo ADDs (quiet every %d), CSV transport_lat,...,<us> and transport_amo,...,<Mops/s>\n"
             "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n",
-            BENCH_WINDOW);
+            BENCH_WINDOW, BENCH_WINDOW);
     for (size_t i = 0; i < NCASES; i++)
         fprintf(f, "  %-20s %s%s\n", CASES[i].name, CASES[i].what, CASES[i].min_abi == 4 ? " [ABI 4]" : "");
 }
@@ -2710,6 +2809,9 @@ int main(int argc, char **argv) {
             g.proxy_progress = 1;
         } else if (!strcmp(a, "--bench")) {
             bench.on = 1;
+        } else if (!strcmp(a, "--bench-lat-amo")) {
+            bench.on = 1;
+            bench.lat_amo = 1;
         } else if (!v) {
             fprintf(stderr, "harness: %s needs a value\n", a);
             usage(stderr);

@@ -1,0 +1,59 @@
+//! Completion counters.
+use std::ptr;
+use std::sync::Arc;
+
+use ofi_libfabric_sys::bindgen as fi;
+
+use super::domain::{close_fid, Domain};
+use super::error::{check, Result};
+
+/// A completion counter.
+pub struct Counter {
+    pub(super) raw: *mut fi::fid_cntr,
+    _domain: Arc<Domain>,
+}
+// SAFETY: FI_THREAD_SAFE domain objects.
+unsafe impl Send for Counter {}
+// SAFETY: as above.
+unsafe impl Sync for Counter {}
+
+impl Counter {
+    /// Opens a counter of completions.
+    pub fn open(domain: &Arc<Domain>) -> Result<Arc<Counter>> {
+        // SAFETY: zeroed attr is valid input.
+        let mut attr: fi::fi_cntr_attr = unsafe { std::mem::zeroed() };
+        attr.events = fi::fi_cntr_events_FI_CNTR_EVENTS_COMP;
+        attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
+        let mut raw = ptr::null_mut();
+        // SAFETY: valid domain.
+        let ret = unsafe { fi::fi_cntr_open(domain.raw, &mut attr, &mut raw, ptr::null_mut()) };
+        check(ret as i64, || "fi_cntr_open".to_string())?;
+        Ok(Arc::new(Counter {
+            raw,
+            _domain: domain.clone(),
+        }))
+    }
+
+    /// Successful completions so far.
+    pub fn read(&self) -> u64 {
+        // SAFETY: open counter.
+        unsafe { fi::fi_cntr_read(self.raw) }
+    }
+
+    /// Failed completions so far.
+    pub fn read_err(&self) -> u64 {
+        // SAFETY: open counter.
+        unsafe { fi::fi_cntr_readerr(self.raw) }
+    }
+
+    pub(super) fn fid(&self) -> *mut fi::fid {
+        // SAFETY: open counter.
+        unsafe { &mut (*self.raw).fid }
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        close_fid(self.fid(), "cntr");
+    }
+}

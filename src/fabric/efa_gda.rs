@@ -1,0 +1,197 @@
+//! Calls into the provider's GPU Direct Async operations table (`fi_open_ops(domain, "efa gda ops")`,
+//! libfabric >= 2.3, `efa-direct` fabric; layout in [`super::efa_gda_abi`]): queries of an
+//! endpoint's rings, of a CQ's ring, of peer address handles and of registration lkeys, and CQs on
+//! caller memory. Errors are fabric errors; whether "no table" means "no GDA here" is the caller's
+//! reading.
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use ofi_libfabric_sys::bindgen as fi;
+
+use super::cq::CompletionQueue;
+use super::domain::{Domain, FiAddr};
+use super::efa_gda_abi::{
+    FiCqAttr, FiEfaCqAttr, FiEfaCqInitAttr, FiEfaOpsGda, FiEfaWqAttr, FidCq, FidDomain, FidEp,
+    FidMr, FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF, FI_EFA_GDA_OPS_CSTR,
+};
+use super::error::{check, Error, Result};
+use super::handle::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
+
+/// `FI_KEY_NOTAVAIL`.
+const FI_KEY_NOTAVAIL: u64 = u64::MAX;
+
+/// True for the codes with which a provider says it has no such ops table.
+pub fn is_no_ops_code(code: i32) -> bool {
+    let c = code.unsigned_abs();
+    c == fi::FI_ENOSYS || c == fi::FI_EOPNOTSUPP || c == fi::FI_EINVAL || c == fi::FI_ENOENT
+}
+
+/// The provider's GDA operations table of one domain.
+#[derive(Clone, Copy)]
+pub struct GdaOps {
+    table: *const FiEfaOpsGda,
+    domain: DomainHandle,
+}
+
+// SAFETY: the table is immutable provider data; the calls are thread-safe on an FI_THREAD_SAFE domain.
+unsafe impl Send for GdaOps {}
+// SAFETY: as above.
+unsafe impl Sync for GdaOps {}
+
+macro_rules! slot {
+    ($self:ident, $name:ident) => {
+        // SAFETY: the table pointer came from fi_open_ops and stays valid while the domain is open;
+        // the first five slots exist in every version of the table (2.3.0 on).
+        unsafe { (*$self.table).$name }.ok_or_else(|| {
+            Error::unsupported(concat!("GDA ops: ", stringify!($name), " is missing"))
+        })?
+    };
+}
+
+impl GdaOps {
+    /// Opens the GDA ops of `domain`.
+    pub fn open(domain: &Arc<Domain>) -> Result<GdaOps> {
+        // SAFETY: the domain is open and outlives this call's use of it.
+        unsafe { Self::open_foreign(domain.handle()) }
+    }
+
+    /// Opens the GDA ops of a domain the caller owns.
+    ///
+    /// # Safety
+    /// `domain` must be an open libfabric domain that outlives the returned value.
+    pub unsafe fn open_foreign(domain: DomainHandle) -> Result<GdaOps> {
+        let mut ops: *mut c_void = ptr::null_mut();
+        // SAFETY: open domain per the contract; the name is the GDA table, whose layout
+        // `FiEfaOpsGda` mirrors.
+        let ret = unsafe {
+            fi::fi_open_ops(
+                &mut (*domain.0).fid,
+                FI_EFA_GDA_OPS_CSTR.as_ptr(),
+                0,
+                &mut ops,
+                ptr::null_mut(),
+            )
+        };
+        check(ret as i64, || "fi_open_ops(efa gda ops)".to_string())?;
+        if ops.is_null() {
+            return Err(Error::unsupported(
+                "fi_open_ops(efa gda ops) returned no table",
+            ));
+        }
+        Ok(GdaOps {
+            table: ops as *const FiEfaOpsGda,
+            domain,
+        })
+    }
+
+    /// The domain the table belongs to.
+    pub fn domain(&self) -> DomainHandle {
+        self.domain
+    }
+
+    /// Address handle number, QP number and qkey of `addr` as seen from `ep`.
+    ///
+    /// # Safety
+    /// `ep` must be an open endpoint of the ops' domain and `addr` an address of its AV.
+    pub unsafe fn query_addr(&self, ep: EndpointHandle, addr: FiAddr) -> Result<(u16, u16, u32)> {
+        let f = slot!(self, query_addr);
+        let (mut ahn, mut qpn, mut qkey) = (0u16, 0u16, 0u32);
+        // SAFETY: forwarded contract; outputs are locals.
+        let r = unsafe { f(ep.0 as *mut FidEp, addr, &mut ahn, &mut qpn, &mut qkey) };
+        check(r as i64, || format!("GDA query_addr(fi_addr {addr})"))?;
+        Ok((ahn, qpn, qkey))
+    }
+
+    /// The send and receive rings of `ep`.
+    ///
+    /// # Safety
+    /// `ep` must be an open, enabled endpoint of the ops' domain.
+    pub unsafe fn query_qp_wqs(&self, ep: EndpointHandle) -> Result<(FiEfaWqAttr, FiEfaWqAttr)> {
+        let f = slot!(self, query_qp_wqs);
+        let mut sq = FiEfaWqAttr::zeroed();
+        let mut rq = FiEfaWqAttr::zeroed();
+        // SAFETY: forwarded contract; outputs are locals.
+        let r = unsafe { f(ep.0 as *mut FidEp, &mut sq, &mut rq) };
+        check(r as i64, || "GDA query_qp_wqs".to_string())?;
+        Ok((sq, rq))
+    }
+
+    /// The ring of `cq`.
+    ///
+    /// # Safety
+    /// `cq` must be an open CQ of the ops' domain.
+    pub unsafe fn query_cq(&self, cq: CqHandle) -> Result<FiEfaCqAttr> {
+        let f = slot!(self, query_cq);
+        let mut a = FiEfaCqAttr::zeroed();
+        // SAFETY: forwarded contract; output is a local.
+        let r = unsafe { f(cq.0 as *mut FidCq, &mut a) };
+        check(r as i64, || "GDA query_cq".to_string())?;
+        Ok(a)
+    }
+
+    /// The device lkey of `mr`.
+    ///
+    /// # Safety
+    /// `mr` must be an open registration of the ops' domain.
+    pub unsafe fn get_mr_lkey(&self, mr: MrHandle) -> Result<u32> {
+        let f = slot!(self, get_mr_lkey);
+        // SAFETY: forwarded contract.
+        let k = unsafe { f(mr.0 as *mut FidMr) };
+        if k == FI_KEY_NOTAVAIL || k > u64::from(crate::efa::wqe::LKEY_MASK) {
+            return Err(Error::invalid(format!(
+                "GDA get_mr_lkey: no usable lkey ({k:#x})"
+            )));
+        }
+        Ok(k as u32)
+    }
+
+    /// Opens a CQ of `size` entries on `domain` (the ops' domain) whose ring is `len` bytes of GPU
+    /// memory at `buffer`, exported as dmabuf `fd` (`offset`: the buffer's offset in it).
+    ///
+    /// # Safety
+    /// The memory must stay allocated while the CQ is open.
+    pub unsafe fn cq_open_dmabuf(
+        &self,
+        domain: &Arc<Domain>,
+        size: usize,
+        buffer: u64,
+        len: u64,
+        offset: u64,
+        fd: i32,
+    ) -> Result<Arc<CompletionQueue>> {
+        let f = slot!(self, cq_open_ext);
+        if domain.handle() != self.domain {
+            return Err(Error::invalid(
+                "GDA cq_open_ext: domain is not the ops' domain",
+            ));
+        }
+        // SAFETY: all-zero fi_cq_attr is valid input.
+        let mut attr: fi::fi_cq_attr = unsafe { std::mem::zeroed() };
+        attr.size = size;
+        attr.format = fi::fi_cq_format_FI_CQ_FORMAT_DATA;
+        attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
+        let mut init = FiEfaCqInitAttr::zeroed();
+        init.flags = FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF;
+        init.ext_mem_dmabuf.buffer = buffer as *mut u8;
+        init.ext_mem_dmabuf.length = len;
+        init.ext_mem_dmabuf.offset = offset;
+        init.ext_mem_dmabuf.fd = fd as u32;
+        let mut cq: *mut FidCq = ptr::null_mut();
+        // SAFETY: valid domain and attributes; cq receives the new object.
+        let r = unsafe {
+            f(
+                self.domain.0 as *mut FidDomain,
+                &mut attr as *mut fi::fi_cq_attr as *mut FiCqAttr,
+                &mut init,
+                &mut cq,
+                ptr::null_mut(),
+            )
+        };
+        if r != 0 || cq.is_null() {
+            return Err(Error::from_ret(r as i64, "GDA cq_open_ext(dmabuf)"));
+        }
+        // SAFETY: a CQ the provider just opened on this domain, owned from here on.
+        Ok(unsafe { CompletionQueue::from_raw(domain, cq as *mut fi::fid_cq) })
+    }
+}

@@ -1,0 +1,584 @@
+//! RDM endpoints and their data-transfer calls.
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use ofi_libfabric_sys::bindgen as fi;
+
+use super::av::AddressVector;
+use super::cntr::Counter;
+use super::cq::CompletionQueue;
+use super::domain::{close_fid, Domain, FiAddr};
+use super::error::{check, Result};
+use super::handle::EndpointHandle;
+use super::types::{AtomicOp, Datatype};
+
+/// An enabled RDM endpoint bound to an AV, a CQ and a counter.
+pub struct Endpoint {
+    pub(super) raw: *mut fi::fid_ep,
+    av: Arc<AddressVector>,
+    cq: Arc<CompletionQueue>,
+    /// A receive CQ of its own ([`Endpoint::open_split`]); otherwise `cq` takes both directions.
+    rx_cq: Option<Arc<CompletionQueue>>,
+    cntr: Option<Arc<Counter>>,
+    domain: Arc<Domain>,
+}
+// SAFETY: FI_THREAD_SAFE endpoint.
+unsafe impl Send for Endpoint {}
+// SAFETY: as above.
+unsafe impl Sync for Endpoint {}
+
+impl Endpoint {
+    /// Opens an endpoint, binds AV, CQ (transmit and receive) and optionally a counter (counting
+    /// transmit, read and write completions), and enables it.
+    pub fn open(
+        domain: &Arc<Domain>,
+        av: &Arc<AddressVector>,
+        cq: &Arc<CompletionQueue>,
+        cntr: Option<&Arc<Counter>>,
+    ) -> Result<Endpoint> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: valid domain and info.
+        let ret = unsafe {
+            fi::fi_endpoint(
+                domain.raw,
+                domain.info().as_ptr(),
+                &mut raw,
+                ptr::null_mut(),
+            )
+        };
+        check(ret as i64, || "fi_endpoint".to_string())?;
+        let ep = Endpoint {
+            raw,
+            av: av.clone(),
+            cq: cq.clone(),
+            rx_cq: None,
+            cntr: cntr.cloned(),
+            domain: domain.clone(),
+        };
+        // SAFETY: binding open objects of the same domain to the new endpoint.
+        unsafe {
+            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
+                "fi_ep_bind(av)".to_string()
+            })?;
+            check(
+                fi::fi_ep_bind(raw, cq.fid(), (fi::FI_TRANSMIT | fi::FI_RECV) as u64) as i64,
+                || "fi_ep_bind(cq)".to_string(),
+            )?;
+            if let Some(c) = cntr {
+                let flags = (fi::FI_SEND | fi::FI_READ | fi::FI_WRITE) as u64;
+                check(fi::fi_ep_bind(raw, c.fid(), flags) as i64, || {
+                    "fi_ep_bind(cntr)".to_string()
+                })?;
+            }
+            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
+        }
+        Ok(ep)
+    }
+
+    /// Opens an endpoint with separate transmit and receive CQs (no counter), binds them and the AV,
+    /// and enables it.
+    pub fn open_split(
+        domain: &Arc<Domain>,
+        av: &Arc<AddressVector>,
+        tx_cq: &Arc<CompletionQueue>,
+        rx_cq: &Arc<CompletionQueue>,
+    ) -> Result<Endpoint> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: valid domain and info.
+        let ret = unsafe {
+            fi::fi_endpoint(
+                domain.raw,
+                domain.info().as_ptr(),
+                &mut raw,
+                ptr::null_mut(),
+            )
+        };
+        check(ret as i64, || "fi_endpoint".to_string())?;
+        let ep = Endpoint {
+            raw,
+            av: av.clone(),
+            cq: tx_cq.clone(),
+            rx_cq: Some(rx_cq.clone()),
+            cntr: None,
+            domain: domain.clone(),
+        };
+        // SAFETY: binding open objects of the same domain to the new endpoint.
+        unsafe {
+            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
+                "fi_ep_bind(av)".to_string()
+            })?;
+            check(
+                fi::fi_ep_bind(raw, tx_cq.fid(), fi::FI_TRANSMIT as u64) as i64,
+                || "fi_ep_bind(transmit cq)".to_string(),
+            )?;
+            check(
+                fi::fi_ep_bind(raw, rx_cq.fid(), fi::FI_RECV as u64) as i64,
+                || "fi_ep_bind(receive cq)".to_string(),
+            )?;
+            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
+        }
+        Ok(ep)
+    }
+
+    /// Raw endpoint name, to be exchanged with peers and inserted into their AVs.
+    pub fn name(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: buf has len bytes.
+        let mut ret =
+            unsafe { fi::fi_getname(self.fid(), buf.as_mut_ptr() as *mut c_void, &mut len) };
+        if ret == -(fi::FI_ETOOSMALL as i32) || (ret != 0 && len > buf.len()) {
+            buf.resize(len, 0);
+            // SAFETY: buf resized to the length libfabric asked for.
+            ret = unsafe { fi::fi_getname(self.fid(), buf.as_mut_ptr() as *mut c_void, &mut len) };
+        }
+        check(ret as i64, || "fi_getname".to_string())?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    pub(crate) fn fid(&self) -> *mut fi::fid {
+        // SAFETY: open endpoint.
+        unsafe { &mut (*self.raw).fid }
+    }
+
+    /// The raw handle.
+    pub fn as_ptr(&self) -> *mut fi::fid_ep {
+        self.raw
+    }
+
+    /// The AV bound to the endpoint.
+    pub fn av(&self) -> &Arc<AddressVector> {
+        &self.av
+    }
+
+    /// The CQ bound to the endpoint (its transmit CQ when opened with [`Endpoint::open_split`]).
+    pub fn cq(&self) -> &Arc<CompletionQueue> {
+        &self.cq
+    }
+
+    /// The receive CQ (the same as [`Endpoint::cq`] unless opened with [`Endpoint::open_split`]).
+    pub fn rx_cq(&self) -> &Arc<CompletionQueue> {
+        self.rx_cq.as_ref().unwrap_or(&self.cq)
+    }
+
+    /// A non-owning handle of the endpoint (valid while `self` lives).
+    pub fn handle(&self) -> EndpointHandle {
+        EndpointHandle(self.raw)
+    }
+
+    /// The counter bound to the endpoint, if any.
+    pub fn counter(&self) -> Option<&Arc<Counter>> {
+        self.cntr.as_ref()
+    }
+
+    /// The domain.
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// RDMA write of `len` bytes to `(dest, addr, key)`.
+    ///
+    /// # Safety
+    /// `buf` (described by `desc`) and `ctx` must stay valid until the completion is reaped.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_write(
+                self.raw,
+                buf as *const c_void,
+                len,
+                desc,
+                dest,
+                addr,
+                key,
+                ctx,
+            );
+            check(ret as i64, || {
+                format!("fi_write({len} bytes to {dest}:{addr:#x})")
+            })
+        }
+    }
+
+    /// RDMA write carrying 64 bits of remote CQ data (the target gets a completion with it).
+    ///
+    /// # Safety
+    /// As for `write`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_data(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        data: u64,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_writedata(
+                self.raw,
+                buf as *const c_void,
+                len,
+                desc,
+                data,
+                dest,
+                addr,
+                key,
+                ctx,
+            );
+            check(ret as i64, || {
+                format!("fi_writedata({len} bytes to {dest}:{addr:#x})")
+            })
+        }
+    }
+
+    /// RDMA write with explicit flags (FI_INJECT, FI_FENCE, FI_DELIVERY_COMPLETE, ...).
+    ///
+    /// # Safety
+    /// As for `write`; with FI_INJECT the buffer may be reused on return.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_msg(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let mut iov = libc::iovec {
+                iov_base: buf as *mut c_void,
+                iov_len: len,
+            };
+            let mut d = desc;
+            let mut riov = fi::fi_rma_iov { addr, len, key };
+            let mut msg: fi::fi_msg_rma = std::mem::zeroed();
+            msg.msg_iov = &mut iov as *mut libc::iovec as *const _;
+            msg.desc = &mut d;
+            msg.iov_count = 1;
+            msg.addr = dest;
+            msg.rma_iov = &mut riov;
+            msg.rma_iov_count = 1;
+            msg.context = ctx;
+            let ret = fi::fi_writemsg(self.raw, &msg, flags);
+            check(ret as i64, || {
+                format!("fi_writemsg({len} bytes to {dest}:{addr:#x}, flags {flags:#x})")
+            })
+        }
+    }
+
+    /// RDMA read of `len` bytes from `(dest, addr, key)` into `buf`.
+    ///
+    /// # Safety
+    /// As for `write`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn read(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_read(
+                self.raw,
+                buf as *mut c_void,
+                len,
+                desc,
+                dest,
+                addr,
+                key,
+                ctx,
+            );
+            check(ret as i64, || {
+                format!("fi_read({len} bytes from {dest}:{addr:#x})")
+            })
+        }
+    }
+
+    /// Sends a message.
+    ///
+    /// # Safety
+    /// As for `write`.
+    pub unsafe fn send(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: FiAddr,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_send(self.raw, buf as *const c_void, len, desc, dest, ctx);
+            check(ret as i64, || format!("fi_send({len} bytes to {dest})"))
+        }
+    }
+
+    /// Posts a receive buffer (from any source).
+    ///
+    /// # Safety
+    /// As for `write`.
+    pub unsafe fn recv(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_recv(self.raw, buf as *mut c_void, len, desc, u64::MAX, ctx);
+            check(ret as i64, || format!("fi_recv({len} bytes)"))
+        }
+    }
+
+    /// Whether the provider supports `op` on `datatype` (non-fetching, fetching, compare forms).
+    pub fn atomic_valid(&self, datatype: Datatype, op: AtomicOp) -> (bool, bool, bool) {
+        let (datatype, op) = (fi::fi_datatype::from(datatype), fi::fi_op::from(op));
+        let mut count = 0usize;
+        // SAFETY: queries only.
+        unsafe {
+            let a = fi::fi_atomicvalid(self.raw, datatype, op, &mut count) == 0 && count > 0;
+            let f = fi::fi_fetch_atomicvalid(self.raw, datatype, op, &mut count) == 0 && count > 0;
+            let c =
+                fi::fi_compare_atomicvalid(self.raw, datatype, op, &mut count) == 0 && count > 0;
+            (a, f, c)
+        }
+    }
+
+    /// Non-fetching atomic on one element.
+    ///
+    /// # Safety
+    /// As for `write` (`buf` holds the operand).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn atomic(
+        &self,
+        buf: *const u8,
+        desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        dt: Datatype,
+        op: AtomicOp,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_atomic(
+                self.raw,
+                buf as *const c_void,
+                1,
+                desc,
+                dest,
+                addr,
+                key,
+                dt,
+                op,
+                ctx,
+            );
+            check(ret as i64, || {
+                format!("fi_atomic(op {op}, dt {dt}, {dest}:{addr:#x})")
+            })
+        }
+    }
+
+    /// Fetching atomic on one element; the old value lands in `result`.
+    ///
+    /// # Safety
+    /// As for `write` (`buf` holds the operand, `result` receives the old value).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn fetch_atomic(
+        &self,
+        buf: *const u8,
+        desc: *mut c_void,
+        result: *mut u8,
+        result_desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        dt: Datatype,
+        op: AtomicOp,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_fetch_atomic(
+                self.raw,
+                buf as *const c_void,
+                1,
+                desc,
+                result as *mut c_void,
+                result_desc,
+                dest,
+                addr,
+                key,
+                dt,
+                op,
+                ctx,
+            );
+            check(ret as i64, || {
+                format!("fi_fetch_atomic(op {op}, dt {dt}, {dest}:{addr:#x})")
+            })
+        }
+    }
+
+    /// Compare-and-swap on one element; the old value lands in `result`.
+    ///
+    /// # Safety
+    /// As for `fetch_atomic`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn compare_atomic(
+        &self,
+        buf: *const u8,
+        desc: *mut c_void,
+        compare: *const u8,
+        compare_desc: *mut c_void,
+        result: *mut u8,
+        result_desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        dt: Datatype,
+        ctx: *mut c_void,
+    ) -> Result<()> {
+        let dt = fi::fi_datatype::from(dt);
+        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        unsafe {
+            let ret = fi::fi_compare_atomic(
+                self.raw,
+                buf as *const c_void,
+                1,
+                desc,
+                compare as *const c_void,
+                compare_desc,
+                result as *mut c_void,
+                result_desc,
+                dest,
+                addr,
+                key,
+                dt,
+                fi::fi_op_FI_CSWAP,
+                ctx,
+            );
+            check(ret as i64, || {
+                format!("fi_compare_atomic(dt {dt}, {dest}:{addr:#x})")
+            })
+        }
+    }
+}
+
+impl Endpoint {
+    /// `fi_writemsg` (`write`) or `fi_readmsg` with one local and one remote segment, remote CQ data
+    /// `data` (sent when `flags` holds [`flags::REMOTE_CQ_DATA`](super::flags::REMOTE_CQ_DATA)) and
+    /// `flags`.
+    ///
+    /// # Safety
+    /// `buf` (described by `desc`) must stay valid for `len` bytes, and `ctx` valid, until the
+    /// completion is reaped or the endpoint is closed.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rma_msg(
+        &self,
+        write: bool,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+        data: u64,
+        flags: u64,
+    ) -> Result<()> {
+        let iov = libc::iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: len,
+        };
+        let mut d = desc;
+        let riov = fi::fi_rma_iov { addr, len, key };
+        // SAFETY: an all-zero fi_msg_rma is valid; every pointer set below outlives the call.
+        let mut msg: fi::fi_msg_rma = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &iov as *const libc::iovec as *const _;
+        msg.desc = &mut d;
+        msg.iov_count = 1;
+        msg.addr = dest;
+        msg.rma_iov = &riov;
+        msg.rma_iov_count = 1;
+        msg.context = ctx;
+        msg.data = data;
+        // SAFETY: open endpoint; the buffers and context per the contract.
+        let ret = unsafe {
+            if write {
+                fi::fi_writemsg(self.raw, &msg, flags)
+            } else {
+                fi::fi_readmsg(self.raw, &msg, flags)
+            }
+        };
+        let what = if write { "fi_writemsg" } else { "fi_readmsg" };
+        check(ret as i64, || {
+            format!("{what}({len} bytes, {dest}:{addr:#x}, flags {flags:#x})")
+        })
+    }
+
+    /// `fi_sendmsg` of one registered buffer with `flags`.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::rma_msg`].
+    pub unsafe fn send_msg(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: FiAddr,
+        ctx: *mut c_void,
+        flags: u64,
+    ) -> Result<()> {
+        let iov = libc::iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: len,
+        };
+        let mut d = desc;
+        // SAFETY: an all-zero fi_msg is valid; every pointer set below outlives the call.
+        let mut msg: fi::fi_msg = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &iov as *const libc::iovec as *const _;
+        msg.desc = &mut d;
+        msg.iov_count = 1;
+        msg.addr = dest;
+        msg.context = ctx;
+        // SAFETY: open endpoint; the buffer and context per the contract.
+        let ret = unsafe { fi::fi_sendmsg(self.raw, &msg, flags) };
+        check(ret as i64, || {
+            format!("fi_sendmsg({len} bytes to {dest}, flags {flags:#x})")
+        })
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        close_fid(self.fid(), "ep");
+    }
+}

@@ -1,0 +1,127 @@
+//! The process-global GDA context: what this library's transport and the C API drive. One [`Gda`]
+//! behind a lock; every call is thread-safe, `init_*` and [`fini`] are idempotent.
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::fabric::{CqHandle, Domain, DomainHandle, EndpointHandle, MemoryRegion, MrHandle};
+
+use super::error::{GdaError, Result};
+use super::state::NvshmemEfaGdaDeviceState;
+use super::{Gda, GdaOptions};
+
+static GDA: Mutex<Option<Gda>> = Mutex::new(None);
+
+/// Initialises GDA for this library's own transport on `domain` (idempotent: a second call on the
+/// same domain returns the mode chosen the first time). Returns `MODE_OFF`, `MODE_HW` or
+/// `MODE_SOFT`.
+pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
+    let mut g = GDA.lock();
+    if let Some(x) = g.as_ref() {
+        if x.same_domain(domain.handle()) {
+            return Ok(x.mode);
+        }
+        return Err(GdaError {
+            code: -libc::EALREADY,
+            message: "GDA is already initialised on another domain".into(),
+        });
+    }
+    let gda = Gda::new(domain, cfg, &GdaOptions::default())?;
+    let m = gda.mode;
+    *g = Some(gda);
+    Ok(m)
+}
+
+/// Initialises hardware GDA on an endpoint the caller owns (patched NVSHMEM). The configuration is
+/// read from the environment.
+///
+/// # Safety
+/// As for [`Gda::on_external_ep`].
+pub unsafe fn init_on_external_ep(domain: DomainHandle, ep: EndpointHandle) -> Result<u32> {
+    let cfg = Config::from_env().map_err(|e| GdaError::invalid(e.to_string()))?;
+    let mut g = GDA.lock();
+    if let Some(x) = g.as_ref() {
+        if x.same_domain(domain) {
+            return Ok(x.mode);
+        }
+        return Err(GdaError {
+            code: -libc::EALREADY,
+            message: "GDA is already initialised on another domain".into(),
+        });
+    }
+    // SAFETY: forwarded contract.
+    let gda = unsafe { Gda::on_external_ep(domain, ep, &cfg)? };
+    let m = gda.mode;
+    *g = Some(gda);
+    Ok(m)
+}
+
+fn with<T>(f: impl FnOnce(&mut Gda) -> Result<T>) -> Result<T> {
+    let mut g = GDA.lock();
+    f(g.as_mut().ok_or_else(GdaError::not_initialised)?)
+}
+
+/// Raw name of the GDA endpoint.
+pub fn address() -> Result<Vec<u8>> {
+    with(|g| g.address())
+}
+
+/// Builds the peer table (see [`Gda::connect`]).
+pub fn connect(my_pe: i32, n_pes: i32, names: &[u8], fi_addrs: Option<&[u64]>) -> Result<()> {
+    with(|g| g.connect(my_pe, n_pes, names, fi_addrs))
+}
+
+/// Sets the local heap (see [`Gda::set_local_heap`]). A given `mr` must stay open until [`fini`].
+pub fn set_local_heap(base: u64, size: u64, mr: Option<&MemoryRegion>) -> Result<()> {
+    with(|g| g.set_local_heap(base, size, mr))
+}
+
+/// [`set_local_heap`] with a raw registration.
+///
+/// # Safety
+/// As for [`Gda::set_local_heap_raw`], with "until [`fini`]".
+pub unsafe fn set_local_heap_raw(base: u64, size: u64, mr: Option<MrHandle>) -> Result<()> {
+    // SAFETY: forwarded contract.
+    with(|g| unsafe { g.set_local_heap_raw(base, size, mr) })
+}
+
+/// Records a peer's heap (see [`Gda::set_remote_heap`]).
+pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
+    with(|g| g.set_remote_heap(pe, base, size, key))
+}
+
+/// The key peers use for this PE's heap.
+pub fn local_heap_key() -> Result<u64> {
+    with(|g| g.local_heap_key())
+}
+
+/// Names the transmit CQ of the caller's endpoint (hardware GDA on an external endpoint).
+///
+/// # Safety
+/// As for [`HwQueue::set_cq`].
+pub unsafe fn set_cq(cq: CqHandle) -> Result<()> {
+    // SAFETY: forwarded contract.
+    with(|g| unsafe { g.set_cq(cq) })
+}
+
+/// The device state (host copy), if initialised with a queue.
+pub fn device_state() -> Option<NvshmemEfaGdaDeviceState> {
+    GDA.lock().as_ref().and_then(|g| g.device_state())
+}
+
+/// Address of the device-resident copy of the state kernels read (host address without CUDA), or 0.
+pub fn device_state_device_ptr() -> u64 {
+    GDA.lock().as_ref().map_or(0, |g| g.device_state_ptr())
+}
+
+/// 0 off, 1 hardware, 2 software, `-ENODEV` when not initialised.
+pub fn mode() -> i32 {
+    GDA.lock().as_ref().map_or(-libc::ENODEV, |g| g.mode as i32)
+}
+
+/// Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent.
+pub fn fini() {
+    let g = GDA.lock().take();
+    drop(g);
+}

@@ -1,0 +1,292 @@
+//! [`GdaQueue`]: what a GDA context asks of its queue, implemented by the hardware queue
+//! ([`HwQueue`]) and the software queue ([`SoftQueue`]). The context holds one
+//! `Option<Box<dyn GdaQueue>>` (none when GDA is off) and dispatches every call through it.
+use std::ffi::c_void;
+
+use crate::fabric::{CqHandle, Endpoint, MemKind, MrHandle};
+
+use super::error::{GdaError, Result};
+use super::hw::HwQueue;
+use super::softq::{SoftQueue, Staging};
+use super::state::{NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_PEER_VALID};
+use super::wire;
+use super::{MODE_HW, MODE_SOFT};
+
+/// One registration of a local range as the queues use it.
+#[derive(Clone, Copy, Debug)]
+pub struct Registration {
+    /// Key peers use for the range.
+    pub key: u64,
+    /// Local descriptor for data-transfer calls (null where the range is staged).
+    pub desc: *mut c_void,
+    /// The registration; `None` where the software queue stages the memory (not registered).
+    pub handle: Option<MrHandle>,
+    /// Where the memory lives.
+    pub kind: MemKind,
+}
+
+impl Registration {
+    fn mr(&self) -> Result<MrHandle> {
+        self.handle
+            .ok_or_else(|| GdaError::invalid("the range is staged, not registered"))
+    }
+}
+
+/// A GDA queue, hardware or software: its endpoint, its peer table, how WQEs name local and remote
+/// memory, and the queue description kernels read.
+pub trait GdaQueue: Send + Sync {
+    /// `MODE_HW` or `MODE_SOFT`.
+    fn mode(&self) -> u32;
+
+    /// Raw name of the queue's endpoint, to exchange with every PE.
+    fn name(&self) -> Result<Vec<u8>>;
+
+    /// The endpoint this library opened for the queue (registrations bind to it), if any.
+    fn endpoint(&self) -> Option<&Endpoint>;
+
+    /// Connects to `n_pes` PEs (`names`: their endpoint names back to back, or `fi_addrs` of the
+    /// caller's AV) and returns the peer table kernels read.
+    fn connect(
+        &mut self,
+        my_pe: i32,
+        n_pes: i32,
+        names: &[u8],
+        fi_addrs: Option<&[u64]>,
+    ) -> Result<Vec<NvshmemEfaGdaPeer>>;
+
+    /// Whether the queue moves memory of `kind` itself (then it is not registered).
+    fn stages(&self, _kind: MemKind) -> bool {
+        false
+    }
+
+    /// Whether a registration the caller made can serve the queue's endpoint (`mr_endpoint`: the
+    /// provider binds registrations to one endpoint).
+    fn takes_caller_registration(&self, _mr_endpoint: bool) -> bool {
+        true
+    }
+
+    /// Makes a registered local range addressable by WQEs and returns its lkey.
+    ///
+    /// # Safety
+    /// `reg` must describe `[base, base+size)` and stay registered, and the memory allocated, while
+    /// the queue lives.
+    unsafe fn add_local(&self, base: u64, size: u64, reg: &Registration) -> Result<u32>;
+
+    /// Makes `[base, base+size)` the local heap; `old` is what the previous call returned. Returns
+    /// the lkey and what to pass as `old` next time.
+    ///
+    /// # Safety
+    /// As for [`GdaQueue::add_local`].
+    unsafe fn set_heap(
+        &self,
+        base: u64,
+        size: u64,
+        reg: &Registration,
+        old: Option<u32>,
+    ) -> Result<(u32, Option<u32>)>;
+
+    /// Checks a peer's heap key before it is recorded.
+    fn check_remote_key(&self, _pe: i32, _key: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Records PE `pe`'s heap with the queue; returns the rkey kernels put into WQEs for it.
+    fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32>;
+
+    /// Names the transmit CQ of the caller's endpoint.
+    ///
+    /// # Safety
+    /// As for [`HwQueue::set_cq`].
+    unsafe fn set_cq(&mut self, _cq: CqHandle) -> Result<()> {
+        Err(GdaError::invalid(
+            "set_cq: only for hardware GDA on the caller's endpoint",
+        ))
+    }
+
+    /// The queue as kernels see it.
+    fn queue_desc(&self) -> NvshmemEfaGdaQueue;
+
+    /// Stops the queue's work (before the context's registrations go).
+    fn stop(&self) {}
+
+    /// The software queue, if this is one.
+    fn as_soft(&self) -> Option<&SoftQueue> {
+        None
+    }
+}
+
+impl GdaQueue for SoftQueue {
+    fn mode(&self) -> u32 {
+        MODE_SOFT
+    }
+
+    fn name(&self) -> Result<Vec<u8>> {
+        SoftQueue::name(self)
+    }
+
+    fn endpoint(&self) -> Option<&Endpoint> {
+        Some(SoftQueue::endpoint(self))
+    }
+
+    fn connect(
+        &mut self,
+        my_pe: i32,
+        n_pes: i32,
+        names: &[u8],
+        _fi_addrs: Option<&[u64]>,
+    ) -> Result<Vec<NvshmemEfaGdaPeer>> {
+        if names.is_empty() {
+            return Err(GdaError::invalid(
+                "connect: the software queue needs every PE's GDA endpoint name",
+            ));
+        }
+        if n_pes > wire::SOFT_MAX_PES {
+            return Err(GdaError::invalid(format!(
+                "connect: the software queue addresses at most {} PEs",
+                wire::SOFT_MAX_PES
+            )));
+        }
+        let addrs = self.insert_names(names, n_pes as usize)?;
+        let qkey = wire::soft_qkey(n_pes, names);
+        self.set_peers(my_pe, qkey, &addrs)?;
+        Ok((0..n_pes)
+            .map(|pe| NvshmemEfaGdaPeer {
+                ahn: pe as u16,
+                qpn: wire::soft_qpn(pe),
+                qkey,
+                flags: NVSHMEM_EFA_GDA_PEER_VALID,
+                ..Default::default()
+            })
+            .collect())
+    }
+
+    fn stages(&self, kind: MemKind) -> bool {
+        // A staging software queue moves GPU memory itself (non-blocking-stream copies): the
+        // provider never sees it.
+        self.staging() != Staging::Off && kind.is_device()
+    }
+
+    fn takes_caller_registration(&self, mr_endpoint: bool) -> bool {
+        // On FI_MR_ENDPOINT providers the caller's registration is bound to its own endpoint.
+        !mr_endpoint
+    }
+
+    unsafe fn add_local(&self, base: u64, size: u64, reg: &Registration) -> Result<u32> {
+        // SAFETY: forwarded contract.
+        unsafe { SoftQueue::add_local(self, base, base, size, reg.desc, reg.kind.is_device()) }
+    }
+
+    unsafe fn set_heap(
+        &self,
+        base: u64,
+        size: u64,
+        reg: &Registration,
+        old: Option<u32>,
+    ) -> Result<(u32, Option<u32>)> {
+        // SAFETY: forwarded contract.
+        let l = unsafe { GdaQueue::add_local(self, base, size, reg)? };
+        SoftQueue::set_heap(self, l)?;
+        if let Some(o) = old {
+            let _ = self.remove_local(o);
+        }
+        Ok((l, Some(l)))
+    }
+
+    fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32> {
+        SoftQueue::set_remote_heap(self, pe, base, size, key)?;
+        Ok(wire::SOFT_RKEY_HEAP)
+    }
+
+    fn queue_desc(&self) -> NvshmemEfaGdaQueue {
+        SoftQueue::queue_desc(self)
+    }
+
+    fn stop(&self) {
+        SoftQueue::stop(self)
+    }
+
+    fn as_soft(&self) -> Option<&SoftQueue> {
+        Some(self)
+    }
+}
+
+impl GdaQueue for HwQueue {
+    fn mode(&self) -> u32 {
+        MODE_HW
+    }
+
+    fn name(&self) -> Result<Vec<u8>> {
+        HwQueue::name(self)
+    }
+
+    fn endpoint(&self) -> Option<&Endpoint> {
+        HwQueue::endpoint(self)
+    }
+
+    fn connect(
+        &mut self,
+        my_pe: i32,
+        n_pes: i32,
+        names: &[u8],
+        fi_addrs: Option<&[u64]>,
+    ) -> Result<Vec<NvshmemEfaGdaPeer>> {
+        let addrs = match (fi_addrs, names.is_empty()) {
+            (Some(a), _) => a.to_vec(),
+            (None, false) => self.insert_names(names, n_pes as usize)?,
+            (None, true) => {
+                return Err(GdaError::invalid(
+                    "connect: neither endpoint names nor fi_addr values",
+                ))
+            }
+        };
+        Ok(self
+            .query_peers(&addrs, my_pe as usize)?
+            .into_iter()
+            .map(|(ahn, qpn, qkey)| NvshmemEfaGdaPeer {
+                ahn,
+                qpn,
+                qkey,
+                flags: NVSHMEM_EFA_GDA_PEER_VALID,
+                ..Default::default()
+            })
+            .collect())
+    }
+
+    unsafe fn add_local(&self, _base: u64, _size: u64, reg: &Registration) -> Result<u32> {
+        // SAFETY: an open registration of the queue's domain, per the contract.
+        unsafe { self.lkey(reg.mr()?) }
+    }
+
+    unsafe fn set_heap(
+        &self,
+        base: u64,
+        size: u64,
+        reg: &Registration,
+        _old: Option<u32>,
+    ) -> Result<(u32, Option<u32>)> {
+        // SAFETY: forwarded contract.
+        Ok((unsafe { GdaQueue::add_local(self, base, size, reg)? }, None))
+    }
+
+    fn check_remote_key(&self, pe: i32, key: u64) -> Result<()> {
+        if key > u64::from(u32::MAX) {
+            return Err(GdaError::invalid(format!(
+                "set_remote_heap: key {key:#x} of PE {pe} does not fit an EFA rkey"
+            )));
+        }
+        Ok(())
+    }
+
+    fn set_remote_heap(&self, _pe: i32, _base: u64, _size: u64, key: u64) -> Result<u32> {
+        Ok(key as u32)
+    }
+
+    unsafe fn set_cq(&mut self, cq: CqHandle) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { HwQueue::set_cq(self, cq) }
+    }
+
+    fn queue_desc(&self) -> NvshmemEfaGdaQueue {
+        HwQueue::queue_desc(self)
+    }
+}

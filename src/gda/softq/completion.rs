@@ -1,0 +1,168 @@
+//! TX completions: writing CQEs in the EFA format, and reaping the endpoint's completion queue.
+use super::*;
+
+impl Consumer {
+    pub(super) fn push_tx_cqe(&mut self, req_id: u16, status: CqStatus, op: OpType) {
+        let n = self.inner.cq_entries;
+        let slot = (self.cq_pc & u64::from(n - 1)) as usize;
+        let c = TxCqe {
+            req_id: u64::from(req_id),
+            req_id_64: false,
+            status,
+            phase: cqe::cq_expected_phase(self.cq_pc, n),
+            op,
+            qp_num: self.tables.my_qpn(),
+        };
+        let bytes = cqe::encode_tx(&c);
+        // SAFETY: the slot lies inside the CQ ring.
+        unsafe {
+            mem::publish_cqe(
+                self.inner.ring(self.inner.layout.cq + slot * TX_CQE_SIZE),
+                &bytes,
+            )
+        };
+        self.cq_pc += 1;
+        self.completed += 1;
+        self.inner
+            .completed
+            .store(self.completed, Ordering::Release);
+    }
+
+    pub(super) fn complete_tx(&mut self, slot: u64, status: CqStatus) {
+        let Some(f) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+            tracing::error!("software queue: completion for unknown slot {slot}");
+            return;
+        };
+        self.free_slots.push(slot as u32);
+        if let Some(b) = f.bounce {
+            self.free_bounce.push(b);
+        }
+        self.in_flight -= 1;
+        self.push_tx_cqe(f.req_id, status, f.op);
+    }
+
+    pub(super) fn flush_in_flight(&mut self) {
+        let mut n = 0;
+        for s in 0..self.slots.len() {
+            if self.slots[s].is_some() {
+                self.complete_tx(s as u64, CqStatus::Flushed);
+                n += 1;
+            }
+        }
+        if let Some(p) = self.stalled.take() {
+            self.finish_failed(p, CqStatus::Flushed, "queue stopped");
+            n += 1;
+        }
+        if n > 0 {
+            tracing::warn!(
+                "software queue stopped with {n} operations in flight: completed as flushed"
+            );
+        }
+    }
+
+    // ---- completions from libfabric ----
+
+    pub(super) fn poll_cq(&mut self) -> usize {
+        let inner = self.inner.clone();
+        let mut total = 0;
+        for _ in 0..4 {
+            // SAFETY: an all-zero CQ entry is valid plain data.
+            let mut entries: [CqEntry; 32] = unsafe { std::mem::zeroed() };
+            match inner.ep.cq().read(&mut entries) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for e in &entries[..n] {
+                        self.on_completion(e);
+                    }
+                    total += n;
+                    if n < entries.len() {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    total += 1;
+                    self.on_error(
+                        err.context,
+                        err.flags,
+                        err.error.code,
+                        &err.error.to_string(),
+                    );
+                }
+            }
+        }
+        self.flush_rx_batch();
+        total
+    }
+
+    pub(super) fn on_completion(&mut self, e: &CqEntry) {
+        let remote_data = flags::REMOTE_CQ_DATA;
+        if e.flags & remote_data != 0 && e.flags & flags::RECV == 0 {
+            self.on_write_imm(e.data, e.len);
+            return;
+        }
+        match self.inner.ctxs.get(e.op_context) {
+            Some((TAG_TX, slot)) => {
+                self.inner.ctxs.free(e.op_context);
+                self.complete_tx(slot, CqStatus::Ok);
+            }
+            Some((TAG_RX, idx)) => {
+                self.inner.ctxs.free(e.op_context);
+                self.on_recv(idx as usize, e.len);
+            }
+            Some((TAG_STX, b)) => {
+                self.inner.ctxs.free(e.op_context);
+                self.on_stage_sent(b as usize, 0, "");
+            }
+            _ => tracing::warn!(
+                "software queue: completion with unknown context {:p} (flags {:#x})",
+                e.op_context,
+                e.flags
+            ),
+        }
+    }
+
+    pub(super) fn on_error(&mut self, ctx: *mut c_void, flags: u64, code: i32, text: &str) {
+        match self.inner.ctxs.get(ctx) {
+            Some((TAG_TX, slot)) => {
+                self.inner.ctxs.free(ctx);
+                let status = fabric_error_status(code);
+                tracing::warn!("software queue: operation failed ({status}): {text}");
+                self.complete_tx(slot, status);
+            }
+            Some((TAG_STX, b)) => {
+                self.inner.ctxs.free(ctx);
+                self.on_stage_sent(b as usize, if code == 0 { -(errno::EIO as i32) } else { code }, text);
+            }
+            Some((TAG_RX, idx)) => {
+                self.inner.ctxs.free(ctx);
+                if code.unsigned_abs() == errno::ECANCELED {
+                    return;
+                }
+                tracing::warn!("software queue: receive failed: {text}");
+                let status = fabric_error_status(code);
+                let t = self.tables.clone();
+                self.push_rx(RxCqe {
+                    req_id: self.rx_seq as u16,
+                    status,
+                    phase: 0,
+                    op: OpType::Send,
+                    has_imm: false,
+                    unsolicited: false,
+                    qp_num: t.my_qpn(),
+                    length: 0,
+                    ah: AH_UNKNOWN,
+                    src_qp: 0,
+                    imm: 0,
+                    src_addr: None,
+                });
+                self.rx_seq += 1;
+                if !self.inner.stop.load(Ordering::Acquire) {
+                    if let Err(e) = self.post_receive(idx as usize) {
+                        tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                    }
+                }
+            }
+            _ => tracing::warn!("software queue: error completion without a known context (flags {flags:#x}): {text}"),
+        }
+    }
+}

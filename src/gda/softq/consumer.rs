@@ -1,0 +1,241 @@
+//! The consumer thread: its state, its loop, stall reports and the idle policy.
+use super::*;
+
+/// The consumer thread's state.
+pub(super) struct Consumer {
+    pub(super) inner: Arc<Inner>,
+    pub(super) tables: Arc<Tables>,
+    pub(super) generation: u64,
+    pub(super) ci: u64,
+    pub(super) cached_done: u64,
+    pub(super) done_checked: Option<Instant>,
+    pub(super) cq_pc: u64,
+    pub(super) rx_pc: u64,
+    pub(super) cached_rx_ci: u64,
+    pub(super) rx_ci_checked: Option<Instant>,
+    pub(super) rx_seq: u64,
+    pub(super) pending_rx: VecDeque<RxCqe>,
+    pub(super) rx_pending_warned: bool,
+    pub(super) stalled: Option<Pending>,
+    pub(super) slots: Vec<Option<InFlight>>,
+    pub(super) free_slots: Vec<u32>,
+    pub(super) free_bounce: Vec<u32>,
+    pub(super) in_flight: usize,
+    pub(super) rejected: u64,
+    pub(super) completed: u64,
+    pub(super) delivery_flags: u64,
+    pub(super) bad_doorbell: Option<u32>,
+    pub(super) heartbeat: u64,
+    /// Staged messages waiting for a send buffer (replies first).
+    pub(super) outbox: VecDeque<OutItem>,
+    /// Token of the WQE each send buffer's staged message awaits a reply for.
+    pub(super) buf_owner: Vec<Option<u64>>,
+    /// Copies between GPU memory and the staging buffers, waited for together (None: no CUDA).
+    pub(super) copies: Option<cuda::CopyBatch>,
+    /// Staged write chunks received whose copy into GPU memory is enqueued in `copies`: their
+    /// acknowledgement (and immediate) waits for `flush_rx_batch`; (header, receive buffer).
+    pub(super) rx_batch: Vec<(StageHdr, usize)>,
+}
+
+impl Consumer {
+    pub(super) fn new(inner: Arc<Inner>) -> Consumer {
+        let sq = inner.sq_entries;
+        let bounce = inner.send_bufs.count as u32;
+        let tables = inner.tables.lock().clone();
+        Consumer {
+            tables,
+            generation: inner.generation.load(Ordering::Acquire),
+            ci: 0,
+            cached_done: 0,
+            done_checked: None,
+            cq_pc: 0,
+            rx_pc: 0,
+            cached_rx_ci: 0,
+            rx_ci_checked: None,
+            rx_seq: 0,
+            pending_rx: VecDeque::new(),
+            rx_pending_warned: false,
+            stalled: None,
+            slots: vec![None; sq as usize],
+            free_slots: (0..sq).rev().collect(),
+            free_bounce: (0..bounce).rev().collect(),
+            in_flight: 0,
+            rejected: 0,
+            completed: 0,
+            delivery_flags: flags::DELIVERY_COMPLETE,
+            bad_doorbell: None,
+            heartbeat: 0,
+            outbox: VecDeque::new(),
+            buf_owner: vec![None; bounce as usize],
+            copies: None,
+            rx_batch: Vec::new(),
+            inner,
+        }
+    }
+
+    /// The thread body: [`Consumer::run`] behind a panic boundary. A panic is logged with its
+    /// message and the queue is marked failed: [`SoftQueue::failure`] answers the message (host
+    /// waiters stop waiting), and `host_ctrl.stopped` turns 1, which kernels' waits check.
+    pub(super) fn run_guarded(self) {
+        let inner = self.inner.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || self.run()));
+        if let Err(p) = r {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic without a message".into());
+            tracing::error!(
+                "software queue consumer thread panicked: {msg}. The queue is failed: kernels see it \
+                 stopped, host waiters get an error"
+            );
+            *inner.failure.lock() = Some(msg);
+            inner.failed.store(true, Ordering::Release);
+            inner.host_ctrl_word(HC_STOPPED).store(1, Ordering::Release);
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        if let Err(e) = cuda::set_current_context(self.inner.cuda_ctx) {
+            tracing::warn!("software queue thread: {e}");
+        }
+        let mut idle = 0u32;
+        let mut stop_deadline: Option<Instant> = None;
+        let mut last_work = Instant::now();
+        let mut last_report = last_work;
+        let mut taken_at_report = 0u64;
+        loop {
+            self.heartbeat += 1;
+            self.inner
+                .host_ctrl_word(HC_HEARTBEAT)
+                .store(self.heartbeat, Ordering::Relaxed);
+            self.refresh_tables();
+            let mut work = self.poll_cq();
+            work += self.flush_rx();
+            work += self.pump_outbox();
+            if self.inner.stop.load(Ordering::Acquire) {
+                let deadline = *stop_deadline.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
+                if self.in_flight == 0 && self.stalled.is_none() && self.outbox.is_empty() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    self.flush_in_flight();
+                    break;
+                }
+                if self.stalled.is_some() {
+                    work += self.retry_stalled();
+                }
+            } else {
+                work += self.consume();
+            }
+            if work > 0 {
+                idle = 0;
+                last_work = Instant::now();
+            } else {
+                idle = idle.saturating_add(1);
+                backoff(idle, !self.tables.peers.is_empty());
+            }
+            if self.heartbeat % 1024 == 0 {
+                let now = Instant::now();
+                if now - last_report >= STALL_REPORT {
+                    self.report(now - last_work, now - last_report, taken_at_report);
+                    last_report = now;
+                    taken_at_report = self.ci;
+                }
+            }
+        }
+        if !self.pending_rx.is_empty() {
+            tracing::warn!(
+                "software queue stopped with {} receive completions the GPU never had room for",
+                self.pending_rx.len()
+            );
+        }
+        self.inner
+            .host_ctrl_word(HC_STOPPED)
+            .store(1, Ordering::Release);
+        tracing::debug!(
+            "software queue consumer stopped after {} WQEs ({} rejected)",
+            self.ci,
+            self.rejected
+        );
+    }
+
+    /// Every `STALL_REPORT` while work is outstanding (in the consumer, or reserved by GPU posters
+    /// and not yet taken): the queue's state, at debug level while it moves and as a warning once
+    /// nothing moved for `STALL_REPORT` (`quiet`: time since the consumer last did anything). An
+    /// idle queue is not reported.
+    pub(super) fn report(&mut self, quiet: Duration, period: Duration, taken_before: u64) {
+        let db = self.doorbell();
+        let pending_wqes = db.wrapping_sub(self.ci as u32);
+        let word = |off: usize| self.inner.ctrl.read_u64(off).unwrap_or(u64::MAX);
+        let resv = word(OFF_RESV);
+        let ready = word(OFF_READY);
+        let done = word(OFF_DONE);
+        let cq_ci = word(OFF_CQ_CI);
+        let err_lock = word(OFF_FIRST_ERROR);
+        if self.in_flight == 0
+            && self.outbox.is_empty()
+            && self.stalled.is_none()
+            && pending_wqes == 0
+            && self.pending_rx.is_empty()
+            && resv <= self.ci
+        {
+            return;
+        }
+        let stalled = quiet >= STALL_REPORT;
+        if !stalled && !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let state = format!(
+            "GPU side: {resv} slots reserved, {ready} committed, {done} done, CQ consumer {cq_ci}, \
+             first error {:#x}, CQ lock {}. Consumer: doorbell {db}, {} WQEs taken ({pending_wqes} \
+             announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
+             ({} free), {} WQE waiting for the provider, {} TX completions written, {} receive \
+             completions waiting for ring space",
+            err_lock & 0xffff_ffff,
+            err_lock >> 32,
+            self.ci,
+            self.in_flight,
+            self.outbox.len(),
+            self.free_bounce.len(),
+            usize::from(self.stalled.is_some()),
+            self.cq_pc,
+            self.pending_rx.len()
+        );
+        if stalled {
+            tracing::warn!(
+                "software queue: no progress for {:.1} s. {state}",
+                quiet.as_secs_f64()
+            );
+        } else {
+            tracing::debug!(
+                "software queue: {} WQEs taken in the last {:.1} s. {state}",
+                self.ci - taken_before,
+                period.as_secs_f64()
+            );
+        }
+    }
+
+    pub(super) fn refresh_tables(&mut self) {
+        let g = self.inner.generation.load(Ordering::Acquire);
+        if g != self.generation {
+            self.tables = self.inner.tables.lock().clone();
+            self.generation = g;
+        }
+    }
+}
+
+/// Idle policy of the consumer. Once peers exist it never sleeps: it is the progress engine of its
+/// endpoint, and software providers move one-sided traffic aimed at this PE only while it polls
+/// (traffic it cannot see, so "idle" is no evidence that nothing is arriving). Sleeping 50 us between
+/// polls cut the write rate of a peer to this PE about fifty-fold. It yields the CPU instead, like
+/// NVSHMEM's proxy thread. Before connect nothing can arrive, and it sleeps.
+pub(super) fn backoff(idle: u32, connected: bool) {
+    if idle < 64 {
+        std::hint::spin_loop();
+    } else if connected || idle < 256 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}

@@ -1,0 +1,275 @@
+//! Execution: posting validated WQEs on the private endpoint, bounce buffers, retries on `-FI_EAGAIN`.
+use super::*;
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct InFlight {
+    pub(super) req_id: u16,
+    pub(super) op: OpType,
+    pub(super) bounce: Option<u32>,
+    pub(super) stage: Option<Stage>,
+}
+
+/// Maps a libfabric error code (negative or positive errno) to the EFA status closest in meaning.
+pub fn fabric_error_status(code: i32) -> CqStatus {
+    let e = code.unsigned_abs();
+    match e {
+        x if x == errno::ECANCELED => CqStatus::Flushed,
+        x if x == errno::EINVAL
+            || x == errno::EACCES
+            || x == errno::EKEYREJECTED
+            || x == errno::ENOKEY =>
+        {
+            CqStatus::RemoteBadAddress
+        }
+        x if x == errno::EMSGSIZE || x == errno::ETRUNC || x == errno::ETOOSMALL => {
+            CqStatus::RemoteBadLength
+        }
+        x if x == errno::ECONNRESET || x == errno::ECONNABORTED => CqStatus::RemoteAbort,
+        x if x == errno::ENOTCONN
+            || x == errno::ECONNREFUSED
+            || x == errno::EHOSTUNREACH
+            || x == errno::ENETUNREACH
+            || x == errno::EADDRNOTAVAIL =>
+        {
+            CqStatus::LocalUnreachableRemote
+        }
+        x if x == errno::ETIMEDOUT => CqStatus::LocalUnresponsiveRemote,
+        x if x == errno::EOPNOTSUPP || x == errno::ENOSYS => CqStatus::LocalUnsupportedOp,
+        x if x == errno::ENOMEM => CqStatus::LocalQpInternalError,
+        _ => CqStatus::RemoteBadStatus,
+    }
+}
+
+pub(super) fn amo_error_status(e: &AmoError) -> CqStatus {
+    match e {
+        AmoError::BadOp(_) => CqStatus::LocalUnsupportedOp,
+        AmoError::BadSize(_) | AmoError::Reserved => CqStatus::LocalBadLength,
+        AmoError::Misaligned(_) | AmoError::OutOfRange(_) => CqStatus::RemoteBadAddress,
+    }
+}
+
+impl Consumer {
+    /// Whether an RDMA transfer from or to `reg` is staged.
+    pub(super) fn stages(&self, reg: &LocalReg) -> bool {
+        match self.inner.staging {
+            Staging::Off => false,
+            Staging::All => true,
+            Staging::Device => reg.device || self.tables.heap().is_some_and(|h| h.device),
+        }
+    }
+
+    pub(super) fn retry_stalled(&mut self) -> usize {
+        match self.stalled.take() {
+            Some(p) => match self.post(p) {
+                Ok(()) => 1,
+                Err(p) => {
+                    self.stalled = Some(p);
+                    0
+                }
+            },
+            None => 0,
+        }
+    }
+
+    /// Posts a validated WQE. `Err` hands it back when the provider (or the bounce pool) asks to try
+    /// again later; any other failure completes it with an error status.
+    pub(super) fn post(&mut self, mut p: Pending) -> std::result::Result<(), Pending> {
+        if p.slot.is_none() {
+            match self.free_slots.pop() {
+                Some(s) => p.slot = Some(s),
+                None => return Err(p),
+            }
+        }
+        if let Some(item) = self.staged_item(&p) {
+            self.start_staged(p, item);
+            return Ok(());
+        }
+        if let Action::Send { hdr, payload, .. } = &p.action {
+            if p.bounce.is_none() {
+                let Some(b) = self.free_bounce.pop() else {
+                    return Err(p);
+                };
+                p.bounce = Some(b);
+                if let Err(why) = self.fill_bounce(b, hdr, payload) {
+                    self.finish_failed(p, CqStatus::LocalQpInternalError, &why);
+                    return Ok(());
+                }
+            }
+        }
+        let slot = p.slot.expect("slot set above");
+        let inner = self.inner.clone();
+        let Some(ctx) = inner.ctxs.alloc(TAG_TX, u64::from(slot)) else {
+            return Err(p);
+        };
+        let r = loop {
+            // SAFETY: every buffer was validated to lie inside a registration the queue keeps open
+            // (or is one of the queue's bounce buffers); the context stays valid until the completion
+            // is reaped or the endpoint is closed.
+            let r = unsafe { self.issue(&inner, &p, ctx) };
+            match r {
+                Err(e)
+                    if self.delivery_flags != 0
+                        && (e.code == -(errno::EBADFLAGS as i32)
+                            || e.code == -(errno::EOPNOTSUPP as i32)
+                            || e.code == -(errno::ENOSYS as i32)) =>
+                {
+                    tracing::info!("software queue: provider refuses FI_DELIVERY_COMPLETE ({e}); using its default completion");
+                    self.delivery_flags = 0;
+                }
+                other => break other,
+            }
+        };
+        match r {
+            Ok(()) => {
+                self.slots[slot as usize] = Some(InFlight {
+                    req_id: p.req_id,
+                    op: p.op,
+                    bounce: p.bounce,
+                    stage: None,
+                });
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err(e) if e.is_again() => {
+                inner.ctxs.free(ctx);
+                Err(p)
+            }
+            Err(e) => {
+                inner.ctxs.free(ctx);
+                let status = fabric_error_status(e.code);
+                self.finish_failed(p, status, &e.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// # Safety
+    /// `ctx` must be a context of the queue's pool; the buffers of `p` must be valid (see `post`).
+    pub(super) unsafe fn issue(
+        &self,
+        inner: &Inner,
+        p: &Pending,
+        ctx: *mut c_void,
+    ) -> crate::fabric::Result<()> {
+        let ep = &inner.ep;
+        match p.action {
+            Action::Write {
+                local,
+                len,
+                desc,
+                dest,
+                raddr,
+                key,
+                data,
+            } => {
+                let mut flags = self.delivery_flags;
+                if data.is_some() {
+                    flags |= flags::REMOTE_CQ_DATA;
+                }
+                // SAFETY: forwarded contract.
+                unsafe {
+                    ep.rma_msg(
+                        true,
+                        local as *mut u8,
+                        len,
+                        desc as *mut c_void,
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                        data.unwrap_or(0),
+                        flags,
+                    )
+                }
+            }
+            Action::Read {
+                local,
+                len,
+                desc,
+                dest,
+                raddr,
+                key,
+            } => {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    ep.rma_msg(
+                        false,
+                        local as *mut u8,
+                        len,
+                        desc as *mut c_void,
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                        0,
+                        0,
+                    )
+                }
+            }
+            Action::StagedWrite { .. } | Action::StagedRead { .. } => {
+                unreachable!("staged WQEs go through the outbox")
+            }
+            Action::Send { dest, hdr, .. } => {
+                let b = p.bounce.expect("bounce buffer taken before issue") as usize;
+                let len = SEND_HDR_SIZE + usize::from(hdr.len);
+                // SAFETY: forwarded contract; the bounce buffer holds header and payload.
+                unsafe {
+                    ep.send_msg(
+                        inner.send_bufs.ptr(b),
+                        len,
+                        inner.send_bufs.desc(),
+                        dest,
+                        ctx,
+                        self.delivery_flags,
+                    )
+                }
+            }
+        }
+    }
+
+    pub(super) fn fill_bounce(
+        &self,
+        b: u32,
+        hdr: &SendHdr,
+        payload: &Payload,
+    ) -> std::result::Result<(), String> {
+        let dst = self.inner.send_bufs.ptr(b as usize);
+        let h = hdr.encode();
+        // SAFETY: the bounce slot holds SEND_HDR_SIZE + SOFT_SEND_MAX bytes, and the payload length
+        // was checked against SOFT_SEND_MAX.
+        unsafe {
+            ptr::copy_nonoverlapping(h.as_ptr(), dst, SEND_HDR_SIZE);
+            let mut at = dst.add(SEND_HDR_SIZE);
+            match payload {
+                Payload::Inline(data, n) => ptr::copy_nonoverlapping(data.as_ptr(), at, *n),
+                Payload::Sgl(parts) => {
+                    for (src, len, device) in parts.iter().flatten() {
+                        if *device {
+                            cuda::memcpy(at as *mut c_void, *src as *const c_void, *len).map_err(
+                                |e| format!("copying a SEND payload from GPU memory: {e}"),
+                            )?;
+                        } else {
+                            ptr::copy_nonoverlapping(*src as *const u8, at, *len);
+                        }
+                        at = at.add(*len);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish_failed(&mut self, p: Pending, status: CqStatus, why: &str) {
+        tracing::warn!(
+            "software queue: WQE with request id {} failed at post ({status}): {why}",
+            p.req_id
+        );
+        if let Some(s) = p.slot {
+            self.free_slots.push(s);
+        }
+        if let Some(b) = p.bounce {
+            self.free_bounce.push(b);
+        }
+        self.push_tx_cqe(p.req_id, status, p.op);
+    }
+}

@@ -1,0 +1,416 @@
+//! Intake and validation: the doorbell, flow control against `ctrl.done`, the request id and phase
+//! checks, and the semantic checks of each WQE against the queue's tables.
+use super::*;
+
+/// A validated WQE, ready to post.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Action {
+    Write {
+        local: u64,
+        len: usize,
+        desc: usize,
+        dest: FiAddr,
+        raddr: u64,
+        key: u64,
+        data: Option<u64>,
+    },
+    Read {
+        local: u64,
+        len: usize,
+        desc: usize,
+        dest: FiAddr,
+        raddr: u64,
+        key: u64,
+    },
+    Send {
+        dest: FiAddr,
+        hdr: SendHdr,
+        payload: Payload,
+    },
+    /// RDMA write (with immediate) by staged messages: `off` is the offset in the target's heap.
+    StagedWrite {
+        local: u64,
+        len: usize,
+        device: bool,
+        dest: FiAddr,
+        off: u64,
+        imm: Option<u32>,
+    },
+    /// RDMA read by staged messages.
+    StagedRead {
+        local: u64,
+        len: usize,
+        device: bool,
+        dest: FiAddr,
+        off: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Payload {
+    Inline([u8; wqe::INLINE_MAX], usize),
+    Sgl([Option<(u64, usize, bool)>; 2]),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pending {
+    pub(super) pc: u64,
+    pub(super) req_id: u16,
+    pub(super) op: OpType,
+    pub(super) action: Action,
+    pub(super) slot: Option<u32>,
+    pub(super) bounce: Option<u32>,
+}
+
+/// A rejection: the completion status and the reason for the log.
+pub(super) type Reject = (CqStatus, String);
+
+pub(super) fn wqe_error_status(e: &WqeError) -> CqStatus {
+    match e {
+        WqeError::UnknownOpType(_) | WqeError::ImmediateWithRead => CqStatus::LocalUnsupportedOp,
+        WqeError::InlineTooLong { .. }
+        | WqeError::BadDescriptorCount { .. }
+        | WqeError::ZeroLength { .. }
+        | WqeError::LengthMismatch { .. } => CqStatus::LocalBadLength,
+        WqeError::LkeyTooWide { .. } => CqStatus::LocalInvalidLkey,
+        _ => CqStatus::LocalQpInternalError,
+    }
+}
+
+impl Consumer {
+    // ---- SQ side ----
+
+    pub(super) fn doorbell(&self) -> u32 {
+        // SAFETY: the doorbell word lives in the ring memory for the life of the queue.
+        let v = unsafe { mem::atomic_u32(self.inner.ring(self.inner.layout.doorbell)) }
+            .load(Ordering::Acquire);
+        fence(Ordering::Acquire);
+        v
+    }
+
+    pub(super) fn refresh_done(&mut self) -> bool {
+        if let Some(t) = self.done_checked {
+            if self.inner.ctrl.host().is_none() && t.elapsed() < CTRL_REFRESH {
+                return false;
+            }
+        }
+        self.done_checked = Some(Instant::now());
+        match self.inner.ctrl.read_u64(OFF_DONE) {
+            Ok(d) if d > self.cached_done => {
+                self.cached_done = d.min(self.ci);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!("software queue: {e}");
+                false
+            }
+        }
+    }
+
+    pub(super) fn consume(&mut self) -> usize {
+        let mut work = 0;
+        if self.stalled.is_some() {
+            work += self.retry_stalled();
+            if self.stalled.is_some() {
+                return work;
+            }
+        }
+        let db = self.doorbell();
+        let avail = db.wrapping_sub(self.ci as u32);
+        if avail == 0 {
+            return work;
+        }
+        if avail > self.inner.sq_entries {
+            if self.bad_doorbell != Some(db) {
+                tracing::error!(
+                    "software queue: doorbell {db} announces {avail} WQEs past the {} consumed, more than \
+                     the ring holds ({}): ignored until it makes sense",
+                    self.ci,
+                    self.inner.sq_entries
+                );
+                self.bad_doorbell = Some(db);
+            }
+            return work;
+        }
+        for _ in 0..(avail as usize).min(BURST) {
+            if self.ci >= self.cached_done + u64::from(self.inner.sq_entries)
+                && !self.refresh_done()
+            {
+                break;
+            }
+            if self.ci >= self.cached_done + u64::from(self.inner.sq_entries) {
+                break;
+            }
+            let pc = self.ci;
+            #[cfg(feature = "test-support")]
+            if pc == self.inner.panic_at.load(Ordering::Acquire) {
+                panic!("injected fault: consumer panic at WQE {pc}");
+            }
+            let slot = (pc & u64::from(self.inner.sq_entries - 1)) as usize;
+            // SAFETY: the slot lies inside the SQ ring; 64-byte aligned.
+            let bytes: [u8; WQE_SIZE] = unsafe {
+                mem::read_shared(self.inner.ring(self.inner.layout.sq + slot * WQE_SIZE))
+            };
+            self.ci += 1;
+            self.inner
+                .host_ctrl_word(HC_CONSUMED)
+                .store(self.ci, Ordering::Release);
+            work += 1;
+            match self.validate(pc, &bytes) {
+                Ok(p) => {
+                    if let Err(p) = self.post(p) {
+                        self.stalled = Some(p);
+                        break;
+                    }
+                }
+                Err((req_id, op, (status, why))) => self.reject(pc, req_id, op, status, &why),
+            }
+        }
+        work
+    }
+
+    pub(super) fn reject(&mut self, pc: u64, req_id: u16, op: OpType, status: CqStatus, why: &str) {
+        self.rejected += 1;
+        self.inner
+            .host_ctrl_word(HC_REJECTED)
+            .store(self.rejected, Ordering::Release);
+        if self.rejected <= WARN_REJECTS {
+            tracing::warn!("software queue: WQE {pc} rejected with status {status}: {why}");
+            if self.rejected == WARN_REJECTS {
+                tracing::warn!("software queue: further rejected WQEs are logged at debug level");
+            }
+        } else {
+            tracing::debug!("software queue: WQE {pc} rejected with status {status}: {why}");
+        }
+        self.push_tx_cqe(req_id, status, op);
+    }
+
+    pub(super) fn validate(
+        &mut self,
+        pc: u64,
+        bytes: &[u8; WQE_SIZE],
+    ) -> std::result::Result<Pending, (u16, OpType, Reject)> {
+        let expected_id = pc as u16;
+        let raw_op = OpType::from_raw(bytes[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
+        let fail = |status: CqStatus, why: String| (expected_id, raw_op, (status, why));
+        let req_id = u16::from_le_bytes([bytes[0], bytes[1]]);
+        if req_id != expected_id {
+            return Err(fail(
+                CqStatus::LocalQpInternalError,
+                format!("request id {req_id:#06x} is not the producer count's low 16 bits {expected_id:#06x}"),
+            ));
+        }
+        let desc = wqe::decode(bytes)
+            .map_err(|e| fail(wqe_error_status(&e), format!("malformed WQE: {e}")))?;
+        let want_phase = wqe::phase_for(pc, self.inner.sq_entries);
+        if desc.phase != want_phase {
+            return Err(fail(
+                CqStatus::LocalQpInternalError,
+                format!(
+                    "phase {} where {want_phase} was expected (stale or misplaced WQE)",
+                    desc.phase
+                ),
+            ));
+        }
+        let op = desc.op.op_type();
+        let action = self
+            .check_semantics(&desc)
+            .map_err(|(s, w)| (expected_id, op, (s, w)))?;
+        Ok(Pending {
+            pc,
+            req_id: expected_id,
+            op,
+            action,
+            slot: None,
+            bounce: None,
+        })
+    }
+
+    pub(super) fn check_semantics(&self, d: &WqeDesc) -> std::result::Result<Action, Reject> {
+        let t = &self.tables;
+        let peer = t.peers.get(usize::from(d.ah)).ok_or_else(|| {
+            (
+                CqStatus::LocalInvalidAh,
+                format!("address handle {} (connected PEs: {})", d.ah, t.peers.len()),
+            )
+        })?;
+        if d.dest_qpn != peer.qpn {
+            return Err((
+                CqStatus::RemoteBadDestQpn,
+                format!(
+                    "dest_qp_num {} where PE {} has {}",
+                    d.dest_qpn, d.ah, peer.qpn
+                ),
+            ));
+        }
+        if d.qkey != t.qkey {
+            return Err((
+                CqStatus::LocalUnreachableRemote,
+                format!("qkey {:#x} where the job's is {:#x}", d.qkey, t.qkey),
+            ));
+        }
+        let local =
+            |addr: u64, lkey: u32, len: u64| -> std::result::Result<(LocalReg, u64), Reject> {
+                let reg = t.local(lkey).ok_or_else(|| {
+                    (
+                        CqStatus::LocalInvalidLkey,
+                        format!("lkey {lkey} is not registered"),
+                    )
+                })?;
+                let host = reg.translate(addr, len).ok_or_else(|| {
+                    (
+                        CqStatus::LocalInvalidLkey,
+                        format!(
+                            "local range {addr:#x}+{len} outside lkey {lkey} ({:#x}+{})",
+                            reg.dev_base, reg.len
+                        ),
+                    )
+                })?;
+                Ok((*reg, host))
+            };
+        let remote =
+            |raddr: u64, rkey: u32, len: u64| -> std::result::Result<(u64, u64, u64), Reject> {
+                let h = peer.heap.ok_or_else(|| {
+                    (
+                        CqStatus::RemoteBadAddress,
+                        format!("PE {}'s heap is not known", d.ah),
+                    )
+                })?;
+                if rkey != SOFT_RKEY_HEAP {
+                    return Err((
+                        CqStatus::RemoteBadAddress,
+                        format!("rkey {rkey} (the heap's is {SOFT_RKEY_HEAP})"),
+                    ));
+                }
+                let off = raddr
+                    .checked_sub(h.base)
+                    .filter(|&o| o <= h.size && len <= h.size - o)
+                    .ok_or_else(|| {
+                        (
+                            CqStatus::RemoteBadAddress,
+                            format!(
+                                "remote range {raddr:#x}+{len} outside PE {}'s heap ({:#x}+{})",
+                                d.ah, h.base, h.size
+                            ),
+                        )
+                    })?;
+                Ok((if self.inner.virt_addr { raddr } else { off }, h.key, off))
+            };
+        match d.op {
+            WqeOp::RdmaWrite {
+                remote: r,
+                local: l,
+            }
+            | WqeOp::RdmaWriteImm {
+                remote: r,
+                local: l,
+                ..
+            } => {
+                let len = u64::from(l.len);
+                let (reg, host) = if len == 0 {
+                    let reg = t.local(l.lkey).ok_or_else(|| {
+                        (
+                            CqStatus::LocalInvalidLkey,
+                            format!("lkey {} is not registered", l.lkey),
+                        )
+                    })?;
+                    (*reg, reg.host_base)
+                } else {
+                    local(l.addr, l.lkey, len)?
+                };
+                let (raddr, key, off) = remote(r.addr, r.rkey, len)?;
+                if self.stages(&reg) {
+                    return Ok(Action::StagedWrite {
+                        local: host,
+                        len: len as usize,
+                        device: reg.device,
+                        dest: peer.fi_addr,
+                        off,
+                        imm: d.op.imm(),
+                    });
+                }
+                let data =
+                    d.op.imm()
+                        .map(|imm| wire::write_imm_data(imm, t.my_pe, self.inner.cq_data_wide));
+                Ok(Action::Write {
+                    local: host,
+                    len: len as usize,
+                    desc: reg.desc,
+                    dest: peer.fi_addr,
+                    raddr,
+                    key,
+                    data,
+                })
+            }
+            WqeOp::RdmaRead {
+                remote: r,
+                local: l,
+            } => {
+                let len = u64::from(l.len);
+                let (reg, host) = local(l.addr, l.lkey, len)?;
+                let (raddr, key, off) = remote(r.addr, r.rkey, len)?;
+                if self.stages(&reg) {
+                    return Ok(Action::StagedRead {
+                        local: host,
+                        len: len as usize,
+                        device: reg.device,
+                        dest: peer.fi_addr,
+                        off,
+                    });
+                }
+                Ok(Action::Read {
+                    local: host,
+                    len: len as usize,
+                    desc: reg.desc,
+                    dest: peer.fi_addr,
+                    raddr,
+                    key,
+                })
+            }
+            WqeOp::Send { payload, imm } => {
+                let (payload, len) = match payload {
+                    SendPayload::Inline { len, data } => {
+                        let n = usize::from(len).min(wqe::INLINE_MAX);
+                        (Payload::Inline(data, n), n)
+                    }
+                    SendPayload::Sgl { first, second } => {
+                        let mut parts = [None, None];
+                        let mut total = 0usize;
+                        for (i, b) in std::iter::once(first).chain(second).enumerate() {
+                            let (reg, host) = local(b.addr, b.lkey, u64::from(b.len))?;
+                            total += b.len as usize;
+                            parts[i] = Some((host, b.len as usize, reg.device));
+                        }
+                        (Payload::Sgl(parts), total)
+                    }
+                };
+                if len > SOFT_SEND_MAX {
+                    return Err((
+                        CqStatus::LocalBadLength,
+                        format!("SEND of {len} bytes (the software queue carries {SOFT_SEND_MAX})"),
+                    ));
+                }
+                if let Payload::Inline(data, n) = payload {
+                    let heap = peer.heap.map_or(0, |h| h.size);
+                    if let Some(Err(e)) = AmoMsg::parse(&data[..n], heap) {
+                        return Err((
+                            amo_error_status(&e),
+                            format!("AMO message to PE {}: {e}", d.ah),
+                        ));
+                    }
+                }
+                let hdr = SendHdr {
+                    src_pe: t.my_pe as u32,
+                    imm,
+                    len: len as u16,
+                };
+                Ok(Action::Send {
+                    dest: peer.fi_addr,
+                    hdr,
+                    payload,
+                })
+            }
+        }
+    }
+}

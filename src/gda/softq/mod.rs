@@ -1,0 +1,731 @@
+//! The software EFA queue: the rings of an EFA send queue, its completion queue and a receive
+//! completion ring, in memory the GPU maps, consumed by a host thread that executes every WQE through
+//! libfabric on an endpoint of its own.
+//!
+//! Kernels post exactly as they would to the hardware (the protocol in [`super::state`]); only the
+//! doorbell differs: here it is a `u32` record in mapped host memory that the consumer thread polls.
+//!
+//! # What the consumer does with each WQE
+//! 1. Reads the doorbell record (a free-running `u32` producer count) and, for each new slot, copies
+//!    the 64-byte WQE out and publishes `host_ctrl.consumed` (the slot may then be rewritten as soon
+//!    as the poster's `done` allows; the consumer never reads it again).
+//! 2. Validates everything (the WQE is untrusted input): the request id equals the producer count's
+//!    low 16 bits, the phase is the one expected for that count, the format decodes
+//!    ([`crate::efa::wqe::decode`]), the address handle names a connected PE, `dest_qp_num` and `qkey`
+//!    equal the peer table's, lkeys name local registrations of this queue and the local range lies
+//!    inside one, the rkey is the soft heap key and the remote range lies inside the peer's heap.
+//!    A WQE that fails gets an error completion right away and the queue goes on:
+//!
+//!    | check | status |
+//!    |---|---|
+//!    | request id, phase, meta/first/last bits, reserved bits | `LOCAL_QP_INTERNAL_ERROR` (2) |
+//!    | op type, immediate on a read, unknown AMO op | `LOCAL_UNSUPPORTED_OP` (3) |
+//!    | address handle | `LOCAL_INVALID_AH` (4) |
+//!    | lkey, local range | `LOCAL_INVALID_LKEY` (5) |
+//!    | lengths, descriptor counts, SEND above 4 KiB, AMO size | `LOCAL_BAD_LENGTH` (6) |
+//!    | rkey, remote range, AMO offset | `REMOTE_BAD_ADDRESS` (7) |
+//!    | `dest_qp_num` | `REMOTE_BAD_DEST_QPN` (9) |
+//!    | `qkey` (a receiver drops such packets) | `LOCAL_UNREACH_REMOTE` (15) |
+//!
+//! 3. Executes it on the private endpoint: RDMA write → `fi_writemsg` (with `FI_DELIVERY_COMPLETE`
+//!    where the provider takes it, so a completion means the data is at the target), RDMA write with
+//!    immediate → the same with `FI_REMOTE_CQ_DATA`, RDMA read → `fi_read`, SEND → `fi_sendmsg` of
+//!    [`wire`](super::wire)'s header and the payload (copied into a registered bounce buffer).
+//!    Staged RDMA (see below) instead when the queue's [`Staging`] covers the transfer.
+//! 4. Writes one TX completion per WQE, in completion order, into the next CQ slot: status 0 or the
+//!    EFA status of the failure, request id = the WQE's, phase 1 on the first pass over the ring and
+//!    flipping per wrap; the 15 other bytes first, a release fence, then the flags byte.
+//!
+//! Every WQE yields exactly one completion. The `comp_req` bit is not needed (the posting protocol
+//! retires slots through completions, so each WQE is completed).
+//!
+//! # Receive side
+//! The same thread polls the endpoint's CQ for remote CQ data (RDMA write with immediate arriving)
+//! and for received SENDs (receive buffers stay posted). Each becomes a 32-byte RX completion
+//! (extended EFA receive format) in the RX ring, with the phase convention of the CQ, and
+//! `host_ctrl.rx_produced` advances. A SEND carrying an AMO message is applied to the local heap
+//! first. The RX ring is never overrun: when `rx_produced - ctrl.rx_ci` reaches the ring size, new
+//! entries wait in host memory until the GPU consumes.
+//!
+//! # Staged RDMA (GPU memory on software providers)
+//! libfabric's software providers (shm, tcp) copy GPU memory with `cudaMemcpy` on the legacy default
+//! stream, which waits for every kernel running in blocking streams, including the kernel that waits
+//! (quiet, RX polling) for this very copy: a deadlock. So where [`Staging`] says so (auto: GPU memory
+//! on every provider but efa-direct, verbs and cxi; `NVSHMEM_EFA_GPU_STAGING=1`: every transfer) the
+//! provider never sees GPU memory: the consumers move the bytes themselves with
+//! [`cuda::memcpy`] (a non-blocking stream) into and out of registered host buffers, and exchange
+//! staged messages ([`wire::StageHdr`]):
+//! * RDMA write (with immediate): the initiator sends the local range in chunks of at most
+//!   [`wire::STAGE_CHUNK`] bytes, each with the target heap offset and the initiator's token; the
+//!   target checks the range against its heap, copies the chunk into place and acknowledges it with
+//!   a status. The chunk carrying the immediate (the last) leaves only once every earlier chunk is
+//!   acknowledged, and the target produces the RX completion after copying it, so the immediate
+//!   never precedes the data. The TX completion is written when every chunk is acknowledged, with
+//!   the first error status any ack (or send) reported.
+//! * RDMA read: the initiator sends a request (offset, length); the target checks it, copies out and
+//!   replies with data chunks (or one error reply); the initiator copies them into the local range
+//!   and completes when all bytes are in.
+//!
+//! Copies are batched: before sending, the consumer copies the next chunk of up to
+//! [`PREFETCH_MAX`] outbox items out of GPU memory with one stream synchronisation, and the write
+//! chunks received in one CQ poll are copied into place as one batch, their acks and immediates
+//! following the wait in arrival order (any other message first flushes the batch). The staging
+//! buffers are pinned, so the copies are DMA.
+//!
+//! Messages wait in an outbox for send buffers (replies first) and are retried from the consumer
+//! loop when the provider says `-FI_EAGAIN`; nothing blocks the thread. A stopping queue flushes
+//! what is in flight; replies for flushed WQEs are ignored (the token names the WQE's count and
+//! slot). SEND and AMO messages are unchanged (their payloads already go through bounce buffers, and
+//! AMOs on GPU memory use [`cuda::memcpy`]).
+//!
+//! # Flow control and robustness
+//! The consumer never takes WQE `n` before `ctrl.done > n - sq_entries` (so the CQ cannot overflow even
+//! with a misbehaving poster), ignores a doorbell value that announces more than `sq_entries` new
+//! WQEs (logged), polls without blocking (yielding the CPU between polls once connected, see
+//! `backoff`), and stops when asked (in-flight operations get a
+//! bounded time to complete; what is left gets `FLUSHED` completions).
+//!
+//! # Where things are
+//! * this file: [`SoftQueue`], its configuration, the state shared with the consumer thread;
+//! * `layout`: ring layout, control word offsets, [`HostView`];
+//! * `tables`: local registrations, peers, heaps, registered buffer pools;
+//! * `consumer`: the consumer thread's state, loop and idle policy;
+//! * `intake`: doorbell, flow control, request id/phase and semantic checks of each WQE;
+//! * `exec`: posting on the private endpoint; `completion`: TX completions and the CQ;
+//! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA.
+
+mod completion;
+mod consumer;
+mod exec;
+mod intake;
+mod layout;
+mod receive;
+mod staging;
+mod tables;
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::mem::offset_of;
+use std::ptr;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::cuda;
+use crate::efa::cqe::{self, CqStatus, RxCqe, TxCqe, AH_UNKNOWN, RX_CQE_EX_SIZE, TX_CQE_SIZE};
+use crate::efa::wqe::{self, OpType, SendPayload, WqeDesc, WqeError, WqeOp, WQE_SIZE};
+use crate::fabric::{
+    errno, flags, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, FiAddr, MemKind,
+    MemoryRegion, OpContexts,
+};
+
+use super::error::{GdaError, Result};
+use super::mem::{self, CtrlMem, CtrlPlacement, SharedMem};
+use super::state::{
+    NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_SOFT,
+};
+use super::wire::{
+    self, AmoError, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_RKEY_HEAP, SOFT_SEND_MAX,
+    STAGE_CHUNK, STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE,
+    STAGE_WRITE_ACK,
+};
+
+use self::consumer::Consumer;
+use self::exec::*;
+use self::intake::*;
+pub use self::layout::HostView;
+use self::layout::*;
+use self::staging::*;
+use self::tables::*;
+
+/// Size of one RX completion of the software queue (the extended EFA receive form).
+pub const SOFT_RX_CQE_SIZE: u32 = RX_CQE_EX_SIZE as u32;
+/// Size of one TX completion.
+pub const SOFT_TX_CQE_SIZE: u32 = TX_CQE_SIZE as u32;
+
+const TAG_TX: u64 = 1;
+const TAG_RX: u64 = 2;
+/// A staged-transfer message leaving a send buffer (value: the buffer index).
+const TAG_STX: u64 = 3;
+/// WQEs taken per loop turn before the CQ is polled again.
+const BURST: usize = 64;
+/// Most staged chunks copied out of GPU memory in one batch.
+const PREFETCH_MAX: usize = 64;
+/// How long a stopping consumer waits for in-flight operations.
+const STOP_DRAIN: Duration = Duration::from_secs(5);
+/// Minimum interval between reads of device-memory control words while blocked on them.
+const CTRL_REFRESH: Duration = Duration::from_micros(50);
+/// A consumer with work outstanding that makes no progress for this long logs its state (and
+/// again after each further period while the stall lasts).
+const STALL_REPORT: Duration = Duration::from_secs(5);
+/// Rejections logged at warn level per queue before switching to debug.
+const WARN_REJECTS: u64 = 16;
+
+/// Geometry and placement of a software queue.
+#[derive(Clone, Debug)]
+pub struct SoftQueueConfig {
+    /// SQ depth (power of two, 2 to 32768); the CQ has as many entries.
+    pub sq_depth: u32,
+    /// Doorbell batch limit published to posters.
+    pub max_batch: u32,
+    /// RX ring depth (power of two).
+    pub rx_entries: u32,
+    /// Receive buffers kept posted.
+    pub rx_buffers: usize,
+    /// Bounce buffers for SENDs.
+    pub send_buffers: usize,
+    /// Where the control block lives.
+    pub ctrl: CtrlPlacement,
+    /// Which RDMA transfers move by staged messages.
+    pub staging: Staging,
+}
+
+/// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
+/// CUDA stream) instead of handing the memory to the provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Staging {
+    /// Never: the provider moves every buffer (FI_HMEM for GPU memory).
+    #[default]
+    Off,
+    /// Transfers that touch GPU memory (the local buffer, or this PE's heap, taken as the kind of
+    /// every PE's symmetric heap).
+    Device,
+    /// Every RDMA transfer, host memory included (exercises the path without a GPU).
+    All,
+}
+
+impl Staging {
+    /// The policy `NVSHMEM_EFA_GPU_STAGING` asks for on a provider (`prov_name`, `fabric_name`):
+    /// auto stages GPU memory on every provider but efa-direct, verbs and cxi (whose NICs write GPU
+    /// memory themselves); the software providers copy it with `cudaMemcpy` on the legacy default
+    /// stream, which waits for the very kernel that waits for the copy.
+    pub fn for_provider(gpu_staging: Option<bool>, prov_name: &str, fabric_name: &str) -> Staging {
+        match gpu_staging {
+            Some(true) => Staging::All,
+            Some(false) => Staging::Off,
+            None => {
+                let nic = (prov_name.starts_with("efa") && fabric_name == "efa-direct")
+                    || prov_name.contains("verbs")
+                    || prov_name.contains("cxi");
+                if nic {
+                    Staging::Off
+                } else {
+                    Staging::Device
+                }
+            }
+        }
+    }
+}
+
+impl SoftQueueConfig {
+    /// The geometry the configuration asks for, with defaults for the rest.
+    pub fn new(sq_depth: u32, max_batch: u32, ctrl: CtrlPlacement) -> SoftQueueConfig {
+        SoftQueueConfig {
+            sq_depth,
+            max_batch,
+            rx_entries: sq_depth.clamp(256, 65536),
+            rx_buffers: 128,
+            send_buffers: (sq_depth as usize).clamp(16, 256),
+            ctrl,
+            staging: Staging::Off,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if !self.sq_depth.is_power_of_two() || !(2..=32768).contains(&self.sq_depth) {
+            return Err(GdaError::invalid(format!(
+                "SQ depth {} is not a power of two from 2 to 32768",
+                self.sq_depth
+            )));
+        }
+        if !self.rx_entries.is_power_of_two() || !(2..=(1 << 20)).contains(&self.rx_entries) {
+            return Err(GdaError::invalid(format!(
+                "RX ring depth {} is not a power of two",
+                self.rx_entries
+            )));
+        }
+        if self.max_batch == 0 {
+            return Err(GdaError::invalid("max_batch must be at least 1"));
+        }
+        if self.rx_buffers == 0 || self.send_buffers == 0 {
+            return Err(GdaError::invalid(
+                "the software queue needs receive and send buffers",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a software queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SoftQueueStats {
+    /// WQEs read out of the ring.
+    pub consumed: u64,
+    /// WQEs answered with an error completion without being executed.
+    pub rejected: u64,
+    /// TX completions written (all statuses).
+    pub completed: u64,
+    /// RX completions written into the RX ring.
+    pub rx_produced: u64,
+    /// RX completions waiting for room in the RX ring.
+    pub rx_pending: u64,
+    /// AMO messages applied to the local heap.
+    pub amos_applied: u64,
+}
+
+/// State shared between the queue handle and its consumer thread. Field order is drop order: the
+/// endpoint closes (cancelling what is in flight) before the contexts, buffers and rings it used.
+struct Inner {
+    ep: Endpoint,
+    ctxs: OpContexts,
+    rx_bufs: BufPool,
+    send_bufs: BufPool,
+    rings: SharedMem,
+    ctrl: CtrlMem,
+    layout: RingLayout,
+    sq_entries: u32,
+    cq_entries: u32,
+    rx_entries: u32,
+    max_batch: u32,
+    tables: Mutex<Arc<Tables>>,
+    generation: AtomicU64,
+    stop: AtomicBool,
+    /// Set (after `failure`) when the consumer thread died of a panic.
+    failed: AtomicBool,
+    /// The panic message of a failed consumer.
+    failure: Mutex<Option<String>>,
+    /// Test support: the producer count at which the consumer panics (`u64::MAX`: never).
+    #[cfg(feature = "test-support")]
+    panic_at: AtomicU64,
+    cq_data_wide: bool,
+    virt_addr: bool,
+    completed: AtomicU64,
+    rx_pending: AtomicU64,
+    amos_applied: AtomicU64,
+    cuda_ctx: usize,
+    staging: Staging,
+}
+
+impl Inner {
+    fn ring(&self, off: usize) -> *mut u8 {
+        // SAFETY: offsets come from the layout the ring memory was sized with.
+        unsafe { self.rings.host().add(off) }
+    }
+
+    fn host_ctrl_word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: 8-byte aligned word inside the host control block, which lives as long as self.
+        unsafe { mem::atomic_u64(self.ring(self.layout.host_ctrl + off)) }
+    }
+}
+
+/// A software EFA queue with its consumer thread.
+pub struct SoftQueue {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl SoftQueue {
+    /// Creates the queue on a dedicated endpoint of `domain` (own AV and CQ) and starts its consumer.
+    pub fn new(domain: &Arc<Domain>, cfg: &SoftQueueConfig) -> Result<SoftQueue> {
+        cfg.check()?;
+        let sq_entries = cfg.sq_depth;
+        let cq_entries = cfg.sq_depth;
+        let rx_entries = cfg.rx_entries;
+        let info = domain.info();
+        let cq_size = (2 * sq_entries as usize + cfg.rx_buffers + 1024).max(4096);
+        let av = AddressVector::open(domain, 64)?;
+        let cq = CompletionQueue::open(domain, cq_size)?;
+        let ep = Endpoint::open(domain, &av, &cq, None)?;
+        // A queue that stages receives and sends whole staged chunks; the others SENDs only.
+        let buf_size = if cfg.staging == Staging::Off {
+            SEND_HDR_SIZE + SOFT_SEND_MAX
+        } else {
+            STAGE_SLOT
+        };
+        let rx_bufs = BufPool::new(domain, &ep, buf_size, cfg.rx_buffers)?;
+        let send_bufs = BufPool::new(domain, &ep, buf_size, cfg.send_buffers)?;
+        let layout = RingLayout::new(sq_entries, cq_entries, rx_entries);
+        let cuda = mem::cuda_usable();
+        let rings = SharedMem::new(layout.total, cuda)?;
+        let ctrl = CtrlMem::new(CTRL_SIZE + 4 * sq_entries as usize, cfg.ctrl)?;
+        let inner = Arc::new(Inner {
+            ep,
+            ctxs: OpContexts::new(sq_entries as usize + cfg.rx_buffers + cfg.send_buffers + 8),
+            rx_bufs,
+            send_bufs,
+            rings,
+            ctrl,
+            layout,
+            sq_entries,
+            cq_entries,
+            rx_entries,
+            max_batch: cfg.max_batch,
+            tables: Mutex::new(Arc::new(Tables::default())),
+            generation: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            #[cfg(feature = "test-support")]
+            panic_at: AtomicU64::new(u64::MAX),
+            cq_data_wide: info.cq_data_size() >= 8,
+            virt_addr: info.virt_addr(),
+            completed: AtomicU64::new(0),
+            rx_pending: AtomicU64::new(0),
+            amos_applied: AtomicU64::new(0),
+            cuda_ctx: cuda::current_context(),
+            staging: cfg.staging,
+        });
+        let mut consumer = Consumer::new(inner.clone());
+        consumer.post_all_receives()?;
+        let thread = std::thread::Builder::new()
+            .name("nvshmem-efa-softq".into())
+            .spawn(move || consumer.run_guarded())
+            .map_err(|e| GdaError::io(format!("cannot start the software queue thread: {e}")))?;
+        tracing::info!(
+            "software EFA queue: {sq_entries} x 64 B WQEs, CQ {cq_entries} x 16 B, RX {rx_entries} x 32 B, \
+             rings in {} memory, control block in {} memory, provider {}, staging {:?}",
+            if inner.rings.is_mapped() { "CUDA-mapped host" } else { "plain host" },
+            if inner.ctrl.host().is_some() { "host" } else { "device" },
+            info.provider_name(),
+            cfg.staging
+        );
+        Ok(SoftQueue {
+            inner,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Raw name of the queue's endpoint.
+    pub fn name(&self) -> Result<Vec<u8>> {
+        Ok(self.inner.ep.name()?)
+    }
+
+    /// The queue's endpoint (to bind registrations on `FI_MR_ENDPOINT` providers).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.ep
+    }
+
+    /// Inserts `count` names (stored back to back) into the endpoint's AV.
+    pub fn insert_names(&self, names: &[u8], count: usize) -> Result<Vec<FiAddr>> {
+        Ok(self.inner.ep.av().insert(names, count)?)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Tables) -> Result<()>) -> Result<()> {
+        let mut g = self.inner.tables.lock();
+        let mut t = (**g).clone();
+        f(&mut t)?;
+        *g = Arc::new(t);
+        self.inner.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Sets the peer table: this PE, the per-job qkey and every PE's address in the AV.
+    pub fn set_peers(&self, my_pe: i32, qkey: u32, fi_addrs: &[FiAddr]) -> Result<()> {
+        let n = fi_addrs.len() as i32;
+        if n == 0 || n > wire::SOFT_MAX_PES || my_pe < 0 || my_pe >= n {
+            return Err(GdaError::invalid(format!(
+                "PE {my_pe} of {n}: bad peer table for the software queue"
+            )));
+        }
+        self.update(|t| {
+            let old: Vec<Option<RemoteHeap>> = t.peers.iter().map(|p| p.heap).collect();
+            t.my_pe = my_pe;
+            t.qkey = qkey;
+            t.peers = fi_addrs
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| Peer {
+                    fi_addr: a,
+                    qpn: wire::soft_qpn(i as i32),
+                    heap: old.get(i).copied().flatten(),
+                })
+                .collect();
+            Ok(())
+        })
+    }
+
+    /// Records PE `pe`'s heap (base address kernels use, size, libfabric key).
+    pub fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
+        self.update(|t| {
+            let p = usize::try_from(pe)
+                .ok()
+                .and_then(|i| t.peers.get_mut(i))
+                .ok_or_else(|| GdaError::invalid(format!("PE {pe} is not connected")))?;
+            p.heap = Some(RemoteHeap { base, size, key });
+            Ok(())
+        })
+    }
+
+    /// Adds a local registration and returns its soft lkey.
+    ///
+    /// # Safety
+    /// `desc` must be the descriptor of a registration of `[host_base, host_base+len)` on this
+    /// queue's domain that stays open, and the memory stay allocated, until the queue is dropped or
+    /// the registration removed with [`SoftQueue::remove_local`].
+    pub unsafe fn add_local(
+        &self,
+        dev_base: u64,
+        host_base: u64,
+        len: u64,
+        desc: *mut c_void,
+        device: bool,
+    ) -> Result<u32> {
+        let mut lkey = 0;
+        self.update(|t| {
+            let reg = LocalReg {
+                dev_base,
+                host_base,
+                len,
+                desc: desc as usize,
+                device,
+            };
+            let idx = match t.locals.iter().position(|r| r.is_none()) {
+                Some(i) => {
+                    t.locals[i] = Some(reg);
+                    i
+                }
+                None => {
+                    t.locals.push(Some(reg));
+                    t.locals.len() - 1
+                }
+            };
+            lkey = idx as u32 + wire::SOFT_LKEY_FIRST;
+            if lkey > wqe::LKEY_MASK {
+                t.locals[idx] = None;
+                return Err(GdaError::nomem("no soft lkey left (24 bits)"));
+            }
+            Ok(())
+        })?;
+        Ok(lkey)
+    }
+
+    /// Forgets a local registration. In-flight operations that use it finish first only if the caller
+    /// waited for them (quiet).
+    pub fn remove_local(&self, lkey: u32) -> Result<()> {
+        self.update(|t| {
+            let i = (lkey as usize).wrapping_sub(wire::SOFT_LKEY_FIRST as usize);
+            match t.locals.get_mut(i) {
+                Some(r @ Some(_)) => {
+                    *r = None;
+                    if t.heap_lkey == Some(lkey) {
+                        t.heap_lkey = None;
+                    }
+                    Ok(())
+                }
+                _ => Err(GdaError::invalid(format!("lkey {lkey} is not registered"))),
+            }
+        })
+    }
+
+    /// Names the local registration that is the symmetric heap (target of AMO messages).
+    pub fn set_heap(&self, lkey: u32) -> Result<()> {
+        self.update(|t| {
+            if t.local(lkey).is_none() {
+                return Err(GdaError::invalid(format!("lkey {lkey} is not registered")));
+            }
+            t.heap_lkey = Some(lkey);
+            Ok(())
+        })
+    }
+
+    /// The queue as kernels see it.
+    pub fn queue_desc(&self) -> NvshmemEfaGdaQueue {
+        let i = &self.inner;
+        let base = i.rings.device();
+        NvshmemEfaGdaQueue {
+            sq: base + i.layout.sq as u64,
+            sq_doorbell: base + i.layout.doorbell as u64,
+            cq: base + i.layout.cq as u64,
+            rx_cq: base + i.layout.rx as u64,
+            ctrl: i.ctrl.device(),
+            slot_status: i.ctrl.device() + CTRL_SIZE as u64,
+            host_ctrl: base + i.layout.host_ctrl as u64,
+            sq_entries: i.sq_entries,
+            sq_entry_size: WQE_SIZE as u32,
+            cq_entries: i.cq_entries,
+            cq_entry_size: SOFT_TX_CQE_SIZE,
+            rx_entries: i.rx_entries,
+            max_batch: i.max_batch,
+            qpn: i.tables.lock().my_qpn(),
+            reserved: 0,
+            mode: NVSHMEM_EFA_GDA_MODE_SOFT,
+        }
+    }
+
+    /// Host pointers of the queue, when its control block is in host memory.
+    pub fn host_view(&self) -> Option<HostView> {
+        let i = &self.inner;
+        let ctrl = i.ctrl.host()?;
+        Some(HostView {
+            sq: i.ring(i.layout.sq),
+            doorbell: i.ring(i.layout.doorbell) as *mut u32,
+            cq: i.ring(i.layout.cq),
+            rx: i.ring(i.layout.rx),
+            ctrl,
+            // SAFETY: the status words follow the control block inside the same allocation.
+            slot_status: unsafe { ctrl.add(CTRL_SIZE) } as *mut u32,
+            host_ctrl: i.ring(i.layout.host_ctrl),
+            sq_entries: i.sq_entries,
+            cq_entries: i.cq_entries,
+            rx_entries: i.rx_entries,
+            max_batch: i.max_batch,
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SoftQueueStats {
+        let i = &self.inner;
+        SoftQueueStats {
+            consumed: i.host_ctrl_word(HC_CONSUMED).load(Ordering::Acquire),
+            rejected: i.host_ctrl_word(HC_REJECTED).load(Ordering::Acquire),
+            completed: i.completed.load(Ordering::Acquire),
+            rx_produced: i.host_ctrl_word(HC_RX_PRODUCED).load(Ordering::Acquire),
+            rx_pending: i.rx_pending.load(Ordering::Acquire),
+            amos_applied: i.amos_applied.load(Ordering::Acquire),
+        }
+    }
+
+    /// Which transfers the queue stages.
+    pub fn staging(&self) -> Staging {
+        self.inner.staging
+    }
+
+    /// Whether the consumer thread has stopped.
+    pub fn stopped(&self) -> bool {
+        self.inner
+            .host_ctrl_word(HC_STOPPED)
+            .load(Ordering::Acquire)
+            != 0
+    }
+
+    /// Why the consumer thread failed (its panic message), if it did. A failed queue is also
+    /// [`SoftQueue::stopped`], which is what kernels see.
+    pub fn failure(&self) -> Option<String> {
+        if !self.inner.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.inner.failure.lock().clone()
+    }
+
+    /// Test support (fault injection): makes the consumer thread panic when it takes the WQE of
+    /// producer count `pc`.
+    #[cfg(feature = "test-support")]
+    pub fn inject_panic_at(&self, pc: u64) {
+        self.inner.panic_at.store(pc, Ordering::Release);
+    }
+
+    /// Stops the consumer (bounded wait for in-flight operations) and joins it. Idempotent.
+    pub fn stop(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(h) = self.thread.lock().take() {
+            if h.join().is_err() {
+                tracing::error!("software queue thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for SoftQueue {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_layout_is_aligned_and_disjoint() {
+        let l = RingLayout::new(64, 64, 256);
+        assert_eq!(l.sq, 0);
+        assert_eq!(l.cq, 64 * 64);
+        assert_eq!(l.rx, l.cq + 64 * 16);
+        assert_eq!(l.doorbell, l.rx + 256 * 32);
+        assert_eq!(l.host_ctrl % 64, 0);
+        assert_eq!(l.total, l.host_ctrl + 64);
+    }
+
+    #[test]
+    fn local_translation_checks_bounds() {
+        let r = LocalReg {
+            dev_base: 0x1000,
+            host_base: 0x9000,
+            len: 0x100,
+            desc: 0,
+            device: false,
+        };
+        assert_eq!(r.translate(0x1000, 0x100), Some(0x9000));
+        assert_eq!(r.translate(0x10ff, 1), Some(0x90ff));
+        assert_eq!(r.translate(0x10ff, 2), None);
+        assert_eq!(r.translate(0xfff, 1), None);
+        assert_eq!(r.translate(0x1100, 0), Some(0x9100));
+        assert_eq!(r.translate(u64::MAX, 2), None);
+    }
+
+    #[test]
+    fn staging_policy() {
+        assert_eq!(Staging::for_provider(None, "shm", "shm"), Staging::Device);
+        assert_eq!(
+            Staging::for_provider(None, "tcp;ofi_rxm", "127.0.0.0/8"),
+            Staging::Device
+        );
+        assert_eq!(Staging::for_provider(None, "efa", "efa"), Staging::Device);
+        assert_eq!(
+            Staging::for_provider(None, "efa", "efa-direct"),
+            Staging::Off
+        );
+        assert_eq!(
+            Staging::for_provider(None, "verbs;ofi_rxm", "IB-0x"),
+            Staging::Off
+        );
+        assert_eq!(Staging::for_provider(None, "cxi", "cxi"), Staging::Off);
+        assert_eq!(
+            Staging::for_provider(Some(true), "cxi", "cxi"),
+            Staging::All
+        );
+        assert_eq!(
+            Staging::for_provider(Some(false), "shm", "shm"),
+            Staging::Off
+        );
+    }
+
+    #[test]
+    fn status_mapping() {
+        assert_eq!(
+            fabric_error_status(-(errno::ECANCELED as i32)),
+            CqStatus::Flushed
+        );
+        assert_eq!(
+            fabric_error_status(-(errno::EINVAL as i32)),
+            CqStatus::RemoteBadAddress
+        );
+        assert_eq!(
+            fabric_error_status(errno::ETRUNC as i32),
+            CqStatus::RemoteBadLength
+        );
+        assert_eq!(
+            fabric_error_status(-(errno::ENOTCONN as i32)),
+            CqStatus::LocalUnreachableRemote
+        );
+        assert_eq!(
+            fabric_error_status(-(errno::EIO as i32)),
+            CqStatus::RemoteBadStatus
+        );
+        assert_eq!(
+            wqe_error_status(&WqeError::MissingMetaDesc),
+            CqStatus::LocalQpInternalError
+        );
+        assert_eq!(
+            wqe_error_status(&WqeError::UnknownOpType(7)),
+            CqStatus::LocalUnsupportedOp
+        );
+        assert_eq!(
+            wqe_error_status(&WqeError::ZeroLength { index: 0 }),
+            CqStatus::LocalBadLength
+        );
+    }
+}

@@ -1,0 +1,282 @@
+//! Receive path: receive buffers, remote CQ data and received SENDs become RX completions; AMO
+//! messages are applied to the local heap.
+use super::*;
+
+impl Consumer {
+    pub(super) fn post_all_receives(&mut self) -> Result<()> {
+        for i in 0..self.inner.rx_bufs.count {
+            self.post_receive(i)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_receive(&mut self, i: usize) -> Result<()> {
+        let inner = self.inner.clone();
+        let ctx = inner.ctxs.alloc(TAG_RX, i as u64).ok_or_else(|| {
+            GdaError::io("software queue: out of operation contexts for receives")
+        })?;
+        let mut tries = 0u32;
+        loop {
+            // SAFETY: the buffer and the context belong to the queue and stay valid until the
+            // completion is reaped or the endpoint is closed (which happens before they are freed).
+            let r = unsafe {
+                inner.ep.recv(
+                    inner.rx_bufs.ptr(i),
+                    inner.rx_bufs.slot,
+                    inner.rx_bufs.desc(),
+                    ctx,
+                )
+            };
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_again() && tries < 100_000 => {
+                    tries += 1;
+                    let _ = self.poll_cq();
+                }
+                Err(e) => {
+                    inner.ctxs.free(ctx);
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    pub(super) fn source(&self, pe: Option<u32>) -> (u16, u16) {
+        match pe {
+            Some(p) if (p as usize) < self.tables.peers.len() => {
+                (p as u16, self.tables.peers[p as usize].qpn)
+            }
+            _ => (AH_UNKNOWN, 0),
+        }
+    }
+
+    pub(super) fn on_write_imm(&mut self, data: u64, len: usize) {
+        let (imm, pe) = wire::split_imm_data(data, self.inner.cq_data_wide);
+        self.push_write_imm_rx(imm, pe, len as u32);
+    }
+
+    /// The receive completion of an RDMA write with immediate from `pe` that has landed here.
+    pub(super) fn push_write_imm_rx(&mut self, imm: u32, pe: Option<u32>, len: u32) {
+        let (ah, src_qp) = self.source(pe);
+        self.push_rx(RxCqe {
+            req_id: 0,
+            status: CqStatus::Ok,
+            phase: 0,
+            op: OpType::RdmaWrite,
+            has_imm: true,
+            unsolicited: true,
+            qp_num: self.tables.my_qpn(),
+            length: len,
+            ah,
+            src_qp,
+            imm,
+            src_addr: None,
+        });
+    }
+
+    pub(super) fn on_recv(&mut self, idx: usize, len: usize) {
+        let inner = self.inner.clone();
+        let len = len.min(inner.rx_bufs.slot);
+        // SAFETY: the provider wrote `len` bytes into this receive buffer, which nobody else touches
+        // until it is reposted below.
+        let msg = unsafe { std::slice::from_raw_parts(inner.rx_bufs.ptr(idx), len) };
+        if let Some(h) = StageHdr::decode(msg) {
+            if h.kind == STAGE_WRITE && self.batch_write(&h, &msg[STAGE_HDR_SIZE..]) {
+                self.rx_batch.push((h, idx));
+                return;
+            }
+            // Everything else is handled in arrival order, after the writes before it.
+            self.flush_rx_batch();
+            self.on_stage_msg(&h, &msg[STAGE_HDR_SIZE..]);
+            if !inner.stop.load(Ordering::Acquire) {
+                if let Err(e) = self.post_receive(idx) {
+                    tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                }
+            }
+            return;
+        }
+        self.flush_rx_batch();
+        match SendHdr::decode(msg) {
+            None => tracing::warn!(
+                "software queue: dropped a {len}-byte message that is not a software-queue SEND"
+            ),
+            Some(h) => {
+                let payload = &msg[SEND_HDR_SIZE..];
+                let mut status = CqStatus::Ok;
+                let mut is_amo = false;
+                let heap = self.tables.heap().copied();
+                if let Some(r) = AmoMsg::parse(payload, heap.map_or(0, |h| h.len)) {
+                    is_amo = true;
+                    status = match r
+                        .map_err(|e| (amo_error_status(&e), e.to_string()))
+                        .and_then(|m| {
+                            // The heap exists: parse() found the offset inside it.
+                            apply_amo(&m, heap.as_ref().expect("heap checked by parse"))
+                                .map_err(|e| (CqStatus::LocalQpInternalError, e))
+                        }) {
+                        Ok(()) => {
+                            inner.amos_applied.fetch_add(1, Ordering::AcqRel);
+                            CqStatus::Ok
+                        }
+                        Err((s, why)) => {
+                            tracing::warn!(
+                                "software queue: AMO from PE {} not applied ({s}): {why}",
+                                h.src_pe
+                            );
+                            s
+                        }
+                    };
+                }
+                // An AMO applied without error and without an immediate needs no receive
+                // completion: nothing waits for one (DeepEP-style code never polls the RX ring), and
+                // producing one per AMO would pile up entries for a ring nobody drains.
+                if is_amo && status == CqStatus::Ok && h.imm.is_none() {
+                    if !inner.stop.load(Ordering::Acquire) {
+                        if let Err(e) = self.post_receive(idx) {
+                            tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                        }
+                    }
+                    return;
+                }
+                let (ah, src_qp) = self.source(Some(h.src_pe));
+                self.push_rx(RxCqe {
+                    req_id: self.rx_seq as u16,
+                    status,
+                    phase: 0,
+                    op: OpType::Send,
+                    has_imm: h.imm.is_some(),
+                    unsolicited: false,
+                    qp_num: self.tables.my_qpn(),
+                    length: u32::from(h.len),
+                    ah,
+                    src_qp,
+                    imm: h.imm.unwrap_or(0),
+                    src_addr: None,
+                });
+                self.rx_seq += 1;
+            }
+        }
+        if !inner.stop.load(Ordering::Acquire) {
+            if let Err(e) = self.post_receive(idx) {
+                tracing::error!("software queue: cannot repost a receive buffer: {e}");
+            }
+        }
+    }
+
+    // ---- RX ring ----
+
+    pub(super) fn rx_room(&mut self) -> bool {
+        let n = u64::from(self.inner.rx_entries);
+        if self.rx_pc - self.cached_rx_ci < n {
+            return true;
+        }
+        if let Some(t) = self.rx_ci_checked {
+            if self.inner.ctrl.host().is_none() && t.elapsed() < CTRL_REFRESH {
+                return false;
+            }
+        }
+        self.rx_ci_checked = Some(Instant::now());
+        match self.inner.ctrl.read_u64(OFF_RX_CI) {
+            Ok(ci) => self.cached_rx_ci = ci.min(self.rx_pc),
+            Err(e) => tracing::warn!("software queue: {e}"),
+        }
+        self.rx_pc - self.cached_rx_ci < n
+    }
+
+    pub(super) fn push_rx(&mut self, c: RxCqe) {
+        if self.pending_rx.is_empty() && self.rx_room() {
+            self.write_rx(c);
+            return;
+        }
+        self.pending_rx.push_back(c);
+        self.inner
+            .rx_pending
+            .store(self.pending_rx.len() as u64, Ordering::Release);
+        if !self.rx_pending_warned && self.pending_rx.len() > self.inner.rx_entries as usize {
+            self.rx_pending_warned = true;
+            tracing::warn!(
+                "software queue: the GPU is not consuming receive completions; {} are waiting in host memory",
+                self.pending_rx.len()
+            );
+        }
+    }
+
+    pub(super) fn flush_rx(&mut self) -> usize {
+        let mut n = 0;
+        while !self.pending_rx.is_empty() && self.rx_room() {
+            let c = self.pending_rx.pop_front().expect("non-empty");
+            self.write_rx(c);
+            n += 1;
+        }
+        if n > 0 {
+            self.inner
+                .rx_pending
+                .store(self.pending_rx.len() as u64, Ordering::Release);
+        }
+        n
+    }
+
+    pub(super) fn write_rx(&mut self, mut c: RxCqe) {
+        let n = self.inner.rx_entries;
+        let slot = (self.rx_pc & u64::from(n - 1)) as usize;
+        c.phase = cqe::cq_expected_phase(self.rx_pc, n);
+        let bytes = cqe::encode_rx_ex(&c);
+        // SAFETY: the slot lies inside the RX ring.
+        unsafe {
+            mem::publish_cqe(
+                self.inner
+                    .ring(self.inner.layout.rx + slot * RX_CQE_EX_SIZE),
+                &bytes,
+            )
+        };
+        self.rx_pc += 1;
+        self.inner
+            .host_ctrl_word(HC_RX_PRODUCED)
+            .store(self.rx_pc, Ordering::Release);
+    }
+}
+
+/// Applies an AMO to the local heap. Host memory: a host atomic. GPU memory: read-modify-write with
+/// `cuda::memcpy`, on a non-blocking stream, so it never waits for the running kernels (exact because
+/// one thread applies every AMO of this PE).
+pub(super) fn apply_amo(m: &AmoMsg, heap: &LocalReg) -> std::result::Result<(), String> {
+    let addr = heap.host_base + m.offset;
+    if heap.device {
+        let mut cur = [0u8; 8];
+        let n = m.size as usize;
+        // SAFETY: the range was checked to lie inside the heap registration, which stays allocated.
+        unsafe { cuda::memcpy(cur.as_mut_ptr() as *mut c_void, addr as *const c_void, n) }
+            .map_err(|e| e.to_string())?;
+        let old = u64::from_le_bytes(cur);
+        let new = if m.op == wire::AMO_OP_ADD {
+            old.wrapping_add(m.value)
+        } else {
+            m.value
+        };
+        let out = new.to_le_bytes();
+        // SAFETY: as above.
+        unsafe { cuda::memcpy(addr as *mut c_void, out.as_ptr() as *const c_void, n) }
+            .map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    // SAFETY: the range lies inside the registered heap and is aligned to the operand size (checked
+    // by `AmoMsg::parse`); other agents access these words atomically or not at all while AMOs fly.
+    unsafe {
+        if m.size == 8 {
+            let a = mem::atomic_u64(addr as *mut u8);
+            if m.op == wire::AMO_OP_ADD {
+                a.fetch_add(m.value, Ordering::AcqRel);
+            } else {
+                a.store(m.value, Ordering::Release);
+            }
+        } else {
+            let a = mem::atomic_u32(addr as *mut u8);
+            if m.op == wire::AMO_OP_ADD {
+                a.fetch_add(m.value as u32, Ordering::AcqRel);
+            } else {
+                a.store(m.value as u32, Ordering::Release);
+            }
+        }
+    }
+    Ok(())
+}

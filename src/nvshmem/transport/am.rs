@@ -1,0 +1,373 @@
+//! Active messages: the wire format, receive buffers, request and response handling, and the send
+//! slots that carry staged payloads.
+use std::ffi::c_void;
+
+use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
+use super::memory::{copy_any, write_any};
+use super::{abi, internal, Connected, TResult, Transport};
+use crate::fabric::FiAddr;
+
+// Active-message format (64 bytes, in a context's scratch space).
+pub(super) const AM_MAGIC: u32 = 0x4d41_4645; // "EFAM"
+pub(super) const AM_REQ: u32 = 1;
+pub(super) const AM_RESP: u32 = 2;
+/// Header of every active message; staged payloads follow it.
+pub(super) const AM_BYTES: usize = 64;
+/// Size of a receive or send slot: a header plus up to `STAGE_CHUNK` payload bytes.
+pub(super) const STAGE_BYTES: usize = 64 << 10;
+/// Payload bytes per staged message.
+pub(super) const STAGE_CHUNK: usize = STAGE_BYTES - AM_BYTES;
+pub(super) const AM_RECV_BUFS: usize = 64;
+pub(super) const SEND_SLOTS: usize = 32;
+/// Staged put: payload to write at `addr`; answered by AM_RESP.
+pub(super) const AM_PUT: u32 = 3;
+/// Staged get: `size` bytes at `addr` wanted; answered by AM_GET_DATA.
+pub(super) const AM_GET: u32 = 4;
+/// Staged get answer: payload (or a status).
+pub(super) const AM_GET_DATA: u32 = 5;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct AmMsg {
+    pub(super) magic: u32,
+    pub(super) kind: u32,
+    /// Initiator's waiting context (returned in the response).
+    pub(super) token: u64,
+    pub(super) op: i32,
+    pub(super) size: u32,
+    pub(super) addr: u64,
+    pub(super) val: u64,
+    pub(super) cmp: u64,
+    /// Response: old value; request: initiator PE.
+    pub(super) result: u64,
+    pub(super) status: i32,
+    pub(super) reserved: u32,
+}
+const _: () = assert!(std::mem::size_of::<AmMsg>() <= AM_BYTES);
+
+/// Messages the progress path owes a peer (sent as soon as resources allow).
+pub(super) enum Pending {
+    /// A header-only message.
+    Msg(FiAddr, AmMsg),
+    /// Data for a staged get.
+    GetData {
+        dest: FiAddr,
+        token: u64,
+        addr: u64,
+        len: u32,
+    },
+}
+
+impl Transport {
+    /// Applies an AM request, or completes a waiting AMO with a response.
+    pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize) {
+        let e = &c.eps[i];
+        let Some(base) = e.am_buf(slot) else { return };
+        // SAFETY: slot < AM_RECV_BUFS; the receive completed, so the provider is done writing it.
+        let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
+        if m.magic != AM_MAGIC || len < std::mem::size_of::<AmMsg>() {
+            tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
+            return;
+        }
+        let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA);
+        if carries_payload && (m.size as usize > STAGE_CHUNK || len < AM_BYTES + m.size as usize) {
+            let msg = format!(
+                "endpoint {i}: staged message of {len} bytes announces {} payload bytes",
+                m.size
+            );
+            tracing::error!("{msg}");
+            if m.kind == AM_GET_DATA {
+                self.fail_am_wait(e, m.token as *mut c_void, msg);
+            }
+            // A truncated put is not answered: its initiator's quiet reports the loss at its bound.
+            return;
+        }
+        // SAFETY: a payload follows the header inside this receive slot (length checked above).
+        let payload = unsafe { base.add(AM_BYTES) } as *const u8;
+        match m.kind {
+            AM_REQ => {
+                let src_pe = m.result as i64;
+                let (status, old) = match self.apply_local_amo(m.op, m.size, m.addr, m.val, m.cmp) {
+                    Ok(old) => (0, old),
+                    Err(err) => {
+                        tracing::error!("AMO from PE {src_pe}: {}", err.message);
+                        (err.status, 0)
+                    }
+                };
+                let Some(dest) = c.peer_addr(src_pe, i) else {
+                    tracing::error!("AM request from out-of-range PE {src_pe}");
+                    return;
+                };
+                e.push_response(dest, m.token, old, status);
+            }
+            AM_RESP => {
+                let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
+                    return;
+                };
+                // SAFETY: own waiting context; scratch[0] holds the operand size (amo_target).
+                let size = e
+                    .ctxs
+                    .scratch(wait)
+                    .map(|s| unsafe { *s } as usize)
+                    .unwrap_or(8)
+                    .min(8);
+                if m.status != 0 {
+                    e.record_error(format!("remote AMO failed with status {}", m.status));
+                } else if retptr != 0 {
+                    let bytes = m.result.to_le_bytes();
+                    if let Err(err) = write_any(retptr as *mut u8, &bytes[..size]) {
+                        e.record_error(err.message);
+                    }
+                }
+                e.finish_counted(wait);
+            }
+            AM_PUT => {
+                let src_pe = m.val as i64;
+                let Some(dest) = c.peer_addr(src_pe, i) else {
+                    tracing::error!("staged put from PE {src_pe} with {} bytes dropped", m.size);
+                    return;
+                };
+                let status = self.copy_registered(
+                    m.addr as *mut u8,
+                    payload,
+                    m.addr,
+                    m.size,
+                    &format!("staged put from PE {src_pe}"),
+                );
+                e.push_response(dest, m.token, 0, status);
+            }
+            AM_GET => {
+                let src_pe = m.val as i64;
+                let Some(dest) = c
+                    .peer_addr(src_pe, i)
+                    .filter(|_| m.size as usize <= STAGE_CHUNK)
+                else {
+                    tracing::error!("staged get from PE {src_pe} with {} bytes dropped", m.size);
+                    return;
+                };
+                e.am_pending.lock().push_back(Pending::GetData {
+                    dest,
+                    token: m.token,
+                    addr: m.addr,
+                    len: m.size,
+                });
+            }
+            AM_GET_DATA => {
+                let Some((wait, dst)) = e.waiting(m.token, "staged get data") else {
+                    return;
+                };
+                if m.status != 0 {
+                    e.record_error(format!("remote get failed with status {}", m.status));
+                } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
+                    e.record_error(err.message);
+                }
+                e.finish_counted(wait);
+            }
+            k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
+        }
+    }
+
+    /// Copies `len` bytes to `dst` from `src` when `[addr, addr+len)` (the side in this PE's
+    /// memory) lies in a registration; the status to answer with.
+    fn copy_registered(
+        &self,
+        dst: *mut u8,
+        src: *const u8,
+        addr: u64,
+        len: u32,
+        what: &str,
+    ) -> i32 {
+        if self.find_registration(addr, len as u64).is_none() {
+            tracing::error!("{what}: {addr:#x}+{len} is not registered here");
+            return abi::status::INVALID_VALUE;
+        }
+        match copy_any(dst, src, len as usize) {
+            Ok(()) => 0,
+            Err(err) => err.status,
+        }
+    }
+
+    /// Posts every AM receive buffer of endpoint `i` (at connect).
+    pub(super) fn post_am_recvs(&self, e: &EpState, i: usize) -> TResult<()> {
+        if e.am_bufs.is_none() {
+            return Ok(());
+        }
+        for slot in 0..AM_RECV_BUFS {
+            let ctx = e.ctxs.alloc(TAG_AM_RECV, slot as u64).ok_or_else(|| {
+                internal(format!("endpoint {i}: no context for AM receive buffers"))
+            })?;
+            e.post_am_recv(slot, ctx)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
+        let e = &c.eps[i];
+        loop {
+            let Some(p) = e.am_pending.lock().pop_front() else {
+                return;
+            };
+            let r = match &p {
+                Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg),
+                Pending::GetData {
+                    dest,
+                    token,
+                    addr,
+                    len,
+                } => {
+                    let Some(slot) = e.send_free.lock().pop() else {
+                        e.am_pending.lock().push_front(p);
+                        return;
+                    };
+                    // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+                    let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    let status = self.copy_registered(
+                        payload,
+                        *addr as *const u8,
+                        *addr,
+                        *len,
+                        "staged get",
+                    );
+                    let size = if status == 0 { *len } else { 0 };
+                    let hdr = AmMsg {
+                        magic: AM_MAGIC,
+                        kind: AM_GET_DATA,
+                        token: *token,
+                        size,
+                        status,
+                        ..Default::default()
+                    };
+                    let r = self.send_slot(e, *dest, slot, hdr, 0);
+                    if r.is_err() {
+                        e.send_free.lock().push(slot);
+                    }
+                    r
+                }
+            };
+            match r {
+                Ok(()) => {}
+                Err(err) if err.is_again() => {
+                    e.am_pending.lock().push_front(p);
+                    return;
+                }
+                Err(err) => tracing::error!("endpoint {i}: active message lost: {err}"),
+            }
+        }
+    }
+
+    /// Sends a header-only message from a context's scratch space (no wait; EAGAIN is returned).
+    pub(super) fn send_small(
+        &self,
+        e: &EpState,
+        dest: FiAddr,
+        msg: AmMsg,
+    ) -> crate::fabric::Result<()> {
+        e.send_with_ctx(TAG_AM_SEND, 0, "no context for an active message", |ctx| {
+            e.send_from_scratch(ctx, dest, msg)
+        })
+    }
+
+    /// Sends send slot `slot` (header written here, payload already in place). `wait` is the
+    /// initiator's waiting context to fail if the send fails (0: none).
+    pub(super) fn send_slot(
+        &self,
+        e: &EpState,
+        dest: FiAddr,
+        slot: usize,
+        hdr: AmMsg,
+        wait: u64,
+    ) -> crate::fabric::Result<()> {
+        e.send_with_ctx(
+            TAG_SLOT_SEND,
+            slot as u64,
+            "no context for a staged send",
+            |ctx| {
+                // SAFETY: own context; scratch[0] remembers the waiting context.
+                unsafe { *e.ctxs.scratch(ctx).expect("own context") = wait };
+                let sp = e.send_slot_ptr(slot);
+                // SAFETY: the slot lies in the registered send slab and stays reserved until completion.
+                unsafe {
+                    std::ptr::write_unaligned(sp as *mut AmMsg, hdr);
+                    e.ep.send(
+                        sp,
+                        AM_BYTES + hdr.size as usize,
+                        e.send_slab.1.desc(),
+                        dest,
+                        ctx,
+                    )
+                }
+            },
+        )
+    }
+
+    /// Staged put or get of `len` bytes: GPU memory never reaches the provider. Each chunk is a
+    /// message the target applies with a copy on a non-blocking stream (puts) or answers with data
+    /// (gets); the waiting context completes on the answer, so quiet covers it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn staged(
+        &self,
+        c: &Connected,
+        pe: i32,
+        is_put: bool,
+        laddr: u64,
+        raddr: u64,
+        len: u64,
+        ep: usize,
+    ) -> TResult<()> {
+        let e = &c.eps[ep];
+        let dest = c.addr(pe, ep);
+        let mut off = 0u64;
+        while off < len {
+            let n = (STAGE_CHUNK as u64).min(len - off);
+            let wait_data = if is_put { 0 } else { laddr + off };
+            let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, wait_data)?;
+            let hdr = AmMsg {
+                magic: AM_MAGIC,
+                kind: if is_put { AM_PUT } else { AM_GET },
+                token: wait as u64,
+                size: n as u32,
+                addr: raddr + off,
+                val: c.my_pe as u64,
+                ..Default::default()
+            };
+            let r = if is_put {
+                // Every failure below gives the slot back; the cleanup below gives back `wait`.
+                self.alloc_slot(c, ep).and_then(|slot| {
+                    // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
+                    let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    copy_any(sp, (laddr + off) as *const u8, n as usize)
+                        .and_then(|()| {
+                            self.retry_again(c, ep, || {
+                                self.send_slot(e, dest, slot, hdr, wait as u64)
+                            })
+                        })
+                        .inspect_err(|_| e.send_free.lock().push(slot))
+                })
+            } else {
+                self.retry_again(c, ep, || self.send_small(e, dest, hdr))
+            };
+            if let Err(err) = r {
+                e.uncount(wait);
+                return Err(err);
+            }
+            off += n;
+        }
+        Ok(())
+    }
+
+    /// Takes a free send slot, driving progress while none is free (bounded).
+    fn alloc_slot(&self, c: &Connected, ep: usize) -> TResult<usize> {
+        let e = &c.eps[ep];
+        self.wait_for(
+            c,
+            ep,
+            || e.send_free.lock().pop(),
+            || {
+                internal(format!(
+                    "endpoint {ep}: no staging slot freed within {:?}",
+                    self.cfg.quiet_timeout
+                ))
+            },
+        )
+    }
+}

@@ -1,0 +1,322 @@
+//! Atomics: provider atomics and target-applied AMOs (requests applied in the target's progress path).
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::abi::{self, amo, AmoMemdesc};
+use super::am::{AmMsg, AM_MAGIC, AM_REQ};
+use super::endpoints::{TAG_AM_SEND, TAG_AM_WAIT, TAG_OP};
+use super::memory::is_device;
+use super::provider_ops::{provider_op, ProviderAmo};
+use super::{internal, invalid, Connected, TResult, Transport};
+use crate::config::AtomicsPath;
+use crate::cuda;
+use crate::fabric::Provider;
+
+impl Transport {
+    /// `amo`: every NVSHMEM atomic, 4 and 8 bytes. Fetch results land in `retptr` by quiet.
+    ///
+    /// # Safety
+    /// `target` must be null or a valid descriptor; `retptr` must stay valid until quiet.
+    pub unsafe fn amo(
+        &self,
+        pe: i32,
+        verb: abi::AmoVerb,
+        target: *mut AmoMemdesc,
+        elembytes: i32,
+        ep: usize,
+    ) -> TResult<()> {
+        let c = self.conn()?;
+        self.check_pe(c, pe)?;
+        if target.is_null() {
+            return Err(invalid("amo: null descriptor"));
+        }
+        // SAFETY: non-null descriptor from NVSHMEM.
+        let t = unsafe { *target };
+        if elembytes != 4 && elembytes != 8 {
+            return Err(invalid(format!("amo: size {elembytes} (4 or 8)")));
+        }
+        let size = elembytes as u64;
+        let fetch = verb.op > amo::END_OF_NONFETCH;
+        let known = matches!(verb.op, amo::INC..=amo::SIGNAL_ADD | amo::FETCH..=amo::COMPARE_SWAP);
+        if !known {
+            return Err(invalid(format!("amo: unsupported op {}", verb.op)));
+        }
+        if fetch && t.retptr.is_null() {
+            return Err(invalid(format!(
+                "amo: fetching op {} without retptr",
+                verb.op
+            )));
+        }
+        let (raddr, key) = self.remote_target(&t.remote, size, ep, "amo")?;
+        let val = match verb.op {
+            amo::INC | amo::FETCH_INC => 1,
+            _ => t.val,
+        };
+        if self.use_provider_atomics {
+            if let Some(pop) = provider_op(verb.op, elembytes) {
+                let (a, f, cmp) = c.eps[ep].ep.atomic_valid(pop.datatype, pop.op);
+                let ok = if verb.op == amo::COMPARE_SWAP {
+                    cmp
+                } else if fetch || self.provider == Provider::Shm {
+                    f
+                } else {
+                    a
+                };
+                if ok {
+                    return self.amo_provider(c, pe, verb.op, pop, &t, val, raddr, key, size, ep);
+                }
+                if self.cfg.atomics == AtomicsPath::Provider {
+                    return Err(invalid(format!(
+                        "amo: provider {} cannot do op {} on {size}-byte values",
+                        self.provider, verb.op
+                    )));
+                }
+            }
+        }
+        self.amo_target(c, pe, verb.op, &t, val, size, ep)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn amo_provider(
+        &self,
+        c: &Connected,
+        pe: i32,
+        opc: i32,
+        pop: ProviderAmo,
+        t: &AmoMemdesc,
+        val: u64,
+        raddr: u64,
+        key: u64,
+        size: u64,
+        ep: usize,
+    ) -> TResult<()> {
+        let dest = c.addr(pe, ep);
+        let e = &c.eps[ep];
+        let fetch = opc > amo::END_OF_NONFETCH;
+        let (res_ptr, res_desc) = if fetch {
+            let rp = t.retptr as u64;
+            match self.local_desc(t.ret_handle, rp, size, ep) {
+                Some((_r, d)) => (rp as *mut u8, d),
+                None if !self.info.mr_local() && !is_device(t.retptr) => {
+                    (rp as *mut u8, std::ptr::null_mut())
+                }
+                None => {
+                    return Err(invalid(format!(
+                        "amo: result buffer {:p} is not registered",
+                        t.retptr
+                    )))
+                }
+            }
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        let cdesc = e.ctx_desc();
+        let (fop, dt) = (pop.op, pop.datatype);
+        let shm_fetch_workaround = self.provider == Provider::Shm && !fetch;
+        self.post(c, ep, TAG_OP, 0, |ctx| {
+            let s = e.ctxs.scratch(ctx).expect("own context");
+            // SAFETY: operands live in the context's scratch until completion; the result buffer is
+            // registered (or plain host memory where the provider allows) and kept by NVSHMEM.
+            unsafe {
+                *s = val;
+                *s.add(1) = t.cmp;
+                let opnd = s as *const u8;
+                if opc == amo::COMPARE_SWAP {
+                    e.ep.compare_atomic(
+                        opnd,
+                        cdesc,
+                        s.add(1) as *const u8,
+                        cdesc,
+                        res_ptr,
+                        res_desc,
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        ctx,
+                    )
+                } else if fetch {
+                    e.ep.fetch_atomic(
+                        opnd, cdesc, res_ptr, res_desc, dest, raddr, key, dt, fop, ctx,
+                    )
+                } else if shm_fetch_workaround {
+                    // libfabric 2.1's shm releases the inject buffer of a non-fetching atomic sent
+                    // with FI_DELIVERY_COMPLETE twice (target and sender), so two later atomics share
+                    // one buffer. A fetching atomic into the context's scratch space avoids that path.
+                    e.ep.fetch_atomic(
+                        opnd,
+                        cdesc,
+                        s.add(2) as *mut u8,
+                        cdesc,
+                        dest,
+                        raddr,
+                        key,
+                        dt,
+                        fop,
+                        ctx,
+                    )
+                } else {
+                    e.ep.atomic(opnd, cdesc, dest, raddr, key, dt, fop, ctx)
+                }
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Target-applied AMO: a request message to the target's endpoint of the same index; the waiting
+    /// context completes when the response (old value, status) arrives.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn amo_target(
+        &self,
+        c: &Connected,
+        pe: i32,
+        opc: i32,
+        t: &AmoMemdesc,
+        val: u64,
+        size: u64,
+        ep: usize,
+    ) -> TResult<()> {
+        let e = &c.eps[ep];
+        let retptr = if opc > amo::END_OF_NONFETCH {
+            t.retptr as u64
+        } else {
+            0
+        };
+        let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, retptr)?;
+        // SAFETY: own context; scratch[0] keeps the operand size for the response handler.
+        unsafe { *e.ctxs.scratch(wait).expect("own context") = size };
+        let msg = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_REQ,
+            token: wait as u64,
+            op: opc,
+            size: size as u32,
+            addr: t.remote.ptr as u64,
+            val,
+            cmp: t.cmp,
+            result: c.my_pe as u64,
+            status: 0,
+            reserved: 0,
+        };
+        let dest = c.addr(pe, ep);
+        let r = self.post(c, ep, TAG_AM_SEND, wait as u64, |ctx| {
+            e.send_from_scratch(ctx, dest, msg)
+        });
+        if let Err(err) = r {
+            e.uncount(wait);
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// Applies an AMO to this PE's memory, serialised with every other target-applied AMO.
+    pub(super) fn apply_local_amo(
+        &self,
+        opc: i32,
+        size: u32,
+        addr: u64,
+        val: u64,
+        cmp: u64,
+    ) -> TResult<u64> {
+        if size != 4 && size != 8 {
+            return Err(invalid(format!("AMO size {size} (4 or 8)")));
+        }
+        if addr % size as u64 != 0 {
+            return Err(invalid(format!(
+                "AMO address {addr:#x} not aligned to {size}"
+            )));
+        }
+        let reg = self.find_registration(addr, size as u64).ok_or_else(|| {
+            invalid(format!(
+                "AMO target {addr:#x}+{size} is not in a registered region"
+            ))
+        })?;
+        let _g = self.am_lock.lock();
+        let mut cur = [0u8; 8];
+        if reg.device {
+            // SAFETY: the range lies in a registration of this process.
+            unsafe {
+                cuda::memcpy(
+                    cur.as_mut_ptr() as *mut c_void,
+                    addr as *const c_void,
+                    size as usize,
+                )
+            }
+            .map_err(|e| internal(e.to_string()))?;
+        } else {
+            // SAFETY: as above; host memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(addr as *const u8, cur.as_mut_ptr(), size as usize)
+            };
+        }
+        let old = u64::from_le_bytes(cur);
+        let mask = if size == 4 { 0xffff_ffff } else { u64::MAX };
+        let new = compute_amo(opc, old & mask, val & mask, cmp & mask)? & mask;
+        if new != old & mask {
+            let bytes = new.to_le_bytes();
+            if reg.device {
+                // SAFETY: as above.
+                unsafe {
+                    cuda::memcpy(
+                        addr as *mut c_void,
+                        bytes.as_ptr() as *const c_void,
+                        size as usize,
+                    )
+                }
+                .map_err(|e| internal(e.to_string()))?;
+            } else {
+                // Host words are written atomically so concurrent CPU readers never see a torn value.
+                // SAFETY: aligned (checked) word inside a registration.
+                unsafe {
+                    if size == 4 {
+                        (*(addr as *const std::sync::atomic::AtomicU32))
+                            .store(new as u32, Ordering::SeqCst)
+                    } else {
+                        (*(addr as *const AtomicU64)).store(new, Ordering::SeqCst)
+                    }
+                }
+            }
+        }
+        Ok(old & mask)
+    }
+}
+
+/// The new value of a target-applied AMO.
+pub(crate) fn compute_amo(opc: i32, old: u64, val: u64, cmp: u64) -> TResult<u64> {
+    Ok(match opc {
+        amo::SET | amo::SIGNAL | amo::SIGNAL_SET | amo::SWAP => val,
+        amo::INC | amo::FETCH_INC => old.wrapping_add(1),
+        amo::ADD | amo::SIGNAL_ADD | amo::FETCH_ADD => old.wrapping_add(val),
+        amo::AND | amo::FETCH_AND => old & val,
+        amo::OR | amo::FETCH_OR => old | val,
+        amo::XOR | amo::FETCH_XOR => old ^ val,
+        amo::FETCH => old,
+        amo::COMPARE_SWAP => {
+            if old == cmp {
+                val
+            } else {
+                old
+            }
+        }
+        other => return Err(invalid(format!("AMO op {other} cannot be applied"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amo_arithmetic() {
+        assert_eq!(compute_amo(amo::FETCH_ADD, 5, 3, 0).unwrap(), 8);
+        assert_eq!(compute_amo(amo::INC, u64::MAX, 0, 0).unwrap(), 0);
+        assert_eq!(compute_amo(amo::COMPARE_SWAP, 5, 9, 5).unwrap(), 9);
+        assert_eq!(compute_amo(amo::COMPARE_SWAP, 5, 9, 4).unwrap(), 5);
+        assert_eq!(
+            compute_amo(amo::FETCH_XOR, 0b1100, 0b1010, 0).unwrap(),
+            0b0110
+        );
+        assert_eq!(compute_amo(amo::FETCH, 7, 1, 1).unwrap(), 7);
+        assert!(compute_amo(amo::ACK, 0, 0, 0).is_err());
+    }
+}

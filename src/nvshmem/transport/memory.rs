@@ -1,0 +1,372 @@
+//! Memory handles: what the transport writes into NVSHMEM's opaque handle, local registrations,
+//! and the checks that turn a descriptor into a local descriptor or a remote address and key.
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::abi::{self, MemHandle, RmaMemdesc};
+use super::{internal, invalid, Connected, TResult, Transport, NUM_EPS};
+use crate::cuda::{self, PtrKind};
+use crate::fabric::{Endpoint, MemKind, MemoryRegion, Provider};
+
+pub(super) const HANDLE_MAGIC: u64 = 0x4144_4741_4645_564e; // "NVEFAGDA"
+pub(super) const HANDLE_VERSION: u32 = 1;
+pub(super) const HANDLE_FLAG_DEVICE: u32 = 1;
+
+/// Whether `[addr, addr+len)` lies inside `[base, base+size)` (without overflow).
+fn range_contains(base: u64, size: u64, addr: u64, len: u64) -> bool {
+    addr >= base && len <= size && addr - base <= size - len
+}
+
+/// What this transport writes into NVSHMEM's 512-byte opaque handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct HandleBlob {
+    pub(super) magic: u64,
+    pub(super) version: u32,
+    pub(super) flags: u32,
+    pub(super) base: u64,
+    pub(super) len: u64,
+    pub(super) keys: [u64; NUM_EPS],
+    pub(super) reg_id: u64,
+    pub(super) cookie: u64,
+    pub(super) pe: i32,
+    pub(super) reserved: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<HandleBlob>() <= abi::MEM_HANDLE_SIZE);
+
+impl HandleBlob {
+    pub(super) fn write(&self, h: &mut MemHandle) {
+        h.reserved = [0; abi::MEM_HANDLE_SIZE];
+        // SAFETY: HandleBlob is plain data smaller than the handle (asserted above).
+        unsafe { std::ptr::write_unaligned(h.reserved.as_mut_ptr() as *mut HandleBlob, *self) }
+    }
+
+    /// Reads a blob out of a handle; `None` unless it carries this transport's magic and version.
+    pub(super) fn read(h: *const MemHandle) -> Option<HandleBlob> {
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: NVSHMEM hands us pointers to 512-byte handles; the blob fits inside.
+        let b = unsafe { std::ptr::read_unaligned((*h).reserved.as_ptr() as *const HandleBlob) };
+        (b.magic == HANDLE_MAGIC && b.version == HANDLE_VERSION && b.len > 0).then_some(b)
+    }
+
+    pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
+        range_contains(self.base, self.len, addr, len)
+    }
+}
+
+/// A local registration.
+pub(super) struct Registration {
+    pub(super) base: u64,
+    pub(super) len: u64,
+    pub(super) device: bool,
+    /// One region, or one per endpoint for FI_MR_ENDPOINT providers.
+    pub(super) mrs: Vec<MemoryRegion>,
+}
+
+impl Registration {
+    pub(super) fn desc(&self, ep: usize) -> *mut c_void {
+        // Staged GPU memory has no provider registration (and needs no descriptor).
+        match self.mrs.len() {
+            0 => std::ptr::null_mut(),
+            n => self.mrs[ep.min(n - 1)].desc(),
+        }
+    }
+
+    pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
+        range_contains(self.base, self.len, addr, len)
+    }
+}
+
+impl Transport {
+    pub(super) fn find_registration(&self, addr: u64, len: u64) -> Option<Arc<Registration>> {
+        self.regs
+            .read()
+            .values()
+            .find(|r| r.contains(addr, len))
+            .cloned()
+    }
+
+    /// `get_mem_handle`: registers `[buf, buf+size)` and describes it in `handle`.
+    ///
+    /// # Safety
+    /// `handle` must be null or point to a writable 512-byte handle; the memory must stay allocated
+    /// until `release_mem_handle`.
+    pub unsafe fn get_mem_handle(
+        &self,
+        handle: *mut MemHandle,
+        buf: *mut c_void,
+        size: usize,
+        local_only: bool,
+    ) -> TResult<()> {
+        if handle.is_null() || buf.is_null() || size == 0 {
+            return Err(invalid(format!(
+                "get_mem_handle: bad arguments (handle {handle:p}, buf {buf:p}, size {size})"
+            )));
+        }
+        let kind = match cuda::pointer_kind(buf) {
+            PtrKind::Host => MemKind::Host,
+            PtrKind::Device {
+                ordinal,
+                legacy_ipc,
+            } => {
+                if !self.info.has_hmem() {
+                    return Err(invalid(format!(
+                        "get_mem_handle: {buf:p} is GPU memory but provider {} has no FI_HMEM",
+                        self.provider
+                    )));
+                }
+                if self.provider == Provider::Shm
+                    && !self.staging
+                    && !legacy_ipc
+                    && !self.cfg.allow_vmm
+                {
+                    return Err(invalid(format!(
+                        "get_mem_handle: {buf:p} is CUDA VMM memory, which the shm provider's CUDA IPC cannot \
+                         export; run with NVSHMEM_DISABLE_CUDA_VMM=1 (or NVSHMEM_EFA_ALLOW_VMM=1 to try anyway)"
+                    )));
+                }
+                MemKind::Cuda(ordinal)
+            }
+        };
+        let conn = self.conn.get();
+        let staged_device = self.staging && matches!(kind, MemKind::Cuda(_));
+        // The endpoints to bind the registration to: each one for FI_MR_ENDPOINT providers, else
+        // one registration bound to none.
+        let bind_to: Vec<Option<&Endpoint>> = if staged_device {
+            Vec::new()
+        } else if self.info.mr_endpoint() {
+            let c = conn.ok_or_else(|| {
+                internal("get_mem_handle before connect on an FI_MR_ENDPOINT provider")
+            })?;
+            c.eps.iter().map(|e| Some(&e.ep)).collect()
+        } else {
+            vec![None]
+        };
+        let mrs = bind_to
+            .into_iter()
+            // SAFETY: NVSHMEM keeps the memory allocated until release_mem_handle.
+            .map(|ep| unsafe {
+                MemoryRegion::register(&self.domain, buf as *const u8, size, kind, !local_only, ep)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let reg_id = self.next_reg.fetch_add(1, Ordering::Relaxed);
+        let mut keys = [0u64; NUM_EPS];
+        for (i, k) in keys.iter_mut().enumerate() {
+            *k = mrs
+                .get(i.min(mrs.len().saturating_sub(1)))
+                .map_or(0, |m| m.key());
+        }
+        let device = matches!(kind, MemKind::Cuda(_));
+        let blob = HandleBlob {
+            magic: HANDLE_MAGIC,
+            version: HANDLE_VERSION,
+            flags: if device { HANDLE_FLAG_DEVICE } else { 0 },
+            base: buf as u64,
+            len: size as u64,
+            keys,
+            reg_id,
+            cookie: self.cookie,
+            pe: conn.map_or(-1, |c| c.my_pe),
+            reserved: 0,
+        };
+        let reg = Arc::new(Registration {
+            base: buf as u64,
+            len: size as u64,
+            device,
+            mrs,
+        });
+        // The first remotely accessible registration is NVSHMEM's symmetric heap (NVSHMEM connects
+        // endpoints, and so initialises GDA, before it sets the heap up).
+        if !local_only && crate::gda::mode() > 0 && !self.gda_heap_set.swap(true, Ordering::AcqRel)
+        {
+            if let Err(e) = crate::gda::set_local_heap(buf as u64, size as u64, reg.mrs.first()) {
+                tracing::warn!("GDA: could not set the local heap: {e}");
+            }
+        }
+        self.regs.write().insert(reg_id, reg);
+        // SAFETY: handle checked non-null; NVSHMEM passes a 512-byte handle.
+        blob.write(unsafe { &mut *handle });
+        tracing::debug!(
+            "registered {buf:p}+{size} ({kind:?}, local_only={local_only}) as {reg_id}"
+        );
+        Ok(())
+    }
+
+    /// `release_mem_handle`.
+    ///
+    /// # Safety
+    /// `handle` must be null or point to a readable 512-byte handle.
+    pub unsafe fn release_mem_handle(&self, handle: *mut MemHandle) -> TResult<()> {
+        let b = HandleBlob::read(handle)
+            .ok_or_else(|| invalid("release_mem_handle: not a handle of this transport"))?;
+        if b.cookie != self.cookie {
+            return Err(invalid(
+                "release_mem_handle: handle belongs to another transport instance or PE",
+            ));
+        }
+        match self.regs.write().remove(&b.reg_id) {
+            Some(_) => Ok(()),
+            None => Err(invalid(format!(
+                "release_mem_handle: registration {} unknown or already released",
+                b.reg_id
+            ))),
+        }
+    }
+
+    /// `add_device_remote_mem_handles`: every PE's handle of one heap chunk, stride `stride`,
+    /// this transport at `index`. Feeds GDA's peer table.
+    ///
+    /// # Safety
+    /// `handles` must be null or hold `n_pes * stride` handles.
+    pub unsafe fn add_remote_handles(
+        &self,
+        stride: i32,
+        index: i32,
+        handles: *mut MemHandle,
+    ) -> TResult<()> {
+        let c = self.conn()?;
+        if handles.is_null() || stride <= 0 || index < 0 || index >= stride {
+            return Err(invalid(format!(
+                "add_device_remote_mem_handles: bad arguments (stride {stride}, index {index})"
+            )));
+        }
+        if crate::gda::mode() <= 0 {
+            return Ok(());
+        }
+        for pe in 0..c.n_pes {
+            // SAFETY: NVSHMEM passes n_pes * stride handles.
+            let h = unsafe { handles.add(pe as usize * stride as usize + index as usize) };
+            let b = HandleBlob::read(h).ok_or_else(|| {
+                invalid(format!(
+                    "add_device_remote_mem_handles: PE {pe}'s handle is not ours"
+                ))
+            })?;
+            if let Err(e) = crate::gda::set_remote_heap(pe, b.base, b.len, b.keys[0]) {
+                tracing::warn!("GDA: remote heap of PE {pe}: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_pe(&self, c: &Connected, pe: i32) -> TResult<()> {
+        if pe < 0 || pe >= c.n_pes {
+            return Err(invalid(format!("PE {pe} out of range (n_pes {})", c.n_pes)));
+        }
+        Ok(())
+    }
+
+    /// The remote handle of `rd`, after checking that it is one of ours and covers `len` bytes at
+    /// `rd.ptr`.
+    pub(super) fn remote_blob(&self, rd: &RmaMemdesc, len: u64, what: &str) -> TResult<HandleBlob> {
+        let b = HandleBlob::read(rd.handle).ok_or_else(|| {
+            invalid(format!(
+                "{what}: remote handle {:p} was not made by this transport",
+                rd.handle
+            ))
+        })?;
+        let addr = rd.ptr as u64;
+        if !b.contains(addr, len) {
+            return Err(invalid(format!(
+                "{what}: remote range {addr:#x}+{len} outside the registration {:#x}+{}",
+                b.base, b.len
+            )));
+        }
+        Ok(b)
+    }
+
+    /// Translates a remote address into what the provider wants, after checking the handle and range.
+    pub(super) fn remote_target(
+        &self,
+        rd: &RmaMemdesc,
+        len: u64,
+        ep: usize,
+        what: &str,
+    ) -> TResult<(u64, u64)> {
+        let b = self.remote_blob(rd, len, what)?;
+        let addr = rd.ptr as u64;
+        let a = if self.info.virt_addr() {
+            addr
+        } else {
+            addr - b.base
+        };
+        Ok((a, b.keys[ep]))
+    }
+
+    /// Local descriptor for `[addr, addr+len)`: from its handle, or a registration that contains it.
+    pub(super) fn local_desc(
+        &self,
+        handle: *mut MemHandle,
+        addr: u64,
+        len: u64,
+        ep: usize,
+    ) -> Option<(Arc<Registration>, *mut c_void)> {
+        let by_handle = HandleBlob::read(handle)
+            .filter(|b| b.cookie == self.cookie)
+            .and_then(|b| self.regs.read().get(&b.reg_id).cloned())
+            .filter(|r| r.contains(addr, len));
+        by_handle
+            .or_else(|| self.find_registration(addr, len))
+            .map(|r| {
+                let d = r.desc(ep);
+                (r, d)
+            })
+    }
+}
+
+/// Whether `p` is GPU memory.
+pub(super) fn is_device(p: *const c_void) -> bool {
+    matches!(cuda::pointer_kind(p), PtrKind::Device { .. })
+}
+
+/// Copies `n` bytes between any two of host and GPU memory (the driver where either is GPU memory).
+pub(super) fn copy_any(dst: *mut u8, src: *const u8, n: usize) -> TResult<()> {
+    if is_device(dst as *const c_void) || is_device(src as *const c_void) {
+        // SAFETY: both ranges come from NVSHMEM buffers of at least n bytes.
+        unsafe { cuda::memcpy(dst as *mut c_void, src as *const c_void, n) }
+            .map_err(|e| internal(e.to_string()))
+    } else {
+        // SAFETY: host ranges of at least n bytes that do not overlap (bounce buffer vs user buffer).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+        Ok(())
+    }
+}
+
+pub(super) fn write_any(dst: *mut u8, bytes: &[u8]) -> TResult<()> {
+    copy_any(dst, bytes.as_ptr(), bytes.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_blob_roundtrip_and_range() {
+        let b = HandleBlob {
+            magic: HANDLE_MAGIC,
+            version: HANDLE_VERSION,
+            base: 0x1000,
+            len: 0x100,
+            ..Default::default()
+        };
+        let mut h = MemHandle {
+            reserved: [0; abi::MEM_HANDLE_SIZE],
+        };
+        b.write(&mut h);
+        let r = HandleBlob::read(&h).unwrap();
+        assert_eq!(r, b);
+        assert!(r.contains(0x1000, 0x100));
+        assert!(r.contains(0x10ff, 1));
+        assert!(!r.contains(0x10ff, 2));
+        assert!(!r.contains(0xfff, 1));
+        assert!(!r.contains(u64::MAX, 1));
+        let zero = MemHandle {
+            reserved: [0; abi::MEM_HANDLE_SIZE],
+        };
+        assert!(HandleBlob::read(&zero).is_none());
+        assert!(HandleBlob::read(std::ptr::null()).is_none());
+    }
+}

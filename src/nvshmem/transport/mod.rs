@@ -1,0 +1,330 @@
+//! The ABI-independent transport: every NVSHMEM host op, implemented once over the fabric layer.
+//! The per-ABI adapters (`v3.rs`, `v4.rs`) only translate arguments.
+//!
+//! Endpoints: index 0 serves host-initiated operations, index 1 NVSHMEM's proxy thread (device-
+//! initiated operations). Peer `pe`'s endpoint `i` is `fi_addr = pe * 2 + i` in the AV. The GPU's own
+//! queue (GDA) lives on a third, private endpoint owned by `crate::gda`.
+//!
+//! Completion accounting: every posted operation takes a context from the endpoint's pool and bumps
+//! `submitted`; whoever reaps its completion (a caller of quiet/progress, or the progress thread)
+//! bumps `completed` (and `errors` for a failed one). quiet waits, bounded, for `completed` to reach
+//! the `submitted` it saw on entry. Transmit operations default to FI_DELIVERY_COMPLETE where the
+//! provider has it, so a completed put is visible at the target.
+//!
+//! Atomics: provider atomics when the provider granted FI_ATOMIC and validates the operation for the
+//! datatype; otherwise (or with `NVSHMEM_EFA_ATOMICS=target`) an active message to the target PE,
+//! which applies it in its progress path under one lock (host memory with CPU atomics, GPU memory
+//! with a CUDA copy in and out — no GDRCopy) and answers with the old value. All AMOs to a PE take
+//! the same path, so concurrent AMOs from all PEs are exact.
+//!
+//! Failure: the progress thread runs behind a panic boundary. A panic there marks the transport
+//! failed; every bounded wait and every later operation then returns an error naming the panic.
+//!
+//! Layout: `endpoints` (endpoint state, connect, contexts and posting), `progress` (the progress
+//! thread and completion dispatch), `am` (active messages and staged transfers), `memory` (handles
+//! and registrations), `rma`, `amo`, `quiet`, `provider_ops` (every raw libfabric constant used
+//! here), `error`.
+
+mod am;
+mod amo;
+mod endpoints;
+mod error;
+mod memory;
+mod progress;
+mod provider_ops;
+mod quiet;
+mod rma;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::abi;
+use crate::config::{AtomicsPath, Config};
+use crate::fabric::{AddressVector, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
+
+use endpoints::EpState;
+use error::{internal, invalid};
+pub use error::{TResult, TransportError};
+use memory::Registration;
+
+/// Endpoint index for host-initiated operations.
+pub const EP_HOST: usize = 0;
+/// Endpoint index for NVSHMEM's proxy (device-initiated operations).
+pub const EP_PROXY: usize = 1;
+/// Endpoints per PE.
+pub const NUM_EPS: usize = 2;
+
+/// The bootstrap allgather: `send` from every PE lands in `recv`, PE by PE.
+pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;
+
+/// State that exists once endpoints are connected.
+struct Connected {
+    my_pe: i32,
+    n_pes: i32,
+    _av: Arc<AddressVector>,
+    eps: Vec<EpState>,
+    addrs: Vec<FiAddr>,
+}
+
+impl Connected {
+    /// The address of endpoint `ep` of PE `pe` (checked by the caller).
+    fn addr(&self, pe: i32, ep: usize) -> FiAddr {
+        self.addrs[pe as usize * NUM_EPS + ep]
+    }
+
+    /// The address of endpoint `ep` of the PE a message names; `None` when the PE is out of range.
+    fn peer_addr(&self, pe: i64, ep: usize) -> Option<FiAddr> {
+        (0..self.n_pes as i64)
+            .contains(&pe)
+            .then(|| self.addr(pe as i32, ep))
+    }
+}
+
+/// Whether the provider drives a NIC (efa-direct, verbs, cxi), which writes GPU memory itself.
+fn is_nic(p: &Provider) -> bool {
+    matches!(p, Provider::EfaDirect | Provider::Verbs | Provider::Cxi)
+}
+
+/// The transport.
+pub struct Transport {
+    cfg: Config,
+    provider: Provider,
+    domain: Arc<Domain>,
+    info: Info,
+    use_provider_atomics: bool,
+    /// GPU memory is moved by staged messages instead of the provider's HMEM path.
+    staging: bool,
+    cookie: u64,
+    conn: OnceLock<Connected>,
+    regs: RwLock<HashMap<u64, Arc<Registration>>>,
+    next_reg: AtomicU64,
+    am_lock: Mutex<()>,
+    stop: Arc<AtomicBool>,
+    /// Why the transport can no longer work (set once, by the progress thread's panic boundary).
+    failed: Arc<OnceLock<String>>,
+    /// Test support: makes the progress thread panic at its next turn.
+    #[cfg(any(test, feature = "test-support"))]
+    inject_panic: Arc<AtomicBool>,
+    progress_thread: Mutex<Option<JoinHandle<()>>>,
+    cuda_ctx: AtomicU64,
+    gda_heap_set: AtomicBool,
+}
+
+fn provider_request(p: &Provider) -> InfoRequest {
+    InfoRequest {
+        provider: p.clone(),
+        hmem: true,
+        atomics: true,
+        msg: true,
+    }
+}
+
+fn open_info(cfg: &Config) -> TResult<(Provider, Info)> {
+    let candidates: Vec<Provider> = match &cfg.provider {
+        Some(p) => vec![p.clone()],
+        None => Provider::auto_order().to_vec(),
+    };
+    let mut errors = Vec::new();
+    for p in candidates {
+        // Prefer FI_HMEM; software providers without it still serve host memory.
+        let mut req = provider_request(&p);
+        match Info::get(&req) {
+            Ok(i) => return Ok((p, i)),
+            Err(e) => errors.push(e.to_string()),
+        }
+        req.hmem = false;
+        match Info::get(&req) {
+            Ok(i) => return Ok((p, i)),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    Err(internal(format!(
+        "no usable libfabric provider: {}",
+        errors.join("; ")
+    )))
+}
+
+impl Transport {
+    /// Opens fabric and domain for the configured provider.
+    pub fn new(cfg: Config) -> TResult<Transport> {
+        let (provider, info) = open_info(&cfg)?;
+        tracing::info!(
+            "provider {} (fabric {}, domain {}): hmem={} atomics={} delivery_complete={} mr_mode={:#x}",
+            info.provider_name(),
+            info.fabric_name(),
+            info.domain_name(),
+            info.has_hmem(),
+            info.has_atomics(),
+            info.delivery_complete(),
+            info.mr_mode()
+        );
+        let use_provider_atomics = match cfg.atomics {
+            AtomicsPath::Target => false,
+            AtomicsPath::Provider => {
+                if !info.has_atomics() {
+                    return Err(internal(format!(
+                        "NVSHMEM_EFA_ATOMICS=provider but provider {} has no FI_ATOMIC",
+                        provider
+                    )));
+                }
+                true
+            }
+            // Provider atomics by default only where the NIC applies them (verbs, cxi). The
+            // software-emulated atomics of the other providers go through the target's progress
+            // engine anyway, and target-applied AMOs serialise every AMO into a PE under one lock,
+            // GPU memory included, with no GDRCopy. (`provider` still selects them; on shm
+            // non-fetching atomics are then issued as fetching ones, see amo_provider.)
+            AtomicsPath::Auto => {
+                info.has_atomics() && matches!(provider, Provider::Verbs | Provider::Cxi)
+            }
+        };
+        // Software providers copy GPU memory with cudaMemcpy on the legacy default stream, which waits
+        // for the application's running kernel - the one waiting in quiet for this very copy. They get
+        // staged GPU transfers; NIC providers write GPU memory themselves (GPUDirect RDMA).
+        let staging = match cfg.gpu_staging {
+            Some(v) => v,
+            None => !is_nic(&provider),
+        };
+        let fabric = Fabric::open(info.clone())?;
+        let domain = Domain::open(&fabric)?;
+        let cookie = {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            (t.as_nanos() as u64)
+                ^ ((std::process::id() as u64) << 32)
+                ^ (&domain as *const _ as u64)
+        };
+        // Staged RMA and target-applied AMOs copy GPU memory through the driver from the proxy path.
+        crate::cuda::module_loading::report(staging || !use_provider_atomics);
+        Ok(Transport {
+            cfg,
+            provider,
+            domain,
+            info,
+            use_provider_atomics,
+            staging,
+            cookie,
+            conn: OnceLock::new(),
+            regs: RwLock::new(HashMap::new()),
+            next_reg: AtomicU64::new(1),
+            am_lock: Mutex::new(()),
+            stop: Arc::new(AtomicBool::new(false)),
+            failed: Arc::new(OnceLock::new()),
+            #[cfg(any(test, feature = "test-support"))]
+            inject_panic: Arc::new(AtomicBool::new(false)),
+            progress_thread: Mutex::new(None),
+            cuda_ctx: AtomicU64::new(0),
+            gda_heap_set: AtomicBool::new(false),
+        })
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> &Provider {
+        &self.provider
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Whether AMOs use provider atomics (else target-applied active messages).
+    pub fn uses_provider_atomics(&self) -> bool {
+        self.use_provider_atomics
+    }
+
+    /// An error once the transport has failed (its progress thread panicked), naming the cause.
+    fn check_alive(&self) -> TResult<()> {
+        match self.failed.get() {
+            None => Ok(()),
+            Some(why) => Err(internal(format!("transport failed: {why}"))),
+        }
+    }
+
+    /// Test support: makes the progress thread panic at its next turn, to exercise its panic
+    /// boundary. Compiled only into unit tests and builds with the `test-support` feature, which
+    /// only the crate's own tests enable; it is not reachable through the C ABI either.
+    #[cfg(any(test, feature = "test-support"))]
+    #[doc(hidden)]
+    pub fn inject_progress_panic(&self) {
+        self.inject_panic.store(true, Ordering::Release);
+    }
+
+    fn conn(&self) -> TResult<&Connected> {
+        self.check_alive()?;
+        self.conn
+            .get()
+            .ok_or_else(|| internal("transport used before connect_endpoints"))
+    }
+
+    /// Access bits for a peer (NVSHMEM's libfabric transport reports the same).
+    pub fn can_reach_peer(&self) -> i32 {
+        abi::cap::CPU_WRITE | abi::cap::CPU_READ | abi::cap::CPU_ATOMICS
+    }
+
+    /// Whether endpoints are connected.
+    pub fn is_connected(&self) -> bool {
+        self.conn.get().is_some()
+    }
+
+    /// `progress`.
+    pub fn progress(&self) -> TResult<()> {
+        self.progress_all();
+        Ok(())
+    }
+
+    /// Human-readable description for `show_info`.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "nvshmem-efa-gda {}: provider {} (fabric {}, domain {}), hmem {}, atomics {}, delivery_complete {}, libfabric {}.{}",
+            env!("CARGO_PKG_VERSION"),
+            self.info.provider_name(),
+            self.info.fabric_name(),
+            self.info.domain_name(),
+            self.info.has_hmem(),
+            if self.use_provider_atomics { "provider" } else { "target-applied" },
+            self.info.delivery_complete(),
+            crate::fabric::library_version().0,
+            crate::fabric::library_version().1
+        );
+        if let Some(c) = self.conn.get() {
+            for (i, e) in c.eps.iter().enumerate() {
+                s += &format!(
+                    "\n  ep {i}: submitted {} completed {} in flight {}",
+                    e.submitted.load(Ordering::Relaxed),
+                    e.completed.load(Ordering::Relaxed),
+                    e.ctxs.in_flight()
+                );
+            }
+        }
+        s += &format!("\n  GDA mode {}", crate::gda::mode());
+        s
+    }
+
+    /// Stops the progress thread, shuts GDA down and waits (bounded) for in-flight operations.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.progress_thread.lock().take() {
+            let _ = h.join();
+        }
+        crate::gda::fini();
+        if self.conn.get().is_some() {
+            for ep in 0..NUM_EPS {
+                if let Err(e) = self.quiet(ep) {
+                    tracing::warn!("finalize: {}", e.message);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}

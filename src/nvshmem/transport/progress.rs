@@ -1,0 +1,206 @@
+//! The progress thread, completion polling and dispatch by context tag.
+use std::any::Any;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_SLOT_SEND};
+use super::{is_nic, Connected, Transport};
+use crate::cuda;
+use crate::fabric::CqEntry;
+
+impl Transport {
+    pub(super) fn start_progress_thread(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        let ctx = self.cuda_ctx.load(Ordering::Relaxed) as usize;
+        // A target sees no completion for the RMA aimed at it, so "nothing completed" does not mean
+        // idle: with manual data progress (software providers) every incoming write waits for this
+        // PE to poll, and a sleeping poller costs each of the initiator's operations a sleep (measured
+        // on shm: ~130 us per 8-byte put). Such providers are polled continuously (yielding the CPU
+        // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off.
+        let may_sleep = !self.info.manual_progress() && is_nic(&self.provider);
+        let failed = self.failed.clone();
+        #[cfg(any(test, feature = "test-support"))]
+        let inject_panic = self.inject_panic.clone();
+        let h = std::thread::Builder::new()
+            .name("nvshmem-efa-progress".into())
+            .spawn(move || {
+                if let Err(e) = cuda::set_current_context(ctx) {
+                    tracing::warn!("progress thread: {e}");
+                }
+                // The panic boundary: a panic ends the loop, never silently. The transport is
+                // marked failed, so every waiter (quiet, blocking ops, staged waits) and every later
+                // op returns an error at once instead of at the quiet timeout.
+                let body = catch_unwind(AssertUnwindSafe(|| {
+                    let mut idle = 0u32;
+                    while !stop.load(Ordering::Acquire) {
+                        let Some(t) = weak.upgrade() else { break };
+                        #[cfg(any(test, feature = "test-support"))]
+                        if inject_panic.swap(false, Ordering::AcqRel) {
+                            panic!("panic injected into the progress thread (test support)");
+                        }
+                        let n = t.progress_all();
+                        drop(t);
+                        if n > 0 {
+                            idle = 0;
+                        } else {
+                            idle = idle.saturating_add(1);
+                            if may_sleep && idle > 2000 {
+                                std::thread::sleep(Duration::from_micros(50));
+                            } else {
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                }));
+                if let Err(payload) = body {
+                    let msg = panic_message(payload.as_ref());
+                    tracing::error!(
+                        "progress thread panicked: {msg}; the transport is marked failed and every \
+                         operation on it now returns an error"
+                    );
+                    let _ = failed.set(format!("the progress thread panicked: {msg}"));
+                }
+            });
+        match h {
+            Ok(h) => *self.progress_thread.lock() = Some(h),
+            Err(e) => tracing::warn!("could not start the progress thread: {e}"),
+        }
+    }
+
+    /// Drives every endpoint once; returns how many completions were handled.
+    pub fn progress_all(&self) -> usize {
+        let Some(c) = self.conn.get() else { return 0 };
+        (0..c.eps.len()).map(|i| self.progress_ep(c, i)).sum()
+    }
+
+    pub(super) fn progress_ep(&self, c: &Connected, i: usize) -> usize {
+        let e = &c.eps[i];
+        let mut handled = 0;
+        // SAFETY: fi_cq_data_entry is plain data; all-zero is a valid value.
+        let mut buf: [CqEntry; 16] = unsafe { std::mem::zeroed() };
+        loop {
+            match e.cq.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for ent in &buf[..n] {
+                        self.complete(c, i, ent.op_context, ent.len, None);
+                    }
+                    handled += n;
+                }
+                Err(err) => {
+                    handled += 1;
+                    if err.context.is_null() {
+                        // Not attributable to one operation: record it so quiet reports it.
+                        e.record_error(err.error.to_string());
+                        tracing::error!("endpoint {i}: {}", err.error);
+                        break;
+                    }
+                    self.complete(c, i, err.context, 0, Some(err.error.to_string()));
+                }
+            }
+        }
+        self.flush_am_pending(c, i);
+        handled
+    }
+
+    /// Handles one completion; `len` is the received length for receives.
+    pub(super) fn complete(
+        &self,
+        c: &Connected,
+        i: usize,
+        ctx: *mut c_void,
+        len: usize,
+        error: Option<String>,
+    ) {
+        let e = &c.eps[i];
+        let Some((tag, data)) = e.ctxs.get(ctx) else {
+            tracing::warn!("endpoint {i}: completion with a foreign context {ctx:p}");
+            return;
+        };
+        match tag {
+            TAG_OP => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: operation failed: {msg}");
+                    e.record_error(msg);
+                }
+                e.finish_counted(ctx);
+            }
+            TAG_AM_SEND => {
+                if let Some(msg) = error {
+                    // A request that never left fails its waiting operation; a lost response
+                    // leaves the initiator's quiet to time out and report.
+                    tracing::error!("endpoint {i}: active message send failed: {msg}");
+                    self.fail_am_wait(e, data as *mut c_void, msg);
+                }
+                e.ctxs.free(ctx);
+            }
+            TAG_AM_RECV => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: active message receive failed: {msg}");
+                } else {
+                    self.handle_am(c, i, data as usize, len);
+                }
+                // Repost the same buffer with the same context.
+                if let Err(err) = e.post_am_recv(data as usize, ctx) {
+                    tracing::error!("endpoint {i}: could not repost an AM receive buffer: {err}");
+                    e.ctxs.free(ctx);
+                }
+            }
+            TAG_SLOT_SEND => {
+                if let Some(msg) = error {
+                    tracing::error!("endpoint {i}: staged send failed: {msg}");
+                    // SAFETY: own context; scratch[0] holds the waiting context (or 0).
+                    let wait = e.ctxs.scratch(ctx).map(|s| unsafe { *s }).unwrap_or(0);
+                    self.fail_am_wait(e, wait as *mut c_void, msg);
+                }
+                e.send_free.lock().push(data as usize);
+                e.ctxs.free(ctx);
+            }
+            TAG_AM_WAIT => {
+                // Completed by a response (handle_am), never by the CQ.
+                tracing::warn!("endpoint {i}: unexpected CQ completion for a waiting AMO");
+            }
+            _ => {
+                tracing::warn!("endpoint {i}: completion with unknown tag {tag}");
+                e.ctxs.free(ctx);
+            }
+        }
+    }
+
+    /// Fails the waiting context `wait` with `msg` (quiet reports it); anything else (no context,
+    /// as for a send that had no waiter, or one that is not waiting) is left alone.
+    pub(super) fn fail_am_wait(&self, e: &EpState, wait: *mut c_void, msg: String) {
+        if e.ctxs.get(wait).map(|(t, _)| t) == Some(TAG_AM_WAIT) {
+            e.record_error(msg);
+            e.finish_counted(wait);
+        }
+    }
+}
+
+/// The message of a panic payload (`panic!` with a literal or a formatted string).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_messages_are_read_from_both_payload_kinds() {
+        let literal = catch_unwind(|| panic!("literal")).unwrap_err();
+        assert_eq!(panic_message(literal.as_ref()), "literal");
+        let formatted = catch_unwind(|| panic!("formatted {}", 7)).unwrap_err();
+        assert_eq!(panic_message(formatted.as_ref()), "formatted 7");
+        let other = catch_unwind(|| std::panic::panic_any(7u32)).unwrap_err();
+        assert_eq!(panic_message(other.as_ref()), "a panic without a message");
+    }
+}

@@ -1,0 +1,277 @@
+//! RMA: contiguous, strided, staged and unregistered puts and gets, and put-with-signal.
+use std::ffi::c_void;
+
+use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
+use super::endpoints::{host_slab, TAG_OP};
+use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
+use super::{invalid, Connected, TResult, Transport};
+
+pub(super) const BOUNCE_BYTES: usize = 4 << 20;
+
+impl Transport {
+    /// `rma`: put, get, P, G (strided by element), blocking or not.
+    ///
+    /// # Safety
+    /// `remote` and `local` must be null or valid descriptors whose handles are null or 512-byte
+    /// handles; the local memory must stay valid until the operation completes (quiet).
+    pub unsafe fn rma(
+        &self,
+        pe: i32,
+        verb: abi::RmaVerb,
+        remote: *mut RmaMemdesc,
+        local: *mut RmaMemdesc,
+        bytes: abi::RmaBytesdesc,
+        ep: usize,
+    ) -> TResult<()> {
+        let c = self.conn()?;
+        self.check_pe(c, pe)?;
+        if remote.is_null() || local.is_null() {
+            return Err(invalid("rma: null memory descriptor"));
+        }
+        // SAFETY: non-null descriptors from NVSHMEM, valid for the call.
+        let (rd, ld) = unsafe { (*remote, *local) };
+        let is_put = match verb.op {
+            op::PUT | op::P => true,
+            op::GET | op::G => false,
+            other => return Err(invalid(format!("rma: unsupported op {other}"))),
+        };
+        if bytes.elembytes <= 0 || bytes.nelems == 0 {
+            return Err(invalid(format!(
+                "rma: zero length ({} x {} bytes)",
+                bytes.nelems, bytes.elembytes
+            )));
+        }
+        let elem = bytes.elembytes as u64;
+        let total = (bytes.nelems as u64)
+            .checked_mul(elem)
+            .ok_or_else(|| invalid("rma: length overflows"))?;
+        if ld.ptr.is_null() || rd.ptr.is_null() {
+            return Err(invalid("rma: null address"));
+        }
+        tracing::trace!(
+            "rma: pe {pe} op {} nbi {} {total} bytes, local {:p}, remote {:p}, endpoint {ep}",
+            verb.op,
+            verb.is_nbi,
+            ld.ptr,
+            rd.ptr
+        );
+        // `verb.is_stream` / `verb.cstrm` are not read: NVSHMEM orders on-stream operations itself
+        // (it launches a kernel that goes through its proxy) and never hands a transport a stream,
+        // and its proxy leaves both fields uninitialised in inline (P) requests.
+        // A single element has no stride: NVSHMEM leaves the strides of its one-element requests (P, G,
+        // inline proxy requests) uninitialised.
+        let (lstride, rstride) = if bytes.nelems == 1 {
+            (1, 1)
+        } else if is_put {
+            (bytes.srcstride, bytes.deststride)
+        } else {
+            (bytes.deststride, bytes.srcstride)
+        };
+        if lstride == 1 && rstride == 1 {
+            self.rma_contig(c, pe, is_put, &rd, &ld, total, ep)?;
+        } else {
+            if lstride <= 0 || rstride <= 0 {
+                return Err(invalid(format!(
+                    "rma: strides must be positive (local {lstride}, remote {rstride})"
+                )));
+            }
+            for i in 0..bytes.nelems as u64 {
+                let r = shifted(&rd, i * rstride as u64 * elem);
+                let l = shifted(&ld, i * lstride as u64 * elem);
+                self.rma_contig(c, pe, is_put, &r, &l, elem, ep)?;
+            }
+        }
+        if verb.is_nbi == 0 {
+            self.quiet(ep)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rma_contig(
+        &self,
+        c: &Connected,
+        pe: i32,
+        is_put: bool,
+        rd: &RmaMemdesc,
+        ld: &RmaMemdesc,
+        len: u64,
+        ep: usize,
+    ) -> TResult<()> {
+        let what = if is_put { "put" } else { "get" };
+        if self.staging {
+            let b = self.remote_blob(rd, len, what)?;
+            let raddr = rd.ptr as u64;
+            let local_dev = is_device(ld.ptr);
+            let stage_all = self.cfg.gpu_staging == Some(true);
+            if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
+                return self.staged(c, pe, is_put, ld.ptr as u64, raddr, len, ep);
+            }
+        }
+        if len as usize > self.info.max_msg_size() {
+            // Split into provider-sized pieces.
+            let chunk = self.info.max_msg_size() as u64;
+            let mut off = 0;
+            while off < len {
+                let n = chunk.min(len - off);
+                self.rma_contig(c, pe, is_put, &shifted(rd, off), &shifted(ld, off), n, ep)?;
+                off += n;
+            }
+            return Ok(());
+        }
+        let (raddr, key) = self.remote_target(rd, len, ep, what)?;
+        let dest = c.addr(pe, ep);
+        let laddr = ld.ptr as u64;
+        let e = &c.eps[ep];
+        match self.local_desc(ld.handle, laddr, len, ep) {
+            Some((_reg, desc)) => {
+                self.post(c, ep, TAG_OP, 0, |ctx| {
+                    // SAFETY: the local range lies in a live registration; NVSHMEM keeps buffers valid
+                    // until quiet (nbi) or until we return (blocking: we quiet before returning).
+                    unsafe {
+                        if is_put {
+                            e.ep.write(
+                                laddr as *const u8,
+                                len as usize,
+                                desc,
+                                dest,
+                                raddr,
+                                key,
+                                ctx,
+                            )
+                        } else {
+                            e.ep.read(laddr as *mut u8, len as usize, desc, dest, raddr, key, ctx)
+                        }
+                    }
+                })?;
+                Ok(())
+            }
+            None => self.rma_unregistered(c, pe, is_put, laddr, raddr, key, len, ep),
+        }
+    }
+
+    /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):
+    /// small puts are injected; the rest goes through the endpoint's registered bounce buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rma_unregistered(
+        &self,
+        c: &Connected,
+        pe: i32,
+        is_put: bool,
+        laddr: u64,
+        raddr: u64,
+        key: u64,
+        len: u64,
+        ep: usize,
+    ) -> TResult<()> {
+        let dest = c.addr(pe, ep);
+        let e = &c.eps[ep];
+        let device = is_device(laddr as *const c_void);
+        if is_put && !device && (len as usize) <= self.info.inject_size() {
+            self.post(c, ep, TAG_OP, 0, |ctx| {
+                // SAFETY: FI_INJECT: the provider copies the source before returning.
+                unsafe {
+                    e.ep.write_msg(
+                        laddr as *const u8,
+                        len as usize,
+                        std::ptr::null_mut(),
+                        dest,
+                        raddr,
+                        key,
+                        ctx,
+                        self.inject_flags(),
+                    )
+                }
+            })?;
+            return Ok(());
+        }
+        // Bounce buffer: serialised per endpoint, each chunk completed before the next.
+        let mut guard = e.bounce.lock();
+        if guard.is_none() {
+            *guard = Some(host_slab(&self.domain, &e.ep, BOUNCE_BYTES)?);
+        }
+        let (buf, mr) = guard.as_mut().expect("bounce buffer just created");
+        let mut off = 0u64;
+        while off < len {
+            let n = (BOUNCE_BYTES as u64).min(len - off);
+            let bp = buf.as_mut_ptr();
+            if is_put {
+                copy_any(bp, (laddr + off) as *const u8, n as usize)?;
+            }
+            self.post(c, ep, TAG_OP, 0, |ctx| {
+                // SAFETY: bounce buffer registered and held (locked) until the chunk completes.
+                unsafe {
+                    if is_put {
+                        e.ep.write(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+                    } else {
+                        e.ep.read(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+                    }
+                }
+            })?;
+            self.quiet(ep)?;
+            if !is_put {
+                copy_any((laddr + off) as *mut u8, bp, n as usize)?;
+            }
+            off += n;
+        }
+        Ok(())
+    }
+
+    /// `put_signal` (ABI v4): the puts, then — once they are complete at the target — the signal.
+    ///
+    /// # Safety
+    /// As for `rma` and `amo`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn put_signal(
+        &self,
+        pe: i32,
+        verb: abi::RmaVerb,
+        remote: &[RmaMemdesc],
+        local: &[RmaMemdesc],
+        bytes: &[abi::RmaBytesdesc],
+        sig_verb: abi::AmoVerb,
+        sig: *mut AmoMemdesc,
+        sig_bytes: i32,
+        ep: usize,
+    ) -> TResult<()> {
+        if remote.len() != local.len() || remote.len() != bytes.len() {
+            return Err(invalid(format!(
+                "put_signal: {} remote, {} local, {} sizes",
+                remote.len(),
+                local.len(),
+                bytes.len()
+            )));
+        }
+        let nbi = abi::RmaVerb {
+            op: op::PUT,
+            is_nbi: 1,
+            ..verb
+        };
+        for i in 0..remote.len() {
+            let mut r = remote[i];
+            let mut l = local[i];
+            // SAFETY: descriptors copied from the caller's valid vectors.
+            unsafe { self.rma(pe, nbi, &mut r, &mut l, bytes[i], ep)? };
+        }
+        self.quiet(ep)?;
+        match sig_verb.op {
+            amo::SIGNAL | amo::SIGNAL_SET | amo::SIGNAL_ADD | amo::SET | amo::ADD => {}
+            other => return Err(invalid(format!("put_signal: signal op {other}"))),
+        }
+        // SAFETY: the caller's signal descriptor.
+        unsafe { self.amo(pe, sig_verb, sig, sig_bytes, ep)? };
+        if verb.is_nbi == 0 {
+            self.quiet(ep)?;
+        }
+        Ok(())
+    }
+}
+
+/// `d` moved on by `by` bytes (address and offset; the handle stays).
+fn shifted(d: &RmaMemdesc, by: u64) -> RmaMemdesc {
+    RmaMemdesc {
+        ptr: (d.ptr as u64 + by) as *mut c_void,
+        offset: d.offset + by,
+        handle: d.handle,
+    }
+}

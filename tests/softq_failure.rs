@@ -1,0 +1,105 @@
+//! The software queue's consumer thread behind its panic boundary: a panic (injected through the
+//! `test-support` hook) is logged with its message and fails the queue at once, visibly to kernels
+//! (`host_ctrl.stopped`, the word their waits check) and to host waiters (an error naming the
+//! panic), well inside the quiet timeout.
+mod softq_common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nvshmem_efa_gda::gda::host_poster::HostPoster;
+use softq_common::*;
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn consumer_panic_fails_the_queue_at_once() {
+    let log = Capture::default();
+    let writer = log.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::set_global_default(sub).expect("the only subscriber of this binary");
+
+    let quiet_timeout = Duration::from_secs(60);
+    for p in providers() {
+        let pes = setup(&p, 1, 1 << 20, 64, 8);
+        let pe = &pes[0];
+        let q = pe.gda.soft_queue().unwrap();
+        let poster = HostPoster::new(q).unwrap().with_timeout(quiet_timeout);
+        let peer = pe.peer(0);
+        let base = pe.heap.addr();
+        let lkey = pe.heap_lkey();
+
+        // A healthy queue first.
+        let pc = poster
+            .post(&[write(&peer, base, lkey, base + 65536, 64, None)])
+            .unwrap();
+        assert_eq!(pc, 0);
+        assert_eq!(poster.quiet().unwrap(), 0);
+        assert!(q.failure().is_none());
+        assert!(!q.stopped());
+
+        // The consumer panics when it takes the next WQE; the quiet that waits for it must fail
+        // long before the timeout.
+        q.inject_panic_at(1);
+        let pc = poster
+            .post(&[write(&peer, base + 64, lkey, base + 65536 + 64, 64, None)])
+            .unwrap();
+        assert_eq!(pc, 1);
+        let t = Instant::now();
+        let e = poster
+            .quiet()
+            .expect_err("quiet on a queue whose consumer panicked");
+        let waited = t.elapsed();
+        assert!(
+            waited < Duration::from_secs(5),
+            "{p}: the failure took {waited:?} to reach the waiter (quiet timeout {quiet_timeout:?})"
+        );
+        assert_eq!(e.code, -libc::EIO, "{e}");
+        assert!(
+            e.message
+                .contains("injected fault: consumer panic at WQE 1"),
+            "{p}: {e}"
+        );
+        // What kernels read: host_ctrl.stopped.
+        assert!(q.stopped(), "{p}: the failed queue is not marked stopped");
+        assert_eq!(
+            q.failure().as_deref(),
+            Some("injected fault: consumer panic at WQE 1")
+        );
+        // Posting goes on failing at once rather than hanging.
+        let t = Instant::now();
+        assert!(poster
+            .post(&[write(&peer, base, lkey, base + 65536, 64, None)])
+            .and_then(|_| poster.quiet())
+            .is_err());
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
+        assert!(
+            text.contains(
+                "software queue consumer thread panicked: injected fault: consumer panic at WQE 1"
+            ),
+            "{p}: the panic was not logged with its message:\n{text}"
+        );
+        // Dropping the failed queue returns (the thread is gone, nothing to join on).
+        drop(poster);
+        let t = Instant::now();
+        drop(pes);
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+}
