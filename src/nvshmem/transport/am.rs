@@ -1,5 +1,6 @@
 //! Active messages: the wire format, receive buffers, request and response handling, and the send
 //! slots that carry staged payloads.
+use std::collections::VecDeque;
 use std::ffi::c_void;
 
 use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
@@ -25,6 +26,8 @@ pub(super) const AM_PUT: u32 = 3;
 pub(super) const AM_GET: u32 = 4;
 /// Staged get answer: payload (or a status).
 pub(super) const AM_GET_DATA: u32 = 5;
+/// The sender (PE in `val`) finalizes: operations to it from now on fail at once.
+pub(super) const AM_GOODBYE: u32 = 6;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -111,15 +114,16 @@ impl Transport {
                     .map(|s| unsafe { *s } as usize)
                     .unwrap_or(8)
                     .min(8);
+                let mut error = None;
                 if m.status != 0 {
-                    e.record_error(format!("remote AMO failed with status {}", m.status));
+                    error = Some(format!("remote AMO failed with status {}", m.status));
                 } else if retptr != 0 {
                     let bytes = m.result.to_le_bytes();
                     if let Err(err) = write_any(retptr as *mut u8, &bytes[..size]) {
-                        e.record_error(err.message);
+                        error = Some(err.message);
                     }
                 }
-                e.finish_counted(wait);
+                e.finish_counted(wait, error);
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
@@ -156,12 +160,19 @@ impl Transport {
                 let Some((wait, dst)) = e.waiting(m.token, "staged get data") else {
                     return;
                 };
+                let mut error = None;
                 if m.status != 0 {
-                    e.record_error(format!("remote get failed with status {}", m.status));
+                    error = Some(format!("remote get failed with status {}", m.status));
                 } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
-                    e.record_error(err.message);
+                    error = Some(err.message);
                 }
-                e.finish_counted(wait);
+                e.finish_counted(wait, error);
+            }
+            AM_GOODBYE => {
+                let pe = m.val as usize;
+                if pe < c.peers.len() && pe != c.my_pe as usize {
+                    self.declare_gone(c, pe, "it finalized");
+                }
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }
@@ -201,12 +212,33 @@ impl Transport {
         Ok(())
     }
 
+    ///
+    /// A peer that cannot take a message now (EAGAIN) keeps its messages, in order, for the next
+    /// round while the others' go out (a stopped peer must not hold up answers to the living);
+    /// messages to a peer that is gone are dropped.
     pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
         let e = &c.eps[i];
+        let mut kept: VecDeque<Pending> = VecDeque::new();
+        let mut blocked: Vec<FiAddr> = Vec::new();
+        let mut no_slot = false;
         loop {
             let Some(p) = e.am_pending.lock().pop_front() else {
-                return;
+                break;
             };
+            let dest = match &p {
+                Pending::Msg(d, _) => *d,
+                Pending::GetData { dest, .. } => *dest,
+            };
+            if c.addr_pe
+                .get(&dest)
+                .is_some_and(|&pe| c.peers[pe].is_gone())
+            {
+                continue;
+            }
+            if blocked.contains(&dest) || (no_slot && matches!(p, Pending::GetData { .. })) {
+                kept.push_back(p);
+                continue;
+            }
             let r = match &p {
                 Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg),
                 Pending::GetData {
@@ -216,8 +248,9 @@ impl Transport {
                     len,
                 } => {
                     let Some(slot) = e.send_free.lock().pop() else {
-                        e.am_pending.lock().push_front(p);
-                        return;
+                        no_slot = true;
+                        kept.push_back(p);
+                        continue;
                     };
                     // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
                     let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
@@ -247,10 +280,16 @@ impl Transport {
             match r {
                 Ok(()) => {}
                 Err(err) if err.is_again() => {
-                    e.am_pending.lock().push_front(p);
-                    return;
+                    blocked.push(dest);
+                    kept.push_back(p);
                 }
                 Err(err) => tracing::error!("endpoint {i}: active message lost: {err}"),
+            }
+        }
+        if !kept.is_empty() {
+            let mut q = e.am_pending.lock();
+            while let Some(p) = kept.pop_back() {
+                q.push_front(p);
             }
         }
     }
@@ -320,7 +359,7 @@ impl Transport {
         while off < len {
             let n = (STAGE_CHUNK as u64).min(len - off);
             let wait_data = if is_put { 0 } else { laddr + off };
-            let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, wait_data)?;
+            let wait = self.alloc_counted(c, ep, pe as usize, TAG_AM_WAIT, wait_data)?;
             let hdr = AmMsg {
                 magic: AM_MAGIC,
                 kind: if is_put { AM_PUT } else { AM_GET },
@@ -332,19 +371,23 @@ impl Transport {
             };
             let r = if is_put {
                 // Every failure below gives the slot back; the cleanup below gives back `wait`.
-                self.alloc_slot(c, ep).and_then(|slot| {
+                self.alloc_slot(c, ep, pe as usize).and_then(|slot| {
                     // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
                     let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
                     copy_any(sp, (laddr + off) as *const u8, n as usize)
                         .and_then(|()| {
                             self.retry_again(c, ep, || {
+                                self.check_peer(c, pe as usize).map_err(|_| gone())?;
                                 self.send_slot(e, dest, slot, hdr, wait as u64)
                             })
                         })
                         .inspect_err(|_| e.send_free.lock().push(slot))
                 })
             } else {
-                self.retry_again(c, ep, || self.send_small(e, dest, hdr))
+                self.retry_again(c, ep, || {
+                    self.check_peer(c, pe as usize).map_err(|_| gone())?;
+                    self.send_small(e, dest, hdr)
+                })
             };
             if let Err(err) = r {
                 e.uncount(wait);
@@ -356,18 +399,33 @@ impl Transport {
     }
 
     /// Takes a free send slot, driving progress while none is free (bounded).
-    fn alloc_slot(&self, c: &Connected, ep: usize) -> TResult<usize> {
+    fn alloc_slot(&self, c: &Connected, ep: usize, pe: usize) -> TResult<usize> {
         let e = &c.eps[ep];
-        self.wait_for(
+        self.check_peer(c, pe)?;
+        let slot = self.wait_for(
             c,
             ep,
-            || e.send_free.lock().pop(),
+            || {
+                e.send_free
+                    .lock()
+                    .pop()
+                    .or_else(|| c.peers[pe].is_gone().then_some(usize::MAX))
+            },
             || {
                 internal(format!(
                     "endpoint {ep}: no staging slot freed within {:?}",
                     self.cfg.quiet_timeout
                 ))
             },
-        )
+        )?;
+        if slot == usize::MAX {
+            return Err(self.gone_error(c, pe));
+        }
+        Ok(slot)
     }
+}
+
+/// The error a retried send gets once its peer is gone (not EAGAIN: the retry stops).
+fn gone() -> crate::fabric::Error {
+    crate::fabric::Error::from_ret(-(libc::ECONNABORTED as i64), "the peer is gone")
 }

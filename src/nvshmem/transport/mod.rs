@@ -29,7 +29,9 @@ mod am;
 mod amo;
 mod endpoints;
 mod error;
+mod group;
 mod memory;
+mod peers;
 mod progress;
 mod provider_ops;
 mod quiet;
@@ -68,6 +70,12 @@ struct Connected {
     _av: Arc<AddressVector>,
     eps: Vec<EpState>,
     addrs: Vec<FiAddr>,
+    /// Liveness of every PE (index: PE).
+    peers: Vec<peers::PeerState>,
+    /// When peers with outstanding work were last looked up.
+    last_check: Mutex<std::time::Instant>,
+    /// The PE of every address in `addrs`.
+    addr_pe: HashMap<FiAddr, usize>,
 }
 
 impl Connected {
@@ -313,7 +321,8 @@ impl Transport {
             let _ = h.join();
         }
         crate::gda::fini();
-        if self.conn.get().is_some() {
+        if let Some(c) = self.conn.get() {
+            self.say_goodbye(c);
             for ep in 0..NUM_EPS {
                 if let Err(e) = self.quiet(ep) {
                     tracing::warn!("finalize: {}", e.message);
