@@ -229,10 +229,7 @@ impl Transport {
                 Pending::Msg(d, _) => *d,
                 Pending::GetData { dest, .. } => *dest,
             };
-            if c.addr_pe
-                .get(&dest)
-                .is_some_and(|&pe| c.peers[pe].is_gone())
-            {
+            if c.pe_of(dest).is_some_and(|pe| c.peers[pe].is_gone()) {
                 continue;
             }
             if blocked.contains(&dest) || (no_slot && matches!(p, Pending::GetData { .. })) {

@@ -371,14 +371,11 @@ impl Transport {
         let conn = Connected {
             my_pe,
             n_pes,
-            _av: av,
+            av,
             eps,
-            addr_pe: addrs
-                .iter()
-                .enumerate()
-                .map(|(k, &a)| (a, k / NUM_EPS))
-                .collect(),
-            addrs,
+            addrs: addrs.into_iter().map(AtomicU64::new).collect(),
+            names: flat,
+            name_len: slot,
             peers,
             last_check: Mutex::new(Instant::now()),
         };

@@ -67,21 +67,32 @@ pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;
 struct Connected {
     my_pe: i32,
     n_pes: i32,
-    _av: Arc<AddressVector>,
+    av: Arc<AddressVector>,
     eps: Vec<EpState>,
-    addrs: Vec<FiAddr>,
+    /// `fi_addr` of endpoint `ep` of PE `pe` at `pe * NUM_EPS + ep` (replaced when a broken
+    /// connection is rebuilt).
+    addrs: Vec<AtomicU64>,
+    /// The raw names behind `addrs`, `name_len` bytes each (to insert one again).
+    names: Vec<u8>,
+    name_len: usize,
     /// Liveness of every PE (index: PE).
     peers: Vec<peers::PeerState>,
     /// When peers with outstanding work were last looked up.
     last_check: Mutex<std::time::Instant>,
-    /// The PE of every address in `addrs`.
-    addr_pe: HashMap<FiAddr, usize>,
 }
 
 impl Connected {
     /// The address of endpoint `ep` of PE `pe` (checked by the caller).
     fn addr(&self, pe: i32, ep: usize) -> FiAddr {
-        self.addrs[pe as usize * NUM_EPS + ep]
+        self.addrs[pe as usize * NUM_EPS + ep].load(Ordering::Acquire)
+    }
+
+    /// The PE an address belongs to.
+    fn pe_of(&self, a: FiAddr) -> Option<usize> {
+        self.addrs
+            .iter()
+            .position(|x| x.load(Ordering::Acquire) == a)
+            .map(|k| k / NUM_EPS)
     }
 
     /// The address of endpoint `ep` of the PE a message names; `None` when the PE is out of range.

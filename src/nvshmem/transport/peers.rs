@@ -23,6 +23,9 @@ use parking_lot::Mutex;
 use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_RECV_BUFS};
 use super::{Connected, Transport, EP_HOST, NUM_EPS};
 
+/// Least interval between two rebuilds of one peer's addresses.
+const REBUILD_EVERY: Duration = Duration::from_millis(10);
+
 /// How often peers with outstanding work are looked up.
 pub(super) const CHECK_EVERY: Duration = Duration::from_millis(100);
 
@@ -126,6 +129,8 @@ pub(super) struct PeerState {
     why: Mutex<String>,
     pub proc: ProcId,
     pub same_host: bool,
+    /// When the peer's addresses were last inserted again after a broken connection.
+    rebuilt: Mutex<Option<Instant>>,
 }
 
 impl PeerState {
@@ -135,6 +140,7 @@ impl PeerState {
             why: Mutex::new(String::new()),
             proc,
             same_host,
+            rebuilt: Mutex::new(None),
         }
     }
 
@@ -290,9 +296,47 @@ impl Transport {
         }
         if err.contains("Connection refused") {
             self.declare_gone(c, pe, &format!("its address refuses connections ({err})"));
-        } else if p.same_host {
+            return;
+        }
+        if p.same_host {
             if let Some(why) = p.proc.gone() {
                 self.declare_gone(c, pe, &why);
+                return;
+            }
+        }
+        if super::rma::broken_connection(err) {
+            self.rebuild_peer(c, pe, err);
+        }
+    }
+
+    /// A connection to a live peer broke (tcp;ofi_rxm tears it down when the peer's provider
+    /// refuses an access, e.g. through a released key): its addresses are removed from the AV and
+    /// inserted again, which makes the provider connect anew on the next operation. At most once
+    /// per [`REBUILD_EVERY`]; a peer that is really gone then refuses the new connection.
+    fn rebuild_peer(&self, c: &Connected, pe: usize, err: &str) {
+        {
+            let mut last = c.peers[pe].rebuilt.lock();
+            if last.is_some_and(|t| t.elapsed() < REBUILD_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        tracing::warn!("connection to PE {pe} broke ({err}): inserting its addresses again");
+        for ep in 0..NUM_EPS {
+            let k = pe * NUM_EPS + ep;
+            let old = c.addrs[k].load(Ordering::Acquire);
+            let name = &c.names[k * c.name_len..(k + 1) * c.name_len];
+            let r =
+                c.av.remove(old)
+                    .and_then(|()| c.av.insert(name, 1))
+                    .map(|v| v[0]);
+            match r {
+                Ok(a) => c.addrs[k].store(a, Ordering::Release),
+                Err(e) => {
+                    tracing::error!("PE {pe}: could not rebuild its address: {e}");
+                    self.declare_gone(c, pe, &format!("its address could not be rebuilt ({e})"));
+                    return;
+                }
             }
         }
     }
@@ -312,7 +356,7 @@ impl Transport {
                 val: c.my_pe as u64,
                 ..Default::default()
             };
-            let dest = c.addrs[pe * NUM_EPS + EP_HOST];
+            let dest = c.addr(pe as i32, EP_HOST);
             while let Err(err) = self.send_small(e, dest, msg) {
                 if !err.is_again() || Instant::now() > deadline {
                     tracing::debug!("finalize: goodbye to PE {pe} not sent: {err}");

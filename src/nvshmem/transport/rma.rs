@@ -36,14 +36,38 @@ impl Transport {
         if verb.is_nbi != 0 {
             return self.rma_exec(c, pe, &plan, ep);
         }
-        // Blocking: wait for this call's operations only, report only their errors.
-        let g = Arc::new(Group::default());
-        let posted = {
-            let _scope = GroupScope::enter(&g);
-            self.rma_exec(c, pe, &plan, ep)
-        };
-        let waited = self.wait_group(c, ep, &g, if plan.is_put { "put" } else { "get" });
-        posted.and(waited)
+        // Blocking: wait for this call's operations only, report only their errors. A blocking
+        // put or get is idempotent: when it met a connection that had just broken (and was rebuilt
+        // while its error was handled), it runs again on the new one (a few times: both ends may
+        // rebuild at once, which breaks the first new connection too).
+        let mut retries = 0;
+        loop {
+            let g = Arc::new(Group::default());
+            let posted = {
+                let _scope = GroupScope::enter(&g);
+                self.rma_exec(c, pe, &plan, ep)
+            };
+            let waited = self.wait_group(c, ep, &g, if plan.is_put { "put" } else { "get" });
+            match posted.and(waited) {
+                Err(e)
+                    if retries < BROKEN_RETRIES
+                        && broken_connection(&e.message)
+                        && self.check_pe(c, pe).is_ok() =>
+                {
+                    retries += 1;
+                    tracing::warn!(
+                        "rma to PE {pe} met a broken connection ({}); retry {retries}",
+                        e.message
+                    );
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < std::time::Duration::from_millis(20 * retries as u64) {
+                        self.progress_ep(c, ep);
+                        std::thread::yield_now();
+                    }
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Every check of an RMA request, before anything is posted: PE, op, lengths, strides, and the
@@ -364,6 +388,21 @@ impl Transport {
         let waited = self.wait_group(c, ep, &g, "put_signal signal");
         posted.and(waited)
     }
+}
+
+/// How often a blocking put or get runs again after meeting a broken connection.
+const BROKEN_RETRIES: u32 = 4;
+
+/// Whether a provider error says the connection to the peer broke (see `Transport::suspect`).
+pub(super) fn broken_connection(err: &str) -> bool {
+    [
+        "Broken pipe",
+        "not connected",
+        "Connection reset",
+        "Operation canceled",
+    ]
+    .iter()
+    .any(|w| err.contains(w))
 }
 
 /// A checked RMA request (`Transport::rma_check`): its extents cannot overflow.
