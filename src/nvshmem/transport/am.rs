@@ -171,7 +171,7 @@ impl Transport {
             AM_GOODBYE => {
                 let pe = m.val as usize;
                 if pe < c.peers.len() && pe != c.my_pe as usize {
-                    self.declare_gone(c, pe, "it finalized");
+                    self.declare_gone(c, pe, super::peers::DEPARTED);
                 }
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),

@@ -23,6 +23,9 @@ use parking_lot::Mutex;
 use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_RECV_BUFS};
 use super::{Connected, Transport, EP_HOST, NUM_EPS};
 
+/// Why a peer that said goodbye is gone.
+pub(super) const DEPARTED: &str = "it finalized";
+
 /// Least interval between two rebuilds of one peer's addresses.
 const REBUILD_EVERY: Duration = Duration::from_millis(10);
 
@@ -270,7 +273,12 @@ impl Transport {
         if !p.set_gone(why) {
             return;
         }
-        tracing::error!("PE {pe} is gone ({why}): its operations fail from now on");
+        if why == DEPARTED {
+            // The normal end of a job: every PE says goodbye to every other.
+            tracing::info!("PE {pe} finalized: its operations fail from now on");
+        } else {
+            tracing::error!("PE {pe} is gone ({why}): its operations fail from now on");
+        }
         let msg = format!("PE {pe} is gone: {why}");
         for (i, e) in c.eps.iter().enumerate() {
             let a = &e.peer[pe];
