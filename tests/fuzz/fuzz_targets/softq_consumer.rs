@@ -112,6 +112,8 @@ fn provider() -> Provider {
 fn world() -> &'static Mutex<World> {
     static W: OnceLock<Mutex<World>> = OnceLock::new();
     W.get_or_init(|| {
+        // The library's log (NVSHMEM_EFA_LOG), as the C entry points would set it up.
+        nvshmem_efa_gda::log::init();
         if std::env::var_os("FI_TCP_IFACE").is_none() {
             std::env::set_var("FI_TCP_IFACE", "lo");
         }
@@ -449,9 +451,13 @@ fn run(data: &[u8]) {
                 _ => cur.wrapping_add(0x8000_0000 | v as u32),
             };
             // SAFETY: the doorbell record of the queue, which lives for the process.
-            unsafe { nvshmem_efa_gda::gda::mem::atomic_u32(view.doorbell as *mut u8) }
-                .store(bogus, std::sync::atomic::Ordering::Release);
+            let db = unsafe { nvshmem_efa_gda::gda::mem::atomic_u32(view.doorbell as *mut u8) };
+            db.store(bogus, std::sync::atomic::Ordering::Release);
             std::thread::yield_now();
+            // Then the proper value again: a doorbell that stays wrong stalls the queue by design
+            // (it is ignored until it makes sense), and the next post may wait for free slots
+            // before it rings.
+            db.store(cur, std::sync::atomic::Ordering::Release);
         }
         let k = (entries.len() - at).min(SQ_DEPTH as usize / 2);
         let batch = &entries[at..at + k];
