@@ -29,6 +29,7 @@ stage gpu-tests-compile bash tests/gpu/run.sh --compile-only
 stage gda-tests-compile bash tests/gpu_gda/run.sh --compile-only
 stage splice bash tests/splice/run.sh
 stage cxx-example bash tests/cxx/run.sh
+stage deepep-compile bash tests/deepep/ci_compile.sh
 stage fuzz-wqe env FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash tests/fuzz/run.sh
 # The probe exits 0 (hardware GDA), 3 (software queue would be used) or 1/2 (error, usage).
 probe() { ./target/release/efa-gda-probe; local rc=$?; [ $rc -eq 0 ] || [ $rc -eq 3 ]; }

@@ -19,11 +19,14 @@
 //
 // Posting protocol (src/gda/state.rs is the reference; the CPU poster in src/gda/host_poster.rs
 // follows the same steps):
-//   1. reserve k slots: base = atomicAdd(&ctrl->resv, k)                 (1 <= k <= sq_entries)
-//   2. wait until base + k - ctrl->done <= sq_entries, polling completions meanwhile
-//   3. write each WQE at slot pc & (n-1), phase (pc / n) & 1, req_id = pc; __threadfence_system()
+//   1. reserve k slots: base = atomicAdd(&ctrl->resv, k)     (1 <= k <= B = min(max_batch, sq_entries))
+//   2. wait until base + k - ctrl->done <= sq_entries (the slots are free) and
+//      base + k - ctrl->ready <= B (doorbell window: at most max_batch WQEs of all posters together
+//      stand written but not rung), polling completions meanwhile
+//   3. write each WQE at slot pc & (n-1), phase (pc / n) & 1, req_id = pc, the whole 64- or
+//      128-byte entry; __threadfence_system()
 //   4. wait until ctrl->ready == base (ordered commit), store (u32)(base+k) into *sq_doorbell
-//      (in steps of at most max_batch WQEs, __threadfence_system() around it), ctrl->ready = base+k
+//      (__threadfence_system() around it), ctrl->ready = base+k
 //   5. completions: the holder of ctrl->cq_lock reads CQEs by phase (expected phase starts at 1 and
 //      flips per CQ wrap), marks slot_status[req_id & (n-1)] = status + 1, counts errors, advances
 //      ctrl->done over consecutive marked slots (clearing them)
@@ -38,9 +41,10 @@
 //   * ctrl counters: atomics or acquire/release accesses at GPU scope; host_ctrl words: volatile.
 //
 // Deadlock freedom
-//   * Reservations are totally ordered by base. The slots a poster waits for were reserved by posters
-//     with lower bases, which never wait on it; the lowest outstanding reservation can always
-//     proceed, so every poster eventually commits (induction over base).
+//   * Reservations are totally ordered by base. The slots and the doorbell window a poster waits for
+//     depend on posters with lower bases, which never wait on it; the lowest outstanding reservation
+//     (base == ready, so its window is open) can always proceed, so every poster eventually commits
+//     (induction over base).
 //   * Every wait loop polls completions (non-blocking try-lock), so progress never depends on one
 //     particular thread polling. Nobody spins on cq_lock: a thread that does not get it goes on
 //     waiting and retries. The commit turn is held only for the doorbell stores.
@@ -121,6 +125,7 @@
 #define NVSHMEM_EFA_GDA_ERR_NOT_READY 0x1003 /* device state not loaded / not ready */
 #define NVSHMEM_EFA_GDA_ERR_INVALID 0x1004   /* bad PE, address outside a heap, bad size */
 #define NVSHMEM_EFA_GDA_ERR_FAILED 0x1005    /* the queue failed earlier (see first_error) */
+#define NVSHMEM_EFA_GDA_ERR_UNSUPPORTED 0x1006 /* not available on this queue (AMOs in hardware mode) */
 
 // Per-application device word next to the state (defined in nvshmem_efa_gda_state.cu): the
 // fail-fast flag of the queue and the two numbers DeepEP-style code reads through
@@ -223,10 +228,17 @@ struct View {
     uint32_t cq_entry_size;
     uint32_t rx_entries;
     uint32_t max_batch;
+    uint32_t mode;
     uint64_t heap_base;
     uint64_t heap_size;
     uint32_t heap_lkey;
     const NvshmemEfaGdaPeer *peers;
+    // Granule-indexed registration table (state version 2; 0 with a version-1 state, whose single
+    // registration per PE is heap_base/heap_size/heap_lkey and the peer's heap_* fields).
+    const unsigned long long *keys;
+    uint32_t log2_granularity;
+    uint32_t key_stride;
+    uint32_t n_granules;
 };
 
 NVSHMEM_EFA_GDA_DEV View view() {
@@ -254,11 +266,24 @@ NVSHMEM_EFA_GDA_DEV View view() {
     v.cq_entry_size = __ldg(&s->queue.cq_entry_size);
     v.rx_entries = __ldg(&s->queue.rx_entries);
     v.max_batch = __ldg(&s->queue.max_batch);
+    v.mode = __ldg(&s->queue.mode);
     v.heap_base = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_base));
     v.heap_size = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_size));
     v.heap_lkey = __ldg(&s->heap_lkey);
     v.peers = reinterpret_cast<const NvshmemEfaGdaPeer *>(
         __ldg(reinterpret_cast<const unsigned long long *>(&s->peers)));
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 2
+    v.keys = reinterpret_cast<const unsigned long long *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_keys)));
+    v.log2_granularity = __ldg(&s->log2_granularity);
+    v.key_stride = __ldg(&s->key_stride);
+    v.n_granules = __ldg(&s->n_granules);
+#else
+    v.keys = nullptr;
+    v.log2_granularity = 0;
+    v.key_stride = 0;
+    v.n_granules = 0;
+#endif
     return v;
 }
 
@@ -410,23 +435,52 @@ NVSHMEM_EFA_GDA_DEV unsigned wait_done(const View &v, uint64_t target) {
 }
 
 // ---- posting -------------------------------------------------------------------------------------
-// Step 1 + 2: reserves k (1 <= k <= sq_entries) consecutive slots and waits until they are free.
-// Returns 0 and the base in *base, or an error code (nothing reserved that anyone waits for: the
-// queue is failed then).
+// Most WQEs that may stand written but not yet announced by the doorbell, across every poster of
+// the queue: the device's max_batch (its staging limit; rdma-core rings at least every max_batch
+// WQEs, NCCL's EFA GDA device code keeps un-doorbelled WQEs of all concurrent posters within it),
+// never more than the ring. Every reservation is at most this many WQEs.
+NVSHMEM_EFA_GDA_DEV uint32_t batch_limit(const View &v) {
+    return (v.max_batch != 0u && v.max_batch < v.sq_entries) ? v.max_batch : v.sq_entries;
+}
+
+// Step 1 + 2: reserves k (1 <= k <= batch_limit) consecutive slots and waits until
+//   * they are free: done >= base + k - sq_entries (their previous WQEs completed), and
+//   * they lie in the doorbell window: base + k - ready <= batch_limit. ready is the last value
+//     stored into the doorbell (every commit rings), so the WQEs written but not yet rung, over
+//     all posters together, never exceed max_batch.
+// The lowest outstanding reservation always has base == ready, so its window is open; the wait is
+// for lower reservations only (deadlock freedom as below). Returns 0 and the base in *base, or an
+// error code (nothing reserved that anyone waits for: the queue is failed then).
 NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) {
     if (fatal_code() != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
     const uint64_t b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
     *base = b;
-    const uint64_t need = b + k - v.sq_entries;  // done must reach this (when b + k > n)
-    if (b + k <= v.sq_entries) return 0u;
-    return wait_done(v, need);
+    if (b + k > v.sq_entries) {
+        const unsigned e = wait_done(v, b + k - v.sq_entries);
+        if (e) return e;
+    }
+    const uint64_t lim = batch_limit(v);
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    uint64_t r = ld_acquire_u64(&c->ready);
+    if (b + k - r <= lim) return 0u;
+    Waiter w;
+    w.start(r + ld_acquire_u64(&c->done));
+    for (;;) {
+        // Progress is the lower reservations' commits (and the completions they may wait for).
+        const uint64_t d = poll_cq(v);
+        r = ld_acquire_u64(&c->ready);
+        if (b + k - r <= lim) return 0u;
+        const unsigned e = w.step(v, r + d, b - r > NVSHMEM_EFA_GDA_FAR_WQES);
+        if (e) return e;
+    }
 }
 
-// Step 3 helper: stores one 64-byte WQE into slot pc. The caller fences afterwards.
+// Step 3 helper: writes one WQE into slot pc, the whole entry (bytes past the 64-byte WQE of a
+// 128-byte entry are zeroed). The caller fences afterwards.
 NVSHMEM_EFA_GDA_DEV void store_wqe(const View &v, uint64_t pc, const nvshmem_efa_tx_wqe &w) {
     void *slot = reinterpret_cast<void *>(
         v.sq + (uint64_t)nvshmem_efa_sq_slot(pc, v.sq_entries) * (uint64_t)v.sq_entry_size);
-    nvshmem_efa_wqe_store(slot, &w);
+    nvshmem_efa_wqe_store_entry(slot, &w, v.sq_entry_size);
 }
 
 // Request id, phase and completion request of the WQE at producer count pc.
@@ -436,7 +490,8 @@ NVSHMEM_EFA_GDA_DEV void stamp_wqe(const View &v, uint64_t pc, nvshmem_efa_tx_wq
     nvshmem_efa_wqe_set_comp_req(w, 1);
 }
 
-// Step 4: ordered commit of [base, base + k) and doorbell. Returns 0 or an error code.
+// Step 4: ordered commit of [base, base + k) (k <= batch_limit, as reserved) and doorbell.
+// Returns 0 or an error code.
 NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
     __threadfence_system();
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
@@ -455,13 +510,9 @@ NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
     }
     __threadfence_system();
     const uint64_t end = base + k;
-    const uint32_t batch = v.max_batch != 0u ? v.max_batch : v.sq_entries;
-    volatile uint32_t *db = v.sq_doorbell;
-    for (uint64_t pc = base; pc < end;) {
-        pc = (end - pc > batch) ? pc + batch : end;
-        *db = (uint32_t)pc;
-        __threadfence_system();
-    }
+    // One store: k <= batch_limit, so this doorbell announces at most max_batch WQEs.
+    *reinterpret_cast<volatile uint32_t *>(v.sq_doorbell) = (uint32_t)end;
+    __threadfence_system();
     st_release_u64(&c->ready, end);
     return 0u;
 }
@@ -470,22 +521,20 @@ NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
 // a warp that arrive together (the converged set, as cooperative_groups::coalesced_threads() sees
 // it) share one reservation and one ordered commit: the lowest lane reserves for the group, every
 // lane stores its WQE at base + its rank among the group, the lowest lane commits after
-// __syncwarp. Divergent callers form smaller groups, down to one thread; a ring smaller than the
-// group is fed one WQE at a time. *pc_end gets the producer count after the caller's own WQE.
+// __syncwarp. Divergent callers form smaller groups, down to one thread; a converged set larger
+// than batch_limit is split by rank into groups of at most batch_limit lanes, each with its own
+// reservation. *pc_end gets the producer count after the caller's own WQE.
 NVSHMEM_EFA_GDA_DEV unsigned post_one(const View &v, nvshmem_efa_tx_wqe w, uint64_t *pc_end) {
-    const unsigned grp = __activemask();
-    const unsigned cnt = (unsigned)__popc(grp);
-    if (cnt > v.sq_entries) {
-        uint64_t b = 0;
-        unsigned e = reserve(v, 1, &b);
-        if (e) return e;
-        stamp_wqe(v, b, &w);
-        store_wqe(v, b, w);
-        *pc_end = b + 1;
-        return commit(v, b, 1);
-    }
+    const unsigned active = __activemask();
     unsigned lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const uint32_t lim = batch_limit(v);
+    unsigned grp = active;
+    if ((uint32_t)__popc(active) > lim) {
+        const unsigned sub = (unsigned)__popc(active & ((1u << lane) - 1u)) / lim;
+        grp = __match_any_sync(active, sub);
+    }
+    const unsigned cnt = (unsigned)__popc(grp);
     const int leader = __ffs((int)grp) - 1;
     const unsigned rank = (unsigned)__popc(grp & ((1u << lane) - 1u));
     uint64_t base = 0;
@@ -508,35 +557,110 @@ NVSHMEM_EFA_GDA_DEV unsigned post_one(const View &v, nvshmem_efa_tx_wqe w, uint6
 enum RdmaKind : uint8_t { kWrite = 0, kWriteImm = 1, kRead = 2 };
 
 NVSHMEM_EFA_GDA_DEV nvshmem_efa_tx_wqe rdma_wqe(const View &v, const PeerView &p, RdmaKind kind,
-                                                uint64_t pc, uint64_t laddr, uint64_t raddr,
-                                                uint32_t len, uint32_t imm) {
+                                                uint64_t pc, uint64_t laddr, uint32_t lkey,
+                                                uint64_t raddr, uint32_t rkey, uint32_t len,
+                                                uint32_t imm) {
     nvshmem_efa_route r;
     r.ah = p.ahn;
     r.dest_qpn = p.qpn;
     r.qkey = p.qkey;
     nvshmem_efa_tx_wqe w;
     if (kind == kRead)
-        nvshmem_efa_write_rdma_read(&w, &r, raddr, p.rkey, laddr, v.heap_lkey, len);
+        nvshmem_efa_write_rdma_read(&w, &r, raddr, rkey, laddr, lkey, len);
     else if (kind == kWriteImm)
-        nvshmem_efa_write_rdma_write_imm(&w, &r, raddr, p.rkey, laddr, v.heap_lkey, len, imm);
+        nvshmem_efa_write_rdma_write_imm(&w, &r, raddr, rkey, laddr, lkey, len, imm);
     else
-        nvshmem_efa_write_rdma_write(&w, &r, raddr, p.rkey, laddr, v.heap_lkey, len);
+        nvshmem_efa_write_rdma_write(&w, &r, raddr, rkey, laddr, lkey, len);
     stamp_wqe(v, pc, &w);
     return w;
 }
 
-// Argument checks shared by every RDMA operation. On success fills *p and the remote address.
+// ---- heap registrations ----------------------------------------------------------------------------
+// NVSHMEM registers its symmetric heap in pieces (one get_mem_handle per VMM chunk of up to 2 GiB,
+// each starting and ending on a multiple of its cumem granularity), so one PE's heap carries several
+// keys. A version-2 state publishes them in a table indexed by granule: entry
+// keys[row * key_stride + (heap_offset >> log2_granularity)] describes the registration holding that
+// offset (row = PE for remote keys, row n_pes for this PE's lkeys) as four 64-bit words
+// {addr of `start` on the owning PE, start offset, end offset, key | flags << 32}. The lookup is
+// O(1): one index computation and one 32-byte read-only load. A version-1 state has one
+// registration per PE (heap_base/heap_size/heap_lkey and the peer's heap_* fields).
+struct Reg {
+    uint64_t addr;  // virtual address of the looked-up offset on the owning PE
+    uint64_t room;  // bytes from there to the end of the registration
+    uint32_t key;   // lkey (local) or rkey (remote)
+};
+
+#define NVSHMEM_EFA_GDA_KEY_FLAG_VALID 1u
+
+// Registration holding heap offset `off` on PE `pe` (local: this PE's own registrations, lkeys).
+// `bytes == 0` accepts the end of a version-1 heap (a zero-length write names no byte).
+NVSHMEM_EFA_GDA_DEV bool lookup_reg(const View &v, const PeerView &p, bool local, int pe,
+                                    uint64_t off, uint64_t bytes, Reg *r) {
+    if (v.keys == nullptr) {
+        const uint64_t size = local ? v.heap_size : p.heap_size;
+        if (bytes == 0 ? off > size : off >= size) return false;
+        r->addr = (local ? v.heap_base : p.heap_base) + off;
+        r->room = size - off;
+        r->key = local ? v.heap_lkey : p.rkey;
+        return true;
+    }
+    const uint64_t g = off >> v.log2_granularity;
+    if (g >= (uint64_t)v.n_granules) return false;
+    const uint64_t row = local ? (uint64_t)v.n_pes : (uint64_t)pe;
+    const unsigned long long *w = v.keys + 4u * (row * (uint64_t)v.key_stride + g);
+    const unsigned long long w3 = __ldg(w + 3);
+    if (!((uint32_t)(w3 >> 32) & NVSHMEM_EFA_GDA_KEY_FLAG_VALID)) return false;
+    const uint64_t start = __ldg(w + 1), end = __ldg(w + 2);
+    if (off < start || off >= end) return false;
+    r->addr = __ldg(w + 0) + (off - start);
+    r->room = end - off;
+    r->key = (uint32_t)(w3 & 0xffffffffu);
+    return true;
+}
+
+// One piece of an RDMA operation that lies in one local and one remote registration.
+struct Seg {
+    uint64_t laddr;
+    uint64_t raddr;
+    uint64_t len;
+    uint32_t lkey;
+    uint32_t rkey;
+};
+
+// The first piece of `bytes` from local address laddr / remote heap offset roff on pe: as long as
+// both registrations allow (at most `bytes`). False when either end lies in no registration.
+NVSHMEM_EFA_GDA_DEV bool first_seg(const View &v, const PeerView &p, int pe, uint64_t laddr,
+                                   uint64_t roff, uint64_t bytes, Seg *s) {
+    Reg l, r;
+    if (laddr < v.heap_base) return false;
+    if (!lookup_reg(v, p, true, pe, laddr - v.heap_base, bytes, &l)) return false;
+    if (!lookup_reg(v, p, false, pe, roff, bytes, &r)) return false;
+    uint64_t n = bytes < l.room ? bytes : l.room;
+    n = n < r.room ? n : r.room;
+    s->laddr = laddr;
+    s->raddr = r.addr;
+    s->len = n;
+    s->lkey = l.key;
+    s->rkey = r.key;
+    return true;
+}
+
+// Argument checks shared by every RDMA operation: the PE, and every byte of both ranges lies in a
+// registration (checked before anything is posted, so an operation is posted whole or not at all).
 NVSHMEM_EFA_GDA_DEV unsigned check_rdma(const View &v, int pe, uint64_t laddr, uint64_t roff,
-                                        uint64_t bytes, PeerView *p, uint64_t *raddr) {
+                                        uint64_t bytes, PeerView *p) {
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
     if (pe < 0 || pe >= v.n_pes) return NVSHMEM_EFA_GDA_ERR_INVALID;
     *p = peer(v, pe);
     if (!(p->flags & NVSHMEM_EFA_GDA_PEER_VALID)) return NVSHMEM_EFA_GDA_ERR_INVALID;
-    if (laddr < v.heap_base || laddr - v.heap_base > v.heap_size ||
-        bytes > v.heap_size - (laddr - v.heap_base))
-        return NVSHMEM_EFA_GDA_ERR_INVALID;
-    if (roff > p->heap_size || bytes > p->heap_size - roff) return NVSHMEM_EFA_GDA_ERR_INVALID;
-    *raddr = p->heap_base + roff;
+    if (laddr + bytes < laddr || roff + bytes < roff) return NVSHMEM_EFA_GDA_ERR_INVALID;
+    uint64_t done = 0;
+    do {
+        Seg s;
+        if (!first_seg(v, *p, pe, laddr + done, roff + done, bytes - done, &s))
+            return NVSHMEM_EFA_GDA_ERR_INVALID;
+        done += s.len;
+    } while (done < bytes);
     return 0u;
 }
 
@@ -550,21 +674,21 @@ NVSHMEM_EFA_GDA_DEV uint32_t chunk_len(uint64_t bytes, uint64_t chunk) {
     return (uint32_t)(rest < NVSHMEM_EFA_GDA_MAX_WQE_BYTES ? rest : NVSHMEM_EFA_GDA_MAX_WQE_BYTES);
 }
 
-// One thread posts chunks [c0, c1) of an RDMA operation, up to MAX_WQES_PER_POST per commit; with
-// kind == kWriteImm only chunk c1 - 1 carries the immediate. Returns 0 or an error code; *end_pc
-// gets the producer count after the last posted WQE.
+// One thread posts chunks [c0, c1) of segment s, up to min(MAX_WQES_PER_POST, batch_limit) per
+// commit; with kind == kWriteImm only chunk c1 - 1 carries the immediate. Returns 0 or an error
+// code; *end_pc gets the producer count after the last posted WQE.
 NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, RdmaKind kind,
-                                              uint64_t laddr, uint64_t raddr, uint64_t bytes,
-                                              uint64_t c0, uint64_t c1, uint32_t imm,
-                                              uint64_t *end_pc) {
-    const uint32_t group_max = v.sq_entries < NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
-                                   ? v.sq_entries
+                                              const Seg &s, uint64_t c0, uint64_t c1,
+                                              uint32_t imm, uint64_t *end_pc) {
+    const uint32_t lim = batch_limit(v);
+    const uint32_t group_max = lim < NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
+                                   ? lim
                                    : NVSHMEM_EFA_GDA_MAX_WQES_PER_POST;
     if (c1 - c0 == 1) {  // one WQE: posted together with the warp's other single-WQE callers
         const uint64_t off = c0 * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
         const RdmaKind kk = (kind == kWriteImm && c0 + 1 != c1) ? kWrite : kind;
-        nvshmem_efa_tx_wqe w = rdma_wqe(v, p, kk, 0, laddr + off, raddr + off,
-                                        bytes == 0 ? 0u : chunk_len(bytes, c0), imm);
+        nvshmem_efa_tx_wqe w = rdma_wqe(v, p, kk, 0, s.laddr + off, s.lkey, s.raddr + off, s.rkey,
+                                        s.len == 0 ? 0u : chunk_len(s.len, c0), imm);
         return post_one(v, w, end_pc);
     }
     for (uint64_t c = c0; c < c1;) {
@@ -577,8 +701,8 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, 
             const uint64_t off = ch * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
             const RdmaKind kk = (kind == kWriteImm && ch + 1 != c1) ? kWrite : kind;
             store_wqe(v, base + i,
-                      rdma_wqe(v, p, kk, base + i, laddr + off, raddr + off, chunk_len(bytes, ch),
-                               imm));
+                      rdma_wqe(v, p, kk, base + i, s.laddr + off, s.lkey, s.raddr + off, s.rkey,
+                               chunk_len(s.len, ch), imm));
         }
         e = commit(v, base, k);
         if (e) return e;
@@ -588,46 +712,93 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, 
     return 0u;
 }
 
+// One thread posts a whole checked operation (check_rdma passed): every segment, every chunk. With
+// kind == kWriteImm the immediate rides on the operation's last WQE, which is posted only after
+// every earlier WQE of the operation completed (EFA does not order WQEs).
+NVSHMEM_EFA_GDA_DEV unsigned post_rdma_range(const View &v, const PeerView &p, int pe,
+                                             RdmaKind kind, uint64_t laddr, uint64_t roff,
+                                             uint64_t bytes, uint32_t imm) {
+    uint64_t done = 0, end_pc = 0;
+    bool posted = false;
+    do {
+        Seg s;
+        if (!first_seg(v, p, pe, laddr + done, roff + done, bytes - done, &s))
+            return NVSHMEM_EFA_GDA_ERR_INVALID;  // the table changed under a running kernel
+        const bool last = done + s.len == bytes;
+        const uint64_t nch = s.len == 0 ? 1 : chunk_count(s.len);
+        unsigned e;
+        if (kind == kWriteImm && last) {
+            if (nch > 1) {
+                e = post_rdma_thread(v, p, kWrite, s, 0, nch - 1, 0u, &end_pc);
+                if (e) return e;
+                posted = true;
+            }
+            if (posted) {
+                e = wait_done(v, end_pc);
+                if (e) return e;
+            }
+            e = post_rdma_thread(v, p, kWriteImm, s, nch - 1, nch, imm, &end_pc);
+        } else {
+            e = post_rdma_thread(v, p, kind == kWriteImm ? kWrite : kind, s, 0, nch, 0u, &end_pc);
+            posted = true;
+        }
+        if (e) return e;
+        done += s.len;
+    } while (done < bytes);
+    return 0u;
+}
+
 // A group of `nlanes` lanes (mask `mask`, lane indices 0..nlanes-1) posts an RDMA operation
-// together: the leader (lane 0) reserves up to nlanes slots at a time, every lane writes one WQE,
-// the leader commits. All lanes must call with the same arguments; all return the same status.
+// together: the leader (lane 0) reserves up to min(nlanes, batch_limit) slots at a time, every
+// lane writes one WQE, the leader commits. All lanes must call with the same arguments; all return
+// the same status. (The segment walk reads the same table entries in every lane, so all lanes agree
+// on it.)
 NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes, RdmaKind kind,
                                              uint64_t laddr, uint64_t roff, uint64_t bytes,
                                              int pe, uint32_t imm) {
     const View v = view();
     PeerView p;
-    uint64_t raddr = 0;
-    unsigned e = check_rdma(v, pe, laddr, roff, bytes, &p, &raddr);
+    unsigned e = check_rdma(v, pe, laddr, roff, bytes, &p);
     if (e) {
         if (lane == 0 && e != NVSHMEM_EFA_GDA_ERR_NOT_READY) record_error(v, e);
         return e;
     }
     if (bytes == 0 && kind != kWriteImm) return 0u;
-    const uint64_t nch = bytes == 0 ? 1 : chunk_count(bytes);
-    const uint32_t group_max = (uint32_t)nlanes < v.sq_entries ? (uint32_t)nlanes : v.sq_entries;
-    for (uint64_t c = 0; c < nch;) {
-        const uint32_t k = (uint32_t)((nch - c) < group_max ? (nch - c) : group_max);
-        uint64_t base = 0;
-        unsigned st = 0u;
-        if (lane == 0) st = reserve(v, k, &base);
-        base = __shfl_sync(mask, base, 0);
-        st = __shfl_sync(mask, st, 0);
-        if (st) return st;
-        if ((uint32_t)lane < k) {
-            const uint64_t ch = c + (uint64_t)lane;
-            const uint64_t off = ch * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
-            const RdmaKind kk = (kind == kWriteImm && ch + 1 != nch) ? kWrite : kind;
-            const uint32_t len = bytes == 0 ? 0u : chunk_len(bytes, ch);
-            store_wqe(v, base + (uint64_t)lane,
-                      rdma_wqe(v, p, kk, base + (uint64_t)lane, laddr + off, raddr + off, len, imm));
-            __threadfence_system();
+    const uint32_t lim = batch_limit(v);
+    const uint32_t group_max = (uint32_t)nlanes < lim ? (uint32_t)nlanes : lim;
+    uint64_t done = 0;
+    do {
+        Seg s;
+        if (!first_seg(v, p, pe, laddr + done, roff + done, bytes - done, &s))
+            return NVSHMEM_EFA_GDA_ERR_INVALID;
+        const bool last = done + s.len == bytes;
+        const uint64_t nch = s.len == 0 ? 1 : chunk_count(s.len);
+        for (uint64_t c = 0; c < nch;) {
+            const uint32_t k = (uint32_t)((nch - c) < group_max ? (nch - c) : group_max);
+            uint64_t base = 0;
+            unsigned st = 0u;
+            if (lane == 0) st = reserve(v, k, &base);
+            base = __shfl_sync(mask, base, 0);
+            st = __shfl_sync(mask, st, 0);
+            if (st) return st;
+            if ((uint32_t)lane < k) {
+                const uint64_t ch = c + (uint64_t)lane;
+                const uint64_t off = ch * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
+                const RdmaKind kk = (kind == kWriteImm && !(last && ch + 1 == nch)) ? kWrite : kind;
+                const uint32_t len = s.len == 0 ? 0u : chunk_len(s.len, ch);
+                store_wqe(v, base + (uint64_t)lane,
+                          rdma_wqe(v, p, kk, base + (uint64_t)lane, s.laddr + off, s.lkey,
+                                   s.raddr + off, s.rkey, len, imm));
+                __threadfence_system();
+            }
+            __syncwarp(mask);
+            if (lane == 0) st = commit(v, base, k);
+            st = __shfl_sync(mask, st, 0);
+            if (st) return st;
+            c += k;
         }
-        __syncwarp(mask);
-        if (lane == 0) st = commit(v, base, k);
-        st = __shfl_sync(mask, st, 0);
-        if (st) return st;
-        c += k;
-    }
+        done += s.len;
+    } while (done < bytes);
     return 0u;
 }
 
@@ -638,13 +809,20 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
                                       int pe, bool has_imm = false, uint32_t imm = 0u) {
     const View v = view();
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    // On the hardware queue nothing posts receives for these SENDs or applies them (EFA has no
+    // RDMA atomics): the target NIC would answer RNR or drop them. Refuse instead of losing them.
+    if (v.mode == NVSHMEM_EFA_GDA_MODE_HW) {
+        record_error(v, NVSHMEM_EFA_GDA_ERR_UNSUPPORTED);
+        return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED;
+    }
     if (pe < 0 || pe >= v.n_pes || (roff & (uint64_t)(size - 1)) != 0) {
         record_error(v, NVSHMEM_EFA_GDA_ERR_INVALID);
         return NVSHMEM_EFA_GDA_ERR_INVALID;
     }
     const PeerView p = peer(v, pe);
-    if (!(p.flags & NVSHMEM_EFA_GDA_PEER_VALID) || roff > p.heap_size ||
-        size > p.heap_size - roff) {
+    Reg reg;
+    if (!(p.flags & NVSHMEM_EFA_GDA_PEER_VALID) || !lookup_reg(v, p, false, pe, roff, size, &reg) ||
+        reg.room < size) {
         record_error(v, NVSHMEM_EFA_GDA_ERR_INVALID);
         return NVSHMEM_EFA_GDA_ERR_INVALID;
     }
@@ -678,7 +856,8 @@ NVSHMEM_EFA_GDA_DEV unsigned block_thread() {
 NVSHMEM_EFA_GDA_DEV unsigned block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
 
 static_assert(sizeof(NvshmemEfaGdaAmoMsg) == 32, "AMO message must fill the 32-byte inline room");
-static_assert(sizeof(NvshmemEfaGdaDeviceState) == 136, "device state layout changed");
+static_assert(sizeof(NvshmemEfaGdaDeviceState) == (NVSHMEM_EFA_GDA_STATE_VERSION >= 2 ? 160 : 136),
+              "device state layout changed");
 static_assert(sizeof(NvshmemEfaGdaPeer) == 32, "peer layout changed");
 static_assert(sizeof(NvshmemEfaGdaQueueCtrl) == 64, "queue control layout changed");
 
@@ -747,17 +926,14 @@ NVSHMEM_EFA_GDA_DEV unsigned put_nbi_offset(uint64_t dst_offset, const void *src
                                             int pe) {
     const detail::View v = detail::view();
     detail::PeerView p;
-    uint64_t raddr = 0;
     const uint64_t laddr = (uint64_t)(uintptr_t)src;
-    unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p, &raddr);
+    unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p);
     if (e) {
         if (e != NVSHMEM_EFA_GDA_ERR_NOT_READY) detail::record_error(v, e);
         return e;
     }
     if (bytes == 0) return 0u;
-    uint64_t end_pc = 0;
-    return detail::post_rdma_thread(v, p, detail::kWrite, laddr, raddr, bytes, 0,
-                                    detail::chunk_count(bytes), 0u, &end_pc);
+    return detail::post_rdma_range(v, p, pe, detail::kWrite, laddr, dst_offset, bytes, 0u);
 }
 
 NVSHMEM_EFA_GDA_DEV unsigned put_nbi(void *dst, const void *src, size_t bytes, int pe) {
@@ -811,24 +987,13 @@ NVSHMEM_EFA_GDA_DEV unsigned put_imm_offset(uint64_t dst_offset, const void *src
                                             uint32_t imm, int pe) {
     const detail::View v = detail::view();
     detail::PeerView p;
-    uint64_t raddr = 0;
     const uint64_t laddr = (uint64_t)(uintptr_t)src;
-    unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p, &raddr);
+    unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p);
     if (e) {
         if (e != NVSHMEM_EFA_GDA_ERR_NOT_READY) detail::record_error(v, e);
         return e;
     }
-    const uint64_t nch = bytes == 0 ? 1 : detail::chunk_count(bytes);
-    uint64_t end_pc = 0;
-    if (nch > 1) {
-        e = detail::post_rdma_thread(v, p, detail::kWrite, laddr, raddr, bytes, 0, nch - 1, 0u,
-                                     &end_pc);
-        if (e) return e;
-        e = detail::wait_done(v, end_pc);
-        if (e) return e;
-    }
-    return detail::post_rdma_thread(v, p, detail::kWriteImm, laddr, raddr, bytes, nch - 1, nch,
-                                    imm, &end_pc);
+    return detail::post_rdma_range(v, p, pe, detail::kWriteImm, laddr, dst_offset, bytes, imm);
 }
 
 NVSHMEM_EFA_GDA_DEV unsigned put_imm(void *dst, const void *src, size_t bytes, uint32_t imm,
@@ -842,17 +1007,14 @@ NVSHMEM_EFA_GDA_DEV unsigned put_imm(void *dst, const void *src, size_t bytes, u
 NVSHMEM_EFA_GDA_DEV unsigned get_nbi_offset(void *dst, uint64_t src_offset, size_t bytes, int pe) {
     const detail::View v = detail::view();
     detail::PeerView p;
-    uint64_t raddr = 0;
     const uint64_t laddr = (uint64_t)(uintptr_t)dst;
-    unsigned e = detail::check_rdma(v, pe, laddr, src_offset, bytes, &p, &raddr);
+    unsigned e = detail::check_rdma(v, pe, laddr, src_offset, bytes, &p);
     if (e) {
         if (e != NVSHMEM_EFA_GDA_ERR_NOT_READY) detail::record_error(v, e);
         return e;
     }
     if (bytes == 0) return 0u;
-    uint64_t end_pc = 0;
-    return detail::post_rdma_thread(v, p, detail::kRead, laddr, raddr, bytes, 0,
-                                    detail::chunk_count(bytes), 0u, &end_pc);
+    return detail::post_rdma_range(v, p, pe, detail::kRead, laddr, src_offset, bytes, 0u);
 }
 
 NVSHMEM_EFA_GDA_DEV unsigned get_nbi(void *dst, const void *src, size_t bytes, int pe) {
@@ -869,6 +1031,8 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t byt
 // its heap; all AMO messages a PE receives are applied in arrival order by one agent, so concurrent
 // adds from every PE are exact. Complete (applied) at the target after quiet() as the queue defines
 // SEND completion; use them only together with other AMOs of this API on the same word.
+// Software queue only: the agent that applies them is the queue's consumer thread. On a hardware
+// queue they return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED (recorded on the queue).
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");

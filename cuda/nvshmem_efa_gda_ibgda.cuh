@@ -62,6 +62,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -70,6 +72,13 @@
 
 #ifndef NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO
 #define NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO 1
+#endif
+
+// What a call does when a peer is not P2P-mapped and the GDA state is not ready: 1 (default) uses
+// NVSHMEM's own device API (its proxy path); 0 prints the call and traps, so an application that
+// must run on the GDA queue (patches/deepep/) can never fall back silently.
+#ifndef NVSHMEM_EFA_GDA_IBGDA_FALLBACK
+#define NVSHMEM_EFA_GDA_IBGDA_FALLBACK 1
 #endif
 
 namespace nvshmem_efa_gda {
@@ -99,9 +108,25 @@ __device__ __forceinline__ void warp_copy(uint64_t dst, uint64_t src, size_t byt
     }
 }
 
+// The network path was needed but the GDA state is not ready.
+__device__ __forceinline__ void not_ready(const char *what) {
+#if !NVSHMEM_EFA_GDA_IBGDA_FALLBACK
+    printf("nvshmem_efa_gda: %s needs the GDA queue but the device state is not loaded/ready "
+           "(nvshmem_efa_gda_ibgda_setup() was not called or failed)\n",
+           what);
+    __trap();
+#else
+    (void)what;
+#endif
+}
+
 }  // namespace detail
 
-// ibgda_get_state(): DeepEP reads num_rc_per_pe and num_devices_initialized.
+// ibgda_get_state(): DeepEP reads num_rc_per_pe and num_devices_initialized. Queue layout behind it:
+// the library has ONE send queue per PE (num_devices_initialized = 1); every (dst_pe, qp_id) pair
+// DeepEP names maps onto it, so any qp_id below num_rc_per_pe (NVSHMEM_IBGDA_NUM_RC_PER_PE, which
+// DeepEP sets to its QPs per rank, or nvshmem_efa_gda_set_ibgda_compat) is served, and a quiet of
+// one pair waits for the whole queue.
 __device__ __forceinline__ NvshmemEfaGdaDeviceLocal *ibgda_get_state() {
     return &nvshmem_efa_gda_local_d;
 }
@@ -138,6 +163,7 @@ __device__ __forceinline__ void nvshmemi_ibgda_put_nbi_warp(uint64_t req_rptr, u
         if (lane == 0) detail::report(st, "nvshmemi_ibgda_put_nbi_warp");
         return;
     }
+    if (lane == 0) detail::not_ready("nvshmemi_ibgda_put_nbi_warp");
     nvshmemx_putmem_nbi_warp(reinterpret_cast<void *>(req_rptr),
                              reinterpret_cast<const void *>(req_lptr), bytes, dst_pe);
 }
@@ -150,6 +176,8 @@ __device__ __forceinline__ void nvshmemi_ibgda_quiet(int dst_pe, int qp_id) {
         detail::report(::nvshmem_efa_gda::quiet(), "nvshmemi_ibgda_quiet");
         return;
     }
+    // Nothing can be on a queue that is not loaded: NVSHMEM's quiet covers what else was issued
+    // (no trap here: DeepEP main's barrier quiets every QP even when all peers are P2P-mapped).
     nvshmem_quiet();
 }
 
@@ -182,6 +210,7 @@ __device__ __forceinline__ void nvshmemi_ibgda_amo_nonfetch_add(void *rptr, cons
                        "nvshmemi_ibgda_amo_nonfetch_add");
         return;
     }
+    detail::not_ready("nvshmemi_ibgda_amo_nonfetch_add");
     nvshmem_int_atomic_add(static_cast<int *>(rptr), value, pe);
 }
 
@@ -203,11 +232,140 @@ __device__ __forceinline__ void nvshmemi_ibgda_rma_p(int *rptr, const int value,
         detail::report(st, "nvshmemi_ibgda_rma_p");
         return;
     }
+    detail::not_ready("nvshmemi_ibgda_rma_p");
     nvshmem_int_p(rptr, value, dst_pe);
+}
+
+// NVSHMEM's block barrier preceded by a quiet of the GDA queue. NVSHMEM's barrier (and its quiet)
+// know nothing of this queue: without the quiet, a GDA put or AMO issued before the barrier may still
+// be in flight when every PE has left it. With it: when nvshmemx_barrier_all_block() returns on any
+// PE, every GDA operation that any PE's block issued before entering it is complete at its target
+// (each PE waited for its own completions before it arrived), and so is every NVSHMEM operation
+// (NVSHMEM's barrier quiets its own). All threads of the block call it (as NVSHMEM's).
+__device__ __forceinline__ void nvshmemx_barrier_all_block() {
+    __syncthreads();
+    if (::nvshmem_efa_gda::detail::block_thread() == 0u && ::nvshmem_efa_gda::ready())
+        detail::report(::nvshmem_efa_gda::quiet(), "nvshmemx_barrier_all_block (GDA quiet)");
+    __syncthreads();
+    ::nvshmemx_barrier_all_block();
 }
 
 }  // namespace ibgda
 }  // namespace nvshmem_efa_gda
+
+// ---------------------------------------------------------------------------------------------------
+// Host side: the one call an IBGDA-style application makes after NVSHMEM is initialised and its
+// symmetric buffer `buf` (`bytes` long, the range its kernels put to / from) is allocated.
+//
+//   int rc = nvshmem_efa_gda_ibgda_setup(buf, bytes, stream);   // 0: kernels may run
+//
+// It loads the GDA device state (nvshmem_efa_gda_load_device_state), then decides:
+//   * every other PE maps `buf` by P2P (nvshmem_ptr non-null): the GDA queue is never used; 0;
+//   * else the state must be ready (NVSHMEM_EFA_GDA_LOAD_OK), and every byte of [buf, buf+bytes)
+//     must lie in a registration the loaded state knows, here and on every PE reached through the
+//     network; otherwise it prints why and returns a negative code (never a silent fallback to
+//     NVSHMEM's proxy path, never a kernel that later finds the buffer unreachable).
+// Call it again after the heap grew (another nvshmem_malloc / nvshmem_align that mapped new memory).
+// ---------------------------------------------------------------------------------------------------
+#define NVSHMEM_EFA_GDA_IBGDA_SETUP_OK 0
+#define NVSHMEM_EFA_GDA_IBGDA_SETUP_ESTATE (-10)    /* state not loaded / not ready */
+#define NVSHMEM_EFA_GDA_IBGDA_SETUP_ERANGE (-11)    /* buffer outside the known registrations */
+#define NVSHMEM_EFA_GDA_IBGDA_SETUP_ECUDA (-12)     /* reading the state's tables failed */
+#define NVSHMEM_EFA_GDA_IBGDA_SETUP_EARG (-13)      /* null buffer or zero length */
+
+namespace nvshmem_efa_gda {
+namespace ibgda {
+namespace host {
+
+// Does [off, off + bytes) lie in registrations of row `row` (v2 table) or in the single
+// registration [0, size) (v1)? Returns 0, or a SETUP_* code.
+static inline int covered(const NvshmemEfaGdaDeviceState &s, int row, uint64_t off, uint64_t bytes,
+                          uint64_t v1_size) {
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 2
+    if (s.heap_keys != 0) {
+        const uint64_t g0 = off >> s.log2_granularity;
+        const uint64_t g1 = (off + bytes - 1) >> s.log2_granularity;
+        if (g1 >= s.n_granules) return NVSHMEM_EFA_GDA_IBGDA_SETUP_ERANGE;
+        for (uint64_t g = g0; g <= g1; ++g) {
+            NvshmemEfaGdaHeapKey k;
+            const uint64_t at = s.heap_keys + sizeof(k) * ((uint64_t)row * s.key_stride + g);
+            if (cudaMemcpy(&k, reinterpret_cast<const void *>(at), sizeof k,
+                           cudaMemcpyDeviceToHost) != cudaSuccess)
+                return NVSHMEM_EFA_GDA_IBGDA_SETUP_ECUDA;
+            if (!(k.flags & NVSHMEM_EFA_GDA_KEY_VALID)) return NVSHMEM_EFA_GDA_IBGDA_SETUP_ERANGE;
+        }
+        return 0;
+    }
+#endif
+    (void)s;
+    (void)row;
+    return (off <= v1_size && bytes <= v1_size - off) ? 0 : NVSHMEM_EFA_GDA_IBGDA_SETUP_ERANGE;
+}
+
+}  // namespace host
+}  // namespace ibgda
+}  // namespace nvshmem_efa_gda
+
+static inline int nvshmem_efa_gda_ibgda_setup(const void *buf, size_t bytes, cudaStream_t stream) {
+    if (buf == nullptr || bytes == 0) {
+        fprintf(stderr, "nvshmem_efa_gda_ibgda_setup: null buffer or zero length\n");
+        return NVSHMEM_EFA_GDA_IBGDA_SETUP_EARG;
+    }
+    const int rc = nvshmem_efa_gda_load_device_state(stream);
+    const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
+    int remote = 0;
+    for (int pe = 0; pe < n; ++pe)
+        if (pe != me && nvshmem_ptr(buf, pe) == nullptr) ++remote;
+    if (remote == 0) return NVSHMEM_EFA_GDA_IBGDA_SETUP_OK;  // P2P everywhere: the queue is not used
+    if (rc != NVSHMEM_EFA_GDA_LOAD_OK) {
+        fprintf(stderr,
+                "nvshmem_efa_gda_ibgda_setup: PE %d reaches %d PE(s) through the network but the "
+                "GDA device state is not usable (nvshmem_efa_gda_load_device_state -> %d). Is "
+                "libnvshmem_efa_gda NVSHMEM's remote transport (LD_PRELOAD of "
+                "nvshmem_transport_libfabric.so.3, NVSHMEM_REMOTE_TRANSPORT=libfabric) with "
+                "NVSHMEM_EFA_GDA not 'off'?\n",
+                me, remote, rc);
+        return NVSHMEM_EFA_GDA_IBGDA_SETUP_ESTATE;
+    }
+    NvshmemEfaGdaDeviceState s;
+    memset(&s, 0, sizeof s);
+    if (nvshmemt_efa_gda_get_device_state(&s) != 0) return NVSHMEM_EFA_GDA_IBGDA_SETUP_ESTATE;
+    const uint64_t b = (uint64_t)(uintptr_t)buf;
+    if (b < s.heap_base) {
+        fprintf(stderr, "nvshmem_efa_gda_ibgda_setup: buffer %p below the heap base 0x%llx\n", buf,
+                (unsigned long long)s.heap_base);
+        return NVSHMEM_EFA_GDA_IBGDA_SETUP_ERANGE;
+    }
+    const uint64_t off = b - s.heap_base;
+    int e = ::nvshmem_efa_gda::ibgda::host::covered(s, s.n_pes, off, bytes, s.heap_size);
+    if (e != 0) {
+        fprintf(stderr,
+                "nvshmem_efa_gda_ibgda_setup: local range heap+0x%llx..+0x%llx is not in the "
+                "registered heap the GDA state knows (v1 state: first registration only, %llu "
+                "bytes); code %d\n",
+                (unsigned long long)off, (unsigned long long)(off + bytes),
+                (unsigned long long)s.heap_size, e);
+        return e;
+    }
+    for (int pe = 0; pe < n; ++pe) {
+        if (pe == me || nvshmem_ptr(buf, pe) != nullptr) continue;
+        NvshmemEfaGdaPeer p;
+        memset(&p, 0, sizeof p);
+        if (cudaMemcpy(&p, reinterpret_cast<const NvshmemEfaGdaPeer *>(s.peers) + pe, sizeof p,
+                       cudaMemcpyDeviceToHost) != cudaSuccess)
+            return NVSHMEM_EFA_GDA_IBGDA_SETUP_ECUDA;
+        if (!(p.flags & NVSHMEM_EFA_GDA_PEER_VALID)) e = NVSHMEM_EFA_GDA_IBGDA_SETUP_ERANGE;
+        if (e == 0) e = ::nvshmem_efa_gda::ibgda::host::covered(s, pe, off, bytes, p.heap_size);
+        if (e != 0) {
+            fprintf(stderr,
+                    "nvshmem_efa_gda_ibgda_setup: range heap+0x%llx..+0x%llx of PE %d is not in a "
+                    "registration the GDA state knows; code %d\n",
+                    (unsigned long long)off, (unsigned long long)(off + bytes), pe, e);
+            return e;
+        }
+    }
+    return NVSHMEM_EFA_GDA_IBGDA_SETUP_OK;
+}
 
 // Put the IBGDA names into the enclosing namespace (use inside the application's namespace, e.g.
 // `namespace deep_ep::legacy { NVSHMEM_EFA_GDA_IBGDA_USING_DECLARATIONS }`).
@@ -217,4 +375,5 @@ __device__ __forceinline__ void nvshmemi_ibgda_rma_p(int *rptr, const int value,
     using ::nvshmem_efa_gda::ibgda::nvshmemi_ibgda_put_nbi_warp;         \
     using ::nvshmem_efa_gda::ibgda::nvshmemi_ibgda_quiet;                \
     using ::nvshmem_efa_gda::ibgda::nvshmemi_ibgda_amo_nonfetch_add;     \
-    using ::nvshmem_efa_gda::ibgda::nvshmemi_ibgda_rma_p;
+    using ::nvshmem_efa_gda::ibgda::nvshmemi_ibgda_rma_p;             \
+    using ::nvshmem_efa_gda::ibgda::nvshmemx_barrier_all_block;

@@ -55,6 +55,13 @@ pub struct Config {
     pub sq_depth: u32,
     /// `NVSHMEM_EFA_MAX_BATCH`: software queue doorbell batch limit.
     pub max_batch: u32,
+    /// `NVSHMEM_EFA_SQ_ENTRY_SIZE`: software queue send-ring entry size, 64 or 128 (the size
+    /// efa-direct picks on devices with 80 bytes of inline room).
+    pub sq_entry_size: u32,
+    /// `NVSHMEM_EFA_SOFT_RX_OVERWRITE`: the software queue's RX ring overwrites entries the GPU has
+    /// not consumed, as the NIC's RX CQ does (it never sees the consumer index), instead of holding
+    /// new entries back.
+    pub soft_rx_overwrite: bool,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
@@ -132,6 +139,8 @@ impl Config {
             allow_vmm: false,
             sq_depth: 1024,
             max_batch: 32,
+            sq_entry_size: 64,
+            soft_rx_overwrite: false,
             gpu_staging: None,
         };
         if let Some(v) = get("NVSHMEM_LIBFABRIC_PROVIDER") {
@@ -224,6 +233,22 @@ impl Config {
         if let Some(v) = get("NVSHMEM_EFA_MAX_BATCH") {
             c.max_batch = parse_u64("NVSHMEM_EFA_MAX_BATCH", &v, 1, 32768, "1 to 32768")? as u32;
         }
+        if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_OVERWRITE") {
+            c.soft_rx_overwrite = parse_bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE", &v)?;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
+            c.sq_entry_size = match v.trim() {
+                "64" => 64,
+                "128" => 128,
+                _ => {
+                    return Err(ConfigError {
+                        var: "NVSHMEM_EFA_SQ_ENTRY_SIZE",
+                        value: v,
+                        expected: "64 or 128",
+                    })
+                }
+            };
+        }
         Ok(c)
     }
 }
@@ -239,6 +264,34 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn sq_entry_size() {
+        assert_eq!(cfg(&[]).unwrap().sq_entry_size, 64);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SQ_ENTRY_SIZE", "128")])
+                .unwrap()
+                .sq_entry_size,
+            128
+        );
+        let e = cfg(&[("NVSHMEM_EFA_SQ_ENTRY_SIZE", "96")]).unwrap_err();
+        assert_eq!(
+            (e.var, e.expected),
+            ("NVSHMEM_EFA_SQ_ENTRY_SIZE", "64 or 128")
+        );
+        assert!(!cfg(&[]).unwrap().soft_rx_overwrite);
+        assert!(
+            cfg(&[("NVSHMEM_EFA_SOFT_RX_OVERWRITE", "1")])
+                .unwrap()
+                .soft_rx_overwrite
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SOFT_RX_OVERWRITE", "maybe")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_SOFT_RX_OVERWRITE"
+        );
     }
 
     #[test]

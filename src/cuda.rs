@@ -461,21 +461,44 @@ unsafe impl Send for HostRegistration {}
 // SAFETY: as above.
 unsafe impl Sync for HostRegistration {}
 
+/// What kind of host range a [`HostRegistration`] maps for the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostMapping {
+    /// Device MMIO the GPU writes (send ring, doorbells): `DEVICEMAP | IOMEMORY`.
+    Io,
+    /// Memory the process maps read-only (rdma-core maps a provider-allocated CQ ring with
+    /// `PROT_READ`): `DEVICEMAP | READ_ONLY`. Without `READ_ONLY` the driver refuses read-only CPU
+    /// mappings on platforms whose GPU does not use the host page tables.
+    ReadOnly,
+    /// Ordinary host memory: `DEVICEMAP`.
+    ReadWrite,
+}
+
+impl HostMapping {
+    /// The `cuMemHostRegister` flags of this kind.
+    pub const fn flags(self) -> u32 {
+        match self {
+            HostMapping::Io => sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_IOMEMORY,
+            HostMapping::ReadOnly => {
+                sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_READ_ONLY
+            }
+            HostMapping::ReadWrite => sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+        }
+    }
+}
+
 impl HostRegistration {
-    /// Registers `[host, host+len)`; `iomemory` for MMIO (doorbells).
+    /// Registers `[host, host+len)` for the GPU as `kind`.
     ///
     /// # Safety
     /// The range must stay mapped until the registration is dropped.
     pub unsafe fn new(
         host: *mut c_void,
         len: usize,
-        iomemory: bool,
+        kind: HostMapping,
     ) -> CudaResult<HostRegistration> {
         require("cuMemHostRegister")?;
-        let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        if iomemory {
-            flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
-        }
+        let flags = kind.flags();
         // SAFETY: caller guarantees the range; outputs are locals.
         unsafe {
             check(sys::cuMemHostRegister_v2(host, len, flags), || {
@@ -634,5 +657,24 @@ impl Drop for HostPin {
         unsafe {
             let _ = sys::cuMemHostUnregister(self.ptr as *mut c_void);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU's mappings of provider memory: MMIO it writes, read-only CPU mappings it reads.
+    #[test]
+    fn host_mapping_flags() {
+        let (dm, io, ro) = (
+            sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+            sys::CU_MEMHOSTREGISTER_IOMEMORY,
+            sys::CU_MEMHOSTREGISTER_READ_ONLY,
+        );
+        assert_eq!((dm, io, ro), (2, 4, 8));
+        assert_eq!(HostMapping::Io.flags(), dm | io);
+        assert_eq!(HostMapping::ReadOnly.flags(), dm | ro);
+        assert_eq!(HostMapping::ReadWrite.flags(), dm);
     }
 }
