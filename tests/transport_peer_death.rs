@@ -22,9 +22,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::capi::transport::nvshmemt_init;
+use nvshmem_efa_gda::nvshmem::abi::v4::{HostOpsV4, TransportV4};
 use nvshmem_efa_gda::nvshmem::abi::{
-    amo, op, AmoBytesdesc, AmoMemdesc, AmoVerb, BootstrapHandle, HostOpsV4, MemHandle,
-    RmaBytesdesc, RmaMemdesc, RmaVerb, TransportV4, MEM_HANDLE_SIZE,
+    amo, op, AmoBytesdesc, AmoMemdesc, AmoVerb, BootstrapHandle, MemHandle, RmaBytesdesc,
+    RmaMemdesc, RmaVerb, MEM_HANDLE_SIZE,
 };
 
 const NP: usize = 4;
