@@ -63,13 +63,34 @@ layouts!(
     TransportV7 => 7
 );
 
+/// Transport structs handed out by `nvshmemt_init` and not finalized yet (addresses). A thunk
+/// touches a struct only if it is listed here, so a finalized or foreign pointer gets an error
+/// instead of a read of freed memory. Finalized structs are never freed (a few hundred bytes each):
+/// their addresses are never reused, so a stale pointer can never name a newer transport.
+static LIVE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+fn live_set() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn is_live(t: *mut c_void) -> bool {
+    live_set().contains(&(t as usize))
+}
+
 /// The transport behind a struct pointer NVSHMEM hands back to a thunk.
 ///
 /// # Safety
-/// `t` must be null or a struct this library allocated with layout `L`.
+/// `t` must be null, a struct this library allocated with layout `L`, or any other value (refused
+/// without being dereferenced unless it is a live transport of this library).
 unsafe fn transport_of<L: Layout>(t: *mut c_void) -> Result<Arc<Plugin>, c_int> {
     if t.is_null() {
         tracing::error!("transport op called with a null transport");
+        return Err(INVALID);
+    }
+    if !is_live(t) {
+        tracing::error!(
+            "transport op called with {t:p}, which is not a live transport of this library (finalized?)"
+        );
         return Err(INVALID);
     }
     // SAFETY: caller guarantees the layout; state holds a leaked Box<Arc<Plugin>> or null.
@@ -191,6 +212,7 @@ pub unsafe extern "C" fn nvshmemt_init(
                 t.device_assignment_mode = v7::device_assignment::DEFAULT;
             }),
         };
+        live_set().push(ptr as usize);
         // SAFETY: out checked non-null.
         unsafe { *out = ptr };
         tracing::info!(
@@ -369,6 +391,15 @@ fn connect_common<L: Layout>(name: &str, t: *mut c_void) -> c_int {
         // SAFETY: t is our struct (checked by with()).
         let tail = unsafe { (*(t as *mut L)).tail() };
         let (my_pe, n_pes, boot) = (tail.my_pe, tail.n_pes, tail.boot_handle);
+        if boot.is_null() {
+            tracing::error!("{name}: the transport's bootstrap handle (boot_handle) is NULL");
+            return INVALID;
+        }
+        // SAFETY: non-null bootstrap handle NVSHMEM stored in the struct.
+        if unsafe { (*boot).allgather }.is_none() {
+            tracing::error!("{name}: the bootstrap handle has no allgather");
+            return INVALID;
+        }
         // SAFETY: a non-null boot handle is NVSHMEM's, valid while the transport lives.
         let boot_ids = (!boot.is_null()).then(|| unsafe { ((*boot).pg_rank, (*boot).pg_size) });
         if let Err(msg) = check_host_fields(L::MAJOR, my_pe, n_pes, boot_ids) {
@@ -431,7 +462,19 @@ unsafe extern "C" fn connect_qp<L: Layout>(
     // NVSHMEM 3.5's nvshmemx_qp_create calls connect_endpoints again on a connected transport to ask
     // for `num_qps` device QPs. Every one maps to the proxy endpoint (QP index 1): operations on them
     // are served, in order with the proxy's other traffic.
-    if num_qps > 0 && !out_qp.is_null() {
+    if num_qps < 0 {
+        return ffi_guard("connect_endpoints", INTERNAL, || {
+            tracing::error!("connect_endpoints: num_qps is {num_qps} (negative)");
+            INVALID
+        });
+    }
+    if num_qps > 0 && out_qp.is_null() {
+        return ffi_guard("connect_endpoints", INTERNAL, || {
+            tracing::error!("connect_endpoints: out_qp_indices is NULL for {num_qps} QPs");
+            INVALID
+        });
+    }
+    if num_qps > 0 {
         let r = with::<L>("connect_endpoints", t, |tr| {
             if !tr.is_connected() {
                 tracing::error!(
@@ -477,16 +520,30 @@ unsafe extern "C" fn finalize<L: Layout>(t: *mut c_void) -> c_int {
             tracing::error!("finalize: null transport");
             return INVALID;
         }
-        // SAFETY: t is our struct; state is the Box<Arc<Plugin>> from nvshmemt_init.
+        {
+            let mut live = live_set();
+            match live.iter().position(|&x| x == t as usize) {
+                Some(i) => {
+                    live.swap_remove(i);
+                }
+                None => {
+                    tracing::error!(
+                        "finalize: {t:p} is not a live transport of this library (finalized twice?)"
+                    );
+                    return INVALID;
+                }
+            }
+        }
+        // SAFETY: t is our struct (it was live); state is the Box<Arc<Plugin>> from nvshmemt_init.
         let state = unsafe { (*(t as *mut L)).tail().state } as *mut Arc<Plugin>;
+        // SAFETY: as above; the struct stays allocated (see LIVE) with its state cleared.
+        unsafe { (*(t as *mut L)).tail().state = std::ptr::null_mut() };
         if !state.is_null() {
-            // SAFETY: taken back exactly once.
+            // SAFETY: taken back exactly once (the struct left LIVE above).
             let tr = unsafe { Box::from_raw(state) };
             tr.shutdown();
             drop(tr);
         }
-        // SAFETY: the struct was allocated by Box in nvshmemt_init with layout L.
-        unsafe { drop(Box::from_raw(t as *mut L)) };
         0
     })
 }
@@ -635,7 +692,7 @@ fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> 
             tracing::error!("{name}: PE {pe} out of range (n_pes {n})");
             return INVALID;
         }
-        code(tr.quiet(ep))
+        code(tr.quiet_pe(ep, pe))
     })
 }
 

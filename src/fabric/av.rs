@@ -77,6 +77,15 @@ impl AddressVector {
         Ok(addrs)
     }
 
+    /// Removes one address (connection-oriented providers such as rxm close their connection to it;
+    /// inserting the name again gives a fresh one).
+    pub fn remove(&self, addr: FiAddr) -> Result<()> {
+        let mut a = addr;
+        // SAFETY: open AV; one fi_addr_t read from `a`.
+        let ret = unsafe { fi::fi_av_remove(self.raw, &mut a, 1, 0) };
+        check(ret as i64, || format!("fi_av_remove({addr})"))
+    }
+
     /// The fid, for binding.
     pub(super) fn fid(&self) -> *mut fi::fid {
         // SAFETY: open AV.

@@ -2039,6 +2039,554 @@ static void case_bench(void) {
 }
 
 /* ======================================================================================
+ * Robustness cases (issue: bad input never lands in the wrong place; errors belong to the
+ * operation that caused them; handles the library can check are checked)
+ * ==================================================================================== */
+#define REL_OFF (MISC_OFF + 768 * KiB) /* 256 KiB of scratch for the robustness cases */
+#define REL_SENT 0x6b
+
+/* Captures what the library writes to stderr (its log) around a call, through a temporary file
+ * (a pipe could fill up and block the writer). */
+struct log_capture {
+    int saved, fd;
+};
+static int capture_begin(struct log_capture *c) {
+    char path[] = "/tmp/harness-log-XXXXXX";
+    fflush(stderr);
+    c->fd = mkstemp(path);
+    if (c->fd < 0) return -1;
+    unlink(path);
+    c->saved = dup(2);
+    if (c->saved < 0 || dup2(c->fd, 2) < 0) {
+        close(c->fd);
+        if (c->saved >= 0) close(c->saved);
+        return -1;
+    }
+    return 0;
+}
+/* Restores stderr; returns what was written (NUL-terminated, at most n-1 bytes, echoed to stderr in
+ * verbose mode). */
+static void capture_end(struct log_capture *c, char *buf, size_t n) {
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    ssize_t got = pread(c->fd, buf, n - 1, 0);
+    buf[got > 0 ? got : 0] = 0;
+    close(c->fd);
+    if (g.verbose && got > 0) vlog("captured library log: %s", buf);
+}
+static int contains_ci(const char *hay, const char *needle) { return strcasestr(hay, needle) != NULL; }
+
+/* Sentinel check: `n` bytes at `p` must all still be REL_SENT. */
+static void expect_untouched(const char *what, const unsigned char *p, size_t n, ptrdiff_t origin) {
+    size_t first = 0, bad = check_fill(p, n, REL_SENT, &first);
+    if (bad)
+        failf("%s: %zu byte(s) changed that no valid operation targets (first at offset %td from the destination)",
+              what, bad, (ptrdiff_t)first - origin);
+}
+
+/* Strided put/get whose element offsets overflow (i * stride * elembytes): the call must fail and
+ * nothing may be written anywhere, neither at the destination nor around it. */
+static void case_bad_stride(void) {
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    /* [REL_OFF, +16 KiB): remote destination window (dst at +8 KiB), [+16 KiB, +32 KiB): local
+     * get destination (at +24 KiB), [+32 KiB, +40 KiB): local source (pattern). */
+    const size_t win = 16 * KiB, mid = 8 * KiB;
+    memset(g.heap + REL_OFF, REL_SENT, 2 * win);
+    fill_pattern(g.heap + REL_OFF + 2 * win, 8 * KiB, me, 8 * KiB, 81);
+    BARRIER_OR_FAIL("before the strided calls");
+    static const struct {
+        size_t nelems;
+        int elem;
+        ptrdiff_t lstride, rstride;
+        const char *why;
+    } bad[] = {
+        {2, 8, 1, PTRDIFF_MAX, "remote stride PTRDIFF_MAX: element 1 wraps to 8 bytes before the destination"},
+        {3, 8, 1, PTRDIFF_MAX, "remote stride PTRDIFF_MAX, 3 elements"},
+        {2, 8, 1, (ptrdiff_t)1 << 61, "remote stride 2^61 x 8 bytes wraps to the destination itself"},
+        {2, 1, 1, PTRDIFF_MAX, "remote stride PTRDIFF_MAX, 1-byte elements"},
+        {2, 4, PTRDIFF_MAX, 1, "local stride PTRDIFF_MAX"},
+        {2, 8, (ptrdiff_t)1 << 61, 2, "local stride 2^61 x 8 bytes"},
+        {(size_t)1 << 62, 4, 1, 2, "2^62 elements of 4 bytes (length overflows)"},
+        {(size_t)1 << 40, 8, 1, (ptrdiff_t)1 << 20, "2^40 elements, remote stride 2^20 (extent far past the heap)"},
+        {2, 8, 1, PTRDIFF_MIN, "remote stride PTRDIFF_MIN"},
+    };
+    char what[200];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (int op = 0; op < 2; op++) {
+            int is_put = op == 0;
+            /* put: srcstride = local, deststride = remote; get: srcstride = remote, deststride = local */
+            ptrdiff_t ss = is_put ? bad[i].lstride : bad[i].rstride, ds = is_put ? bad[i].rstride : bad[i].lstride;
+            harness_rma_memdesc r = rdesc(q, is_put ? REL_OFF + mid : REL_OFF + 2 * win);
+            harness_rma_memdesc l = is_put ? ldesc(REL_OFF + 2 * win) : ldesc(REL_OFF + win + mid);
+            snprintf(what, sizeof what, "strided %s with PE %d, %s", is_put ? "put" : "get", q, bad[i].why);
+            int64_t t0 = now_ms();
+            int rc = h_rma(q, is_put ? HARNESS_OP_PUT : HARNESS_OP_GET, 0, &r, &l, bad[i].nelems, bad[i].elem, ss, ds,
+                           0);
+            expect_error(what, rc, t0);
+        }
+    }
+    quiet_all(0, "quiet after the rejected strided calls");
+    BARRIER_OR_FAIL("after the strided calls");
+    expect_untouched("strided puts with overflowing strides (remote window)", g.heap + REL_OFF, win, (ptrdiff_t)mid);
+    expect_untouched("strided gets with overflowing strides (local window)", g.heap + REL_OFF + win, win,
+                     (ptrdiff_t)mid);
+    if (R.failed) return;
+    BARRIER_OR_FAIL("after the checks"); /* nobody's good put may land before everyone checked */
+    /* a good strided put still works: 4 elements of 8 bytes, remote stride 2 */
+    harness_rma_memdesc r = rdesc(q, REL_OFF + mid), l = ldesc(REL_OFF + 2 * win);
+    int rc = h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 4, 8, 1, 2, 0);
+    if (rc) failf("a good strided put after the rejected ones returned %d", rc);
+    quiet_all(0, "quiet after the good strided put");
+    BARRIER_OR_FAIL("after the good strided put");
+    unsigned char want[8 * KiB];
+    fill_pattern(want, sizeof want, src, 8 * KiB, 81);
+    for (int e = 0; e < 4; e++)
+        if (memcmp(g.heap + REL_OFF + mid + (size_t)e * 16, want + (size_t)e * 8, 8))
+            failf("good strided put from PE %d: element %d wrong", src, e);
+}
+
+/* Every op kind with an address or length at the edge of the address space: an error naming the
+ * argument, nothing posted, no crash. */
+static void case_extreme_args(void) {
+    int me = g.rank, q = (me + 1) % g.np;
+    memset(g.heap + REL_OFF, REL_SENT, 16 * KiB);
+    BARRIER_OR_FAIL("before the extreme arguments");
+    char what[200];
+    int64_t t0;
+    void *top8 = (void *)(UINTPTR_MAX - 7), *top4 = (void *)(UINTPTR_MAX - 3);
+    /* local ranges that wrap around the end of the address space */
+    for (int op = 0; op < 4; op++) {
+        static const int ops[] = {HARNESS_OP_PUT, HARNESS_OP_GET, HARNESS_OP_P, HARNESS_OP_G};
+        static const char *names[] = {"put", "get", "P", "G"};
+        int single = ops[op] == HARNESS_OP_P || ops[op] == HARNESS_OP_G;
+        harness_rma_memdesc r = rdesc(q, REL_OFF + 4 * KiB);
+        harness_rma_memdesc l = {top4, JUNK_OFFSET, NULL};
+        snprintf(what, sizeof what, "%s of 8 bytes with local address %p (range wraps)", names[op], top4);
+        t0 = now_ms();
+        expect_error(what, h_rma(q, ops[op], 0, &r, &l, single ? 1 : 8, single ? 8 : 1, 1, 1, 0), t0);
+        l = (harness_rma_memdesc){g.heap + REL_OFF, JUNK_OFFSET, &g.own};
+        r = (harness_rma_memdesc){top4, REL_OFF, &g.handles[q * g.stride + g.index]};
+        snprintf(what, sizeof what, "%s of 8 bytes with remote address %p (range wraps)", names[op], top4);
+        t0 = now_ms();
+        expect_error(what, h_rma(q, ops[op], 0, &r, &l, single ? 1 : 8, single ? 8 : 1, 1, 1, 0), t0);
+        snprintf(what, sizeof what, "%s of SIZE_MAX bytes", names[op]);
+        r = rdesc(q, REL_OFF + 4 * KiB);
+        t0 = now_ms();
+        if (!single) expect_error(what, h_rma(q, ops[op], 1, &r, &l, SIZE_MAX, 1, 1, 1, 0), t0);
+    }
+    /* AMOs: remote word at the top of the address space, fetch result buffer that wraps */
+    {
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = (harness_rma_memdesc){top8, REL_OFF, &g.handles[q * g.stride + g.index]};
+        m.val = 1;
+        t0 = now_ms();
+        expect_error("AMO ADD on remote address UINTPTR_MAX-7", h_amo(q, HARNESS_AMO_ADD, &m, 8, 0, 0), t0);
+        m.remote = rdesc(q, REL_OFF + 8 * KiB);
+        m.retptr = top4;
+        t0 = now_ms();
+        expect_error("FETCH_ADD of 8 bytes with result pointer UINTPTR_MAX-3 (wraps)",
+                     h_amo(q, HARNESS_AMO_FETCH_ADD, &m, 8, 0, 0), t0);
+        quiet_all(0, "quiet after the rejected AMOs");
+    }
+    /* put_signal (ABI 4) whose chunk lengths add up past SIZE_MAX */
+    if (g.abi >= 4) {
+        harness_rma_memdesc rem[2] = {rdesc(q, REL_OFF), rdesc(q, REL_OFF + 64)};
+        harness_rma_memdesc loc[2] = {ldesc(REL_OFF), ldesc(REL_OFF + 64)};
+        harness_rma_bytesdesc by[2] = {{SIZE_MAX / 2 + 2, 1, 1, 1}, {SIZE_MAX / 2 + 2, 1, 1, 1}};
+        harness_vec vr = {&rem[0], &rem[2], &rem[2]}, vl = {&loc[0], &loc[2], &loc[2]}, vb = {&by[0], &by[2], &by[2]};
+        harness_rma_verb wv = {.op = HARNESS_OP_PUT, .is_nbi = 0, .is_stream = 0, .stream = NULL};
+        harness_amo_verb sv = {HARNESS_AMO_SIGNAL_SET, 0, 1, 0};
+        harness_amo_memdesc st;
+        memset(&st, 0, sizeof st);
+        st.remote = rdesc(q, REL_OFF + 12 * KiB);
+        st.val = 1;
+        harness_amo_bytesdesc sb = {JUNK_INT, 8};
+        t0 = now_ms();
+        expect_error("put_signal with chunks of SIZE_MAX/2+2 bytes",
+                     g.t4->host_ops.put_signal(g.t4, q, wv, &vr, &vl, &vb, sv, &st, sb, HARNESS_QP_HOST), t0);
+    }
+    quiet_all(0, "quiet after the extreme arguments");
+    BARRIER_OR_FAIL("after the extreme arguments");
+    expect_untouched("calls with extreme arguments", g.heap + REL_OFF, 16 * KiB, 0);
+}
+
+/* Registration of ranges that cannot be registered, and a provider-level failure (a put with a
+ * handle its owner released) that must not leave the pair of PEs unusable. */
+static void provider_failure_round(int variant);
+static void case_bad_handle_range(void) {
+    harness_mem_handle h;
+    int64_t t0;
+    char what[200];
+    static const struct {
+        uintptr_t addr; /* 0: the heap scratch area */
+        size_t size;
+        const char *why;
+    } bad[] = {
+        {0, SIZE_MAX, "SIZE_MAX bytes"},
+        {0, SIZE_MAX - 4096, "SIZE_MAX-4096 bytes (range wraps)"},
+        {UINTPTR_MAX - 4095, 8192, "8 KiB at UINTPTR_MAX-4095 (range wraps)"},
+        {0, (size_t)1 << 62, "2^62 bytes (beyond any mapping)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        void *p = bad[i].addr ? (void *)bad[i].addr : (void *)(g.heap + REL_OFF);
+        snprintf(what, sizeof what, "get_mem_handle(%p, %s)", p, bad[i].why);
+        t0 = now_ms();
+        int rc = h_get_mem_handle(&h, p, bad[i].size, false);
+        expect_error(what, rc, t0);
+        if (rc == 0) h_release(&h);
+    }
+    /* a range with a hole: three pages, the middle one unmapped */
+    long pg = sysconf(_SC_PAGESIZE);
+    unsigned char *hole = mmap(NULL, 3 * (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (hole != MAP_FAILED) {
+        munmap(hole + pg, (size_t)pg);
+        t0 = now_ms();
+        int rc = h_get_mem_handle(&h, hole, 3 * (size_t)pg, false);
+        expect_error("get_mem_handle of three pages whose middle page is not mapped", rc, t0);
+        if (rc == 0) h_release(&h);
+        munmap(hole, (size_t)pg);
+        munmap(hole + 2 * pg, (size_t)pg);
+    }
+    quiet_all(0, "quiet after the refused registrations");
+
+    for (int variant = 0; variant < 3 && !bs.broken; variant++) provider_failure_round(variant);
+}
+
+/* A put that passes every check the initiator can make and fails inside the provider at the
+ * target, then good traffic on the same pair. Variant 0: the target released the registration
+ * before the put; 1: the registration is local_only (no remote access); 2: the registration claims
+ * SIZE_MAX bytes (refused by a correct library: then there is nothing to put through) and the put
+ * lands just past the real buffer. */
+static void provider_failure_round(int variant) {
+    static const char *names[] = {"a released handle", "a local_only handle", "a SIZE_MAX handle"};
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    const size_t blen = 64 * KiB;
+    /* variant 2: the real buffer is the first half of the mapping; the put aims at the second */
+    unsigned char *buf = mmap(NULL, 2 * blen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    harness_mem_handle *hs = calloc((size_t)g.np, sizeof *hs);
+    uint64_t addrs[MAX_PES];
+    int oks[MAX_PES];
+    harness_mem_handle h;
+    size_t first = 0;
+    if (buf == MAP_FAILED || !hs) {
+        failf("out of memory");
+        free(hs);
+        return;
+    }
+    memset(buf, REL_SENT, 2 * blen);
+    int rc = h_get_mem_handle(&h, buf, variant == 2 ? SIZE_MAX : blen, variant == 1);
+    int ok = rc == 0;
+    if (rc && variant != 2) failf("get_mem_handle(%zu bytes) returned %d", blen, rc);
+    uint64_t a = (uint64_t)(uintptr_t)buf;
+    if (allgather(ok ? &h : &(harness_mem_handle){{0}}, hs, sizeof h) || allgather(&a, addrs, sizeof a) ||
+        allgather(&ok, oks, sizeof ok)) {
+        failf("bootstrap allgather failed: %s", bs.err);
+        goto out;
+    }
+    if (ok && variant == 0) {
+        rc = h_release(&h);
+        ok = 0;
+        if (rc) failf("release_mem_handle returned %d", rc);
+    }
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    if (oks[q]) {
+        fill_pattern(g.heap + REL_OFF, 4096, me, 4096, 82);
+        size_t at = variant == 2 ? blen + 64 : 4096;
+        harness_rma_memdesc r = {(void *)(uintptr_t)(addrs[q] + at), at, &hs[q]};
+        harness_rma_memdesc l = ldesc(REL_OFF);
+        int64_t t1 = now_ms();
+        int prc = h_rma(q, HARNESS_OP_PUT, 1, &r, &l, 4096, 1, 1, 1, 0);
+        int qrc = h_quiet(q, 0);
+        vlog("put with %s: rma %d, quiet %d after %" PRId64 " ms", names[variant], prc, qrc, now_ms() - t1);
+        if (now_ms() - t1 > 5000)
+            failf("a put with %s took %" PRId64 " ms to fail or complete", names[variant], now_ms() - t1);
+    }
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    if (check_fill(buf, 2 * blen, REL_SENT, &first))
+        failf("a put from PE %d with %s wrote this PE's memory (offset %zu)", src, names[variant], first);
+    /* the pair must be usable again: blocking put, blocking get, AMO, quiet, every byte checked */
+    memset(g.heap + REL_OFF + 8 * KiB, 0, 8 * KiB);
+    uint64_t zero64 = 0;
+    memcpy(g.heap + REL_OFF + 16 * KiB, &zero64, 8);
+    fill_pattern(g.heap + REL_OFF, 4096, me, 4096, 82);
+    BARRIER_OR_FAIL("before the traffic after the provider failure");
+    harness_rma_memdesc rr = rdesc(q, REL_OFF + 8 * KiB), ll = ldesc(REL_OFF);
+    rc = h_rma(q, HARNESS_OP_PUT, 0, &rr, &ll, 4096, 1, 1, 1, 0);
+    if (rc) failf("after a put with %s: a good blocking put to PE %d returned %d (pair left unusable)", names[variant], q, rc);
+    rr = rdesc(q, REL_OFF);
+    ll = ldesc(REL_OFF + 12 * KiB);
+    rc = h_rma(q, HARNESS_OP_GET, 0, &rr, &ll, 4096, 1, 1, 1, 0);
+    if (rc) failf("after a put with %s: a good blocking get from PE %d returned %d", names[variant], q, rc);
+    else {
+        unsigned got = 0, want = 0;
+        if (check_pattern(g.heap + REL_OFF + 12 * KiB, 4096, q, 4096, 82, &first, &got, &want))
+            failf("after a put with %s: good get from PE %d: byte %zu wrong", names[variant], q, first);
+    }
+    harness_amo_memdesc m;
+    memset(&m, 0, sizeof m);
+    m.remote = rdesc(q, REL_OFF + 16 * KiB);
+    m.val = 3;
+    rc = h_amo(q, HARNESS_AMO_ADD, &m, 8, 0, 0);
+    if (rc) failf("after a put with %s: a good AMO to PE %d returned %d", names[variant], q, rc);
+    quiet_all(0, "quiet after the good traffic");
+    BARRIER_OR_FAIL("after the good traffic");
+    {
+        unsigned got = 0, want = 0;
+        if (check_pattern(g.heap + REL_OFF + 8 * KiB, 4096, src, 4096, 82, &first, &got, &want))
+            failf("after a put with %s: good put from PE %d: byte %zu wrong", names[variant], src, first);
+        uint64_t v = 0;
+        memcpy(&v, g.heap + REL_OFF + 16 * KiB, 8);
+        if (v != 3) failf("after a put with %s: good AMO ADD 3 from PE %d: word is %" PRIu64, names[variant], src, v);
+    }
+out:
+    if (ok) h_release(&h);
+    munmap(buf, 2 * blen);
+    free(hs);
+}
+
+/* A misaligned AMO fails at the call; the valid blocking put that follows succeeds (it does not
+ * inherit the AMO's error), and nothing is applied to the misaligned words. */
+static void case_amo_misaligned(void) {
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    memset(g.heap + REL_OFF, REL_SENT, 8 * KiB);
+    fill_pattern(g.heap + REL_OFF + 8 * KiB, 64, me, 64, 83);
+    BARRIER_OR_FAIL("before the misaligned AMOs");
+    static const struct {
+        int op, size;
+        size_t off;
+    } bad[] = {
+        {HARNESS_AMO_ADD, 8, 4},         {HARNESS_AMO_ADD, 8, 1},       {HARNESS_AMO_SET, 4, 2},
+        {HARNESS_AMO_FETCH_ADD, 8, 12},  {HARNESS_AMO_FETCH_ADD, 4, 1}, {HARNESS_AMO_COMPARE_SWAP, 8, 4},
+        {HARNESS_AMO_SIGNAL_ADD, 8, 4},  {HARNESS_AMO_FETCH, 4, 3},
+    };
+    unsigned char ret[16] __attribute__((aligned(8)));
+    char what[160];
+    for (int qp = 0; qp < 2; qp++)
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            harness_amo_memdesc m;
+            memset(&m, 0, sizeof m);
+            m.remote = rdesc(q, REL_OFF + 1024 + bad[i].off);
+            m.val = 1;
+            m.cmp = (uint64_t)REL_SENT * 0x0101010101010101ULL;
+            m.retptr = ret;
+            snprintf(what, sizeof what, "%d-byte AMO op %d at an address %zu bytes past alignment (%s)", bad[i].size,
+                     bad[i].op, bad[i].off % (size_t)bad[i].size, qp ? "proxy" : "host");
+            int64_t t0 = now_ms();
+            expect_error(what, h_amo(q, bad[i].op, &m, bad[i].size, qp, qp), t0);
+        }
+    /* a valid blocking put right after: it succeeds, its data lands */
+    harness_rma_memdesc r = rdesc(q, REL_OFF + 4 * KiB), l = ldesc(REL_OFF + 8 * KiB);
+    int rc = h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 64, 1, 1, 1, 0);
+    if (rc) failf("a valid blocking put after the misaligned AMOs returned %d (an error it did not cause)", rc);
+    quiet_all(0, "quiet after the misaligned AMOs");
+    quiet_all(1, "proxy quiet after the misaligned AMOs");
+    BARRIER_OR_FAIL("after the misaligned AMOs");
+    size_t first = 0;
+    unsigned got = 0, want = 0;
+    if (check_pattern(g.heap + REL_OFF + 4 * KiB, 64, src, 64, 83, &first, &got, &want))
+        failf("the valid put from PE %d after the misaligned AMOs: byte %zu wrong", src, first);
+    expect_untouched("misaligned AMOs", g.heap + REL_OFF, 4 * KiB, 1024);
+}
+
+/* An operation that fails at the target (an AMO through a handle its owner released) is reported
+ * by the quiet that covers it, once; the valid blocking operations posted after it succeed. */
+static void case_error_attribution(void) {
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    const size_t blen = 64 * KiB;
+    unsigned char *buf = mmap(NULL, blen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    harness_mem_handle *hs = calloc((size_t)g.np, sizeof *hs);
+    uint64_t addrs[MAX_PES];
+    harness_mem_handle h;
+    if (buf == MAP_FAILED || !hs) {
+        failf("out of memory");
+        free(hs);
+        return;
+    }
+    memset(buf, REL_SENT, blen);
+    fill_pattern(g.heap + REL_OFF, 4096, me, 4096, 84);
+    memset(g.heap + REL_OFF + 4096, 0, 4096);
+    int rc = h_get_mem_handle(&h, buf, blen, false);
+    if (rc) failf("get_mem_handle(%zu bytes) returned %d", blen, rc);
+    uint64_t a = (uint64_t)(uintptr_t)buf;
+    if (allgather(rc ? &(harness_mem_handle){{0}} : &h, hs, sizeof h) || allgather(&a, addrs, sizeof a)) {
+        failf("bootstrap allgather failed: %s", bs.err);
+        goto out;
+    }
+    if (rc == 0 && (rc = h_release(&h))) failf("release_mem_handle returned %d", rc);
+    if (barrier()) {
+        failf("bootstrap barrier failed: %s", bs.err);
+        goto out;
+    }
+    /* 1. an AMO the target refuses (its registration is gone) */
+    harness_amo_memdesc m;
+    memset(&m, 0, sizeof m);
+    m.remote = (harness_rma_memdesc){(void *)(uintptr_t)(addrs[q] + 64), 64, &hs[q]};
+    m.val = 5;
+    int arc = h_amo(q, HARNESS_AMO_ADD, &m, 8, 0, 0);
+    /* 2. valid blocking operations to the same PE: each reports only its own outcome */
+    harness_rma_memdesc r = rdesc(q, REL_OFF + 4096), l = ldesc(REL_OFF);
+    rc = h_rma(q, HARNESS_OP_PUT, 0, &r, &l, 4096, 1, 1, 1, 0);
+    if (rc) failf("a valid blocking put after a failing AMO returned %d (the AMO's error, not its own)", rc);
+    r = rdesc(q, REL_OFF);
+    l = ldesc(REL_OFF + 8192);
+    rc = h_rma(q, HARNESS_OP_GET, 0, &r, &l, 4096, 1, 1, 1, 0);
+    if (rc) failf("a valid blocking get after a failing AMO returned %d (the AMO's error, not its own)", rc);
+    /* 3. the quiet covering the AMO may report it (if the call itself did not); the next is clean */
+    int q1 = h_quiet(q, 0), q2 = h_quiet(q, 0);
+    vlog("AMO through a released handle: amo %d, first quiet %d, second quiet %d", arc, q1, q2);
+    if (arc == 0 && q1 == 0)
+        failf("an AMO through a released handle returned 0 and the quiet covering it returned 0: the error was lost");
+    if (q2) failf("a second quiet returned %d: the AMO's error was reported twice", q2);
+    BARRIER_OR_FAIL("after the quiets");
+    size_t first = 0;
+    unsigned got = 0, want = 0;
+    if (check_pattern(g.heap + REL_OFF + 4096, 4096, src, 4096, 84, &first, &got, &want))
+        failf("valid put from PE %d after its failing AMO: byte %zu wrong", src, first);
+    if (check_pattern(g.heap + REL_OFF + 8192, 4096, q, 4096, 84, &first, &got, &want))
+        failf("valid get from PE %d after a failing AMO: byte %zu wrong", q, first);
+    if (check_fill(buf, blen, REL_SENT, &first))
+        failf("an AMO from PE %d through a handle this PE had released changed its buffer (offset %zu)", src, first);
+out:
+    munmap(buf, blen);
+    free(hs);
+}
+
+/* Host fields of a second transport instance, as NVSHMEM sets them. */
+static void fill_fields(void *t, harness_bootstrap_handle *boot) {
+    struct harness_transport_v3 *t3 = t;
+    struct harness_transport_v4 *t4 = t;
+#define SETF(f, v) (g.abi == 3 ? (void)(t3->f = (v)) : (void)(t4->f = (v)))
+    SETF(boot_handle, boot);
+    SETF(heap_base, g.heap);
+    SETF(log2_cumem_granularity, 21);
+    SETF(cap, g.cap);
+    SETF(index, g.index);
+    SETF(my_pe, g.rank);
+    SETF(n_pes, g.np);
+    SETF(cache_handle, NULL);
+#undef SETF
+}
+
+/* A finalized transport, and a second finalize: every op returns an error, nothing crashes. The
+ * host ops are read before finalize (NVSHMEM's copy of them outlives the struct). */
+static void case_use_after_finalize(void) {
+    void *t = NULL;
+    int rc = g.init(&t, NULL, g.api_version);
+    if (rc || !t) {
+        failf("nvshmemt_init of a second transport returned %d", rc);
+        return;
+    }
+    fill_fields(t, &g.boot);
+    /* NVSHMEM's copy of the host ops outlives the struct: copy them before finalize */
+    struct harness_host_ops_v3 o3;
+    struct harness_host_ops_v4 o4;
+    memset(&o3, 0, sizeof o3);
+    memset(&o4, 0, sizeof o4);
+    if (g.abi == 3) o3 = ((struct harness_transport_v3 *)t)->host_ops;
+    else o4 = ((struct harness_transport_v4 *)t)->host_ops;
+#define STALE(f, ...) (g.abi == 3 ? o3.f((struct harness_transport_v3 *)t, ##__VA_ARGS__) \
+                                  : o4.f((struct harness_transport_v4 *)t, ##__VA_ARGS__))
+#define fin(t) STALE(finalize)
+#define prog(t) STALE(progress)
+    rc = fin(t);
+    if (rc) failf("finalize of a fresh transport returned %d", rc);
+    /* from here on `t` is stale: the library must recognise it without trusting its contents */
+    int64_t t0 = now_ms();
+    expect_error("progress on a finalized transport", prog(t), t0);
+    t0 = now_ms();
+    expect_error("quiet on a finalized transport", STALE(quiet, 0, 0), t0);
+    harness_mem_handle h;
+    t0 = now_ms();
+    rc = g.abi == 3 ? o3.get_mem_handle(&h, g.heap + REL_OFF, 4096, t, false)
+                    : o4.get_mem_handle(&h, g.heap + REL_OFF, 4096, t, false);
+    expect_error("get_mem_handle on a finalized transport", rc, t0);
+    t0 = now_ms();
+    expect_error("release_mem_handle on a finalized transport",
+                 g.abi == 3 ? o3.release_mem_handle(&g.own, t) : o4.release_mem_handle(&g.own, t), t0);
+    if (g.abi == 3 ? o3.show_info != NULL : o4.show_info != NULL) {
+        t0 = now_ms();
+        expect_error("show_info on a finalized transport", STALE(show_info, HARNESS_STYLE_INFO), t0);
+    }
+    harness_rma_memdesc r = rdesc((g.rank + 1) % g.np, REL_OFF), l = ldesc(REL_OFF + 4096);
+    harness_rma_verb v = {.op = HARNESS_OP_PUT, .is_nbi = 1, .is_stream = 0, .stream = NULL};
+    harness_rma_bytesdesc b = {8, 1, 1, 1};
+    t0 = now_ms();
+    rc = STALE(rma, (g.rank + 1) % g.np, v, &r, &l, b, 0);
+    expect_error("rma on a finalized transport", rc, t0);
+    t0 = now_ms();
+    expect_error("a second finalize of the same transport", fin(t), t0);
+#undef fin
+#undef prog
+#undef STALE
+    /* the live transport is unaffected */
+    quiet_all(0, "quiet of the live transport after the stale calls");
+}
+
+/* connect_endpoints with no bootstrap handle fails at once, saying so in the log. */
+static void case_null_bootstrap(void) {
+    void *t = NULL;
+    int rc = g.init(&t, NULL, g.api_version);
+    if (rc || !t) {
+        failf("nvshmemt_init of a second transport returned %d", rc);
+        return;
+    }
+    fill_fields(t, NULL);
+    int sel[1] = {-1};
+    struct log_capture cap;
+    char log[8192];
+    int captured = capture_begin(&cap) == 0;
+    int64_t t0 = now_ms();
+    rc = g.abi == 3 ? ((struct harness_transport_v3 *)t)->host_ops.connect_endpoints(t, sel, 1)
+                    : ((struct harness_transport_v4 *)t)->host_ops.connect_endpoints(t, sel, 1, NULL, 0);
+    int64_t dt = now_ms() - t0;
+    if (captured) capture_end(&cap, log, sizeof log);
+    if (rc == 0) failf("connect_endpoints with a NULL bootstrap handle returned 0");
+    if (dt > 100) failf("connect_endpoints with a NULL bootstrap handle took %" PRId64 " ms to fail (want < 100)", dt);
+    if (!captured) failf("could not capture the library's log");
+    else if (!contains_ci(log, "bootstrap"))
+        failf("connect_endpoints with a NULL bootstrap handle returned %d without a log line naming the bootstrap "
+              "handle",
+              rc);
+    rc = g.abi == 3 ? ((struct harness_transport_v3 *)t)->host_ops.finalize(t)
+                    : ((struct harness_transport_v4 *)t)->host_ops.finalize(t);
+    if (rc) failf("finalize of the unconnected transport returned %d", rc);
+}
+
+/* ABI v4 qp_create (second connect_endpoints) with a NULL index array or a negative count: an error
+ * that names the argument. */
+static void case_qp_create_args(void) {
+    static const struct {
+        int null_array, num;
+        const char *arg;
+    } bad[] = {{1, 4, "out_qp_indices"}, {0, -1, "num_qps"}, {1, -3, "num_qps"}};
+    int qps[4];
+    char log[8192], what[160];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct log_capture cap;
+        int captured = capture_begin(&cap) == 0;
+        int64_t t0 = now_ms();
+        int rc = g.t4->host_ops.connect_endpoints(g.t4, NULL, 0, bad[i].null_array ? NULL : qps, bad[i].num);
+        if (captured) capture_end(&cap, log, sizeof log);
+        snprintf(what, sizeof what, "connect_endpoints(t, NULL, 0, %s, %d)", bad[i].null_array ? "NULL" : "qps",
+                 bad[i].num);
+        expect_error(what, rc, t0);
+        if (!captured) failf("could not capture the library's log");
+        else if (!contains_ci(log, bad[i].arg))
+            failf("%s returned %d and its log line does not name %s (log: %.120s)", what, rc, bad[i].arg, log);
+    }
+    /* the transport is still connected and usable */
+    quiet_all(0, "quiet after the bad qp_create calls");
+}
+
+/* ======================================================================================
  * ABI 6/7: floating-point AMOs (verb.is_float = 1)
  * ==================================================================================== */
 static uint64_t fbits(double x, int size) {
@@ -2340,6 +2888,15 @@ static const struct case_def CASES[] = {
     {"progress_info", case_progress_info, 3, "progress, show_info, idle quiet and fence"},
     {"bad_input", case_bad_input, 3, "bad PEs, ranges, lengths, AMO codes, handles: errors, no crash"},
     {"release", case_release, 3, "second registration, local_only registration, release, double release"},
+    /* robustness: bad input never lands in the wrong place, errors stay with their operation */
+    {"bad_stride", case_bad_stride, 3, "strided put/get whose element offsets overflow: error, nothing written"},
+    {"extreme_args", case_extreme_args, 3, "every op kind with ranges that wrap the address space: errors"},
+    {"bad_handle_range", case_bad_handle_range, 3, "registrations that wrap/do not exist refused; pair usable after a provider failure"},
+    {"amo_misaligned", case_amo_misaligned, 3, "misaligned AMOs fail at the call; the next blocking put succeeds"},
+    {"error_attribution", case_error_attribution, 3, "a failing nbi AMO is reported by its quiet only, not by later ops"},
+    {"use_after_finalize", case_use_after_finalize, 3, "ops on a finalized transport and a second finalize: errors"},
+    {"null_bootstrap", case_null_bootstrap, 3, "connect_endpoints with a NULL bootstrap handle fails at once, logged"},
+    {"qp_create_args", case_qp_create_args, 4, "qp_create with a NULL array / negative count names the argument"},
     {"float_amo", case_float_amo, 6, "float and double AMOs (is_float 1): values, fetches, contention, AND refused"},
     {"proxy_float_amo", case_proxy_float_amo, 6, "float AMOs through the proxy endpoint"},
     {"rma_hints", case_rma_hints, 7, "rma_with_hints MORE_FOLLOWS batches and regions, region_flush, bad input"},

@@ -1,5 +1,6 @@
 //! Active messages: the wire format, receive buffers, request and response handling, and the send
 //! slots that carry staged payloads.
+use std::collections::VecDeque;
 use std::ffi::c_void;
 
 use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
@@ -29,6 +30,8 @@ pub(super) const AM_GET_DATA: u32 = 5;
 /// `AmMsg::reserved` bit: the chunk belongs to an operation on the debug timeline (echoed in the
 /// response, so both PEs log the same chunk).
 pub(super) const AM_TRACED: u32 = 1;
+/// The sender (PE in `val`) finalizes: operations to it from now on fail at once.
+pub(super) const AM_GOODBYE: u32 = 6;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -127,15 +130,16 @@ impl Transport {
                     .map(|s| unsafe { *s } as usize)
                     .unwrap_or(8)
                     .min(8);
+                let mut error = None;
                 if m.status != 0 {
-                    e.record_error(format!("remote AMO failed with status {}", m.status));
+                    error = Some(format!("remote AMO failed with status {}", m.status));
                 } else if retptr != 0 {
                     let bytes = m.result.to_le_bytes();
                     if let Err(err) = write_any(retptr as *mut u8, &bytes[..size]) {
-                        e.record_error(err.message);
+                        error = Some(err.message);
                     }
                 }
-                e.finish_counted(wait);
+                e.finish_counted(wait, error);
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
@@ -189,13 +193,20 @@ impl Transport {
                 let stamp = e.ctxs.scratch(wait).map_or(0, |s| unsafe { *s.add(1) });
                 stats.record_since(Stage::ResponseRecv, stamp, m.size as u64);
                 let t = stats.start();
+                let mut error = None;
                 if m.status != 0 {
-                    e.record_error(format!("remote get failed with status {}", m.status));
+                    error = Some(format!("remote get failed with status {}", m.status));
                 } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
-                    e.record_error(err.message);
+                    error = Some(err.message);
                 }
                 stats.record(Stage::CopyIn, t, m.size as u64);
-                e.finish_counted(wait);
+                e.finish_counted(wait, error);
+            }
+            AM_GOODBYE => {
+                let pe = m.val as usize;
+                if pe < c.peers.len() && pe != c.my_pe as usize {
+                    self.declare_gone(c, pe, super::peers::DEPARTED);
+                }
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }
@@ -235,12 +246,30 @@ impl Transport {
         Ok(())
     }
 
+    ///
+    /// A peer that cannot take a message now (EAGAIN) keeps its messages, in order, for the next
+    /// round while the others' go out (a stopped peer must not hold up answers to the living);
+    /// messages to a peer that is gone are dropped.
     pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
         let e = &c.eps[i];
+        let mut kept: VecDeque<Pending> = VecDeque::new();
+        let mut blocked: Vec<FiAddr> = Vec::new();
+        let mut no_slot = false;
         loop {
             let Some(p) = e.am_pending.lock().pop_front() else {
-                return;
+                break;
             };
+            let dest = match &p {
+                Pending::Msg(d, _) => *d,
+                Pending::GetData { dest, .. } => *dest,
+            };
+            if c.pe_of(dest).is_some_and(|pe| c.peers[pe].is_gone()) {
+                continue;
+            }
+            if blocked.contains(&dest) || (no_slot && matches!(p, Pending::GetData { .. })) {
+                kept.push_back(p);
+                continue;
+            }
             let r = match &p {
                 Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg).inspect(|()| {
                     if msg.kind == AM_RESP {
@@ -258,8 +287,9 @@ impl Transport {
                     len,
                 } => {
                     let Some(slot) = e.send_free.lock().pop() else {
-                        e.am_pending.lock().push_front(p);
-                        return;
+                        no_slot = true;
+                        kept.push_back(p);
+                        continue;
                     };
                     // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
                     let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
@@ -292,10 +322,16 @@ impl Transport {
             match r {
                 Ok(()) => {}
                 Err(err) if err.is_again() => {
-                    e.am_pending.lock().push_front(p);
-                    return;
+                    blocked.push(dest);
+                    kept.push_back(p);
                 }
                 Err(err) => tracing::error!("endpoint {i}: active message lost: {err}"),
+            }
+        }
+        if !kept.is_empty() {
+            let mut q = e.am_pending.lock();
+            while let Some(p) = kept.pop_back() {
+                q.push_front(p);
             }
         }
     }
@@ -378,7 +414,7 @@ impl Transport {
         while off < len {
             let n = (STAGE_CHUNK as u64).min(len - off);
             let wait_data = if is_put { 0 } else { laddr + off };
-            let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, wait_data)?;
+            let wait = self.alloc_counted(c, ep, pe as usize, TAG_AM_WAIT, wait_data)?;
             let hdr = AmMsg {
                 magic: AM_MAGIC,
                 kind: if is_put { AM_PUT } else { AM_GET },
@@ -400,7 +436,7 @@ impl Transport {
             let r = if is_put {
                 // Every failure below gives the slot back; the cleanup below gives back `wait`.
                 let t = stats.start();
-                self.alloc_slot(c, ep).and_then(|slot| {
+                self.alloc_slot(c, ep, pe as usize).and_then(|slot| {
                     stats.record(Stage::SlotWait, t, 0);
                     // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
                     let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
@@ -410,6 +446,7 @@ impl Transport {
                             stats.record(Stage::CopyOut, t, n);
                             let t = stats.start();
                             let r = self.retry_again(c, ep, || {
+                                self.check_peer(c, pe as usize).map_err(|_| gone())?;
                                 self.send_slot(e, dest, slot, hdr, wait as u64, stamp, traced)
                             });
                             stats.record(Stage::ChunkPost, t, n);
@@ -419,7 +456,10 @@ impl Transport {
                 })
             } else {
                 let t = stats.start();
-                let r = self.retry_again(c, ep, || self.send_small(e, dest, hdr));
+                let r = self.retry_again(c, ep, || {
+                    self.check_peer(c, pe as usize).map_err(|_| gone())?;
+                    self.send_small(e, dest, hdr)
+                });
                 stats.record(Stage::ChunkPost, t, 0);
                 r
             };
@@ -436,18 +476,33 @@ impl Transport {
     }
 
     /// Takes a free send slot, driving progress while none is free (bounded).
-    fn alloc_slot(&self, c: &Connected, ep: usize) -> TResult<usize> {
+    fn alloc_slot(&self, c: &Connected, ep: usize, pe: usize) -> TResult<usize> {
         let e = &c.eps[ep];
-        self.wait_for(
+        self.check_peer(c, pe)?;
+        let slot = self.wait_for(
             c,
             ep,
-            || e.send_free.lock().pop(),
+            || {
+                e.send_free
+                    .lock()
+                    .pop()
+                    .or_else(|| c.peers[pe].is_gone().then_some(usize::MAX))
+            },
             || {
                 internal(format!(
                     "endpoint {ep}: no staging slot freed within {:?}",
                     self.cfg.quiet_timeout
                 ))
             },
-        )
+        )?;
+        if slot == usize::MAX {
+            return Err(self.gone_error(c, pe));
+        }
+        Ok(slot)
     }
+}
+
+/// The error a retried send gets once its peer is gone (not EAGAIN: the retry stops).
+fn gone() -> crate::fabric::Error {
+    crate::fabric::Error::from_ret(-(libc::ECONNABORTED as i64), "the peer is gone")
 }

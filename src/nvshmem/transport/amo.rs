@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::abi::{self, amo, AmoMemdesc};
 use super::am::{AmMsg, AM_MAGIC, AM_REQ};
-use super::endpoints::{TAG_AM_SEND, TAG_AM_WAIT, TAG_OP};
+use super::endpoints::{EpState, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
 use super::{internal, invalid, Connected, TResult, Transport};
@@ -37,6 +37,12 @@ impl Transport {
             return Err(invalid(format!("amo: size {elembytes} (4 or 8)")));
         }
         let size = elembytes as u64;
+        if t.remote.ptr as u64 % size != 0 {
+            return Err(invalid(format!(
+                "amo: remote address {:p} is not aligned to the {size}-byte operand",
+                t.remote.ptr
+            )));
+        }
         let fetch = verb.op > amo::END_OF_NONFETCH;
         let known = matches!(verb.op, amo::INC..=amo::SIGNAL_ADD | amo::FETCH..=amo::COMPARE_SWAP);
         if !known {
@@ -46,6 +52,12 @@ impl Transport {
             return Err(invalid(format!(
                 "amo: fetching op {} without retptr",
                 verb.op
+            )));
+        }
+        if fetch && (t.retptr as u64).checked_add(size).is_none() {
+            return Err(invalid(format!(
+                "amo: retptr {:p} + {size} bytes wraps around the address space",
+                t.retptr
             )));
         }
         let (raddr, key) = self.remote_target(&t.remote, size, ep, "amo")?;
@@ -118,16 +130,25 @@ impl Transport {
         } else {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
-        let cdesc = e.ctx_desc();
         let (fop, dt) = (pop.op, pop.datatype);
         let shm_fetch_workaround = self.provider == Provider::Shm && !fetch;
-        self.post(c, ep, TAG_OP, 0, |ctx| {
+        // Plain values only: the operation may wait in the peer's backlog (operands live in the
+        // context's scratch, the result buffer stays valid until quiet).
+        let ep_addr = e as *const EpState as usize;
+        let (res_ptr, res_desc) = (res_ptr as usize, res_desc as usize);
+        let cmpv = t.cmp;
+        self.post_deferrable(c, ep, pe as usize, TAG_OP, 0, move |ctx| {
+            // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
+            // outlives every call.
+            let e = unsafe { &*(ep_addr as *const EpState) };
+            let cdesc = e.ctx_desc();
+            let (res_ptr, res_desc) = (res_ptr as *mut u8, res_desc as *mut c_void);
             let s = e.ctxs.scratch(ctx).expect("own context");
             // SAFETY: operands live in the context's scratch until completion; the result buffer is
             // registered (or plain host memory where the provider allows) and kept by NVSHMEM.
             unsafe {
                 *s = val;
-                *s.add(1) = t.cmp;
+                *s.add(1) = cmpv;
                 let opnd = s as *const u8;
                 if opc == amo::COMPARE_SWAP {
                     e.ep.compare_atomic(
@@ -190,7 +211,7 @@ impl Transport {
         } else {
             0
         };
-        let wait = self.alloc_counted(c, ep, TAG_AM_WAIT, retptr)?;
+        let wait = self.alloc_counted(c, ep, pe as usize, TAG_AM_WAIT, retptr)?;
         // SAFETY: own context; scratch[0] keeps the operand size for the response handler.
         unsafe { *e.ctxs.scratch(wait).expect("own context") = size };
         let msg = AmMsg {
@@ -207,7 +228,10 @@ impl Transport {
             reserved: 0,
         };
         let dest = c.addr(pe, ep);
-        let r = self.post(c, ep, TAG_AM_SEND, wait as u64, |ctx| {
+        let ep_addr = e as *const EpState as usize;
+        let r = self.post_deferrable(c, ep, pe as usize, TAG_AM_SEND, wait as u64, move |ctx| {
+            // SAFETY: the endpoint state owns the backlog this closure may wait in.
+            let e = unsafe { &*(ep_addr as *const EpState) };
             e.send_from_scratch(ctx, dest, msg)
         });
         if let Err(err) = r {

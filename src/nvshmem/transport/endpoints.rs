@@ -9,6 +9,8 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::am::{AmMsg, Pending, AM_MAGIC, AM_RECV_BUFS, AM_RESP, SEND_SLOTS, STAGE_BYTES};
+use super::group::{self, Group, SCRATCH_GROUP};
+use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
 use super::provider_ops::again;
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
 use crate::config::GdaMode;
@@ -46,7 +48,14 @@ pub(super) struct EpState {
     /// Registered send slots for staged payloads, and the free ones.
     pub(super) send_slab: (Box<[u8]>, MemoryRegion),
     pub(super) send_free: Mutex<Vec<usize>>,
+    /// Per-peer accounting and backlogs (index: PE).
+    pub(super) peer: Vec<PeerAcct>,
+    /// Operations waiting in any peer's backlog.
+    pub(super) backlogged: std::sync::atomic::AtomicUsize,
 }
+
+/// Scratch word of a counted context holding its target PE + 1 (0: none).
+const SCRATCH_PEER: usize = 6;
 
 /// A zeroed host buffer of `bytes` registered (local access) on `ep`. The buffer and its
 /// registration travel together; the owner keeps the registration next to the buffer it covers.
@@ -74,8 +83,73 @@ pub(super) fn host_slab(
 impl EpState {
     /// Gives back a context taken with `Transport::alloc_counted` whose operation was not posted.
     pub(super) fn uncount(&self, ctx: *mut c_void) {
+        if let Some(g) = self.take_group(ctx) {
+            g.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(a) = self.peer_of(ctx).and_then(|p| self.peer.get(p)) {
+            a.outstanding.lock().remove(&(ctx as usize));
+            a.submitted.fetch_sub(1, Ordering::AcqRel);
+        }
         self.ctxs.free(ctx);
         self.submitted.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The target PE of a counted context.
+    pub(super) fn peer_of(&self, ctx: *mut c_void) -> Option<usize> {
+        let s = self.ctxs.scratch(ctx)?;
+        // SAFETY: own context's scratch word.
+        let v = unsafe { *s.add(SCRATCH_PEER) };
+        (v != 0 && (v as usize) <= self.peer.len()).then(|| v as usize - 1)
+    }
+
+    /// Counts a freshly taken counted context for its peer and joins it to this thread's group.
+    fn attach(&self, ctx: *mut c_void, pe: usize) {
+        let Some(s) = self.ctxs.scratch(ctx) else {
+            return;
+        };
+        if let Some(a) = self.peer.get(pe) {
+            // SAFETY: own context's scratch word.
+            unsafe { *s.add(SCRATCH_PEER) = pe as u64 + 1 };
+            a.submitted.fetch_add(1, Ordering::AcqRel);
+            a.outstanding.lock().insert(ctx as usize);
+        }
+        if let Some(g) = group::current() {
+            g.pending.fetch_add(1, Ordering::AcqRel);
+            // SAFETY: own context's scratch word; the reference is taken back by take_group.
+            unsafe { *s.add(SCRATCH_GROUP) = Arc::into_raw(g) as u64 };
+        }
+    }
+
+    /// The group of a counted context, detached from it.
+    fn take_group(&self, ctx: *mut c_void) -> Option<Arc<Group>> {
+        let s = self.ctxs.scratch(ctx)?;
+        // SAFETY: own context's scratch word, written by attach (or 0).
+        let raw = unsafe { std::mem::replace(&mut *s.add(SCRATCH_GROUP), 0) };
+        // SAFETY: raw came from Arc::into_raw in attach and is taken back once.
+        (raw != 0).then(|| unsafe { Arc::from_raw(raw as *const Group) })
+    }
+
+    /// Accounts a counted operation as finished (once): its error goes to its group (blocking
+    /// call), else to its peer (or the endpoint) for quiet; the counters advance. The context is
+    /// not freed here.
+    pub(super) fn account(&self, ctx: *mut c_void, pe: Option<usize>, error: Option<String>) {
+        match self.take_group(ctx) {
+            Some(g) => {
+                if let Some(m) = error {
+                    g.error.lock().get_or_insert(m);
+                }
+                g.pending.fetch_sub(1, Ordering::AcqRel);
+            }
+            None => match (error, pe.and_then(|p| self.peer.get(p))) {
+                (Some(m), Some(a)) => a.record_error(m),
+                (Some(m), None) => self.record_error(m),
+                (None, _) => {}
+            },
+        }
+        if let Some(a) = pe.and_then(|p| self.peer.get(p)) {
+            a.completed.fetch_add(1, Ordering::AcqRel);
+        }
+        self.completed.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Start of AM receive buffer `slot` (< AM_RECV_BUFS); `None` on an endpoint without them.
@@ -174,10 +248,18 @@ impl EpState {
         }
     }
 
-    /// Completes a context counted for quiet (an operation's or a waiting one).
-    pub(super) fn finish_counted(&self, ctx: *mut c_void) {
+    /// Completes a context counted for quiet (an operation's or a waiting one) with its outcome.
+    /// A context of a peer that was declared gone has been accounted already: it is only freed.
+    pub(super) fn finish_counted(&self, ctx: *mut c_void, error: Option<String>) {
+        let pe = self.peer_of(ctx);
+        let first = match pe.and_then(|p| self.peer.get(p)) {
+            Some(a) => a.outstanding.lock().remove(&(ctx as usize)),
+            None => true,
+        };
+        if first {
+            self.account(ctx, pe, error);
+        }
         self.ctxs.free(ctx);
-        self.completed.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(super) fn ctx_desc(&self) -> *mut c_void {
@@ -267,25 +349,32 @@ impl Transport {
                 am_pending: Mutex::new(VecDeque::new()),
                 send_slab,
                 send_free: Mutex::new((0..SEND_SLOTS).rev().collect()),
+                peer: (0..n).map(|_| PeerAcct::default()).collect(),
+                backlogged: std::sync::atomic::AtomicUsize::new(0),
             });
         }
         // Exchange names: fixed-size slots so every PE's allgather has the same byte count.
         // Record: name slot size (u32 LE), PE (u32 LE), host id (u64 LE: equal on one host, see
-        // mover::handle::HostId), then one name slot per endpoint.
+        // mover::handle::HostId), one name slot per endpoint, then the process identity (liveness
+        // checks of peers on one host, see peers.rs).
         let names: Vec<Vec<u8>> = eps.iter().map(|e| e.ep.name()).collect::<Result<_, _>>()?;
         let slot = names.iter().map(|v| v.len()).max().unwrap_or(0);
+        // [name size][PE][host id][names][process identity (liveness checks on one host)]
         const HDR: usize = 16;
-        let mut mine = vec![0u8; HDR + NUM_EPS * slot];
+        let me = ProcId::me();
+        let mut mine = vec![0u8; HDR + NUM_EPS * slot + PROC_ID_BYTES];
         mine[0..4].copy_from_slice(&(slot as u32).to_le_bytes());
         mine[4..8].copy_from_slice(&(my_pe as u32).to_le_bytes());
         mine[8..16].copy_from_slice(&HostId::local().to_bytes());
         for (i, nm) in names.iter().enumerate() {
             mine[HDR + i * slot..HDR + i * slot + nm.len()].copy_from_slice(nm);
         }
+        mine[HDR + NUM_EPS * slot..].copy_from_slice(&me.to_bytes());
         let mut all = vec![0u8; mine.len() * n];
         allgather(&mine, &mut all)?;
         let mut flat = Vec::with_capacity(n * NUM_EPS * slot);
         let mut hosts = Vec::with_capacity(n);
+        let mut peers = Vec::with_capacity(n);
         for pe in 0..n {
             let rec = &all[pe * mine.len()..(pe + 1) * mine.len()];
             let their_slot = u32::from_le_bytes(rec[0..4].try_into().unwrap()) as usize;
@@ -297,15 +386,21 @@ impl Transport {
                 )));
             }
             hosts.push(HostId::from_bytes(rec[8..16].try_into().unwrap()));
-            flat.extend_from_slice(&rec[HDR..]);
+            flat.extend_from_slice(&rec[HDR..HDR + NUM_EPS * slot]);
+            let p = ProcId::from_bytes(&rec[HDR + NUM_EPS * slot..]);
+            peers.push(PeerState::new(p, pe != my_pe as usize && me.same_host(&p)));
         }
         let addrs = av.insert(&flat, n * NUM_EPS)?;
         let conn = Connected {
             my_pe,
             n_pes,
-            _av: av,
+            av,
             eps,
-            addrs,
+            addrs: addrs.into_iter().map(AtomicU64::new).collect(),
+            names: flat,
+            name_len: slot,
+            peers,
+            last_check: Mutex::new(Instant::now()),
         };
         for (i, e) in conn.eps.iter().enumerate() {
             self.post_am_recvs(e, i)?;
@@ -451,19 +546,92 @@ impl Transport {
         &self,
         c: &Connected,
         ep: usize,
+        pe: usize,
         tag: u64,
         data: u64,
     ) -> TResult<*mut c_void> {
+        self.check_peer(c, pe)?;
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
+        c.eps[ep].attach(ctx, pe);
         c.eps[ep].submitted.fetch_add(1, Ordering::AcqRel);
         Ok(ctx)
     }
 
-    /// Posts one operation with retry on EAGAIN; a `TAG_OP` operation counts as submitted.
+    /// Posts an operation whose arguments stay valid until it completes. When the provider cannot
+    /// take it now (EAGAIN), or earlier operations to the same peer wait, it joins the peer's
+    /// backlog, which progress drains in order: a slow or stopped peer never holds up the caller
+    /// (nor, through it, traffic to other peers).
+    pub(super) fn post_deferrable(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        tag: u64,
+        data: u64,
+        f: impl Fn(*mut c_void) -> crate::fabric::Result<()> + 'static,
+    ) -> TResult<*mut c_void> {
+        let e = &c.eps[ep];
+        let counted = tag == TAG_OP;
+        let ctx = if counted {
+            self.alloc_counted(c, ep, pe, tag, data)?
+        } else {
+            self.check_peer(c, pe)?;
+            self.alloc_ctx(c, ep, tag, data)?
+        };
+        let a = &e.peer[pe];
+        let mut q = a.backlog.lock();
+        let r = if q.is_empty() {
+            f(ctx)
+        } else {
+            Err(again("backlog"))
+        };
+        match r {
+            Ok(()) => Ok(ctx),
+            Err(err) if err.is_again() => {
+                q.push_back(Deferred {
+                    ctx: ctx as usize,
+                    f: Box::new(f),
+                });
+                a.backlogged.fetch_add(1, Ordering::AcqRel);
+                e.backlogged.fetch_add(1, Ordering::AcqRel);
+                Ok(ctx)
+            }
+            Err(err) => {
+                drop(q);
+                if counted {
+                    e.uncount(ctx);
+                } else {
+                    e.ctxs.free(ctx);
+                }
+                Err(err.into())
+            }
+        }
+    }
+
+    /// The error of an operation to a PE that is gone.
+    pub(super) fn gone_error(&self, c: &Connected, pe: usize) -> TransportError {
+        internal(format!(
+            "PE {pe} is gone ({}): operation refused",
+            c.peers[pe].why()
+        ))
+    }
+
+    /// An error for an operation to a PE that is gone.
+    pub(super) fn check_peer(&self, c: &Connected, pe: usize) -> TResult<()> {
+        match c.peers.get(pe) {
+            Some(p) if p.is_gone() => Err(self.gone_error(c, pe)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Posts one operation whose arguments must be used before returning (an injected stack
+    /// value, a bounce-buffer chunk) with retry on EAGAIN, after the peer's backlog (order), until
+    /// the peer is gone or the quiet timeout; a `TAG_OP` operation counts as submitted.
     pub(super) fn post(
         &self,
         c: &Connected,
         ep: usize,
+        pe: usize,
         tag: u64,
         data: u64,
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()>,
@@ -471,11 +639,31 @@ impl Transport {
         let e = &c.eps[ep];
         let counted = tag == TAG_OP;
         let ctx = if counted {
-            self.alloc_counted(c, ep, tag, data)?
+            self.alloc_counted(c, ep, pe, tag, data)?
         } else {
+            self.check_peer(c, pe)?;
             self.alloc_ctx(c, ep, tag, data)?
         };
-        match self.retry_again(c, ep, || f(ctx)) {
+        let a = &e.peer[pe];
+        let attempt = || {
+            if c.peers[pe].is_gone() {
+                return Err(crate::fabric::Error::from_ret(
+                    -(libc::ECONNABORTED as i64),
+                    "the peer is gone",
+                ));
+            }
+            if a.backlogged.load(Ordering::Acquire) > 0 {
+                return Err(again("waiting for the peer's backlog"));
+            }
+            f(ctx)
+        };
+        match self.retry_again(c, ep, attempt).map_err(|err| {
+            if c.peers[pe].is_gone() {
+                self.gone_error(c, pe)
+            } else {
+                err
+            }
+        }) {
             Ok(()) => Ok(ctx),
             Err(err) => {
                 if counted {

@@ -16,6 +16,8 @@ pub(super) const HANDLE_FLAG_DEVICE: u32 = 1;
 /// The handle carries the region's CUDA IPC descriptor at `mover::handle::IPC_DESC_OFFSET`
 /// (bytes 128..256 of the 512; the blob above takes the first 72).
 pub(super) const HANDLE_FLAG_IPC: u32 = 2;
+/// The registration has no remote access (`local_only`): remote operations on it are refused.
+pub(super) const HANDLE_FLAG_LOCAL_ONLY: u32 = 4;
 
 /// Whether `[addr, addr+len)` lies inside `[base, base+size)` (without overflow).
 fn range_contains(base: u64, size: u64, addr: u64, len: u64) -> bool {
@@ -54,7 +56,11 @@ impl HandleBlob {
         }
         // SAFETY: NVSHMEM hands us pointers to 512-byte handles; the blob fits inside.
         let b = unsafe { std::ptr::read_unaligned((*h).reserved.as_ptr() as *const HandleBlob) };
-        (b.magic == HANDLE_MAGIC && b.version == HANDLE_VERSION && b.len > 0).then_some(b)
+        (b.magic == HANDLE_MAGIC
+            && b.version == HANDLE_VERSION
+            && b.len > 0
+            && b.base.checked_add(b.len).is_some())
+        .then_some(b)
     }
 
     pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
@@ -111,8 +117,20 @@ impl Transport {
                 "get_mem_handle: bad arguments (handle {handle:p}, buf {buf:p}, size {size})"
             )));
         }
+        if size > isize::MAX as usize || (buf as usize).checked_add(size).is_none() {
+            return Err(invalid(format!(
+                "get_mem_handle: range {buf:p}+{size} wraps around the address space"
+            )));
+        }
         let kind = match cuda::pointer_kind(buf) {
-            PtrKind::Host => MemKind::Host,
+            PtrKind::Host => {
+                if let Err(e) = host_range_mapped(buf as usize, size) {
+                    return Err(invalid(format!(
+                        "get_mem_handle: {buf:p}+{size} is not mapped memory of this process ({e})"
+                    )));
+                }
+                MemKind::Host
+            }
             PtrKind::Device {
                 ordinal,
                 legacy_ipc,
@@ -134,6 +152,16 @@ impl Transport {
                         "get_mem_handle: {buf:p} is CUDA VMM memory, which the shm provider's CUDA IPC cannot \
                          export; run with NVSHMEM_DISABLE_CUDA_VMM=1 (or NVSHMEM_EFA_ALLOW_VMM=1 to try anyway)"
                     )));
+                }
+                // SAFETY: size >= 1 and buf + size does not wrap (checked above).
+                let last = unsafe { (buf as *const u8).add(size - 1) } as *const c_void;
+                match cuda::pointer_kind(last) {
+                    PtrKind::Device { ordinal: o, .. } if o == ordinal => {}
+                    _ => {
+                        return Err(invalid(format!(
+                            "get_mem_handle: {buf:p}+{size} starts in GPU memory of device {ordinal} but does not end in it"
+                        )))
+                    }
                 }
                 MemKind::Cuda(ordinal)
             }
@@ -177,7 +205,12 @@ impl Transport {
             magic: HANDLE_MAGIC,
             version: HANDLE_VERSION,
             flags: if device { HANDLE_FLAG_DEVICE } else { 0 }
-                | if ipc.is_some() { HANDLE_FLAG_IPC } else { 0 },
+                | if ipc.is_some() { HANDLE_FLAG_IPC } else { 0 }
+                | if local_only {
+                    HANDLE_FLAG_LOCAL_ONLY
+                } else {
+                    0
+                },
             base: buf as u64,
             len: size as u64,
             keys,
@@ -295,11 +328,17 @@ impl Transport {
         Ok(())
     }
 
-    pub(super) fn check_pe(&self, c: &Connected, pe: i32) -> TResult<()> {
+    pub(super) fn check_pe_range(&self, c: &Connected, pe: i32) -> TResult<()> {
         if pe < 0 || pe >= c.n_pes {
             return Err(invalid(format!("PE {pe} out of range (n_pes {})", c.n_pes)));
         }
         Ok(())
+    }
+
+    /// PE in range and not gone.
+    pub(super) fn check_pe(&self, c: &Connected, pe: i32) -> TResult<()> {
+        self.check_pe_range(c, pe)?;
+        self.check_peer(c, pe as usize)
     }
 
     /// The remote handle of `rd`, after checking that it is one of ours and covers `len` bytes at
@@ -311,6 +350,12 @@ impl Transport {
                 rd.handle
             ))
         })?;
+        if b.flags & HANDLE_FLAG_LOCAL_ONLY != 0 {
+            return Err(invalid(format!(
+                "{what}: the remote handle {:p} names a local_only registration (no remote access)",
+                rd.handle
+            )));
+        }
         let addr = rd.ptr as u64;
         if !b.contains(addr, len) {
             return Err(invalid(format!(
@@ -393,6 +438,36 @@ pub(super) fn copy_any(dst: *mut u8, src: *const u8, n: usize) -> TResult<()> {
         unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
         Ok(())
     }
+}
+
+/// Whether every page of `[addr, addr+len)` is mapped in this process (`mincore` fails with ENOMEM
+/// on any page that is not).
+fn host_range_mapped(addr: usize, len: usize) -> Result<(), String> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let start = addr & !(page - 1);
+    let end = addr
+        .checked_add(len)
+        .and_then(|e| e.checked_add(page - 1))
+        .ok_or("range wraps")?
+        & !(page - 1);
+    const CHUNK_PAGES: usize = 1 << 16;
+    let mut vec = vec![0u8; CHUNK_PAGES.min((end - start) / page)];
+    let mut at = start;
+    while at < end {
+        let n = CHUNK_PAGES.min((end - at) / page);
+        // SAFETY: mincore only inspects the mapping of the range; `vec` holds one byte per page.
+        let r = unsafe { libc::mincore(at as *mut c_void, n * page, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(format!(
+                "page span {at:#x}+{}: {}",
+                n * page,
+                std::io::Error::last_os_error()
+            ));
+        }
+        at += n * page;
+    }
+    Ok(())
 }
 
 pub(super) fn write_any(dst: *mut u8, bytes: &[u8]) -> TResult<()> {

@@ -33,7 +33,9 @@ mod am;
 mod amo;
 mod endpoints;
 mod error;
+mod group;
 mod memory;
+mod peers;
 mod progress;
 mod provider_ops;
 mod quiet;
@@ -71,15 +73,32 @@ pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;
 struct Connected {
     my_pe: i32,
     n_pes: i32,
-    _av: Arc<AddressVector>,
+    av: Arc<AddressVector>,
     eps: Vec<EpState>,
-    addrs: Vec<FiAddr>,
+    /// `fi_addr` of endpoint `ep` of PE `pe` at `pe * NUM_EPS + ep` (replaced when a broken
+    /// connection is rebuilt).
+    addrs: Vec<AtomicU64>,
+    /// The raw names behind `addrs`, `name_len` bytes each (to insert one again).
+    names: Vec<u8>,
+    name_len: usize,
+    /// Liveness of every PE (index: PE).
+    peers: Vec<peers::PeerState>,
+    /// When peers with outstanding work were last looked up.
+    last_check: Mutex<std::time::Instant>,
 }
 
 impl Connected {
     /// The address of endpoint `ep` of PE `pe` (checked by the caller).
     fn addr(&self, pe: i32, ep: usize) -> FiAddr {
-        self.addrs[pe as usize * NUM_EPS + ep]
+        self.addrs[pe as usize * NUM_EPS + ep].load(Ordering::Acquire)
+    }
+
+    /// The PE an address belongs to.
+    fn pe_of(&self, a: FiAddr) -> Option<usize> {
+        self.addrs
+            .iter()
+            .position(|x| x.load(Ordering::Acquire) == a)
+            .map(|k| k / NUM_EPS)
     }
 
     /// The address of endpoint `ep` of the PE a message names; `None` when the PE is out of range.
@@ -331,7 +350,8 @@ impl Transport {
             let _ = h.join();
         }
         crate::gda::fini();
-        if self.conn.get().is_some() {
+        if let Some(c) = self.conn.get() {
+            self.say_goodbye(c);
             for ep in 0..NUM_EPS {
                 if let Err(e) = self.quiet(ep) {
                     tracing::warn!("finalize: {}", e.message);

@@ -105,6 +105,8 @@ impl Transport {
             }
         }
         self.flush_am_pending(c, i);
+        handled += self.drain_backlogs(c, i);
+        self.check_peers(c);
         handled
     }
 
@@ -122,13 +124,21 @@ impl Transport {
             tracing::warn!("endpoint {i}: completion with a foreign context {ctx:p}");
             return;
         };
+        // A provider error names the peer of the operation: it may be gone.
+        let peer = match tag {
+            TAG_OP => e.peer_of(ctx),
+            TAG_AM_SEND if data != 0 => e.peer_of(data as *mut c_void),
+            _ => None,
+        };
+        if let (Some(pe), Some(msg)) = (peer, &error) {
+            self.suspect(c, pe, msg);
+        }
         match tag {
             TAG_OP => {
-                if let Some(msg) = error {
+                if let Some(msg) = &error {
                     tracing::error!("endpoint {i}: operation failed: {msg}");
-                    e.record_error(msg);
                 }
-                e.finish_counted(ctx);
+                e.finish_counted(ctx, error);
             }
             TAG_AM_SEND => {
                 if let Some(msg) = error {
@@ -186,8 +196,7 @@ impl Transport {
     /// as for a send that had no waiter, or one that is not waiting) is left alone.
     pub(super) fn fail_am_wait(&self, e: &EpState, wait: *mut c_void, msg: String) {
         if e.ctxs.get(wait).map(|(t, _)| t) == Some(TAG_AM_WAIT) {
-            e.record_error(msg);
-            e.finish_counted(wait);
+            e.finish_counted(wait, Some(msg));
         }
     }
 }

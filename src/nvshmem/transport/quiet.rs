@@ -51,12 +51,72 @@ impl Transport {
             }
         }
         self.mover.stats().record(Stage::Quiet, t, 0);
-        if e.errors.swap(0, Ordering::AcqRel) > 0 {
-            let msg = e.last_error.lock().take().unwrap_or_default();
-            return Err(internal(format!(
-                "quiet: operation(s) failed on endpoint {ep}: {msg}"
-            )));
+        let mut failed = None;
+        for a in &e.peer {
+            if a.errors.swap(0, Ordering::AcqRel) > 0 {
+                failed = a.last_error.lock().take().or(failed);
+            }
         }
-        Ok(())
+        if e.errors.swap(0, Ordering::AcqRel) > 0 {
+            failed = e.last_error.lock().take().or(failed);
+        }
+        match failed {
+            Some(msg) => Err(internal(format!(
+                "quiet: operation(s) failed on endpoint {ep}: {msg}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// `quiet` / `fence` towards one PE (`pe < 0`: all): every operation posted to it on endpoint
+    /// `ep` before the call is complete, or has failed. Operations to other PEs are not waited for,
+    /// so a dead or stopped peer does not hold up quiet towards the living.
+    pub fn quiet_pe(&self, ep: usize, pe: i32) -> TResult<()> {
+        let Some(c) = self.conn.get() else {
+            return Ok(());
+        };
+        if pe < 0 {
+            return self.quiet(ep);
+        }
+        self.check_alive()?;
+        self.check_pe_range(c, pe)?;
+        let e = &c.eps[ep];
+        let a = &e.peer[pe as usize];
+        let target = a.submitted.load(Ordering::Acquire);
+        let deadline = Instant::now() + self.cfg.quiet_timeout;
+        // Same-host copies of this endpoint first (the copy queue is not per peer; copies need no
+        // peer to make progress, so a dead peer cannot hold this wait up).
+        self.mover
+            .quiet(ep, deadline)
+            .map_err(|err| internal(format!("quiet on endpoint {ep}: {err}")))?;
+        let mut spins = 0u32;
+        while a.completed.load(Ordering::Acquire) < target {
+            self.check_alive()?;
+            self.progress_ep(c, ep);
+            if Instant::now() > deadline {
+                let outstanding = target.saturating_sub(a.completed.load(Ordering::Acquire));
+                return Err(internal(format!(
+                    "quiet: {outstanding} operation(s) to PE {pe} on endpoint {ep} not complete after {:?} (peer stuck?)",
+                    self.cfg.quiet_timeout
+                )));
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::yield_now();
+            }
+        }
+        let mut failed = None;
+        if a.errors.swap(0, Ordering::AcqRel) > 0 {
+            failed = a.last_error.lock().take();
+        }
+        if e.errors.swap(0, Ordering::AcqRel) > 0 {
+            failed = e.last_error.lock().take().or(failed);
+        }
+        match failed {
+            Some(msg) => Err(internal(format!(
+                "quiet: operation(s) to PE {pe} failed on endpoint {ep}: {msg}"
+            ))),
+            None => Ok(()),
+        }
     }
 }

@@ -6,8 +6,11 @@
 use std::ffi::c_void;
 
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
-use super::endpoints::{host_slab, TAG_OP};
+use super::endpoints::{host_slab, EpState, TAG_OP};
 use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
+use std::sync::Arc;
+
+use super::group::{Group, GroupScope};
 use super::{internal, invalid, Connected, TResult, Transport};
 use crate::mover::Kind;
 
@@ -29,17 +32,68 @@ impl Transport {
         ep: usize,
     ) -> TResult<()> {
         let c = self.conn()?;
-        self.check_pe(c, pe)?;
         if remote.is_null() || local.is_null() {
             return Err(invalid("rma: null memory descriptor"));
         }
         // SAFETY: non-null descriptors from NVSHMEM, valid for the call.
         let (rd, ld) = unsafe { (*remote, *local) };
+        let plan = self.rma_check(c, pe, verb, &rd, &ld, bytes)?;
+        if verb.is_nbi != 0 {
+            return self.rma_exec(c, pe, &plan, ep);
+        }
+        // Blocking: wait for this call's operations only, report only their errors. A blocking
+        // put or get is idempotent: when it met a connection that had just broken (and was rebuilt
+        // while its error was handled), it runs again on the new one (a few times: both ends may
+        // rebuild at once, which breaks the first new connection too).
+        let mut retries = 0;
+        loop {
+            let g = Arc::new(Group::default());
+            let posted = {
+                let _scope = GroupScope::enter(&g);
+                self.rma_exec(c, pe, &plan, ep)
+            };
+            let waited = self.wait_group(c, ep, &g, if plan.is_put { "put" } else { "get" });
+            match posted.and(waited) {
+                Err(e)
+                    if retries < BROKEN_RETRIES
+                        && broken_connection(&e.message)
+                        && self.check_pe(c, pe).is_ok() =>
+                {
+                    retries += 1;
+                    tracing::warn!(
+                        "rma to PE {pe} met a broken connection ({}); retry {retries}",
+                        e.message
+                    );
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < std::time::Duration::from_millis(20 * retries as u64) {
+                        self.progress_ep(c, ep);
+                        std::thread::yield_now();
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Every check of an RMA request, before anything is posted: PE, op, lengths, strides, and the
+    /// whole extent of both sides (no address wraps; the remote extent lies inside the peer's
+    /// registration).
+    fn rma_check(
+        &self,
+        c: &Connected,
+        pe: i32,
+        verb: abi::RmaVerb,
+        rd: &RmaMemdesc,
+        ld: &RmaMemdesc,
+        bytes: abi::RmaBytesdesc,
+    ) -> TResult<RmaPlan> {
+        self.check_pe(c, pe)?;
         let is_put = match verb.op {
             op::PUT | op::P => true,
             op::GET | op::G => false,
             other => return Err(invalid(format!("rma: unsupported op {other}"))),
         };
+        let what = if is_put { "put" } else { "get" };
         if bytes.elembytes <= 0 || bytes.nelems == 0 {
             return Err(invalid(format!(
                 "rma: zero length ({} x {} bytes)",
@@ -47,24 +101,26 @@ impl Transport {
             )));
         }
         let elem = bytes.elembytes as u64;
-        let total = (bytes.nelems as u64)
-            .checked_mul(elem)
-            .ok_or_else(|| invalid("rma: length overflows"))?;
+        let nelems = bytes.nelems as u64;
+        let total = nelems.checked_mul(elem).ok_or_else(|| {
+            invalid(format!(
+                "{what}: nelems {nelems} x elembytes {elem} overflows"
+            ))
+        })?;
         if ld.ptr.is_null() || rd.ptr.is_null() {
             return Err(invalid("rma: null address"));
         }
-        tracing::trace!(
-            "rma: pe {pe} op {} nbi {} {total} bytes, local {:p}, remote {:p}, endpoint {ep}",
-            verb.op,
-            verb.is_nbi,
-            ld.ptr,
-            rd.ptr
-        );
         // `verb.is_stream` / `verb.cstrm` are not read: NVSHMEM orders on-stream operations itself
         // (it launches a kernel that goes through its proxy) and never hands a transport a stream,
         // and its proxy leaves both fields uninitialised in inline (P) requests.
-        // A single element has no stride: NVSHMEM leaves the strides of its one-element requests (P, G,
-        // inline proxy requests) uninitialised.
+        // A single element has no stride: NVSHMEM leaves the strides of its one-element requests (P,
+        // G, inline proxy requests) uninitialised.
+        // Put: srcstride is local, deststride remote; get: the other way round.
+        let (lname, rname) = if is_put {
+            ("srcstride", "deststride")
+        } else {
+            ("deststride", "srcstride")
+        };
         let (lstride, rstride) = if bytes.nelems == 1 {
             (1, 1)
         } else if is_put {
@@ -72,22 +128,66 @@ impl Transport {
         } else {
             (bytes.deststride, bytes.srcstride)
         };
-        if lstride == 1 && rstride == 1 {
-            self.rma_contig(c, pe, is_put, &rd, &ld, total, ep)?;
-        } else {
-            if lstride <= 0 || rstride <= 0 {
-                return Err(invalid(format!(
-                    "rma: strides must be positive (local {lstride}, remote {rstride})"
-                )));
-            }
-            for i in 0..bytes.nelems as u64 {
-                let r = shifted(&rd, i * rstride as u64 * elem);
-                let l = shifted(&ld, i * lstride as u64 * elem);
-                self.rma_contig(c, pe, is_put, &r, &l, elem, ep)?;
-            }
+        if lstride <= 0 || rstride <= 0 {
+            return Err(invalid(format!(
+                "{what}: strides must be positive ({lname} {lstride}, {rname} {rstride})"
+            )));
         }
-        if verb.is_nbi == 0 {
-            self.quiet(ep)?;
+        // Bytes from the first element's start to the last element's end.
+        let extent = |stride: isize, name: &str| -> TResult<u64> {
+            (nelems - 1)
+                .checked_mul(stride as u64)
+                .and_then(|x| x.checked_mul(elem))
+                .and_then(|x| x.checked_add(elem))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{what}: {name} {stride} x {nelems} elements of {elem} bytes overflows"
+                    ))
+                })
+        };
+        let lext = extent(lstride, lname)?;
+        let rext = extent(rstride, rname)?;
+        if (ld.ptr as u64).checked_add(lext).is_none() {
+            return Err(invalid(format!(
+                "{what}: local address {:p} + {lext} bytes wraps around the address space",
+                ld.ptr
+            )));
+        }
+        if (rd.ptr as u64).checked_add(rext).is_none() {
+            return Err(invalid(format!(
+                "{what}: remote address {:p} + {rext} bytes wraps around the address space",
+                rd.ptr
+            )));
+        }
+        self.remote_blob(rd, rext, what)?;
+        tracing::trace!(
+            "rma: pe {pe} op {} nbi {} {total} bytes, local {:p}, remote {:p}",
+            verb.op,
+            verb.is_nbi,
+            ld.ptr,
+            rd.ptr
+        );
+        Ok(RmaPlan {
+            is_put,
+            nelems,
+            elem,
+            total,
+            lstride: lstride as u64,
+            rstride: rstride as u64,
+            rd: *rd,
+            ld: *ld,
+        })
+    }
+
+    /// Posts a checked request (offsets cannot overflow: `rma_check` bounded the extents).
+    fn rma_exec(&self, c: &Connected, pe: i32, p: &RmaPlan, ep: usize) -> TResult<()> {
+        if p.lstride == 1 && p.rstride == 1 {
+            return self.rma_contig(c, pe, p.is_put, &p.rd, &p.ld, p.total, ep);
+        }
+        for i in 0..p.nelems {
+            let r = shifted(&p.rd, i * p.rstride * p.elem);
+            let l = shifted(&p.ld, i * p.lstride * p.elem);
+            self.rma_contig(c, pe, p.is_put, &r, &l, p.elem, ep)?;
         }
         Ok(())
     }
@@ -130,12 +230,17 @@ impl Transport {
         let (raddr, key) = self.remote_target(rd, len, ep, what)?;
         let dest = c.addr(pe, ep);
         let laddr = ld.ptr as u64;
-        let e = &c.eps[ep];
+        let ep_addr = &c.eps[ep] as *const EpState as usize;
         match self.local_desc(ld.handle, laddr, len, ep) {
             Some((_reg, desc)) => {
-                self.post(c, ep, TAG_OP, 0, |ctx| {
+                let desc = desc as usize;
+                self.post_deferrable(c, ep, pe as usize, TAG_OP, 0, move |ctx| {
+                    // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
+                    // outlives every call.
+                    let e = unsafe { &*(ep_addr as *const EpState) };
+                    let desc = desc as *mut c_void;
                     // SAFETY: the local range lies in a live registration; NVSHMEM keeps buffers valid
-                    // until quiet (nbi) or until we return (blocking: we quiet before returning).
+                    // until quiet (nbi) or until we return (blocking: we wait for the operation).
                     unsafe {
                         if is_put {
                             e.ep.write(
@@ -225,7 +330,7 @@ impl Transport {
         let e = &c.eps[ep];
         let device = is_device(laddr as *const c_void);
         if is_put && !device && (len as usize) <= self.info.inject_size() {
-            self.post(c, ep, TAG_OP, 0, |ctx| {
+            self.post(c, ep, pe as usize, TAG_OP, 0, |ctx| {
                 // SAFETY: FI_INJECT: the provider copies the source before returning.
                 unsafe {
                     e.ep.write_msg(
@@ -255,17 +360,23 @@ impl Transport {
             if is_put {
                 copy_any(bp, (laddr + off) as *const u8, n as usize)?;
             }
-            self.post(c, ep, TAG_OP, 0, |ctx| {
-                // SAFETY: bounce buffer registered and held (locked) until the chunk completes.
-                unsafe {
-                    if is_put {
-                        e.ep.write(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
-                    } else {
-                        e.ep.read(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+            // Each chunk completes before the buffer is reused: it has a group of its own.
+            let g = Arc::new(Group::default());
+            let posted = {
+                let _scope = GroupScope::enter(&g);
+                self.post(c, ep, pe as usize, TAG_OP, 0, |ctx| {
+                    // SAFETY: bounce buffer registered and held (locked) until the chunk completes.
+                    unsafe {
+                        if is_put {
+                            e.ep.write(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+                        } else {
+                            e.ep.read(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+                        }
                     }
-                }
-            })?;
-            self.quiet(ep)?;
+                })
+            };
+            posted?;
+            self.wait_group(c, ep, &g, "bounce-buffered transfer")?;
             if !is_put {
                 copy_any((laddr + off) as *mut u8, bp, n as usize)?;
             }
@@ -304,31 +415,70 @@ impl Transport {
             is_nbi: 1,
             ..verb
         };
-        for i in 0..remote.len() {
-            let mut r = remote[i];
-            let mut l = local[i];
-            // SAFETY: descriptors copied from the caller's valid vectors.
-            unsafe { self.rma(pe, nbi, &mut r, &mut l, bytes[i], ep)? };
-        }
-        self.quiet(ep)?;
         match sig_verb.op {
             amo::SIGNAL | amo::SIGNAL_SET | amo::SIGNAL_ADD | amo::SET | amo::ADD => {}
             other => return Err(invalid(format!("put_signal: signal op {other}"))),
         }
-        // SAFETY: the caller's signal descriptor.
-        unsafe { self.amo(pe, sig_verb, sig, sig_bytes, ep)? };
-        if verb.is_nbi == 0 {
-            self.quiet(ep)?;
+        let c = self.conn()?;
+        // Every chunk is checked before the first is posted.
+        let plans = (0..remote.len())
+            .map(|i| self.rma_check(c, pe, nbi, &remote[i], &local[i], bytes[i]))
+            .collect::<TResult<Vec<_>>>()?;
+        // The data is complete at the target before the signal is sent; only this call's errors.
+        let g = Arc::new(Group::default());
+        let posted = {
+            let _scope = GroupScope::enter(&g);
+            plans.iter().try_for_each(|p| self.rma_exec(c, pe, p, ep))
+        };
+        let waited = self.wait_group(c, ep, &g, "put_signal data");
+        posted.and(waited)?;
+        if verb.is_nbi != 0 {
+            // SAFETY: the caller's signal descriptor.
+            return unsafe { self.amo(pe, sig_verb, sig, sig_bytes, ep) };
         }
-        Ok(())
+        let g = Arc::new(Group::default());
+        let posted = {
+            let _scope = GroupScope::enter(&g);
+            // SAFETY: the caller's signal descriptor.
+            unsafe { self.amo(pe, sig_verb, sig, sig_bytes, ep) }
+        };
+        let waited = self.wait_group(c, ep, &g, "put_signal signal");
+        posted.and(waited)
     }
+}
+
+/// How often a blocking put or get runs again after meeting a broken connection.
+const BROKEN_RETRIES: u32 = 4;
+
+/// Whether a provider error says the connection to the peer broke (see `Transport::suspect`).
+pub(super) fn broken_connection(err: &str) -> bool {
+    [
+        "Broken pipe",
+        "not connected",
+        "Connection reset",
+        "Operation canceled",
+    ]
+    .iter()
+    .any(|w| err.contains(w))
+}
+
+/// A checked RMA request (`Transport::rma_check`): its extents cannot overflow.
+pub(super) struct RmaPlan {
+    is_put: bool,
+    nelems: u64,
+    elem: u64,
+    total: u64,
+    lstride: u64,
+    rstride: u64,
+    rd: RmaMemdesc,
+    ld: RmaMemdesc,
 }
 
 /// `d` moved on by `by` bytes (address and offset; the handle stays).
 fn shifted(d: &RmaMemdesc, by: u64) -> RmaMemdesc {
     RmaMemdesc {
         ptr: (d.ptr as u64 + by) as *mut c_void,
-        offset: d.offset + by,
+        offset: d.offset.wrapping_add(by),
         handle: d.handle,
     }
 }
