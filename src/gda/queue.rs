@@ -93,6 +93,48 @@ pub trait GdaQueue: Send + Sync {
     /// Records PE `pe`'s heap with the queue; returns the rkey kernels put into WQEs for it.
     fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32>;
 
+    /// Makes the registered local range `[base, base + (end - start))` the heap's chunk
+    /// `[start, end)` (granularity `2^log2`) and returns its lkey and what to pass to
+    /// [`GdaQueue::remove_heap_chunk`].
+    ///
+    /// # Safety
+    /// As for [`GdaQueue::add_local`].
+    unsafe fn add_heap_chunk(
+        &self,
+        start: u64,
+        end: u64,
+        base: u64,
+        reg: &Registration,
+        log2: u32,
+    ) -> Result<(u32, Option<u32>)> {
+        let _ = (start, log2);
+        // SAFETY: forwarded contract.
+        Ok((unsafe { self.add_local(base, end - start, reg)? }, None))
+    }
+
+    /// Forgets the local heap chunk starting at `start` (`token`: what [`GdaQueue::add_heap_chunk`]
+    /// returned).
+    fn remove_heap_chunk(&self, _start: u64, _token: Option<u32>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Records chunk `ordinal` (heap offsets `[start, start+size)` at `base`, libfabric key `key`) of
+    /// PE `pe`'s heap; returns the rkey kernels put into WQEs for it.
+    fn add_remote_chunk(
+        &self,
+        pe: i32,
+        ordinal: u32,
+        start: u64,
+        base: u64,
+        size: u64,
+        key: u64,
+    ) -> Result<u32>;
+
+    /// Forgets chunk `ordinal` of PE `pe`'s heap.
+    fn remove_remote_chunk(&self, _pe: i32, _ordinal: u32) -> Result<()> {
+        Ok(())
+    }
+
     /// Names the transmit CQ of the caller's endpoint.
     ///
     /// # Safety
@@ -197,6 +239,48 @@ impl GdaQueue for SoftQueue {
         Ok(wire::SOFT_RKEY_HEAP)
     }
 
+    unsafe fn add_heap_chunk(
+        &self,
+        start: u64,
+        end: u64,
+        base: u64,
+        reg: &Registration,
+        log2: u32,
+    ) -> Result<(u32, Option<u32>)> {
+        // SAFETY: forwarded contract.
+        let l = unsafe { GdaQueue::add_local(self, base, end - start, reg)? };
+        if let Err(e) = SoftQueue::add_heap_chunk(self, start, end, l, log2) {
+            let _ = self.remove_local(l);
+            return Err(e);
+        }
+        Ok((l, Some(l)))
+    }
+
+    fn remove_heap_chunk(&self, start: u64, token: Option<u32>) -> Result<()> {
+        SoftQueue::remove_heap_chunk(self, start)?;
+        match token {
+            Some(l) => self.remove_local(l),
+            None => Ok(()),
+        }
+    }
+
+    fn add_remote_chunk(
+        &self,
+        pe: i32,
+        ordinal: u32,
+        start: u64,
+        base: u64,
+        size: u64,
+        key: u64,
+    ) -> Result<u32> {
+        SoftQueue::add_remote_chunk(self, pe, ordinal, start, base, size, key)?;
+        Ok(wire::SOFT_RKEY_HEAP + ordinal)
+    }
+
+    fn remove_remote_chunk(&self, pe: i32, ordinal: u32) -> Result<()> {
+        SoftQueue::remove_remote_chunk(self, pe, ordinal)
+    }
+
     fn queue_desc(&self) -> NvshmemEfaGdaQueue {
         SoftQueue::queue_desc(self)
     }
@@ -278,6 +362,19 @@ impl GdaQueue for HwQueue {
     }
 
     fn set_remote_heap(&self, _pe: i32, _base: u64, _size: u64, key: u64) -> Result<u32> {
+        Ok(key as u32)
+    }
+
+    fn add_remote_chunk(
+        &self,
+        pe: i32,
+        _ordinal: u32,
+        _start: u64,
+        _base: u64,
+        _size: u64,
+        key: u64,
+    ) -> Result<u32> {
+        self.check_remote_key(pe, key)?;
         Ok(key as u32)
     }
 
