@@ -31,6 +31,9 @@ struct fid_cq;
 // Peer flag: the peer's heap is reachable by plain GPU stores (`nvshmem_ptr` non-null).
 #define NVSHMEM_EFA_GDA_PEER_P2P 2
 
+// Heap key flag: the entry describes a registration.
+#define NVSHMEM_EFA_GDA_KEY_VALID 1
+
 // Magic of an AMO message (`"EAMO"` little-endian).
 #define NVSHMEM_EFA_GDA_AMO_MAGIC 1330463045
 
@@ -41,7 +44,7 @@ struct fid_cq;
 #define NVSHMEM_EFA_GDA_AMO_SET 2
 
 // Current layout version of `NvshmemEfaGdaDeviceState`.
-#define NVSHMEM_EFA_GDA_STATE_VERSION 1
+#define NVSHMEM_EFA_GDA_STATE_VERSION 2
 
 // One send queue with its completion queue, as kernels see it.
 typedef struct NvshmemEfaGdaQueue {
@@ -101,6 +104,19 @@ typedef struct NvshmemEfaGdaDeviceState {
   uint32_t reserved;
   // Peer table (`NvshmemEfaGdaPeer[n_pes]`, device memory).
   uint64_t peers;
+  // Registration table (`NvshmemEfaGdaHeapKey[(n_pes + 1) * key_stride]`, device memory): entry
+  // `[row * key_stride + (heap_offset >> log2_granularity)]` describes the registration holding that
+  // heap offset (row = a PE for its rkeys, row `n_pes` for this PE's lkeys). 0 until a chunk is
+  // known.
+  uint64_t heap_keys;
+  // log2 of the heap granularity (NVSHMEM's `log2_cumem_granularity`).
+  uint32_t log2_granularity;
+  // Entries per row of `heap_keys` (granule capacity).
+  uint32_t key_stride;
+  // Granules published: offsets below `n_granules << log2_granularity` are looked up.
+  uint32_t n_granules;
+  // Reserved, zero.
+  uint32_t reserved2;
 } NvshmemEfaGdaDeviceState;
 
 // How kernels address one PE.
@@ -177,6 +193,20 @@ typedef struct NvshmemEfaGdaAmoMsg {
   // Operand (low `size` bytes used).
   uint64_t value;
 } NvshmemEfaGdaAmoMsg;
+
+// One granule's entry of the registration table: the registration (heap chunk) holding it.
+typedef struct NvshmemEfaGdaHeapKey {
+  // Virtual address of heap offset `start` on the PE owning the registration.
+  uint64_t addr;
+  // Heap offset where the registration begins (a multiple of the granularity).
+  uint64_t start;
+  // Heap offset where it ends, exclusive.
+  uint64_t end;
+  // rkey (rows of PEs; software queue: its soft rkey of that chunk) or lkey (row `n_pes`).
+  uint32_t key;
+  // `NVSHMEM_EFA_GDA_KEY_*` bits; 0: no registration covers this granule.
+  uint32_t flags;
+} NvshmemEfaGdaHeapKey;
 
 #ifdef __cplusplus
 extern "C" {

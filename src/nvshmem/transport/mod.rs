@@ -111,7 +111,6 @@ pub struct Transport {
     inject_panic: Arc<AtomicBool>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     cuda_ctx: AtomicU64,
-    gda_heap_set: AtomicBool,
 }
 
 fn provider_request(p: &Provider) -> InfoRequest {
@@ -219,7 +218,6 @@ impl Transport {
             inject_panic: Arc::new(AtomicBool::new(false)),
             progress_thread: Mutex::new(None),
             cuda_ctx: AtomicU64::new(0),
-            gda_heap_set: AtomicBool::new(false),
         })
     }
 
