@@ -314,6 +314,11 @@ impl Gda {
         Ok(had)
     }
 
+    /// The key peers use for the local chunk at heap offset `start`.
+    pub fn local_chunk_key(&self, start: u64) -> Option<u64> {
+        self.chunks.local.get(&start).map(|c| c.key)
+    }
+
     /// Heap offset of the local chunk registered at `base`, if any.
     pub fn local_chunk_start(&self, base: u64) -> Option<u64> {
         self.chunks

@@ -1,0 +1,431 @@
+//! A symmetric heap registered in several chunks (as NVSHMEM's VMM heap is): every chunk of every PE
+//! is addressable through the published heap-key table, puts and AMOs land in each chunk (the last
+//! granule included), an access outside a chunk or to a released chunk completes with an error, the
+//! table grows when a later chunk lies past its capacity, and ordering holds for "puts, quiet, then
+//! a barrier, then the peer reads". Software queue, tcp and shm, PEs as threads with their own
+//! fabric, domain and GDA endpoint; a CPU poster plays the GPU.
+mod softq_common;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use nvshmem_efa_gda::efa::cqe::CqStatus;
+use nvshmem_efa_gda::efa::wqe::{LocalBuf, RemoteBuf, WqeOp};
+use nvshmem_efa_gda::gda::host_poster::HostPoster;
+use nvshmem_efa_gda::gda::mem::CtrlPlacement;
+use nvshmem_efa_gda::gda::state::{NvshmemEfaGdaHeapKey, NVSHMEM_EFA_GDA_STATE_VERSION};
+use nvshmem_efa_gda::gda::wire::{self, AmoMsg};
+use nvshmem_efa_gda::gda::{Gda, GdaOptions};
+use softq_common::*;
+
+const LOG2: u32 = 16;
+const G: u64 = 1 << LOG2;
+/// Chunks as heap offsets [start, end): three of different sizes, back to back.
+const CHUNKS: [(u64, u64); 3] = [(0, 2 * G), (2 * G, 3 * G), (3 * G, 6 * G)];
+/// A chunk added later, past the table's first capacity (growth).
+const LATE: (u64, u64) = (6 * G, 20 * G);
+
+struct ChunkPe {
+    gda: Gda,
+    /// One allocation per chunk (VMM chunks are separate registrations).
+    mem: Vec<HostBuf>,
+    pe: i32,
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// `n` connected PEs whose heaps are `CHUNKS`, registered chunk by chunk as the transport does.
+fn setup_chunks(p: &nvshmem_efa_gda::fabric::Provider, n: usize) -> Vec<ChunkPe> {
+    let cfg = config(nvshmem_efa_gda::config::GdaMode::Soft);
+    let opts = GdaOptions {
+        ctrl: CtrlPlacement::Host,
+        sq_depth: Some(64),
+        max_batch: Some(8),
+    };
+    let mut pes: Vec<ChunkPe> = (0..n)
+        .map(|i| ChunkPe {
+            gda: Gda::new(&domain(p).expect("domain"), &cfg, &opts).expect("GDA context"),
+            mem: CHUNKS
+                .iter()
+                .map(|(s, e)| HostBuf::new((e - s) as usize))
+                .collect(),
+            pe: i as i32,
+        })
+        .collect();
+    let names: Vec<Vec<u8>> = pes.iter().map(|p| p.gda.address().unwrap()).collect();
+    let len = names.iter().map(|n| n.len()).max().unwrap();
+    let mut all = Vec::new();
+    for nm in &names {
+        let mut x = nm.clone();
+        x.resize(len, 0);
+        all.extend_from_slice(&x);
+    }
+    for pe in pes.iter_mut() {
+        pe.gda.connect(pe.pe, n as i32, &all, None).unwrap();
+    }
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        add_chunk(&mut pes, c, s, e);
+    }
+    pes
+}
+
+/// Registers chunk `c` ([s, e), memory `mem[c]`) on every PE, then records every PE's on every PE.
+fn add_chunk(pes: &mut [ChunkPe], c: usize, s: u64, e: u64) {
+    for pe in pes.iter_mut() {
+        let base = pe.mem[c].addr();
+        // SAFETY: the memory lives in `pe.mem`, which outlives the context (dropped after it).
+        unsafe { pe.gda.add_local_heap_chunk(s, e, base, None, LOG2) }.unwrap();
+    }
+    let remote: Vec<(u64, u64)> = pes
+        .iter()
+        .map(|p| (p.mem[c].addr(), p.gda.local_chunk_key(s).unwrap()))
+        .collect();
+    for pe in pes.iter_mut() {
+        for (j, &(addr, key)) in remote.iter().enumerate() {
+            pe.gda
+                .add_remote_heap_chunk(j as i32, s, e, addr, key, LOG2)
+                .unwrap();
+        }
+    }
+}
+
+/// The published entry of `row` for heap offset `off` (read where kernels read it: through the
+/// state's `heap_keys` pointer, host memory here).
+fn entry(pe: &ChunkPe, row: usize, off: u64) -> NvshmemEfaGdaHeapKey {
+    let st = pe.gda.device_state().unwrap();
+    assert_ne!(st.heap_keys, 0);
+    let i = row as u64 * u64::from(st.key_stride) + (off >> st.log2_granularity);
+    // SAFETY: the published table holds (n_pes + 1) * key_stride entries; i is inside (off below
+    // the stride's reach in every caller).
+    unsafe { *(st.heap_keys as *const NvshmemEfaGdaHeapKey).add(i as usize) }
+}
+
+/// Remote address and rkey of heap offset `off` on `pe` as a kernel computes them; local address and
+/// lkey of `off` here.
+fn remote_of(me: &ChunkPe, pe: usize, off: u64) -> (u64, u32) {
+    let e = entry(me, pe, off);
+    assert_eq!(e.flags, 1, "offset {off:#x} of PE {pe} has no chunk");
+    (e.addr + (off - e.start), e.key)
+}
+fn local_of(me: &ChunkPe, off: u64) -> (u64, u32) {
+    let n = me.gda.device_state().unwrap().n_pes as usize;
+    remote_of(me, n, off)
+}
+
+fn put(
+    me: &ChunkPe,
+    to: usize,
+    loff: u64,
+    roff: u64,
+    len: u32,
+) -> nvshmem_efa_gda::efa::wqe::WqeDesc {
+    let peer = me.gda.peers()[to];
+    let (la, lk) = local_of(me, loff);
+    let (ra, rk) = remote_of(me, to, roff);
+    raw_put(&peer, la, lk, ra, rk, len)
+}
+
+fn raw_put(
+    peer: &nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer,
+    la: u64,
+    lk: u32,
+    ra: u64,
+    rk: u32,
+    len: u32,
+) -> nvshmem_efa_gda::efa::wqe::WqeDesc {
+    desc(
+        peer,
+        WqeOp::RdmaWrite {
+            remote: RemoteBuf {
+                addr: ra,
+                rkey: rk,
+                len,
+            },
+            local: LocalBuf {
+                addr: la,
+                lkey: lk,
+                len,
+            },
+        },
+    )
+}
+
+fn amo_add(me: &ChunkPe, to: usize, off: u64, v: u64) -> nvshmem_efa_gda::efa::wqe::WqeDesc {
+    let m = AmoMsg {
+        op: wire::AMO_OP_ADD,
+        size: 8,
+        offset: off,
+        value: v,
+    };
+    send_inline(&me.gda.peers()[to], &m.encode(), None)
+}
+
+/// The host address of heap offset `off` on `pe`.
+fn at(pe: &ChunkPe, off: u64) -> *mut u8 {
+    let c = CHUNKS
+        .iter()
+        .chain(std::iter::once(&LATE))
+        .position(|&(s, e)| off >= s && off < e)
+        .unwrap();
+    let s = if c < CHUNKS.len() {
+        CHUNKS[c].0
+    } else {
+        LATE.0
+    };
+    // SAFETY: off lies in chunk c's allocation.
+    unsafe { pe.mem[c].ptr().add((off - s) as usize) }
+}
+
+fn read_u64(pe: &ChunkPe, off: u64) -> u64 {
+    // SAFETY: 8 bytes inside a chunk, written by the consumer thread (volatile read).
+    unsafe { std::ptr::read_volatile(at(pe, off) as *const u64) }
+}
+
+#[test]
+fn table_layout_and_keys() {
+    for p in providers() {
+        let pes = setup_chunks(&p, 2);
+        for me in &pes {
+            let st = me.gda.device_state().unwrap();
+            assert_eq!(st.version, NVSHMEM_EFA_GDA_STATE_VERSION);
+            assert_eq!(st.version, 2);
+            assert_eq!(st.ready, 1, "every row has a chunk");
+            assert_eq!(st.log2_granularity, LOG2);
+            assert_eq!(st.n_granules, 6);
+            assert!(st.key_stride >= 6);
+            assert_eq!(st.heap_size, 6 * G);
+            assert_eq!(st.heap_base, me.mem[0].addr());
+            for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+                for g in s / G..e / G {
+                    // Remote rows: soft rkey 1 + chunk ordinal (start granule), the peer's address.
+                    for (j, other) in pes.iter().enumerate() {
+                        let k = entry(me, j, g * G);
+                        assert_eq!((k.start, k.end, k.flags), (s, e, 1));
+                        assert_eq!(k.addr, other.mem[c].addr());
+                        assert_eq!(k.key, wire::SOFT_RKEY_HEAP + (s >> LOG2) as u32);
+                    }
+                    // Local row: this PE's address and a soft lkey per chunk.
+                    let k = entry(me, 2, g * G);
+                    assert_eq!((k.start, k.end, k.addr), (s, e, me.mem[c].addr()));
+                    assert!(k.key >= wire::SOFT_LKEY_FIRST);
+                }
+            }
+            let lkeys: Vec<u32> = CHUNKS.iter().map(|c| entry(me, 2, c.0).key).collect();
+            assert!(lkeys[0] != lkeys[1] && lkeys[1] != lkeys[2] && lkeys[0] != lkeys[2]);
+            // The version-1 fields stay "chunk 0".
+            assert_eq!(st.heap_lkey, lkeys[0]);
+            let peer = me.gda.peers()[1];
+            assert_eq!(peer.heap_base, pes[1].mem[0].addr());
+            assert_eq!(peer.heap_rkey, wire::SOFT_RKEY_HEAP);
+            assert_eq!(peer.heap_size, 6 * G);
+        }
+    }
+}
+
+#[test]
+fn puts_and_amos_into_every_chunk() {
+    for p in providers() {
+        let pes = setup_chunks(&p, 2);
+        let (a, b) = (&pes[0], &pes[1]);
+        let poster = HostPoster::new(a.gda.soft_queue().unwrap()).unwrap();
+        for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+            // The first and the last granule of the chunk, the last one up to its very last byte.
+            for roff in [s, e - G, e - 256] {
+                let seed = roff ^ (c as u64) << 40;
+                // Source: the last granule of the same chunk here.
+                let loff = e - 512;
+                // SAFETY: 256 bytes inside chunk c here.
+                unsafe { fill(at(a, loff), 256, seed) };
+                let errs = poster.errors();
+                poster.post(&[put(a, 1, loff, roff, 256)]).unwrap();
+                assert_eq!(
+                    poster.quiet().unwrap(),
+                    errs,
+                    "put into chunk {c} at {roff:#x}"
+                );
+                // SAFETY: 256 bytes inside chunk c on PE 1.
+                assert_eq!(
+                    unsafe { check(at(b, roff), 256, seed) },
+                    None,
+                    "chunk {c} {roff:#x}"
+                );
+            }
+            // A put that crosses from the local chunk into the next one is refused (the kernel
+            // splits there); on the remote side, one past the chunk's end too.
+            if c + 1 < CHUNKS.len() {
+                let (la, lk) = local_of(a, e - 128);
+                let (ra, rk) = remote_of(a, 1, s);
+                let errs = poster.errors();
+                poster
+                    .post(&[raw_put(&a.gda.peers()[1], la, lk, ra, rk, 256)])
+                    .unwrap();
+                assert_eq!(
+                    poster.quiet().unwrap(),
+                    errs + 1,
+                    "local range across chunks"
+                );
+            }
+            let (ra, rk) = remote_of(a, 1, e - 128);
+            let (la, lk) = local_of(a, s);
+            let errs = poster.errors();
+            poster
+                .post(&[raw_put(&a.gda.peers()[1], la, lk, ra, rk, 256)])
+                .unwrap();
+            assert_eq!(
+                poster.quiet().unwrap(),
+                errs + 1,
+                "remote range past chunk {c}"
+            );
+            // The first failure of this queue was the local range across chunks 0 and 1.
+            assert_eq!(poster.first_error() as u8, CqStatus::LocalInvalidLkey as u8);
+            // AMOs at the first and last word of each chunk, applied by PE 1's consumer.
+            for off in [s, e - 8] {
+                let before = read_u64(b, off);
+                for _ in 0..3 {
+                    poster.post(&[amo_add(a, 1, off, 5)]).unwrap();
+                }
+                let errs = poster.errors();
+                assert_eq!(poster.quiet().unwrap(), errs);
+                wait_until("AMOs applied", || {
+                    read_u64(b, off) == before.wrapping_add(15)
+                });
+            }
+        }
+        // An rkey naming no chunk, and an AMO past the heap, complete with errors.
+        let (la, lk) = local_of(a, 0);
+        let errs = poster.errors();
+        poster
+            .post(&[raw_put(&a.gda.peers()[1], la, lk, b.mem[0].addr(), 1000, 8)])
+            .unwrap();
+        assert_eq!(
+            poster.quiet().unwrap(),
+            errs + 1,
+            "rkey naming no chunk ({p})"
+        );
+        poster.post(&[amo_add(a, 1, 6 * G, 1)]).unwrap();
+        assert_eq!(poster.quiet().unwrap(), errs + 2, "AMO past the heap ({p})");
+    }
+}
+
+#[test]
+fn release_and_growth() {
+    for p in providers() {
+        let mut pes = setup_chunks(&p, 2);
+        // Release chunk 1 on both PEs (collective, as NVSHMEM frees a chunk).
+        let (s1, e1) = CHUNKS[1];
+        for pe in pes.iter_mut() {
+            assert!(pe.gda.remove_heap_chunk(s1).unwrap());
+            assert!(!pe.gda.remove_heap_chunk(s1).unwrap(), "released once");
+        }
+        {
+            let a = &pes[0];
+            for row in 0..3 {
+                assert_eq!(entry(a, row, s1).flags, 0, "row {row} cleared");
+                assert_eq!(entry(a, row, CHUNKS[2].0).flags, 1, "other chunks stay");
+            }
+            let poster = HostPoster::new(a.gda.soft_queue().unwrap()).unwrap();
+            let errs = poster.errors();
+            // The old rkey of chunk 1 now names nothing; an AMO into it is refused.
+            let (la, lk) = local_of(a, 0);
+            let rk = wire::SOFT_RKEY_HEAP + (s1 >> LOG2) as u32;
+            poster
+                .post(&[raw_put(
+                    &a.gda.peers()[1],
+                    la,
+                    lk,
+                    pes[1].mem[1].addr(),
+                    rk,
+                    64,
+                )])
+                .unwrap();
+            poster.post(&[amo_add(a, 1, e1 - 8, 1)]).unwrap();
+            assert_eq!(poster.quiet().unwrap(), errs + 2);
+        }
+        // A later chunk past the table's capacity: the table moves, the old one stays readable.
+        let st0 = pes[0].gda.device_state().unwrap();
+        for pe in pes.iter_mut() {
+            pe.mem.push(HostBuf::new((LATE.1 - LATE.0) as usize));
+        }
+        add_chunk(&mut pes, 3, LATE.0, LATE.1);
+        let st1 = pes[0].gda.device_state().unwrap();
+        assert!(st1.key_stride as u64 >= LATE.1 / G);
+        assert_ne!(
+            st1.heap_keys, st0.heap_keys,
+            "grown table is a new allocation"
+        );
+        assert_eq!(st1.n_granules as u64, LATE.1 / G);
+        // SAFETY: the old table is kept until the context goes; entry 0 (row 0, granule 0).
+        let old = unsafe { *(st0.heap_keys as *const NvshmemEfaGdaHeapKey) };
+        assert_eq!((old.start, old.flags), (0, 1));
+        let (a, b) = (&pes[0], &pes[1]);
+        let poster = HostPoster::new(a.gda.soft_queue().unwrap()).unwrap();
+        let roff = LATE.1 - 64;
+        // SAFETY: 64 bytes inside the late chunk here.
+        unsafe { fill(at(a, LATE.0), 64, 99) };
+        let errs = poster.errors();
+        poster.post(&[put(a, 1, LATE.0, roff, 64)]).unwrap();
+        poster.post(&[amo_add(a, 1, LATE.0 + 8, 7)]).unwrap();
+        assert_eq!(poster.quiet().unwrap(), errs);
+        // SAFETY: inside the late chunk on PE 1.
+        assert_eq!(unsafe { check(at(b, roff), 64, 99) }, None);
+        wait_until("AMO in the late chunk", || read_u64(b, LATE.0 + 8) == 7);
+    }
+}
+
+/// Ordering of "GDA puts, our quiet, then a barrier, then the peer reads" (what DeepEP's clean
+/// kernel relies on through `nvshmemx_barrier_all_block` = our quiet + NVSHMEM's barrier): once
+/// quiet returned on the writer, a reader that passes the barrier after it sees every byte.
+#[test]
+fn quiet_then_barrier_orders_puts() {
+    for p in providers() {
+        let pes = Arc::new(setup_chunks(&p, 2));
+        let barrier = Arc::new(Barrier::new(2));
+        let rounds = 20u64;
+        std::thread::scope(|sc| {
+            let (pw, bw) = (pes.clone(), barrier.clone());
+            sc.spawn(move || {
+                let a = &pw[0];
+                let poster = HostPoster::new(a.gda.soft_queue().unwrap()).unwrap();
+                for r in 0..rounds {
+                    let mut ds = Vec::new();
+                    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+                        let src = e - 1024;
+                        // SAFETY: 1 KiB inside chunk c here, not in flight (previous round quieted).
+                        unsafe { fill(at(a, src), 1024, r * 16 + c as u64) };
+                        ds.push(put(a, 1, src, s + 4096, 1024));
+                    }
+                    poster.post(&ds).unwrap();
+                    assert_eq!(poster.quiet().unwrap(), 0);
+                    bw.wait(); // the barrier after quiet
+                    bw.wait(); // the reader checked
+                }
+            });
+            let (pr, br) = (pes.clone(), barrier.clone());
+            sc.spawn(move || {
+                let b = &pr[1];
+                for r in 0..rounds {
+                    br.wait();
+                    for (c, &(s, _)) in CHUNKS.iter().enumerate() {
+                        // SAFETY: 1 KiB inside chunk c on PE 1; the writer is idle until the
+                        // next barrier.
+                        let bad = unsafe { check(at(b, s + 4096), 1024, r * 16 + c as u64) };
+                        assert_eq!(
+                            bad, None,
+                            "round {r} chunk {c}: data not there after the barrier"
+                        );
+                    }
+                    br.wait();
+                }
+            });
+        });
+    }
+}
