@@ -2,8 +2,11 @@
 //! is addressable through the published heap-key table, puts and AMOs land in each chunk (the last
 //! granule included), an access outside a chunk or to a released chunk completes with an error, the
 //! table grows when a later chunk lies past its capacity, and ordering holds for "puts, quiet, then
-//! a barrier, then the peer reads". Software queue, tcp and shm, PEs as threads with their own
-//! fabric, domain and GDA endpoint; a CPU poster plays the GPU.
+//! a barrier, then the peer reads". Software queue, tcp and shm; PEs as threads with their own
+//! fabric, domain and GDA endpoint, and (`multi_process_*`) as separate processes exchanging names
+//! and chunk keys through files; a CPU poster plays the GPU.
+#[path = "fabric_common.rs"]
+mod common;
 mod softq_common;
 
 use std::sync::{Arc, Barrier};
@@ -428,4 +431,186 @@ fn quiet_then_barrier_orders_puts() {
             });
         });
     }
+}
+
+// ---- several processes ----------------------------------------------------------------------------
+
+const MP_RANKS: usize = 3;
+
+fn mp_run(provider: &str) {
+    let dir = common::TempDir::new(&format!("gda-chunks-{provider}"));
+    let specs = (0..MP_RANKS)
+        .map(|rank| common::ChildSpec {
+            rank,
+            env: vec![("FI_TCP_IFACE".into(), "lo".into())],
+            prefix: Vec::new(),
+        })
+        .collect();
+    common::run_children(
+        "mp_child",
+        dir.path(),
+        MP_RANKS,
+        provider,
+        specs,
+        Duration::from_secs(120),
+    );
+}
+
+/// Waits for `name{rank}` of every rank.
+fn mp_gather(env: &common::ChildEnv, name: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let deadline = Instant::now() + common::WAIT;
+    (0..env.nranks)
+        .map(|r| {
+            let s = common::wait_file(&env.dir, &format!("{name}{r}"), deadline, || {
+                assert!(
+                    !env.dir.join("abort").exists(),
+                    "another rank aborted: {}",
+                    std::fs::read_to_string(env.dir.join("abort")).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            })
+            .unwrap();
+            common::decode_record(&s)
+        })
+        .collect()
+}
+
+fn seed(from: usize, c: usize, at: u64) -> u64 {
+    ((from as u64) << 56) ^ ((c as u64) << 48) ^ at
+}
+
+/// One rank: chunks registered one by one, every PE's chunks recorded, then puts into the right
+/// neighbour's every chunk (first and last granule) and AMO adds into every other rank's every chunk
+/// (last word), quiet, a file barrier, and the checks of what the left neighbour and every rank
+/// wrote here.
+#[test]
+fn mp_child() {
+    let Some(env) = common::ChildEnv::from_env() else {
+        return;
+    };
+    let (me, n) = (env.rank, env.nranks);
+    let cfg = config(nvshmem_efa_gda::config::GdaMode::Soft);
+    let opts = GdaOptions {
+        ctrl: CtrlPlacement::Host,
+        sq_depth: Some(64),
+        max_batch: Some(8),
+    };
+    let mut pe = ChunkPe {
+        gda: Gda::new(&domain(&env.provider).expect("domain"), &cfg, &opts).expect("GDA context"),
+        mem: CHUNKS
+            .iter()
+            .map(|(s, e)| HostBuf::new((e - s) as usize))
+            .collect(),
+        pe: me as i32,
+    };
+    let name = pe.gda.address().unwrap();
+    common::write_atomic(
+        &env.dir,
+        &format!("name{me}"),
+        &common::encode_record(&[("name", common::hex(&name))]),
+    );
+    let names: Vec<Vec<u8>> = mp_gather(&env, "name")
+        .iter()
+        .map(|r| common::unhex(&r["name"]))
+        .collect();
+    let len = names.iter().map(|x| x.len()).max().unwrap();
+    let mut all = Vec::new();
+    for nm in &names {
+        let mut x = nm.clone();
+        x.resize(len, 0);
+        all.extend_from_slice(&x);
+    }
+    pe.gda.connect(me as i32, n as i32, &all, None).unwrap();
+    let mut rec = Vec::new();
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        // SAFETY: the memory lives in `pe.mem`, dropped after the context.
+        unsafe {
+            pe.gda
+                .add_local_heap_chunk(s, e, pe.mem[c].addr(), None, LOG2)
+        }
+        .unwrap();
+        rec.push((format!("addr{c}"), pe.mem[c].addr().to_string()));
+        rec.push((
+            format!("key{c}"),
+            pe.gda.local_chunk_key(s).unwrap().to_string(),
+        ));
+    }
+    let rec: Vec<(&str, String)> = rec.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    common::write_atomic(
+        &env.dir,
+        &format!("chunks{me}"),
+        &common::encode_record(&rec),
+    );
+    let chunks = mp_gather(&env, "chunks");
+    for (j, r) in chunks.iter().enumerate() {
+        for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+            let addr: u64 = r[&format!("addr{c}")].parse().unwrap();
+            let key: u64 = r[&format!("key{c}")].parse().unwrap();
+            pe.gda
+                .add_remote_heap_chunk(j as i32, s, e, addr, key, LOG2)
+                .unwrap();
+        }
+    }
+    let st = pe.gda.device_state().unwrap();
+    assert_eq!((st.ready, st.version, st.n_granules), (1, 2, 6));
+
+    let poster = HostPoster::new(pe.gda.soft_queue().unwrap()).unwrap();
+    let right = (me + 1) % n;
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        for (k, at_off) in [s, e - 512].into_iter().enumerate() {
+            // 504 bytes (the last put ends at the chunk's last word, the AMOs' target). Source: a
+            // 512-byte slot of this chunk here that no put or AMO targets, one per target slot.
+            let src = s + 1024 + 512 * k as u64;
+            // SAFETY: 504 bytes inside chunk c here, not in flight.
+            unsafe { fill(at(&pe, src), 504, seed(me, c, at_off)) };
+            poster.post(&[put(&pe, right, src, at_off, 504)]).unwrap();
+        }
+        for other in (0..n).filter(|&o| o != me) {
+            poster
+                .post(&[amo_add(&pe, other, e - 8, me as u64 + 1)])
+                .unwrap();
+        }
+    }
+    let errs = poster.quiet().unwrap();
+    assert_eq!(
+        errs,
+        0,
+        "error completions (first status {})",
+        poster.first_error()
+    );
+    // The barrier after quiet: every rank's puts are in place once every rank wrote its file.
+    common::write_atomic(&env.dir, &format!("quiet{me}"), "done=1\n");
+    mp_gather(&env, "quiet");
+    let left = (me + n - 1) % n;
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        for at_off in [s, e - 512] {
+            // SAFETY: 504 bytes inside chunk c here; the left neighbour wrote them before the barrier.
+            let bad = unsafe { check(at(&pe, at_off), 504, seed(left, c, at_off)) };
+            assert_eq!(bad, None, "chunk {c} at {at_off:#x}: PE {left}'s put");
+        }
+    }
+    // AMO messages are applied by this rank's consumer thread as they arrive.
+    let want_amos = (CHUNKS.len() * (n - 1)) as u64;
+    wait_until("AMOs applied", || {
+        pe.gda.soft_queue().unwrap().stats().amos_applied >= want_amos
+    });
+    let sum: u64 = (0..n).filter(|&o| o != me).map(|o| o as u64 + 1).sum();
+    for (c, &(_, e)) in CHUNKS.iter().enumerate() {
+        assert_eq!(read_u64(&pe, e - 8), sum, "AMO sum in chunk {c}");
+    }
+    // Nobody tears down before everybody checked.
+    common::write_atomic(&env.dir, &format!("checked{me}"), "done=1\n");
+    mp_gather(&env, "checked");
+    drop(poster);
+    println!("{}", common::ok_marker(me));
+}
+
+#[test]
+fn multi_process_tcp() {
+    mp_run("tcp");
+}
+
+#[test]
+fn multi_process_shm() {
+    mp_run("shm");
 }
