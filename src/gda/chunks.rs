@@ -15,7 +15,6 @@ use super::queue::Registration;
 use super::Gda;
 
 /// A local chunk: heap offsets `[start, end)` at `base` here.
-#[derive(Clone, Copy, Debug)]
 pub(super) struct LocalChunk {
     pub(super) end: u64,
     pub(super) base: u64,
@@ -25,6 +24,8 @@ pub(super) struct LocalChunk {
     pub(super) lkey: u32,
     /// What the queue wants back when the chunk goes.
     token: Option<u32>,
+    /// The registration made here for the chunk (none when the caller's serves), closed with it.
+    own: Option<MemoryRegion>,
 }
 
 /// A chunk of a PE's heap as recorded (applied to the queue once connected).
@@ -38,7 +39,7 @@ pub(super) struct RemoteChunk {
 }
 
 /// Every chunk this context knows.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Chunks {
     pub(super) local: BTreeMap<u64, LocalChunk>,
     pub(super) remote: BTreeMap<(i32, u64), RemoteChunk>,
@@ -153,6 +154,7 @@ impl Gda {
             self.q()?.takes_caller_registration(mr_endpoint)
         };
         let size = end - start;
+        let registered = self.registrations.len();
         let reg = match mr {
             Some((m, kind)) if takes_caller => {
                 // SAFETY: open registration per the contract.
@@ -167,7 +169,12 @@ impl Gda {
             Some((_, kind)) => self.register(base, size, kind)?,
             None => self.register(base, size, mem::mem_kind(base))?,
         };
-        // SAFETY: reg describes [base, base+size), registered and allocated per the contract.
+        // A registration made here belongs to the chunk (closed when the chunk goes).
+        let own = (self.registrations.len() > registered)
+            .then(|| self.registrations.pop())
+            .flatten();
+        // SAFETY: reg describes [base, base+size), registered and allocated per the contract (or
+        // by `own`, which the chunk keeps).
         let (lkey, token) = unsafe { self.q()?.add_heap_chunk(start, end, base, &reg, log2)? };
         if let Some(t) = self.chunks.table.as_mut() {
             t.add(row, HeapChunk { key: lkey, ..entry })?;
@@ -181,6 +188,7 @@ impl Gda {
                 key: reg.key,
                 lkey,
                 token,
+                own,
             },
         );
         tracing::info!(
@@ -196,6 +204,8 @@ impl Gda {
                 t.remove(self.n_pes as usize, start);
             }
             self.q()?.remove_heap_chunk(start, c.token)?;
+            // The queue no longer names it: its own registration (if any) can close.
+            drop(c.own);
         }
         Ok(())
     }

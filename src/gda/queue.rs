@@ -72,26 +72,10 @@ pub trait GdaQueue: Send + Sync {
     /// the queue lives.
     unsafe fn add_local(&self, base: u64, size: u64, reg: &Registration) -> Result<u32>;
 
-    /// Makes `[base, base+size)` the local heap; `old` is what the previous call returned. Returns
-    /// the lkey and what to pass as `old` next time.
-    ///
-    /// # Safety
-    /// As for [`GdaQueue::add_local`].
-    unsafe fn set_heap(
-        &self,
-        base: u64,
-        size: u64,
-        reg: &Registration,
-        old: Option<u32>,
-    ) -> Result<(u32, Option<u32>)>;
-
     /// Checks a peer's heap key before it is recorded.
     fn check_remote_key(&self, _pe: i32, _key: u64) -> Result<()> {
         Ok(())
     }
-
-    /// Records PE `pe`'s heap with the queue; returns the rkey kernels put into WQEs for it.
-    fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32>;
 
     /// Makes the registered local range `[base, base + (end - start))` the heap's chunk
     /// `[start, end)` (granularity `2^log2`) and returns its lkey and what to pass to
@@ -218,27 +202,6 @@ impl GdaQueue for SoftQueue {
         unsafe { SoftQueue::add_local(self, base, base, size, reg.desc, reg.kind.is_device()) }
     }
 
-    unsafe fn set_heap(
-        &self,
-        base: u64,
-        size: u64,
-        reg: &Registration,
-        old: Option<u32>,
-    ) -> Result<(u32, Option<u32>)> {
-        // SAFETY: forwarded contract.
-        let l = unsafe { GdaQueue::add_local(self, base, size, reg)? };
-        SoftQueue::set_heap(self, l)?;
-        if let Some(o) = old {
-            let _ = self.remove_local(o);
-        }
-        Ok((l, Some(l)))
-    }
-
-    fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32> {
-        SoftQueue::set_remote_heap(self, pe, base, size, key)?;
-        Ok(wire::SOFT_RKEY_HEAP)
-    }
-
     unsafe fn add_heap_chunk(
         &self,
         start: u64,
@@ -341,28 +304,13 @@ impl GdaQueue for HwQueue {
         unsafe { self.lkey(reg.mr()?) }
     }
 
-    unsafe fn set_heap(
-        &self,
-        base: u64,
-        size: u64,
-        reg: &Registration,
-        _old: Option<u32>,
-    ) -> Result<(u32, Option<u32>)> {
-        // SAFETY: forwarded contract.
-        Ok((unsafe { GdaQueue::add_local(self, base, size, reg)? }, None))
-    }
-
     fn check_remote_key(&self, pe: i32, key: u64) -> Result<()> {
         if key > u64::from(u32::MAX) {
             return Err(GdaError::invalid(format!(
-                "set_remote_heap: key {key:#x} of PE {pe} does not fit an EFA rkey"
+                "heap key {key:#x} of PE {pe} does not fit an EFA rkey"
             )));
         }
         Ok(())
-    }
-
-    fn set_remote_heap(&self, _pe: i32, _base: u64, _size: u64, key: u64) -> Result<u32> {
-        Ok(key as u32)
     }
 
     fn add_remote_chunk(

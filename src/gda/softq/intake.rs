@@ -121,6 +121,9 @@ impl Consumer {
         if avail == 0 {
             return work;
         }
+        // Tables changed before the doorbell (a heap chunk recorded, then a WQE into it) must be
+        // seen by these WQEs: the doorbell was read after the generation the loop last checked.
+        self.refresh_tables();
         if avail > self.inner.sq_entries {
             if self.bad_doorbell != Some(db) {
                 tracing::error!(

@@ -447,22 +447,6 @@ impl SoftQueue {
         })
     }
 
-    /// Records PE `pe`'s heap as one chunk at heap offset 0 (base address kernels use, size,
-    /// libfabric key), in place of every chunk known for it.
-    pub fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
-        self.update(|t| {
-            let p = peer_mut(t, pe)?;
-            p.chunks.clear();
-            p.chunks.push(Some(RemoteHeap {
-                base,
-                size,
-                key,
-                start: 0,
-            }));
-            Ok(())
-        })
-    }
-
     /// Records a chunk of PE `pe`'s heap: heap offsets `[start, start+size)` at `base` on the peer,
     /// libfabric key `key`, named by soft rkey `SOFT_RKEY_HEAP + ordinal` in WQEs.
     pub fn add_remote_chunk(
@@ -566,25 +550,6 @@ impl SoftQueue {
                 }
                 _ => Err(GdaError::invalid(format!("lkey {lkey} is not registered"))),
             }
-        })
-    }
-
-    /// Names the local registration that is the whole symmetric heap (one chunk at heap offset 0,
-    /// in place of every chunk known), target of AMO messages and staged transfers.
-    pub fn set_heap(&self, lkey: u32) -> Result<()> {
-        self.update(|t| {
-            let len = t
-                .local(lkey)
-                .ok_or_else(|| GdaError::invalid(format!("lkey {lkey} is not registered")))?
-                .len;
-            t.heap_chunks = vec![LocalChunk {
-                start: 0,
-                end: len,
-                lkey,
-            }];
-            t.log2 = 63 - len.max(1).leading_zeros() + u32::from(!len.is_power_of_two());
-            t.index_heap();
-            Ok(())
         })
     }
 
