@@ -278,6 +278,33 @@ int32_t nvshmemt_efa_gda_set_remote_heap(int32_t pe,
                                          uint64_t size,
                                          uint64_t key);
 
+// Adds chunk `[start, end)` (heap offsets; `start` a multiple of `2^log2_granularity`) of the local
+// symmetric heap, at `base` here. `mr` is its registration on the GDA domain (kept open until the
+// chunk is removed or fini), or null to let the library register it. Every chunk of one job uses the
+// same granularity.
+//
+// # Safety
+// `[base, base + end - start)` must stay allocated until the chunk is removed or fini; `mr`, when
+// not null, must be an open registration of that range on the domain GDA was initialised on.
+int32_t nvshmemt_efa_gda_add_local_heap_chunk(uint64_t start,
+                                              uint64_t end,
+                                              void *base,
+                                              struct fid_mr *mr,
+                                              uint32_t log2_granularity);
+
+// Records chunk `[start, end)` (heap offsets) of PE `pe`'s heap: `addr`, the address of `start` as
+// that PE's kernels see it, and the key of that PE's registration of the chunk.
+int32_t nvshmemt_efa_gda_add_remote_heap_chunk(int32_t pe,
+                                               uint64_t start,
+                                               uint64_t end,
+                                               uint64_t addr,
+                                               uint64_t key,
+                                               uint32_t log2_granularity);
+
+// Forgets the heap chunk at heap offset `start`, local and every PE's (the collective release of a
+// chunk). Returns 0, or `-ENOENT` when no local chunk starts there.
+int32_t nvshmemt_efa_gda_remove_heap_chunk(uint64_t start);
+
 // 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
 int32_t nvshmemt_efa_gda_mode(void);
 

@@ -614,3 +614,66 @@ fn multi_process_tcp() {
 fn multi_process_shm() {
     mp_run("shm");
 }
+
+/// The chunk calls of the C API refuse bad input and answer "not initialised" before GDA is.
+#[test]
+fn c_api_chunk_calls_check_their_input() {
+    use nvshmem_efa_gda::capi::gda::{
+        nvshmemt_efa_gda_add_local_heap_chunk, nvshmemt_efa_gda_add_remote_heap_chunk,
+        nvshmemt_efa_gda_remove_heap_chunk,
+    };
+    let einval = -libc::EINVAL;
+    // SAFETY: null base: refused before anything is touched.
+    let rc = unsafe {
+        nvshmemt_efa_gda_add_local_heap_chunk(
+            0,
+            G,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            LOG2,
+        )
+    };
+    assert_eq!(rc, einval);
+    let buf = HostBuf::new(G as usize);
+    // SAFETY: end before start: refused.
+    let rc = unsafe {
+        nvshmemt_efa_gda_add_local_heap_chunk(
+            G,
+            0,
+            buf.ptr() as *mut std::ffi::c_void,
+            std::ptr::null_mut(),
+            LOG2,
+        )
+    };
+    assert_eq!(rc, einval);
+    assert_eq!(
+        nvshmemt_efa_gda_add_remote_heap_chunk(-1, 0, G, 0x1000, 1, LOG2),
+        einval
+    );
+    assert_eq!(
+        nvshmemt_efa_gda_add_remote_heap_chunk(0, G, G, 0x1000, 1, LOG2),
+        einval
+    );
+    assert_eq!(
+        nvshmemt_efa_gda_add_remote_heap_chunk(0, 0, G, 0, 1, LOG2),
+        einval
+    );
+    // Well-formed, but GDA is not initialised in this process.
+    let enodev = -libc::ENODEV;
+    assert_eq!(
+        nvshmemt_efa_gda_add_remote_heap_chunk(0, 0, G, 0x1000, 1, LOG2),
+        enodev
+    );
+    assert_eq!(nvshmemt_efa_gda_remove_heap_chunk(0), enodev);
+    // SAFETY: a live buffer; refused (not initialised) without being registered.
+    let rc = unsafe {
+        nvshmemt_efa_gda_add_local_heap_chunk(
+            0,
+            G,
+            buf.ptr() as *mut std::ffi::c_void,
+            std::ptr::null_mut(),
+            LOG2,
+        )
+    };
+    assert_eq!(rc, enodev);
+}

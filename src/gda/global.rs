@@ -105,6 +105,27 @@ pub unsafe fn add_local_heap_chunk(
     })
 }
 
+/// [`add_local_heap_chunk`] with a raw registration (memory kind found from the address).
+///
+/// # Safety
+/// As for [`add_local_heap_chunk`]; `mr`, when given, an open registration of the range.
+pub unsafe fn add_local_heap_chunk_raw(
+    start: u64,
+    end: u64,
+    base: u64,
+    mr: Option<MrHandle>,
+    log2: u32,
+) -> Result<()> {
+    let kind = super::mem::mem_kind(base);
+    // SAFETY: forwarded contract.
+    with(|g| unsafe { g.add_local_heap_chunk(start, end, base, mr.map(|m| (m, kind)), log2) })
+}
+
+/// Forgets the heap chunk at heap offset `start` on every PE (see [`Gda::remove_heap_chunk`]).
+pub fn remove_heap_chunk(start: u64) -> Result<bool> {
+    with(|g| g.remove_heap_chunk(start))
+}
+
 /// Records a chunk of PE `pe`'s heap (see [`Gda::add_remote_heap_chunk`]).
 pub fn add_remote_heap_chunk(
     pe: i32,
