@@ -438,6 +438,10 @@ fn quiet_then_barrier_orders_puts() {
 const MP_RANKS: usize = 3;
 
 fn mp_run(provider: &str) {
+    mp_run_child(provider, "mp_child");
+}
+
+fn mp_run_child(provider: &str, child: &str) {
     let dir = common::TempDir::new(&format!("gda-chunks-{provider}"));
     let specs = (0..MP_RANKS)
         .map(|rank| common::ChildSpec {
@@ -447,7 +451,7 @@ fn mp_run(provider: &str) {
         })
         .collect();
     common::run_children(
-        "mp_child",
+        child,
         dir.path(),
         MP_RANKS,
         provider,
@@ -676,4 +680,127 @@ fn c_api_chunk_calls_check_their_input() {
         )
     };
     assert_eq!(rc, enodev);
+}
+
+// ---- through the transport: get_mem_handle per chunk, add_device_remote_mem_handles per chunk ----
+
+/// One rank of the transport path, as NVSHMEM drives it with a VMM heap: the heap (one range) is
+/// registered chunk by chunk with `get_mem_handle`, every PE's handle of a chunk is passed to
+/// `add_device_remote_mem_handles` with the chunk's heap offset and size; the published table then
+/// holds every chunk of every PE, a chunk NVSHMEM misdescribes is refused, and a released chunk
+/// leaves the table.
+#[test]
+fn transport_child() {
+    use nvshmem_efa_gda::nvshmem::abi::{MemHandle, MEM_HANDLE_SIZE};
+    use nvshmem_efa_gda::nvshmem::Transport;
+    let Some(env) = common::ChildEnv::from_env() else {
+        return;
+    };
+    let (me, n) = (env.rank, env.nranks);
+    let mut vars = std::collections::HashMap::new();
+    vars.insert("NVSHMEM_LIBFABRIC_PROVIDER", env.provider.to_string());
+    vars.insert("NVSHMEM_EFA_GDA", "soft".to_string());
+    let cfg = nvshmem_efa_gda::config::Config::from_lookup(|k| vars.get(k).cloned()).unwrap();
+    let t = Arc::new(Transport::new(cfg).expect("transport"));
+    let round = std::cell::Cell::new(0usize);
+    let ag = |send: &[u8], recv: &mut [u8]| {
+        let r = round.get();
+        round.set(r + 1);
+        common::write_atomic(
+            &env.dir,
+            &format!("ag{r}_{me}"),
+            &common::encode_record(&[("b", common::hex(send))]),
+        );
+        for (j, rec) in mp_gather(&env, &format!("ag{r}_")).iter().enumerate() {
+            recv[j * send.len()..(j + 1) * send.len()].copy_from_slice(&common::unhex(&rec["b"]));
+        }
+        Ok(())
+    };
+    let heap = HostBuf::new(LATE.0 as usize);
+    let base = heap.addr();
+    common::write_atomic(
+        &env.dir,
+        &format!("name{me}"),
+        &common::encode_record(&[("base", base.to_string())]),
+    );
+    t.connect(me as i32, n as i32, &ag).expect("connect");
+    let new_handle = || MemHandle {
+        reserved: [0; MEM_HANDLE_SIZE],
+    };
+    let mut mine: Vec<MemHandle> = CHUNKS.iter().map(|_| new_handle()).collect();
+    let mut all: Vec<Vec<MemHandle>> = Vec::new();
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        // SAFETY: the heap outlives the transport's registrations (released or finalized below).
+        unsafe {
+            t.get_mem_handle(&mut mine[c], (base + s) as *mut _, (e - s) as usize, false)
+                .expect("get_mem_handle")
+        };
+        let mut handles: Vec<MemHandle> = (0..n).map(|_| new_handle()).collect();
+        let bytes = &mine[c].reserved;
+        let mut recv = vec![0u8; MEM_HANDLE_SIZE * n];
+        ag(bytes, &mut recv).unwrap();
+        for (j, h) in handles.iter_mut().enumerate() {
+            h.reserved
+                .copy_from_slice(&recv[j * MEM_HANDLE_SIZE..(j + 1) * MEM_HANDLE_SIZE]);
+        }
+        all.push(handles);
+    }
+    // A chunk whose offset disagrees with this PE's registration, and one off a granule: refused.
+    // SAFETY: `all[1]` holds n handles (stride 1).
+    let bad =
+        unsafe { t.add_remote_handles(1, 0, all[1].as_mut_ptr(), CHUNKS[2].0, G, base, LOG2) };
+    assert!(bad.unwrap_err().message.contains("heap offset"));
+    // SAFETY: as above.
+    let bad =
+        unsafe { t.add_remote_handles(1, 0, all[1].as_mut_ptr(), CHUNKS[1].0, G, base, LOG2 + 2) };
+    assert!(bad.unwrap_err().message.contains("granule"));
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        // SAFETY: `all[c]` holds n handles (stride 1, this transport at index 0).
+        unsafe { t.add_remote_handles(1, 0, all[c].as_mut_ptr(), s, e - s, base, LOG2) }
+            .expect("add_device_remote_mem_handles");
+    }
+    let st = nvshmem_efa_gda::gda::device_state().expect("GDA state");
+    assert_eq!((st.version, st.ready, st.n_granules), (2, 1, 6));
+    assert_eq!((st.heap_base, st.heap_size), (base, 6 * G));
+    let entry_at = |row: u64, off: u64| {
+        let st = nvshmem_efa_gda::gda::device_state().unwrap();
+        let i = row * u64::from(st.key_stride) + (off >> st.log2_granularity);
+        // SAFETY: host-published table of (n_pes + 1) * key_stride entries; i is inside.
+        unsafe { *(st.heap_keys as *const NvshmemEfaGdaHeapKey).add(i as usize) }
+    };
+    let bases: Vec<u64> = mp_gather(&env, "name")
+        .iter()
+        .map(|r| r["base"].parse().unwrap())
+        .collect();
+    for (c, &(s, e)) in CHUNKS.iter().enumerate() {
+        for j in 0..n {
+            let k = entry_at(j as u64, e - 1);
+            assert_eq!((k.start, k.end, k.flags), (s, e, 1), "PE {j} chunk {c}");
+            assert_eq!(k.addr, bases[j] + s, "PE {j} chunk {c}");
+            assert_eq!(k.key, wire::SOFT_RKEY_HEAP + (s >> LOG2) as u32);
+        }
+        let k = entry_at(n as u64, s);
+        assert_eq!((k.addr, k.flags), (base + s, 1));
+    }
+    // The collective release of chunk 1 clears it from every row.
+    // SAFETY: mine[1] is this transport's live handle.
+    unsafe { t.release_mem_handle(&mut mine[1]) }.expect("release");
+    for row in 0..=n as u64 {
+        assert_eq!(entry_at(row, CHUNKS[1].0).flags, 0, "row {row}");
+        assert_eq!(entry_at(row, CHUNKS[2].0).flags, 1, "row {row}");
+    }
+    common::write_atomic(&env.dir, &format!("checked{me}"), "done=1\n");
+    mp_gather(&env, "checked");
+    t.shutdown();
+    println!("{}", common::ok_marker(me));
+}
+
+#[test]
+fn transport_path_tcp() {
+    mp_run_child("tcp", "transport_child");
+}
+
+#[test]
+fn transport_path_shm() {
+    mp_run_child("shm", "transport_child");
 }
