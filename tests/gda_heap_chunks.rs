@@ -773,10 +773,10 @@ fn transport_child() {
         .map(|r| r["base"].parse().unwrap())
         .collect();
     for (c, &(s, e)) in CHUNKS.iter().enumerate() {
-        for j in 0..n {
+        for (j, b) in bases.iter().enumerate() {
             let k = entry_at(j as u64, e - 1);
             assert_eq!((k.start, k.end, k.flags), (s, e, 1), "PE {j} chunk {c}");
-            assert_eq!(k.addr, bases[j] + s, "PE {j} chunk {c}");
+            assert_eq!(k.addr, b + s, "PE {j} chunk {c}");
             assert_eq!(k.key, wire::SOFT_RKEY_HEAP + (s >> LOG2) as u32);
         }
         let k = entry_at(n as u64, s);
