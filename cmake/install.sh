@@ -13,6 +13,7 @@
 #   lib/libnvshmem_efa_gda.so                 the library (the only copy)
 #   lib/nvshmem_transport_libfabric.so.3      NVSHMEM 3.4.x plugin name (SONAME = file name)
 #   lib/nvshmem_transport_libfabric.so.4      NVSHMEM 3.5.x plugin name
+#   lib/nvshmem_transport_libfabric.so.5/.6/.7  NVSHMEM 3.6.x / 3.7.x / 3.8.x plugin names
 #       tiny objects built from cmake/plugin_shim.c: DT_NEEDED libnvshmem_efa_gda.so, RUNPATH $ORIGIN;
 #       NVSHMEM's dlsym(handle, "nvshmemt_init") finds the library's entry through them, so
 #       LD_PRELOAD=<prefix>/lib/nvshmem_transport_libfabric.so.3 loads one copy of the library
@@ -96,7 +97,7 @@ needed_name=${soname:-libnvshmem_efa_gda.so}
 
 # 2. The NVSHMEM plugin names: separate tiny objects, never copies of the library (two copies
 #    would mean two library states in one process).
-for abi in 3 4; do
+for abi in 3 4 5 6 7; do
   name=nvshmem_transport_libfabric.so.$abi
   # shellcheck disable=SC2016 # $ORIGIN is for the dynamic loader
   "$cc" -shared -fPIC -O2 -DNVSHMEM_EFA_GDA_PLUGIN_ABI=$abi -o "$libdir/.$name.new" \
@@ -141,7 +142,7 @@ configure "$root/cmake/nvshmem-efa-gda.pc.in" "$libdir/pkgconfig/nvshmem-efa-gda
 cat <<EOF
 installed nvshmem-efa-gda $version into $prefix
   library   $libdir/libnvshmem_efa_gda.so${soname:+ (SONAME $soname)}
-  plugins   $libdir/nvshmem_transport_libfabric.so.3 (NVSHMEM 3.4), .so.4 (NVSHMEM 3.5)
+  plugins   $libdir/nvshmem_transport_libfabric.so.3 (NVSHMEM 3.4), .so.4 (3.5), .so.5 (3.6), .so.6 (3.7), .so.7 (3.8)
   headers   $prefix/include/nvshmem_efa_gda.h, $cudadir ($n_cuda device headers)
   cmake     CMAKE_PREFIX_PATH=$prefix  find_package(NvshmemEfaGda) -> NvshmemEfaGda::nvshmem_efa_gda
   pkgconfig PKG_CONFIG_PATH=$libdir/pkgconfig  pkg-config nvshmem-efa-gda

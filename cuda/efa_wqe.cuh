@@ -26,8 +26,9 @@
  *        at 16-31 (unknown ah).
  *
  * Posting: build the WQE in registers or local memory, copy it to ring slot
- * nvshmem_efa_sq_slot(pc, n) with nvshmem_efa_wqe_store(), __threadfence_system(),
- * write the new producer counter to the doorbell, fence again.
+ * nvshmem_efa_sq_slot(pc, n) with nvshmem_efa_wqe_store_entry() (the whole
+ * 64- or 128-byte entry), __threadfence_system(), write the new producer
+ * counter to the doorbell, fence again.
  * Polling: compare nvshmem_efa_cqe_flags() against nvshmem_efa_cq_expected_phase(),
  * fence, then read the rest of the entry.
  */
@@ -446,6 +447,30 @@ NVSHMEM_EFA_FN void nvshmem_efa_wqe_store(void *slot, const nvshmem_efa_tx_wqe *
 #else
     memcpy(slot, w, sizeof(*w));
 #endif
+}
+
+/* Writes a built WQE into a ring slot of entry_size bytes (64 or 128; 64-byte
+ * aligned): the 64 WQE bytes, then zeros up to entry_size. Queues with
+ * 128-byte entries (efa-direct picks them for devices with 80 bytes of inline
+ * room) read the whole entry; its bytes 64-127 hold no field this code sets
+ * and must not keep a previous WQE's bytes, so the whole entry is written,
+ * as the producers on hardware do. Other sizes write the 64 WQE bytes only.
+ * Order against the doorbell with __threadfence_system(). */
+NVSHMEM_EFA_FN void nvshmem_efa_wqe_store_entry(void *slot, const nvshmem_efa_tx_wqe *w,
+                                                uint32_t entry_size)
+{
+    nvshmem_efa_wqe_store(slot, w);
+    if (entry_size == 2u * NVSHMEM_EFA_WQE_SIZE) {
+#if defined(__CUDA_ARCH__)
+        uint4 *tail = (uint4 *)((unsigned char *)slot + NVSHMEM_EFA_WQE_SIZE);
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        int i;
+        for (i = 0; i < 4; i++)
+            tail[i] = z;
+#else
+        memset((unsigned char *)slot + NVSHMEM_EFA_WQE_SIZE, 0, NVSHMEM_EFA_WQE_SIZE);
+#endif
+    }
 }
 
 /* ------------------------------------------------------------- CQE decode */

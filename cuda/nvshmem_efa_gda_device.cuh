@@ -19,11 +19,14 @@
 //
 // Posting protocol (src/gda/state.rs is the reference; the CPU poster in src/gda/host_poster.rs
 // follows the same steps):
-//   1. reserve k slots: base = atomicAdd(&ctrl->resv, k)                 (1 <= k <= sq_entries)
-//   2. wait until base + k - ctrl->done <= sq_entries, polling completions meanwhile
-//   3. write each WQE at slot pc & (n-1), phase (pc / n) & 1, req_id = pc; __threadfence_system()
+//   1. reserve k slots: base = atomicAdd(&ctrl->resv, k)     (1 <= k <= B = min(max_batch, sq_entries))
+//   2. wait until base + k - ctrl->done <= sq_entries (the slots are free) and
+//      base + k - ctrl->ready <= B (doorbell window: at most max_batch WQEs of all posters together
+//      stand written but not rung), polling completions meanwhile
+//   3. write each WQE at slot pc & (n-1), phase (pc / n) & 1, req_id = pc, the whole 64- or
+//      128-byte entry; __threadfence_system()
 //   4. wait until ctrl->ready == base (ordered commit), store (u32)(base+k) into *sq_doorbell
-//      (in steps of at most max_batch WQEs, __threadfence_system() around it), ctrl->ready = base+k
+//      (__threadfence_system() around it), ctrl->ready = base+k
 //   5. completions: the holder of ctrl->cq_lock reads CQEs by phase (expected phase starts at 1 and
 //      flips per CQ wrap), marks slot_status[req_id & (n-1)] = status + 1, counts errors, advances
 //      ctrl->done over consecutive marked slots (clearing them)
@@ -38,9 +41,10 @@
 //   * ctrl counters: atomics or acquire/release accesses at GPU scope; host_ctrl words: volatile.
 //
 // Deadlock freedom
-//   * Reservations are totally ordered by base. The slots a poster waits for were reserved by posters
-//     with lower bases, which never wait on it; the lowest outstanding reservation can always
-//     proceed, so every poster eventually commits (induction over base).
+//   * Reservations are totally ordered by base. The slots and the doorbell window a poster waits for
+//     depend on posters with lower bases, which never wait on it; the lowest outstanding reservation
+//     (base == ready, so its window is open) can always proceed, so every poster eventually commits
+//     (induction over base).
 //   * Every wait loop polls completions (non-blocking try-lock), so progress never depends on one
 //     particular thread polling. Nobody spins on cq_lock: a thread that does not get it goes on
 //     waiting and retries. The commit turn is held only for the doorbell stores.
@@ -121,6 +125,7 @@
 #define NVSHMEM_EFA_GDA_ERR_NOT_READY 0x1003 /* device state not loaded / not ready */
 #define NVSHMEM_EFA_GDA_ERR_INVALID 0x1004   /* bad PE, address outside a heap, bad size */
 #define NVSHMEM_EFA_GDA_ERR_FAILED 0x1005    /* the queue failed earlier (see first_error) */
+#define NVSHMEM_EFA_GDA_ERR_UNSUPPORTED 0x1006 /* not available on this queue (AMOs in hardware mode) */
 
 // Per-application device word next to the state (defined in nvshmem_efa_gda_state.cu): the
 // fail-fast flag of the queue and the two numbers DeepEP-style code reads through
@@ -223,6 +228,7 @@ struct View {
     uint32_t cq_entry_size;
     uint32_t rx_entries;
     uint32_t max_batch;
+    uint32_t mode;
     uint64_t heap_base;
     uint64_t heap_size;
     uint32_t heap_lkey;
@@ -260,6 +266,7 @@ NVSHMEM_EFA_GDA_DEV View view() {
     v.cq_entry_size = __ldg(&s->queue.cq_entry_size);
     v.rx_entries = __ldg(&s->queue.rx_entries);
     v.max_batch = __ldg(&s->queue.max_batch);
+    v.mode = __ldg(&s->queue.mode);
     v.heap_base = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_base));
     v.heap_size = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_size));
     v.heap_lkey = __ldg(&s->heap_lkey);
@@ -428,23 +435,52 @@ NVSHMEM_EFA_GDA_DEV unsigned wait_done(const View &v, uint64_t target) {
 }
 
 // ---- posting -------------------------------------------------------------------------------------
-// Step 1 + 2: reserves k (1 <= k <= sq_entries) consecutive slots and waits until they are free.
-// Returns 0 and the base in *base, or an error code (nothing reserved that anyone waits for: the
-// queue is failed then).
+// Most WQEs that may stand written but not yet announced by the doorbell, across every poster of
+// the queue: the device's max_batch (its staging limit; rdma-core rings at least every max_batch
+// WQEs, NCCL's EFA GDA device code keeps un-doorbelled WQEs of all concurrent posters within it),
+// never more than the ring. Every reservation is at most this many WQEs.
+NVSHMEM_EFA_GDA_DEV uint32_t batch_limit(const View &v) {
+    return (v.max_batch != 0u && v.max_batch < v.sq_entries) ? v.max_batch : v.sq_entries;
+}
+
+// Step 1 + 2: reserves k (1 <= k <= batch_limit) consecutive slots and waits until
+//   * they are free: done >= base + k - sq_entries (their previous WQEs completed), and
+//   * they lie in the doorbell window: base + k - ready <= batch_limit. ready is the last value
+//     stored into the doorbell (every commit rings), so the WQEs written but not yet rung, over
+//     all posters together, never exceed max_batch.
+// The lowest outstanding reservation always has base == ready, so its window is open; the wait is
+// for lower reservations only (deadlock freedom as below). Returns 0 and the base in *base, or an
+// error code (nothing reserved that anyone waits for: the queue is failed then).
 NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) {
     if (fatal_code() != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
     const uint64_t b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
     *base = b;
-    const uint64_t need = b + k - v.sq_entries;  // done must reach this (when b + k > n)
-    if (b + k <= v.sq_entries) return 0u;
-    return wait_done(v, need);
+    if (b + k > v.sq_entries) {
+        const unsigned e = wait_done(v, b + k - v.sq_entries);
+        if (e) return e;
+    }
+    const uint64_t lim = batch_limit(v);
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    uint64_t r = ld_acquire_u64(&c->ready);
+    if (b + k - r <= lim) return 0u;
+    Waiter w;
+    w.start(r + ld_acquire_u64(&c->done));
+    for (;;) {
+        // Progress is the lower reservations' commits (and the completions they may wait for).
+        const uint64_t d = poll_cq(v);
+        r = ld_acquire_u64(&c->ready);
+        if (b + k - r <= lim) return 0u;
+        const unsigned e = w.step(v, r + d, b - r > NVSHMEM_EFA_GDA_FAR_WQES);
+        if (e) return e;
+    }
 }
 
-// Step 3 helper: stores one 64-byte WQE into slot pc. The caller fences afterwards.
+// Step 3 helper: writes one WQE into slot pc, the whole entry (bytes past the 64-byte WQE of a
+// 128-byte entry are zeroed). The caller fences afterwards.
 NVSHMEM_EFA_GDA_DEV void store_wqe(const View &v, uint64_t pc, const nvshmem_efa_tx_wqe &w) {
     void *slot = reinterpret_cast<void *>(
         v.sq + (uint64_t)nvshmem_efa_sq_slot(pc, v.sq_entries) * (uint64_t)v.sq_entry_size);
-    nvshmem_efa_wqe_store(slot, &w);
+    nvshmem_efa_wqe_store_entry(slot, &w, v.sq_entry_size);
 }
 
 // Request id, phase and completion request of the WQE at producer count pc.
@@ -454,7 +490,8 @@ NVSHMEM_EFA_GDA_DEV void stamp_wqe(const View &v, uint64_t pc, nvshmem_efa_tx_wq
     nvshmem_efa_wqe_set_comp_req(w, 1);
 }
 
-// Step 4: ordered commit of [base, base + k) and doorbell. Returns 0 or an error code.
+// Step 4: ordered commit of [base, base + k) (k <= batch_limit, as reserved) and doorbell.
+// Returns 0 or an error code.
 NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
     __threadfence_system();
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
@@ -473,13 +510,9 @@ NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
     }
     __threadfence_system();
     const uint64_t end = base + k;
-    const uint32_t batch = v.max_batch != 0u ? v.max_batch : v.sq_entries;
-    volatile uint32_t *db = v.sq_doorbell;
-    for (uint64_t pc = base; pc < end;) {
-        pc = (end - pc > batch) ? pc + batch : end;
-        *db = (uint32_t)pc;
-        __threadfence_system();
-    }
+    // One store: k <= batch_limit, so this doorbell announces at most max_batch WQEs.
+    *reinterpret_cast<volatile uint32_t *>(v.sq_doorbell) = (uint32_t)end;
+    __threadfence_system();
     st_release_u64(&c->ready, end);
     return 0u;
 }
@@ -488,22 +521,20 @@ NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
 // a warp that arrive together (the converged set, as cooperative_groups::coalesced_threads() sees
 // it) share one reservation and one ordered commit: the lowest lane reserves for the group, every
 // lane stores its WQE at base + its rank among the group, the lowest lane commits after
-// __syncwarp. Divergent callers form smaller groups, down to one thread; a ring smaller than the
-// group is fed one WQE at a time. *pc_end gets the producer count after the caller's own WQE.
+// __syncwarp. Divergent callers form smaller groups, down to one thread; a converged set larger
+// than batch_limit is split by rank into groups of at most batch_limit lanes, each with its own
+// reservation. *pc_end gets the producer count after the caller's own WQE.
 NVSHMEM_EFA_GDA_DEV unsigned post_one(const View &v, nvshmem_efa_tx_wqe w, uint64_t *pc_end) {
-    const unsigned grp = __activemask();
-    const unsigned cnt = (unsigned)__popc(grp);
-    if (cnt > v.sq_entries) {
-        uint64_t b = 0;
-        unsigned e = reserve(v, 1, &b);
-        if (e) return e;
-        stamp_wqe(v, b, &w);
-        store_wqe(v, b, w);
-        *pc_end = b + 1;
-        return commit(v, b, 1);
-    }
+    const unsigned active = __activemask();
     unsigned lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const uint32_t lim = batch_limit(v);
+    unsigned grp = active;
+    if ((uint32_t)__popc(active) > lim) {
+        const unsigned sub = (unsigned)__popc(active & ((1u << lane) - 1u)) / lim;
+        grp = __match_any_sync(active, sub);
+    }
+    const unsigned cnt = (unsigned)__popc(grp);
     const int leader = __ffs((int)grp) - 1;
     const unsigned rank = (unsigned)__popc(grp & ((1u << lane) - 1u));
     uint64_t base = 0;
@@ -643,14 +674,15 @@ NVSHMEM_EFA_GDA_DEV uint32_t chunk_len(uint64_t bytes, uint64_t chunk) {
     return (uint32_t)(rest < NVSHMEM_EFA_GDA_MAX_WQE_BYTES ? rest : NVSHMEM_EFA_GDA_MAX_WQE_BYTES);
 }
 
-// One thread posts chunks [c0, c1) of segment s, up to MAX_WQES_PER_POST per commit; with
-// kind == kWriteImm only chunk c1 - 1 carries the immediate. Returns 0 or an error code; *end_pc
-// gets the producer count after the last posted WQE.
+// One thread posts chunks [c0, c1) of segment s, up to min(MAX_WQES_PER_POST, batch_limit) per
+// commit; with kind == kWriteImm only chunk c1 - 1 carries the immediate. Returns 0 or an error
+// code; *end_pc gets the producer count after the last posted WQE.
 NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, RdmaKind kind,
                                               const Seg &s, uint64_t c0, uint64_t c1,
                                               uint32_t imm, uint64_t *end_pc) {
-    const uint32_t group_max = v.sq_entries < NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
-                                   ? v.sq_entries
+    const uint32_t lim = batch_limit(v);
+    const uint32_t group_max = lim < NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
+                                   ? lim
                                    : NVSHMEM_EFA_GDA_MAX_WQES_PER_POST;
     if (c1 - c0 == 1) {  // one WQE: posted together with the warp's other single-WQE callers
         const uint64_t off = c0 * NVSHMEM_EFA_GDA_MAX_WQE_BYTES;
@@ -717,9 +749,10 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_range(const View &v, const PeerView &p, i
 }
 
 // A group of `nlanes` lanes (mask `mask`, lane indices 0..nlanes-1) posts an RDMA operation
-// together: the leader (lane 0) reserves up to nlanes slots at a time, every lane writes one WQE,
-// the leader commits. All lanes must call with the same arguments; all return the same status.
-// (The segment walk reads the same table entries in every lane, so all lanes agree on it.)
+// together: the leader (lane 0) reserves up to min(nlanes, batch_limit) slots at a time, every
+// lane writes one WQE, the leader commits. All lanes must call with the same arguments; all return
+// the same status. (The segment walk reads the same table entries in every lane, so all lanes agree
+// on it.)
 NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes, RdmaKind kind,
                                              uint64_t laddr, uint64_t roff, uint64_t bytes,
                                              int pe, uint32_t imm) {
@@ -731,7 +764,8 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes
         return e;
     }
     if (bytes == 0 && kind != kWriteImm) return 0u;
-    const uint32_t group_max = (uint32_t)nlanes < v.sq_entries ? (uint32_t)nlanes : v.sq_entries;
+    const uint32_t lim = batch_limit(v);
+    const uint32_t group_max = (uint32_t)nlanes < lim ? (uint32_t)nlanes : lim;
     uint64_t done = 0;
     do {
         Seg s;
@@ -775,6 +809,12 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
                                       int pe, bool has_imm = false, uint32_t imm = 0u) {
     const View v = view();
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    // On the hardware queue nothing posts receives for these SENDs or applies them (EFA has no
+    // RDMA atomics): the target NIC would answer RNR or drop them. Refuse instead of losing them.
+    if (v.mode == NVSHMEM_EFA_GDA_MODE_HW) {
+        record_error(v, NVSHMEM_EFA_GDA_ERR_UNSUPPORTED);
+        return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED;
+    }
     if (pe < 0 || pe >= v.n_pes || (roff & (uint64_t)(size - 1)) != 0) {
         record_error(v, NVSHMEM_EFA_GDA_ERR_INVALID);
         return NVSHMEM_EFA_GDA_ERR_INVALID;
@@ -991,6 +1031,8 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t byt
 // its heap; all AMO messages a PE receives are applied in arrival order by one agent, so concurrent
 // adds from every PE are exact. Complete (applied) at the target after quiet() as the queue defines
 // SEND completion; use them only together with other AMOs of this API on the same word.
+// Software queue only: the agent that applies them is the queue's consumer thread. On a hardware
+// queue they return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED (recorded on the queue).
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");

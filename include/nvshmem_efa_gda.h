@@ -13,7 +13,9 @@ struct fid_ep;
 struct fid_mr;
 struct fid_cq;
 
-// Generic failure (NVSHMEMX_ERROR_INTERNAL in NVSHMEM's numbering).
+// Generic failure (NVSHMEMX_ERROR_INTERNAL in NVSHMEM's numbering). Every NVSHMEM host op and
+// `nvshmemt_init` returns 0, this or [`NVSHMEM_EFA_ERROR_INVALID_VALUE`]; nothing else. (The GDA C
+// API, `nvshmemt_efa_gda_*`, keeps its documented negative errno values.)
 #define NVSHMEM_EFA_ERROR_INTERNAL 7
 
 // Bad argument (NVSHMEMX_ERROR_INVALID_VALUE).

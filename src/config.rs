@@ -55,11 +55,20 @@ pub struct Config {
     pub sq_depth: u32,
     /// `NVSHMEM_EFA_MAX_BATCH`: software queue doorbell batch limit.
     pub max_batch: u32,
+    /// `NVSHMEM_EFA_SQ_ENTRY_SIZE`: software queue send-ring entry size, 64 or 128 (the size
+    /// efa-direct picks on devices with 80 bytes of inline room).
+    pub sq_entry_size: u32,
+    /// `NVSHMEM_EFA_SOFT_RX_OVERWRITE`: the software queue's RX ring overwrites entries the GPU has
+    /// not consumed, as the NIC's RX CQ does (it never sees the consumer index), instead of holding
+    /// new entries back.
+    pub soft_rx_overwrite: bool,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
     /// `Some(false)`: never staged.
     pub gpu_staging: Option<bool>,
+    /// `NVSHMEM_EFA_IPC`: same-host GPU memory through CUDA IPC copies (`auto`) or never (`0`).
+    pub ipc: crate::mover::IpcMode,
 }
 
 /// A bad environment variable.
@@ -132,7 +141,10 @@ impl Config {
             allow_vmm: false,
             sq_depth: 1024,
             max_batch: 32,
+            sq_entry_size: 64,
+            soft_rx_overwrite: false,
             gpu_staging: None,
+            ipc: crate::mover::IpcMode::Auto,
         };
         if let Some(v) = get("NVSHMEM_LIBFABRIC_PROVIDER") {
             if !v.trim().is_empty() && v.trim() != "auto" {
@@ -221,8 +233,31 @@ impl Config {
                 ),
             };
         }
+        if let Some(v) = get("NVSHMEM_EFA_IPC") {
+            c.ipc = crate::mover::IpcMode::parse(&v).ok_or_else(|| ConfigError {
+                var: "NVSHMEM_EFA_IPC",
+                value: v.clone(),
+                expected: "auto or 0",
+            })?;
+        }
         if let Some(v) = get("NVSHMEM_EFA_MAX_BATCH") {
             c.max_batch = parse_u64("NVSHMEM_EFA_MAX_BATCH", &v, 1, 32768, "1 to 32768")? as u32;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_OVERWRITE") {
+            c.soft_rx_overwrite = parse_bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE", &v)?;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
+            c.sq_entry_size = match v.trim() {
+                "64" => 64,
+                "128" => 128,
+                _ => {
+                    return Err(ConfigError {
+                        var: "NVSHMEM_EFA_SQ_ENTRY_SIZE",
+                        value: v,
+                        expected: "64 or 128",
+                    })
+                }
+            };
         }
         Ok(c)
     }
@@ -242,12 +277,57 @@ mod tests {
     }
 
     #[test]
+    fn sq_entry_size() {
+        assert_eq!(cfg(&[]).unwrap().sq_entry_size, 64);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SQ_ENTRY_SIZE", "128")])
+                .unwrap()
+                .sq_entry_size,
+            128
+        );
+        let e = cfg(&[("NVSHMEM_EFA_SQ_ENTRY_SIZE", "96")]).unwrap_err();
+        assert_eq!(
+            (e.var, e.expected),
+            ("NVSHMEM_EFA_SQ_ENTRY_SIZE", "64 or 128")
+        );
+        assert!(!cfg(&[]).unwrap().soft_rx_overwrite);
+        assert!(
+            cfg(&[("NVSHMEM_EFA_SOFT_RX_OVERWRITE", "1")])
+                .unwrap()
+                .soft_rx_overwrite
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SOFT_RX_OVERWRITE", "maybe")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_SOFT_RX_OVERWRITE"
+        );
+    }
+
+    #[test]
     fn defaults() {
         let c = cfg(&[]).unwrap();
         assert_eq!(c.provider, None);
         assert_eq!(c.gda, GdaMode::Auto);
         assert!(c.progress_thread);
         assert_eq!(c.sq_depth, 1024);
+        assert_eq!(c.ipc, crate::mover::IpcMode::Auto);
+    }
+
+    #[test]
+    fn ipc_switch() {
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_IPC", "0")]).unwrap().ipc,
+            crate::mover::IpcMode::Off
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_IPC", "auto")]).unwrap().ipc,
+            crate::mover::IpcMode::Auto
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_IPC", "later")]).unwrap_err().var,
+            "NVSHMEM_EFA_IPC"
+        );
     }
 
     #[test]

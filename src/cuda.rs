@@ -7,6 +7,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+pub mod ipc;
+pub mod stream;
+
 /// A CUDA driver error with context.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaError {
@@ -165,6 +168,50 @@ pub fn use_primary_context(ordinal: i32) -> CudaResult<()> {
             "cuDevicePrimaryCtxRetain".into()
         })?;
         check(sys::cuCtxSetCurrent(ctx), || "cuCtxSetCurrent".into())
+    }
+}
+
+/// Keeps a context current in this thread while it lives: pushes it unless it already is current,
+/// and pops it again on drop, so that the thread's own current context (NVSHMEM's proxy thread,
+/// the application thread) is left as it was.
+pub struct ContextGuard {
+    pushed: bool,
+    /// Push and pop must happen on the same thread.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ContextGuard {
+    /// Makes `ctx` (from [`current_context`]) current; a no-op guard for 0 or when it already is.
+    pub fn enter(ctx: usize) -> CudaResult<ContextGuard> {
+        require("cuCtxPushCurrent")?;
+        if ctx == 0 || current_context() == ctx {
+            return Ok(ContextGuard {
+                pushed: false,
+                _not_send: std::marker::PhantomData,
+            });
+        }
+        // SAFETY: ctx is a context handle obtained from the driver in this process and still alive
+        // (contexts outlive the transport).
+        check(
+            unsafe { sys::cuCtxPushCurrent_v2(ctx as sys::CUcontext) },
+            || "cuCtxPushCurrent".into(),
+        )?;
+        Ok(ContextGuard {
+            pushed: true,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut prev: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops exactly the context this guard pushed on this thread (the guard is not Send).
+            unsafe {
+                let _ = sys::cuCtxPopCurrent_v2(&mut prev);
+            }
+        }
     }
 }
 
@@ -461,21 +508,44 @@ unsafe impl Send for HostRegistration {}
 // SAFETY: as above.
 unsafe impl Sync for HostRegistration {}
 
+/// What kind of host range a [`HostRegistration`] maps for the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostMapping {
+    /// Device MMIO the GPU writes (send ring, doorbells): `DEVICEMAP | IOMEMORY`.
+    Io,
+    /// Memory the process maps read-only (rdma-core maps a provider-allocated CQ ring with
+    /// `PROT_READ`): `DEVICEMAP | READ_ONLY`. Without `READ_ONLY` the driver refuses read-only CPU
+    /// mappings on platforms whose GPU does not use the host page tables.
+    ReadOnly,
+    /// Ordinary host memory: `DEVICEMAP`.
+    ReadWrite,
+}
+
+impl HostMapping {
+    /// The `cuMemHostRegister` flags of this kind.
+    pub const fn flags(self) -> u32 {
+        match self {
+            HostMapping::Io => sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_IOMEMORY,
+            HostMapping::ReadOnly => {
+                sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_READ_ONLY
+            }
+            HostMapping::ReadWrite => sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+        }
+    }
+}
+
 impl HostRegistration {
-    /// Registers `[host, host+len)`; `iomemory` for MMIO (doorbells).
+    /// Registers `[host, host+len)` for the GPU as `kind`.
     ///
     /// # Safety
     /// The range must stay mapped until the registration is dropped.
     pub unsafe fn new(
         host: *mut c_void,
         len: usize,
-        iomemory: bool,
+        kind: HostMapping,
     ) -> CudaResult<HostRegistration> {
         require("cuMemHostRegister")?;
-        let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        if iomemory {
-            flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
-        }
+        let flags = kind.flags();
         // SAFETY: caller guarantees the range; outputs are locals.
         unsafe {
             check(sys::cuMemHostRegister_v2(host, len, flags), || {
@@ -634,5 +704,24 @@ impl Drop for HostPin {
         unsafe {
             let _ = sys::cuMemHostUnregister(self.ptr as *mut c_void);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU's mappings of provider memory: MMIO it writes, read-only CPU mappings it reads.
+    #[test]
+    fn host_mapping_flags() {
+        let (dm, io, ro) = (
+            sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+            sys::CU_MEMHOSTREGISTER_IOMEMORY,
+            sys::CU_MEMHOSTREGISTER_READ_ONLY,
+        );
+        assert_eq!((dm, io, ro), (2, 4, 8));
+        assert_eq!(HostMapping::Io.flags(), dm | io);
+        assert_eq!(HostMapping::ReadOnly.flags(), dm | ro);
+        assert_eq!(HostMapping::ReadWrite.flags(), dm);
     }
 }

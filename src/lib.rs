@@ -20,4 +20,6 @@ pub mod gda;
 /// cbindgen:ignore
 pub mod log;
 /// cbindgen:ignore
+pub mod mover;
+/// cbindgen:ignore
 pub mod nvshmem;

@@ -249,6 +249,7 @@ fn wqe_error_name(e: &WqeError) -> String {
         WqeError::LengthMismatch { .. } => "LengthMismatch".into(),
         WqeError::PhaseOutOfRange(v) => format!("PhaseOutOfRange:{v}"),
         WqeError::ReqIdTooWide(v) => format!("ReqIdTooWide:{v}"),
+        WqeError::BadEntrySize(v) => format!("BadEntrySize:{v}"),
     }
 }
 
@@ -298,8 +299,17 @@ fn vector_file_is_well_formed() {
             v.name
         );
         assert!(
-            ["wqe", "wqe_bad", "tx_cqe", "rx_cqe", "rx_cqe_ex", "cqe_bad"]
-                .contains(&v.kind.as_str()),
+            [
+                "wqe",
+                "wqe_bad",
+                "tx_cqe",
+                "rx_cqe",
+                "rx_cqe_ex",
+                "cqe_bad",
+                "entry",
+                "entry_bad"
+            ]
+            .contains(&v.kind.as_str()),
             "line {}: unknown kind {}",
             v.line,
             v.kind
@@ -319,6 +329,67 @@ fn vector_file_is_well_formed() {
         "only {} negative CQE vectors",
         count("cqe_bad")
     );
+    assert!(count("entry") >= 6, "only {} entry vectors", count("entry"));
+    assert!(
+        count("entry_bad") >= 3,
+        "only {} negative entry vectors",
+        count("entry_bad")
+    );
+}
+
+/// A WQE written into a ring entry: the whole entry, the WQE then zeros (128-byte entries too).
+#[test]
+fn entry_vectors_store_and_decode() {
+    let wqes: BTreeMap<String, Vector> = of_kind("wqe")
+        .into_iter()
+        .map(|v| (v.name.clone(), v))
+        .collect();
+    let entries = of_kind("entry");
+    assert!(entries.iter().any(|v| v.num("entry_size") == 128));
+    for v in &entries {
+        let of = wqes
+            .get(v.get("of"))
+            .unwrap_or_else(|| panic!("{}: no WQE vector {}", v.name, v.get("of")));
+        let desc = wqe_desc(of);
+        let size = v.num("entry_size") as usize;
+        let want = v.bytes("bytes");
+        assert_eq!(want.len(), size, "{}: expected bytes", v.name);
+        let mut slot = vec![0xA5u8; size];
+        wqe::store_entry(&mut slot, &wqe::encode(&desc)).expect("valid entry size");
+        assert!(slot == want, "{}", show_diff(&v.name, &slot, &want));
+        assert_eq!(
+            wqe::decode_entry(&want, desc.req_id_64),
+            Ok(desc),
+            "{}: decode",
+            v.name
+        );
+    }
+}
+
+#[test]
+fn entry_negative_vectors_are_rejected() {
+    for v in &of_kind("entry_bad") {
+        let bytes = v.bytes("bytes");
+        assert_eq!(bytes.len(), wqe::WQE_SIZE_128, "{}", v.name);
+        let expected = v.get("error");
+        match wqe::decode_entry(&bytes, v.flag("req64")) {
+            Ok(d) => panic!("{}: accepted as {d:?}, expected {expected}", v.name),
+            Err(e) => assert_eq!(
+                wqe_error_name(&e),
+                expected,
+                "{}: wrong error ({e})",
+                v.name
+            ),
+        }
+        // The first 64 bytes alone are a valid WQE: only the stale tail is wrong.
+        let mut head = [0u8; wqe::WQE_SIZE];
+        head.copy_from_slice(&bytes[..wqe::WQE_SIZE]);
+        assert!(
+            wqe::decode_with(&head, v.flag("req64")).is_ok(),
+            "{}",
+            v.name
+        );
+    }
 }
 
 #[test]

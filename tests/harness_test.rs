@@ -1,7 +1,7 @@
 //! Host harness runs: `tests/harness/harness.c` drives `libnvshmem_efa_gda.so` the way NVSHMEM's
 //! host library does, on several processes without a GPU (see tests/harness/README.md).
 //!
-//! Every configuration (ABI 3 and 4 x provider x number of PEs x AMO path) is one harness
+//! Every configuration (ABI 3 to 7 x provider x number of PEs x AMO path) is one harness
 //! invocation running all cases; a run must exit 0, print `N passed, 0 failed` and a `PASS` line
 //! for every case that applies to its ABI. A missing provider fails the run (CI builds libfabric
 //! with tcp and shm). `harness_reports_injected_faults` checks that the harness itself catches
@@ -380,6 +380,33 @@ fn abi4_tcp_manual_progress_np3() {
     expect_pass_with(4, 3, "tcp", None, true, &[]);
 }
 /// Every put and get through the staged protocol that carries GPU memory on software providers.
+// ABI 5 (NVSHMEM 3.6.x), 6 (3.7.x) and 7 (3.8.x): 2 PEs on each software provider (the v4 cases
+// cover the shared ops; 6 and 7 call amo/put_signal with the 20-byte verb, 7 checks the new ops).
+#[test]
+fn abi5_tcp_np2() {
+    expect_pass(5, 2, "tcp", None);
+}
+#[test]
+fn abi5_shm_np2() {
+    expect_pass(5, 2, "shm", None);
+}
+#[test]
+fn abi6_tcp_np2() {
+    expect_pass(6, 2, "tcp", None);
+}
+#[test]
+fn abi6_shm_np2() {
+    expect_pass(6, 2, "shm", None);
+}
+#[test]
+fn abi7_tcp_np2() {
+    expect_pass(7, 2, "tcp", None);
+}
+#[test]
+fn abi7_shm_np2() {
+    expect_pass(7, 2, "shm", None);
+}
+
 #[test]
 fn abi3_shm_staged_np3() {
     expect_pass_with(

@@ -7,10 +7,18 @@ pub mod transport;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Generic failure (NVSHMEMX_ERROR_INTERNAL in NVSHMEM's numbering).
+/// Generic failure (NVSHMEMX_ERROR_INTERNAL in NVSHMEM's numbering). Every NVSHMEM host op and
+/// `nvshmemt_init` returns 0, this or [`NVSHMEM_EFA_ERROR_INVALID_VALUE`]; nothing else. (The GDA C
+/// API, `nvshmemt_efa_gda_*`, keeps its documented negative errno values.)
 pub const NVSHMEM_EFA_ERROR_INTERNAL: i32 = 7;
 /// Bad argument (NVSHMEMX_ERROR_INVALID_VALUE).
 pub const NVSHMEM_EFA_ERROR_INVALID_VALUE: i32 = 2;
+
+// The published codes are NVSHMEM's own numbers, which the transport's statuses use too.
+const _: () = {
+    assert!(NVSHMEM_EFA_ERROR_INTERNAL == crate::nvshmem::abi::status::INTERNAL);
+    assert!(NVSHMEM_EFA_ERROR_INVALID_VALUE == crate::nvshmem::abi::status::INVALID_VALUE);
+};
 
 /// Runs `f`, turning a panic into `on_panic` after logging it with the entry point's name.
 pub fn ffi_guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {

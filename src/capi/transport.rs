@@ -1,75 +1,107 @@
-//! `nvshmemt_init` and the host-op thunks for transport ABI v3 (NVSHMEM 3.4.x) and v4 (3.5.x).
+//! `nvshmemt_init` and the host-op thunks for transport ABI 3 to 7 (NVSHMEM 3.4.x to 3.8.x).
 //!
 //! `nvshmemt_init` reads the host's `api_version` (major*10000 + minor*100 + patch), allocates the
-//! struct of the matching layout, fills the host ops with the thunks of that ABI, and keeps the
-//! transport behind `state`. Every thunk: panic boundary, argument checks, then the safe transport.
+//! struct of the matching layout (`crate::nvshmem::abi::v3` .. `v7`), fills its host ops with the
+//! thunks of that ABI, and keeps the one ABI-independent transport behind `state`. The thunks are
+//! generic over the layout: each one is panic boundary, argument checks and conversion, then a call
+//! of the shared implementation. Error codes at this boundary are NVSHMEM's, published as
+//! `NVSHMEM_EFA_ERROR_*` (see `crate::capi`).
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use super::ffi_guard;
+use super::{ffi_guard, NVSHMEM_EFA_ERROR_INTERNAL, NVSHMEM_EFA_ERROR_INVALID_VALUE};
 use crate::config::Config;
+use crate::nvshmem::abi::v3::{HostOpsV3, TransportV3};
+use crate::nvshmem::abi::v4::{HostOpsV4, TransportV4};
+use crate::nvshmem::abi::v5::TransportV5;
+use crate::nvshmem::abi::v6::{HostOpsV6, TransportV6};
+use crate::nvshmem::abi::v7::{self, op_flag, HostOpsV7, OpAttrs, TransportV7};
 use crate::nvshmem::abi::{
-    self, AmoBytesdesc, AmoMemdesc, AmoVerb, BootstrapHandle, CxxVector, HostOpsV3, HostOpsV4,
-    MemHandle, PeInfo, RmaBytesdesc, RmaMemdesc, RmaVerb, TransportTail, TransportV3, TransportV4,
+    self, AmoBytesdesc, AmoMemdesc, AmoVerb, AmoVerbF, BootstrapHandle, CxxVector, MemHandle,
+    PeInfo, RmaBytesdesc, RmaMemdesc, RmaVerb, TransportTail,
 };
+use crate::nvshmem::ops_v5plus::BatchState;
 use crate::nvshmem::transport::{TResult, Transport, TransportError, EP_HOST, EP_PROXY};
-use crate::nvshmem::SUPPORTED_MAJORS;
 
-const INTERNAL: c_int = abi::status::INTERNAL;
-const INVALID: c_int = abi::status::INVALID_VALUE;
+const INTERNAL: c_int = NVSHMEM_EFA_ERROR_INTERNAL;
+const INVALID: c_int = NVSHMEM_EFA_ERROR_INVALID_VALUE;
 
-/// This library's transport interface version per major (minor/patch of the NVSHMEM release it
-/// was checked against).
-fn own_version(major: i32) -> i32 {
-    match major {
-        3 => 30000,
-        _ => 40000,
+/// What `state` points to: the shared transport and the adapter's batching state.
+struct Plugin {
+    tr: Arc<Transport>,
+    batch: BatchState,
+}
+
+impl std::ops::Deref for Plugin {
+    type Target = Arc<Transport>;
+    fn deref(&self) -> &Arc<Transport> {
+        &self.tr
     }
 }
 
-/// Access to the common tail and the transport of either layout.
+/// Access to the common tail of every layout, and the transport ABI major the layout mirrors.
 trait Layout {
+    /// The transport ABI major (for messages).
+    const MAJOR: c_int;
     fn tail(&mut self) -> &mut TransportTail;
 }
-impl Layout for TransportV3 {
-    fn tail(&mut self) -> &mut TransportTail {
-        &mut self.tail
-    }
+macro_rules! layouts {
+    ($($t:ty => $m:expr),*) => {$(
+        impl Layout for $t {
+            const MAJOR: c_int = $m;
+            fn tail(&mut self) -> &mut TransportTail {
+                &mut self.tail
+            }
+        }
+    )*};
 }
-impl Layout for TransportV4 {
-    fn tail(&mut self) -> &mut TransportTail {
-        &mut self.tail
-    }
-}
+layouts!(
+    TransportV3 => 3,
+    TransportV4 => 4,
+    TransportV5 => 5,
+    TransportV6 => 6,
+    TransportV7 => 7
+);
 
 /// The transport behind a struct pointer NVSHMEM hands back to a thunk.
 ///
 /// # Safety
 /// `t` must be null or a struct this library allocated with layout `L`.
-unsafe fn transport_of<L: Layout>(t: *mut c_void) -> Result<Arc<Transport>, c_int> {
+unsafe fn transport_of<L: Layout>(t: *mut c_void) -> Result<Arc<Plugin>, c_int> {
     if t.is_null() {
         tracing::error!("transport op called with a null transport");
         return Err(INVALID);
     }
-    // SAFETY: caller guarantees the layout; state holds a leaked Box<Arc<Transport>> or null.
-    let state = unsafe { (*(t as *mut L)).tail().state } as *const Arc<Transport>;
+    // SAFETY: caller guarantees the layout; state holds a leaked Box<Arc<Plugin>> or null.
+    let state = unsafe { (*(t as *mut L)).tail().state } as *const Arc<Plugin>;
     if state.is_null() {
         tracing::error!("transport op called on a finalized transport");
         return Err(INVALID);
     }
-    // SAFETY: state is the Box<Arc<Transport>> set by nvshmemt_init, alive until finalize.
+    // SAFETY: state is the Box<Arc<Plugin>> set by nvshmemt_init, alive until finalize.
     Ok(unsafe { (*state).clone() })
 }
 
 fn code(r: TResult<()>) -> c_int {
     match r {
         Ok(()) => 0,
-        Err(TransportError { status, .. }) => status,
+        // The transport logged the message where the error arose.
+        Err(TransportError { status, .. }) => boundary_code(status),
+    }
+}
+
+/// Maps a transport status onto the published codes: invalid input stays INVALID_VALUE, every other
+/// failure is INTERNAL.
+fn boundary_code(status: c_int) -> c_int {
+    if status == abi::status::INVALID_VALUE {
+        INVALID
+    } else {
+        INTERNAL
     }
 }
 
 /// Runs a thunk body with the transport of `t`.
-fn with<L: Layout>(name: &str, t: *mut c_void, f: impl FnOnce(&Arc<Transport>) -> c_int) -> c_int {
+fn with<L: Layout>(name: &str, t: *mut c_void, f: impl FnOnce(&Plugin) -> c_int) -> c_int {
     ffi_guard(name, INTERNAL, || {
         // SAFETY: NVSHMEM passes back the struct this library allocated with layout L.
         match unsafe { transport_of::<L>(t) } {
@@ -100,8 +132,8 @@ fn ep_of_qp_index(qp: c_int) -> usize {
     }
 }
 
-/// NVSHMEM's transport entry point. Serves transport ABI majors 3 and 4 from one binary.
-/// (Not in the public header: NVSHMEM declares it with its own types.)
+/// NVSHMEM's transport entry point. Serves transport ABI majors 3 to 7 (`abi::SERVED_MAJORS`) from one
+/// binary. (Not in the public header: NVSHMEM declares it with its own types.)
 ///
 /// cbindgen:ignore
 ///
@@ -117,14 +149,14 @@ pub unsafe extern "C" fn nvshmemt_init(
     let _ = table;
     ffi_guard("nvshmemt_init", INTERNAL, || {
         let major = api_version / 10000;
-        if !SUPPORTED_MAJORS.contains(&major) {
+        let Some(own) = abi::own_version(major) else {
             tracing::error!(
-                "nvshmemt_init: NVSHMEM offers transport interface {api_version} (major {major}); this library \
-                 serves majors {:?} (NVSHMEM 3.4.x = 3, 3.5.x = 4)",
-                SUPPORTED_MAJORS
+                "nvshmemt_init: NVSHMEM offers transport interface {api_version} (major {major}); this \
+                 library serves majors {}",
+                abi::served_list()
             );
             return INVALID;
-        }
+        };
         if out.is_null() {
             tracing::error!("nvshmemt_init: null output pointer");
             return INVALID;
@@ -143,61 +175,127 @@ pub unsafe extern "C" fn nvshmemt_init(
                 return INTERNAL;
             }
         };
-        let state = Box::into_raw(Box::new(tr)) as *mut c_void;
-        let version = api_version.min(own_version(major));
-        let ptr = if major == 3 {
-            // SAFETY: TransportV3 is plain data; all-zero is its empty value.
-            let mut t: Box<TransportV3> = Box::new(unsafe { std::mem::zeroed() });
-            t.api_version = version;
-            t.host_ops = HostOpsV3 {
-                can_reach_peer: Some(can_reach_peer::<TransportV3>),
-                connect_endpoints: Some(connect_v3),
-                get_mem_handle: Some(get_mem_handle::<TransportV3>),
-                release_mem_handle: Some(release_mem_handle::<TransportV3>),
-                finalize: Some(finalize::<TransportV3>),
-                show_info: Some(show_info::<TransportV3>),
-                progress: Some(progress::<TransportV3>),
-                rma: Some(rma_v3),
-                amo: Some(amo_v3),
-                fence: Some(fence_v3),
-                quiet: Some(quiet_v3),
-                enforce_cst: Some(enforce_cst::<TransportV3>),
-                enforce_cst_at_target: Some(enforce_cst::<TransportV3>),
-                add_device_remote_mem_handles: Some(add_remote_handles::<TransportV3>),
-            };
-            fill_tail(&mut t.tail, state);
-            Box::into_raw(t) as *mut c_void
-        } else {
-            // SAFETY: as above.
-            let mut t: Box<TransportV4> = Box::new(unsafe { std::mem::zeroed() });
-            t.api_version = version;
-            t.host_ops = HostOpsV4 {
-                can_reach_peer: Some(can_reach_peer::<TransportV4>),
-                connect_endpoints: Some(connect_v4),
-                get_mem_handle: Some(get_mem_handle::<TransportV4>),
-                release_mem_handle: Some(release_mem_handle::<TransportV4>),
-                finalize: Some(finalize::<TransportV4>),
-                show_info: Some(show_info::<TransportV4>),
-                progress: Some(progress::<TransportV4>),
-                rma: Some(rma_v4),
-                amo: Some(amo_v4),
-                fence: Some(fence_v4),
-                quiet: Some(quiet_v4),
-                put_signal: Some(put_signal_v4),
-                enforce_cst: Some(enforce_cst::<TransportV4>),
-                enforce_cst_at_target: Some(enforce_cst::<TransportV4>),
-                add_device_remote_mem_handles: Some(add_remote_handles::<TransportV4>),
-            };
-            fill_tail(&mut t.tail, state);
-            Box::into_raw(t) as *mut c_void
+        let plugin = Arc::new(Plugin {
+            tr,
+            batch: BatchState::default(),
+        });
+        let state = Box::into_raw(Box::new(plugin)) as *mut c_void;
+        let version = api_version.min(own);
+        let ptr = match major {
+            3 => alloc::<TransportV3>(version, state, |t| t.host_ops = ops_v3()),
+            4 => alloc::<TransportV4>(version, state, |t| t.host_ops = ops_v4::<TransportV4>()),
+            5 => alloc::<TransportV5>(version, state, |t| t.host_ops = ops_v4::<TransportV5>()),
+            6 => alloc::<TransportV6>(version, state, |t| t.host_ops = ops_v6()),
+            _ => alloc::<TransportV7>(version, state, |t| {
+                t.host_ops = ops_v7();
+                t.device_assignment_mode = v7::device_assignment::DEFAULT;
+            }),
         };
         // SAFETY: out checked non-null.
         unsafe { *out = ptr };
         tracing::info!(
-            "nvshmemt_init: transport ABI {major} (host {api_version}, serving {version})"
+            "nvshmemt_init: transport ABI {major} (NVSHMEM {}; host {api_version}, serving {version})",
+            abi::nvshmem_line(major).unwrap_or("?")
         );
         0
     })
+}
+
+/// Allocates a zeroed struct of layout `L`, sets its version, tail and (through `fill`) host ops.
+fn alloc<L: Layout>(version: c_int, state: *mut c_void, fill: impl FnOnce(&mut L)) -> *mut c_void {
+    // SAFETY: every layout is plain data (integers, pointers, optional fn pointers); all-zero is its
+    // empty value.
+    let mut t: Box<L> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: api_version is the first field of every layout (repr(C), offset 0).
+    unsafe { *(&mut *t as *mut L as *mut c_int) = version };
+    fill_tail(t.tail(), state);
+    fill(&mut t);
+    Box::into_raw(t) as *mut c_void
+}
+
+fn ops_v3() -> HostOpsV3 {
+    type L = TransportV3;
+    HostOpsV3 {
+        can_reach_peer: Some(can_reach_peer::<L>),
+        connect_endpoints: Some(connect_v3),
+        get_mem_handle: Some(get_mem_handle::<L>),
+        release_mem_handle: Some(release_mem_handle::<L>),
+        finalize: Some(finalize::<L>),
+        show_info: Some(show_info::<L>),
+        progress: Some(progress::<L>),
+        rma: Some(rma_v3),
+        amo: Some(amo_v3),
+        fence: Some(fence_v3),
+        quiet: Some(quiet_v3),
+        enforce_cst: Some(enforce_cst::<L>),
+        enforce_cst_at_target: Some(enforce_cst::<L>),
+        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
+    }
+}
+
+/// The v4 table (also v5's, whose layout is v4's).
+fn ops_v4<L: Layout>() -> HostOpsV4 {
+    HostOpsV4 {
+        can_reach_peer: Some(can_reach_peer::<L>),
+        connect_endpoints: Some(connect_qp::<L>),
+        get_mem_handle: Some(get_mem_handle::<L>),
+        release_mem_handle: Some(release_mem_handle::<L>),
+        finalize: Some(finalize::<L>),
+        show_info: Some(show_info::<L>),
+        progress: Some(progress::<L>),
+        rma: Some(rma_qp::<L>),
+        amo: Some(amo_qp::<L>),
+        fence: Some(fence_qp::<L>),
+        quiet: Some(quiet_qp::<L>),
+        put_signal: Some(put_signal_qp::<L>),
+        enforce_cst: Some(enforce_cst::<L>),
+        enforce_cst_at_target: Some(enforce_cst::<L>),
+        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
+    }
+}
+
+fn ops_v6() -> HostOpsV6 {
+    type L = TransportV6;
+    HostOpsV6 {
+        can_reach_peer: Some(can_reach_peer::<L>),
+        connect_endpoints: Some(connect_qp::<L>),
+        get_mem_handle: Some(get_mem_handle::<L>),
+        release_mem_handle: Some(release_mem_handle::<L>),
+        finalize: Some(finalize::<L>),
+        show_info: Some(show_info::<L>),
+        progress: Some(progress::<L>),
+        rma: Some(rma_qp::<L>),
+        amo: Some(amo_f::<L>),
+        fence: Some(fence_qp::<L>),
+        quiet: Some(quiet_qp::<L>),
+        put_signal: Some(put_signal_f::<L>),
+        enforce_cst: Some(enforce_cst::<L>),
+        enforce_cst_at_target: Some(enforce_cst::<L>),
+        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
+    }
+}
+
+fn ops_v7() -> HostOpsV7 {
+    type L = TransportV7;
+    HostOpsV7 {
+        can_reach_peer: Some(can_reach_peer::<L>),
+        connect_endpoints: Some(connect_qp::<L>),
+        get_mem_handle: Some(get_mem_handle::<L>),
+        release_mem_handle: Some(release_mem_handle::<L>),
+        finalize: Some(finalize::<L>),
+        show_info: Some(show_info::<L>),
+        progress: Some(progress::<L>),
+        rma: Some(rma_qp::<L>),
+        amo: Some(amo_f::<L>),
+        fence: Some(fence_qp::<L>),
+        quiet: Some(quiet_qp::<L>),
+        put_signal: Some(put_signal_f::<L>),
+        enforce_cst: Some(enforce_cst::<L>),
+        enforce_cst_at_target: Some(enforce_cst::<L>),
+        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
+        rma_with_hints: Some(rma_with_hints::<L>),
+        region_flush: Some(region_flush::<L>),
+    }
 }
 
 fn fill_tail(tail: &mut TransportTail, state: *mut c_void) {
@@ -271,16 +369,59 @@ fn connect_common<L: Layout>(name: &str, t: *mut c_void) -> c_int {
         // SAFETY: t is our struct (checked by with()).
         let tail = unsafe { (*(t as *mut L)).tail() };
         let (my_pe, n_pes, boot) = (tail.my_pe, tail.n_pes, tail.boot_handle);
+        // SAFETY: a non-null boot handle is NVSHMEM's, valid while the transport lives.
+        let boot_ids = (!boot.is_null()).then(|| unsafe { ((*boot).pg_rank, (*boot).pg_size) });
+        if let Err(msg) = check_host_fields(L::MAJOR, my_pe, n_pes, boot_ids) {
+            tracing::error!("{name}: {msg}");
+            return INVALID;
+        }
         let ag = boot_allgather(boot);
         code(tr.connect(my_pe, n_pes, &ag))
     })
+}
+
+/// The layout self-check: when NVSHMEM first calls `connect_endpoints` it has filled `boot_handle`,
+/// `my_pe` and `n_pes` of the struct. If the library mirrored the wrong layout for this NVSHMEM,
+/// these read as garbage (or the handle's rank and size disagree with them), and the transport
+/// refuses to go on instead of writing through a misread struct later.
+fn check_host_fields(
+    major: c_int,
+    my_pe: c_int,
+    n_pes: c_int,
+    boot: Option<(c_int, c_int)>,
+) -> Result<(), String> {
+    let hint = || {
+        format!(
+            "the transport struct of ABI {major} (NVSHMEM {}) as this library mirrors it does not \
+             match the host's; refusing to continue (wrong NVSHMEM version for this ABI, or a \
+             layout this library has wrong)",
+            abi::nvshmem_line(major).unwrap_or("?")
+        )
+    };
+    let Some((rank, size)) = boot else {
+        return Err(format!("no bootstrap handle in the struct: {}", hint()));
+    };
+    if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
+        return Err(format!(
+            "my_pe {my_pe} / n_pes {n_pes} out of range: {}",
+            hint()
+        ));
+    }
+    if rank != my_pe || size != n_pes {
+        return Err(format!(
+            "my_pe {my_pe} / n_pes {n_pes} disagree with the bootstrap's rank {rank} / size \
+             {size}: {}",
+            hint()
+        ));
+    }
+    Ok(())
 }
 
 unsafe extern "C" fn connect_v3(t: *mut c_void, _dev_ids: *mut c_int, _n: c_int) -> c_int {
     connect_common::<TransportV3>("connect_endpoints", t)
 }
 
-unsafe extern "C" fn connect_v4(
+unsafe extern "C" fn connect_qp<L: Layout>(
     t: *mut c_void,
     _dev_ids: *mut c_int,
     _n: c_int,
@@ -291,7 +432,7 @@ unsafe extern "C" fn connect_v4(
     // for `num_qps` device QPs. Every one maps to the proxy endpoint (QP index 1): operations on them
     // are served, in order with the proxy's other traffic.
     if num_qps > 0 && !out_qp.is_null() {
-        let r = with::<TransportV4>("connect_endpoints", t, |tr| {
+        let r = with::<L>("connect_endpoints", t, |tr| {
             if !tr.is_connected() {
                 tracing::error!(
                     "connect_endpoints: QPs requested before the transport is connected"
@@ -307,7 +448,7 @@ unsafe extern "C" fn connect_v4(
         });
         return r;
     }
-    connect_common::<TransportV4>("connect_endpoints", t)
+    connect_common::<L>("connect_endpoints", t)
 }
 
 unsafe extern "C" fn get_mem_handle<L: Layout>(
@@ -336,8 +477,8 @@ unsafe extern "C" fn finalize<L: Layout>(t: *mut c_void) -> c_int {
             tracing::error!("finalize: null transport");
             return INVALID;
         }
-        // SAFETY: t is our struct; state is the Box<Arc<Transport>> from nvshmemt_init.
-        let state = unsafe { (*(t as *mut L)).tail().state } as *mut Arc<Transport>;
+        // SAFETY: t is our struct; state is the Box<Arc<Plugin>> from nvshmemt_init.
+        let state = unsafe { (*(t as *mut L)).tail().state } as *mut Arc<Plugin>;
         if !state.is_null() {
             // SAFETY: taken back exactly once.
             let tr = unsafe { Box::from_raw(state) };
@@ -422,7 +563,7 @@ unsafe extern "C" fn rma_v3(
     rma_common::<TransportV3>(t, pe, verb, r, l, b, ep_of_proxy_flag(is_proxy))
 }
 
-unsafe extern "C" fn rma_v4(
+unsafe extern "C" fn rma_qp<L: Layout>(
     t: *mut c_void,
     pe: c_int,
     verb: RmaVerb,
@@ -431,21 +572,42 @@ unsafe extern "C" fn rma_v4(
     b: RmaBytesdesc,
     qp: c_int,
 ) -> c_int {
-    rma_common::<TransportV4>(t, pe, verb, r, l, b, ep_of_qp_index(qp))
+    rma_common::<L>(t, pe, verb, r, l, b, ep_of_qp_index(qp))
 }
 
 fn amo_common<L: Layout>(
     t: *mut c_void,
     pe: c_int,
     verb: AmoVerb,
+    is_float: bool,
     m: *mut AmoMemdesc,
     b: AmoBytesdesc,
     ep: usize,
 ) -> c_int {
     // SAFETY: NVSHMEM's descriptor, valid for the call; retptr lives until quiet.
     with::<L>("amo", t, |tr| {
-        code(unsafe { tr.amo(pe, verb, m, b.elembytes, ep) })
+        code(unsafe {
+            if is_float {
+                tr.amo_float(pe, verb, m, b.elembytes, ep)
+            } else {
+                tr.amo(pe, verb, m, b.elembytes, ep)
+            }
+        })
     })
+}
+
+/// `amo` from ABI 6 on: the verb carries `is_float`.
+unsafe extern "C" fn amo_f<L: Layout>(
+    t: *mut c_void,
+    pe: c_int,
+    _cur: *mut c_void,
+    verb: AmoVerbF,
+    m: *mut AmoMemdesc,
+    b: AmoBytesdesc,
+    qp: c_int,
+) -> c_int {
+    let (v, is_float) = verb.split();
+    amo_common::<L>(t, pe, v, is_float, m, b, ep_of_qp_index(qp))
 }
 
 unsafe extern "C" fn amo_v3(
@@ -457,10 +619,10 @@ unsafe extern "C" fn amo_v3(
     b: AmoBytesdesc,
     is_proxy: c_int,
 ) -> c_int {
-    amo_common::<TransportV3>(t, pe, verb, m, b, ep_of_proxy_flag(is_proxy))
+    amo_common::<TransportV3>(t, pe, verb, false, m, b, ep_of_proxy_flag(is_proxy))
 }
 
-unsafe extern "C" fn amo_v4(
+unsafe extern "C" fn amo_qp<L: Layout>(
     t: *mut c_void,
     pe: c_int,
     _cur: *mut c_void,
@@ -469,7 +631,7 @@ unsafe extern "C" fn amo_v4(
     b: AmoBytesdesc,
     qp: c_int,
 ) -> c_int {
-    amo_common::<TransportV4>(t, pe, verb, m, b, ep_of_qp_index(qp))
+    amo_common::<L>(t, pe, verb, false, m, b, ep_of_qp_index(qp))
 }
 
 fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> c_int {
@@ -495,16 +657,21 @@ unsafe extern "C" fn quiet_v3(t: *mut c_void, pe: c_int, is_proxy: c_int) -> c_i
     quiet_common::<TransportV3>("quiet", t, pe, ep_of_proxy_flag(is_proxy))
 }
 
-unsafe extern "C" fn fence_v4(t: *mut c_void, pe: c_int, qp: c_int, _is_multi: c_int) -> c_int {
-    quiet_common::<TransportV4>("fence", t, pe, ep_of_qp_index(qp))
+unsafe extern "C" fn fence_qp<L: Layout>(
+    t: *mut c_void,
+    pe: c_int,
+    qp: c_int,
+    _is_multi: c_int,
+) -> c_int {
+    quiet_common::<L>("fence", t, pe, ep_of_qp_index(qp))
 }
 
-unsafe extern "C" fn quiet_v4(t: *mut c_void, pe: c_int, qp: c_int) -> c_int {
-    quiet_common::<TransportV4>("quiet", t, pe, ep_of_qp_index(qp))
+unsafe extern "C" fn quiet_qp<L: Layout>(t: *mut c_void, pe: c_int, qp: c_int) -> c_int {
+    quiet_common::<L>("quiet", t, pe, ep_of_qp_index(qp))
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn put_signal_v4(
+unsafe extern "C" fn put_signal_qp<L: Layout>(
     t: *mut c_void,
     pe: c_int,
     verb: RmaVerb,
@@ -516,7 +683,49 @@ unsafe extern "C" fn put_signal_v4(
     sig_bytes: AmoBytesdesc,
     qp: c_int,
 ) -> c_int {
-    with::<TransportV4>("put_signal", t, |tr| {
+    put_signal_common::<L>(
+        t, pe, verb, remote, local, bytes, sig_verb, sig, sig_bytes, qp,
+    )
+}
+
+/// `put_signal` from ABI 6 on. A signal is a `uint64_t` word: a float flag on it is refused.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn put_signal_f<L: Layout>(
+    t: *mut c_void,
+    pe: c_int,
+    verb: RmaVerb,
+    remote: *mut CxxVector<RmaMemdesc>,
+    local: *mut CxxVector<RmaMemdesc>,
+    bytes: *mut CxxVector<RmaBytesdesc>,
+    sig_verb: AmoVerbF,
+    sig: *mut AmoMemdesc,
+    sig_bytes: AmoBytesdesc,
+    qp: c_int,
+) -> c_int {
+    let (v, is_float) = sig_verb.split();
+    if is_float {
+        tracing::error!(
+            "put_signal: the signal verb is flagged floating-point (signals are uint64_t)"
+        );
+        return INVALID;
+    }
+    put_signal_common::<L>(t, pe, verb, remote, local, bytes, v, sig, sig_bytes, qp)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn put_signal_common<L: Layout>(
+    t: *mut c_void,
+    pe: c_int,
+    verb: RmaVerb,
+    remote: *mut CxxVector<RmaMemdesc>,
+    local: *mut CxxVector<RmaMemdesc>,
+    bytes: *mut CxxVector<RmaBytesdesc>,
+    sig_verb: AmoVerb,
+    sig: *mut AmoMemdesc,
+    sig_bytes: AmoBytesdesc,
+    qp: c_int,
+) -> c_int {
+    with::<L>("put_signal", t, |tr| {
         if remote.is_null() || local.is_null() || bytes.is_null() || sig.is_null() {
             tracing::error!("put_signal: null argument");
             return INVALID;
@@ -548,4 +757,67 @@ unsafe extern "C" fn put_signal_v4(
             )
         })
     })
+}
+
+/// `rma_with_hints` (ABI 7): `rma` plus operation attributes; MORE_FOLLOWS batches posts.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_with_hints<L: Layout>(
+    t: *mut c_void,
+    pe: c_int,
+    verb: RmaVerb,
+    r: *mut RmaMemdesc,
+    l: *mut RmaMemdesc,
+    b: RmaBytesdesc,
+    qp: c_int,
+    attrs: *const OpAttrs,
+) -> c_int {
+    // SAFETY: a null attrs means "no hints"; otherwise NVSHMEM's struct, valid for the call.
+    let more = !attrs.is_null() && unsafe { (*attrs).flags } & op_flag::MORE_FOLLOWS != 0;
+    with::<L>("rma_with_hints", t, |tr| {
+        // SAFETY: NVSHMEM's descriptors, valid for the call; buffers live until quiet.
+        code(unsafe { tr.rma_batched(&tr.batch, pe, verb, r, l, b, ep_of_qp_index(qp), more) })
+    })
+}
+
+/// `region_flush` (ABI 7): completes the region's operations (a quiet on the role's endpoint).
+unsafe extern "C" fn region_flush<L: Layout>(
+    t: *mut c_void,
+    role: c_int,
+    issuer: u64,
+    region: u64,
+) -> c_int {
+    with::<L>("region_flush", t, |tr| {
+        code(tr.region_flush(&tr.batch, role, issuer, region))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_host_fields;
+
+    #[test]
+    fn host_fields_matching_the_bootstrap_pass() {
+        assert!(check_host_fields(7, 0, 2, Some((0, 2))).is_ok());
+        assert!(check_host_fields(6, 3, 4, Some((3, 4))).is_ok());
+    }
+
+    #[test]
+    fn misread_host_fields_fail_naming_the_abi() {
+        let e = check_host_fields(6, 1, 2, Some((0, 2))).unwrap_err();
+        assert!(
+            e.contains("ABI 6 (NVSHMEM 3.7.x)") && e.contains("rank 0"),
+            "{e}"
+        );
+        let e = check_host_fields(7, 0, 2, Some((0, 4))).unwrap_err();
+        assert!(e.contains("ABI 7") && e.contains("size 4"), "{e}");
+        let e = check_host_fields(5, 0, 0, Some((0, 0))).unwrap_err();
+        assert!(e.contains("out of range") && e.contains("ABI 5"), "{e}");
+        let e = check_host_fields(5, 7, 2, Some((7, 2))).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let e = check_host_fields(4, 0, 2, None).unwrap_err();
+        assert!(
+            e.contains("no bootstrap handle") && e.contains("ABI 4"),
+            "{e}"
+        );
+    }
 }

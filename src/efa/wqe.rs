@@ -32,6 +32,10 @@ use core::mem::{align_of, offset_of, size_of};
 
 /// Size of one TX WQE in bytes.
 pub const WQE_SIZE: usize = 64;
+/// Size of a send-queue entry on queues with wide entries: efa-direct picks them when the device
+/// has 80 bytes of inline room (rdma-core `efa_calc_sq_wqe_size`). The first 64 bytes are laid
+/// out as a 64-byte WQE; this library never sets anything past them, so bytes 64-127 are zero.
+pub const WQE_SIZE_128: usize = 128;
 /// Largest inline SEND payload a 64-byte WQE carries.
 pub const INLINE_MAX: usize = 32;
 /// Largest number of buffer descriptors a SEND carries.
@@ -608,6 +612,8 @@ pub enum WqeError {
     PhaseOutOfRange(u8),
     /// Description only: `req_id` exceeds 16 bits but `req_id_64` is false.
     ReqIdTooWide(u64),
+    /// A ring entry is neither [`WQE_SIZE`] nor [`WQE_SIZE_128`] bytes long.
+    BadEntrySize(usize),
 }
 
 impl fmt::Display for WqeError {
@@ -646,6 +652,12 @@ impl fmt::Display for WqeError {
                 write!(
                     f,
                     "request id {id:#x} needs the 64-bit request-id capability"
+                )
+            }
+            WqeError::BadEntrySize(n) => {
+                write!(
+                    f,
+                    "a send-queue entry of {n} bytes (entries are {WQE_SIZE} or {WQE_SIZE_128})"
                 )
             }
         }
@@ -1007,9 +1019,52 @@ pub fn decode_with(bytes: &[u8; WQE_SIZE], req_id_64: bool) -> Result<WqeDesc, W
     })
 }
 
+/// Writes a built WQE into a send-queue ring entry of `entry.len()` bytes (64 or 128): the 64
+/// WQE bytes, then zeros. A 128-byte entry is written whole, as the producers on hardware do
+/// (rdma-core's `efa_post_send` clears `wqe_size` bytes before it copies; NCCL's EFA GDA post path
+/// zeroes a 128-byte staging WQE and copies `wqe_size` bytes): the device reads bytes 64-127
+/// too, and a previous WQE's bytes there must not survive. The CUDA twin is
+/// `nvshmem_efa_wqe_store_entry` in `cuda/efa_wqe.cuh` (golden vectors of kind `entry`).
+pub fn store_entry(entry: &mut [u8], wqe: &[u8; WQE_SIZE]) -> Result<(), WqeError> {
+    if entry.len() != WQE_SIZE && entry.len() != WQE_SIZE_128 {
+        return Err(WqeError::BadEntrySize(entry.len()));
+    }
+    entry[..WQE_SIZE].copy_from_slice(wqe);
+    entry[WQE_SIZE..].fill(0);
+    Ok(())
+}
+
+/// Decodes and validates a send-queue ring entry of 64 or 128 bytes: bytes 0-63 as
+/// [`decode_with`], then every byte past them must be zero ([`WqeError::ReservedNonZero`] with
+/// the offset within the entry), since no WQE this library accepts uses them.
+pub fn decode_entry(entry: &[u8], req_id_64: bool) -> Result<WqeDesc, WqeError> {
+    if entry.len() != WQE_SIZE && entry.len() != WQE_SIZE_128 {
+        return Err(WqeError::BadEntrySize(entry.len()));
+    }
+    let mut head = [0u8; WQE_SIZE];
+    head.copy_from_slice(&entry[..WQE_SIZE]);
+    let desc = decode_with(&head, req_id_64)?;
+    if let Some(offset) = first_nonzero(entry, WQE_SIZE, entry.len()) {
+        return Err(WqeError::ReservedNonZero { offset });
+    }
+    Ok(desc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_of_other_sizes_are_refused() {
+        let w = [0u8; WQE_SIZE];
+        for n in [0usize, 32, 63, 65, 96, 127, 129, 256] {
+            let mut e = vec![0x5Au8; n];
+            assert_eq!(store_entry(&mut e, &w), Err(WqeError::BadEntrySize(n)));
+            assert!(e.iter().all(|&x| x == 0x5A), "entry of {n} bytes touched");
+            assert_eq!(decode_entry(&e, false), Err(WqeError::BadEntrySize(n)));
+        }
+        assert!(WqeError::BadEntrySize(96).to_string().contains("96 bytes"));
+    }
     use proptest::prelude::*;
 
     fn base(op: WqeOp) -> WqeDesc {
@@ -1254,6 +1309,29 @@ mod tests {
                 // Accepted bytes are canonical: they re-encode to themselves.
                 prop_assert_eq!(validate(&d), Ok(()));
                 prop_assert_eq!(encode(&d), b);
+            }
+        }
+
+        #[test]
+        fn entries_round_trip_and_reject_a_stale_tail(
+            d in valid_desc(),
+            wide in any::<bool>(),
+            fill in 1u8..=255,
+            stale in WQE_SIZE..WQE_SIZE_128,
+        ) {
+            let size = if wide { WQE_SIZE_128 } else { WQE_SIZE };
+            let mut e = vec![fill; size];
+            let b = encode(&d);
+            prop_assert_eq!(store_entry(&mut e, &b), Ok(()));
+            prop_assert_eq!(&e[..WQE_SIZE], &b[..]);
+            prop_assert!(e[WQE_SIZE..].iter().all(|&x| x == 0));
+            prop_assert_eq!(decode_entry(&e, d.req_id_64), Ok(d));
+            if wide {
+                e[stale] = fill;
+                prop_assert_eq!(
+                    decode_entry(&e, d.req_id_64),
+                    Err(WqeError::ReservedNonZero { offset: stale as u8 })
+                );
             }
         }
 

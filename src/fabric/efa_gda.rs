@@ -147,7 +147,15 @@ impl GdaOps {
     }
 
     /// Opens a CQ of `size` entries on `domain` (the ops' domain) whose ring is `len` bytes of GPU
-    /// memory at `buffer`, exported as dmabuf `fd` (`offset`: the buffer's offset in it).
+    /// memory exported as dmabuf `fd` (`offset`: the ring's offset in it).
+    ///
+    /// The CPU address of the ring (`ext_mem_dmabuf.buffer`) is passed as NULL, as fabtests'
+    /// `create_ext_cq` does: libfabric treats a CQ opened with a non-NULL buffer as CPU-pollable
+    /// (`efa_domain_cq_open_ext` then installs `efa_cq_poll_ibv_cq` and a progress function, and
+    /// rdma-core sets `cq->buf` from it), and drains it through that address when an endpoint bound
+    /// to it closes (`efa_base_ep_destruct_qp_unsafe`). A GPU address there would be read by the
+    /// CPU. With NULL the CQ is GPU-only: libfabric never polls it. Callers keep their own device
+    /// pointer of the ring.
     ///
     /// # Safety
     /// The memory must stay allocated while the CQ is open.
@@ -155,7 +163,6 @@ impl GdaOps {
         &self,
         domain: &Arc<Domain>,
         size: usize,
-        buffer: u64,
         len: u64,
         offset: u64,
         fd: i32,
@@ -171,12 +178,7 @@ impl GdaOps {
         attr.size = size;
         attr.format = fi::fi_cq_format_FI_CQ_FORMAT_DATA;
         attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
-        let mut init = FiEfaCqInitAttr::zeroed();
-        init.flags = FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF;
-        init.ext_mem_dmabuf.buffer = buffer as *mut u8;
-        init.ext_mem_dmabuf.length = len;
-        init.ext_mem_dmabuf.offset = offset;
-        init.ext_mem_dmabuf.fd = fd as u32;
+        let mut init = dmabuf_cq_init_attr(len, offset, fd);
         let mut cq: *mut FidCq = ptr::null_mut();
         // SAFETY: valid domain and attributes; cq receives the new object.
         let r = unsafe {
@@ -193,5 +195,104 @@ impl GdaOps {
         }
         // SAFETY: a CQ the provider just opened on this domain, owned from here on.
         Ok(unsafe { CompletionQueue::from_raw(domain, cq as *mut fi::fid_cq) })
+    }
+}
+
+/// The extra attributes of a CQ on caller GPU memory given as a dmabuf: the dmabuf flag, length,
+/// offset and fd, and NO CPU address (see [`GdaOps::cq_open_dmabuf`]).
+pub fn dmabuf_cq_init_attr(len: u64, offset: u64, fd: i32) -> FiEfaCqInitAttr {
+    let mut init = FiEfaCqInitAttr::zeroed();
+    init.flags = FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF;
+    init.ext_mem_dmabuf.buffer = ptr::null_mut();
+    init.ext_mem_dmabuf.length = len;
+    init.ext_mem_dmabuf.offset = offset;
+    init.ext_mem_dmabuf.fd = fd as u32;
+    init
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    use crate::fabric::{Fabric, Info, InfoRequest, Provider};
+
+    /// What the fake `cq_open_ext` was handed: flags, CPU address, length, offset, fd.
+    #[derive(Debug)]
+    struct Seen {
+        flags: u64,
+        buffer: usize,
+        length: u64,
+        offset: u64,
+        fd: u32,
+    }
+    static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
+
+    unsafe extern "C" fn fake_cq_open_ext(
+        _domain: *mut FidDomain,
+        _attr: *mut FiCqAttr,
+        init: *mut FiEfaCqInitAttr,
+        _cq: *mut *mut FidCq,
+        _context: *mut c_void,
+    ) -> i32 {
+        // SAFETY: cq_open_dmabuf passes a pointer to its local attributes.
+        let i = unsafe { *init };
+        *SEEN.lock().unwrap() = Some(Seen {
+            flags: i.flags,
+            buffer: i.ext_mem_dmabuf.buffer as usize,
+            length: i.ext_mem_dmabuf.length,
+            offset: i.ext_mem_dmabuf.offset,
+            fd: i.ext_mem_dmabuf.fd,
+        });
+        -(fi::FI_ENOSYS as i32)
+    }
+
+    /// The dmabuf CQ is opened GPU-only: no CPU address reaches the provider, so libfabric never
+    /// polls (nor drains at endpoint close) a ring that lives in GPU memory.
+    #[test]
+    fn dmabuf_cq_is_opened_without_a_cpu_address() {
+        let a = dmabuf_cq_init_attr(8192, 4096, 7);
+        assert_eq!(a.flags, FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF);
+        assert!(a.ext_mem_dmabuf.buffer.is_null());
+        assert_eq!(
+            (
+                a.ext_mem_dmabuf.length,
+                a.ext_mem_dmabuf.offset,
+                a.ext_mem_dmabuf.fd
+            ),
+            (8192, 4096, 7)
+        );
+
+        // Through the call itself, with a fake table on a real (software) domain.
+        let Ok(info) = Info::get(&InfoRequest {
+            provider: Provider::Tcp,
+            hmem: false,
+            atomics: false,
+            msg: false,
+        }) else {
+            eprintln!("no tcp provider: the call path is not exercised");
+            return;
+        };
+        let fabric = Fabric::open(info).expect("fabric");
+        let domain = Domain::open(&fabric).expect("domain");
+        let table = FiEfaOpsGda {
+            query_addr: None,
+            query_qp_wqs: None,
+            query_cq: None,
+            cq_open_ext: Some(fake_cq_open_ext),
+            get_mr_lkey: None,
+            cntr_open_ext: None,
+        };
+        let ops = GdaOps {
+            table: &table,
+            domain: domain.handle(),
+        };
+        // SAFETY: the fake records its arguments and opens nothing.
+        let r = unsafe { ops.cq_open_dmabuf(&domain, 64, 8192, 4096, 7) };
+        assert!(r.is_err(), "the fake refuses");
+        let seen = SEEN.lock().unwrap().take().expect("cq_open_ext called");
+        assert_eq!(seen.flags, FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF);
+        assert_eq!(seen.buffer, 0, "a CPU address was handed to cq_open_ext");
+        assert_eq!((seen.length, seen.offset, seen.fd), (8192, 4096, 7));
     }
 }

@@ -3,11 +3,17 @@
 //!
 //! Step by step (numbers as in the protocol):
 //! 1. reserve `k` slots: `base = fetch_add(ctrl.resv, k)`;
-//! 2. wait until `base + k - ctrl.done <= sq_entries`, polling completions meanwhile;
+//! 2. wait until `base + k - ctrl.done <= sq_entries`, polling completions meanwhile, and until
+//!    the WQEs to write lie within `B = min(max_batch, sq_entries)` of `ctrl.ready` (the last doorbell
+//!    value): at most `max_batch` WQEs of all posters together stand written but not rung;
 //! 3. write each WQE at slot `pc & (sq_entries - 1)` with phase `(pc / sq_entries) & 1` and request
-//!    id `pc` (low 16 bits), then a full fence (`__threadfence_system()` on the GPU);
-//! 4. wait until `ctrl.ready == base`, store the producer count into the doorbell (in steps of at
-//!    most `max_batch` WQEs), fence, set `ctrl.ready = base + k`;
+//!    id `pc` (low 16 bits), the whole entry (a 128-byte entry gets 64 zero bytes after the WQE),
+//!    then a full fence (`__threadfence_system()` on the GPU);
+//! 4. wait until `ctrl.ready == base`, store the producer count into the doorbell, fence, set
+//!    `ctrl.ready = base + k`. The CUDA header reserves at most B WQEs at a time; this poster also
+//!    takes larger reservations, and then writes and rings them B at a time while it holds the
+//!    commit turn (its own doorbell values run ahead of `ready` then, which only makes other
+//!    posters wait longer);
 //! 5. completions: the holder of `ctrl.cq_lock` (CAS 0 → 1) reads CQEs at `ctrl.cq_ci` while their
 //!    phase is `((cq_ci / cq_entries) & 1) ^ 1`, marks `slot_status[req_id & (sq_entries - 1)] =
 //!    status + 1`, counts errors (`ctrl.errors`, `ctrl.first_error`), advances `ctrl.done` over
@@ -162,15 +168,22 @@ impl<'q> HostPoster<'q> {
                 return Err(self.stuck("free send-queue slots"));
             }
         }
-        // 3. write the WQEs
-        for pc in base..end {
-            let bytes = fill(pc, wqe::phase_for(pc, self.v.sq_entries));
-            let slot = (pc & (n - 1)) as usize;
-            // SAFETY: the slot lies inside the SQ ring; nobody else writes it until `done` passes pc.
-            unsafe { mem::write_shared(self.v.sq.add(slot * WQE_SIZE), &bytes) };
+        // 2b. the doorbell window of the first B WQEs
+        let b = u64::from(self.v.max_batch.max(1)).min(n);
+        let first_end = (base + b).min(end);
+        let mut spins = 0u32;
+        while first_end - self.word(OFF_READY).load(Ordering::Acquire) > b {
+            if self.poll_cq() == 0 {
+                spins = spins.saturating_add(1);
+                backoff(spins);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(self.stuck("the doorbell window (earlier posters' commits)"));
+            }
         }
-        fence(Ordering::SeqCst);
-        // 4. ordered commit
+        // 3. write the first B WQEs
+        self.write_entries(base, first_end, &mut fill);
+        // 4. ordered commit, then the rest B at a time while this poster holds the turn
         let mut spins = 0u32;
         while self.word(OFF_READY).load(Ordering::Acquire) != base {
             if self.poll_cq() == 0 {
@@ -182,17 +195,38 @@ impl<'q> HostPoster<'q> {
                 return Err(self.stuck("the ordered commit of earlier posters"));
             }
         }
-        let batch = u64::from(self.v.max_batch.max(1));
-        let mut at = base;
+        let mut at = first_end;
+        self.ring(at);
         while at < end {
-            at = (at + batch).min(end);
-            // SAFETY: the doorbell record lives in the queue's ring memory.
-            unsafe { mem::atomic_u32(self.v.doorbell as *mut u8) }
-                .store(at as u32, Ordering::Release);
-            fence(Ordering::SeqCst);
+            let next = (at + b).min(end);
+            self.write_entries(at, next, &mut fill);
+            at = next;
+            self.ring(at);
         }
         self.word(OFF_READY).store(end, Ordering::Release);
         Ok(base)
+    }
+
+    /// Writes the entries of producer counts `[from, to)`, then fences.
+    fn write_entries(&self, from: u64, to: u64, fill: &mut impl FnMut(u64, u8) -> [u8; WQE_SIZE]) {
+        let n = u64::from(self.v.sq_entries);
+        let es = self.v.sq_entry_size as usize;
+        let mut entry = [0u8; wqe::WQE_SIZE_128];
+        for pc in from..to {
+            let bytes = fill(pc, wqe::phase_for(pc, self.v.sq_entries));
+            wqe::store_entry(&mut entry[..es], &bytes).expect("the queue checked its entry size");
+            let slot = (pc & (n - 1)) as usize;
+            // SAFETY: the slot lies inside the SQ ring; nobody else writes it until `done` passes pc.
+            unsafe { mem::write_shared(self.v.sq.add(slot * es), &entry[..es]) };
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Stores producer count `pc` into the doorbell, then fences.
+    fn ring(&self, pc: u64) {
+        // SAFETY: the doorbell record lives in the queue's ring memory.
+        unsafe { mem::atomic_u32(self.v.doorbell as *mut u8) }.store(pc as u32, Ordering::Release);
+        fence(Ordering::SeqCst);
     }
 
     /// Posts well-formed WQEs: each description gets request id and phase from its producer count.

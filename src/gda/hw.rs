@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys as cu;
 
-use crate::cuda::{self, DeviceBuffer, HostRegistration, PtrKind};
+use crate::cuda::{self, DeviceBuffer, HostMapping, HostRegistration, PtrKind};
 use crate::efa::wqe::WQE_SIZE;
 use crate::fabric::efa_gda::is_no_ops_code;
 pub use crate::fabric::efa_gda::GdaOps;
@@ -106,7 +106,7 @@ struct Mapped {
     device: u64,
 }
 
-fn map_for_gpu(what: &str, addr: *mut u8, len: u64, iomemory: bool) -> Result<Mapped> {
+fn map_for_gpu(what: &str, addr: *mut u8, len: u64, kind: HostMapping) -> Result<Mapped> {
     if addr.is_null() || len == 0 {
         return Err(GdaError::invalid(format!(
             "the provider reported no {what}"
@@ -115,7 +115,7 @@ fn map_for_gpu(what: &str, addr: *mut u8, len: u64, iomemory: bool) -> Result<Ma
     let (base, span) = page_span(addr as u64, len, page_size());
     // SAFETY: the range belongs to the provider's queue, which stays open while the mapping lives
     // (the queue value drops the mapping before it closes the endpoint).
-    let reg = unsafe { HostRegistration::new(base as *mut c_void, span as usize, iomemory) }
+    let reg = unsafe { HostRegistration::new(base as *mut c_void, span as usize, kind) }
         .map_err(|e| mapping_error(what, e))?;
     let device = reg.device() + (addr as u64 - base);
     Ok(Mapped { _reg: reg, device })
@@ -197,7 +197,7 @@ fn open_dmabuf_cq(ops: &GdaOps, domain: &Arc<Domain>, entries: usize) -> Result<
         )));
     }
     // SAFETY: the device buffer goes into the returned view, which frees it only after the CQ closes.
-    let cq = unsafe { ops.cq_open_dmabuf(domain, entries, buf.ptr(), len, buf.ptr() - base, fd) };
+    let cq = unsafe { ops.cq_open_dmabuf(domain, entries, len, buf.ptr() - base, fd) };
     // SAFETY: fd is ours; the provider holds its own reference once the CQ is open.
     unsafe { libc::close(fd) };
     let cq = cq?;
@@ -209,10 +209,20 @@ fn open_dmabuf_cq(ops: &GdaOps, domain: &Arc<Domain>, entries: usize) -> Result<
             return Err(e.into());
         }
     };
+    if a.num_entries == 0 || a.entry_size == 0 {
+        drop(cq);
+        return Err(GdaError::invalid(format!(
+            "GDA query_cq: empty ring ({} entries of {} bytes)",
+            a.num_entries, a.entry_size
+        )));
+    }
+    // The ring is our allocation: the provider knows it only as the dmabuf (no CPU address was
+    // given, so query_cq reports none), kernels get our own device pointer.
+    let device = buf.ptr();
     Ok(CqView {
         cq: Some(cq),
         ring: Some(CqRing::Device(buf)),
-        device: a.buffer as u64,
+        device,
         attr: a,
     })
 }
@@ -233,11 +243,15 @@ fn cq_view(a: FiEfaCqAttr) -> Result<CqView> {
             attr: a,
         });
     }
+    // rdma-core maps a provider-allocated CQ ring PROT_READ (efa_create_cq): register it
+    // READ_ONLY, which the driver requires for read-only CPU mappings where the GPU does not use
+    // the host page tables (aws-ofi-nccl found a DEVICEMAP-only registration of it failing on
+    // p5en). The GPU only reads completion rings.
     let m = map_for_gpu(
         "completion ring",
         a.buffer,
         u64::from(a.num_entries) * u64::from(a.entry_size),
-        false,
+        HostMapping::ReadOnly,
     )?;
     let device = m.device;
     Ok(CqView {
@@ -343,6 +357,11 @@ impl HwQueue {
                 sq.num_entries, sq.entry_size
             )));
         }
+        tracing::info!(
+            "GDA hardware queue: the device AMO calls (amo_nonfetch_add, amo_set, IBGDA rma_p) return \
+             NVSHMEM_EFA_GDA_ERR_UNSUPPORTED here: EFA has no RDMA atomics and nothing receives or \
+             applies AMO messages on this path"
+        );
         if sq.has_64_bit_req_id() {
             tracing::info!("GDA: the send queue carries 64-bit request ids; kernels write the low 16 bits only");
         }
@@ -350,9 +369,14 @@ impl HwQueue {
             "send queue ring",
             sq.buffer,
             u64::from(sq.num_entries) * u64::from(sq.entry_size),
-            true,
+            HostMapping::Io,
         )?;
-        let db_map = map_for_gpu("send queue doorbell", sq.doorbell as *mut u8, 4, true)?;
+        let db_map = map_for_gpu(
+            "send queue doorbell",
+            sq.doorbell as *mut u8,
+            4,
+            HostMapping::Io,
+        )?;
         let ctrl = DeviceBuffer::new(
             std::mem::size_of::<NvshmemEfaGdaQueueCtrl>() + 4 * sq.num_entries as usize,
         )
@@ -539,9 +563,14 @@ pub fn probe_endpoint(domain: &Arc<Domain>, ops: &GdaOps) -> Result<EndpointProb
             "send queue ring",
             sq.buffer,
             u64::from(sq.num_entries) * u64::from(sq.entry_size),
-            true,
+            HostMapping::Io,
         )?;
-        let d = map_for_gpu("send queue doorbell", sq.doorbell as *mut u8, 4, true)?;
+        let d = map_for_gpu(
+            "send queue doorbell",
+            sq.doorbell as *mut u8,
+            4,
+            HostMapping::Io,
+        )?;
         Ok((s.device, d.device))
     });
     Ok(EndpointProbe {

@@ -145,6 +145,8 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
         opts.max_batch.unwrap_or(cfg.max_batch),
         opts.ctrl,
     );
+    c.sq_entry_size = cfg.sq_entry_size;
+    c.rx_overwrite = cfg.soft_rx_overwrite;
     let info = domain.info();
     c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());
     c

@@ -3,7 +3,9 @@
 // Reads tests/golden/efa_vectors.txt (format: tests/golden/gen_vectors.py), builds every
 // valid WQE with the header's writers and compares the 64 bytes with the expected ones,
 // and decodes every valid CQE with the header's readers and compares each field with the
-// vector. Negative vectors are skipped: validation lives in the Rust decoder.
+// vector. Ring-entry vectors (kind `entry`) write a WQE into a 64- or 128-byte slot that held
+// 0xa5 bytes with nvshmem_efa_wqe_store_entry and compare the whole entry. Negative vectors are
+// skipped: validation lives in the Rust decoder.
 //
 // Built by nvcc with a CUDA device present, the same WQE builds and CQE decodes also run
 // in a kernel and must give the same bytes and fields as on the host. Without a device
@@ -57,6 +59,12 @@ struct CqeJob {
     int kind;
     int req64;
     alignas(16) uint8_t bytes[32];
+};
+
+// A WQE written into a ring entry of entry_size bytes (64 or 128).
+struct EntryJob {
+    WqeJob wqe;
+    uint32_t entry_size;
 };
 
 struct CqeOut {
@@ -356,6 +364,14 @@ void check_cqe_fields(const Vector &v, const CqeOut &o)
     }
 }
 
+// Expected content of a 128-byte slot after an entry vector: the vector's entry bytes, then the 0xa5 fill.
+std::vector<uint8_t> entry_slot(const std::vector<uint8_t> &entry)
+{
+    std::vector<uint8_t> s(128, 0xA5);
+    memcpy(s.data(), entry.data(), entry.size() < 128 ? entry.size() : 128);
+    return s;
+}
+
 #ifdef __CUDACC__
 __global__ void wqe_kernel(const WqeJob *jobs, int n, nvshmem_efa_tx_wqe *ring, int *rc)
 {
@@ -369,6 +385,17 @@ __global__ void wqe_kernel(const WqeJob *jobs, int n, nvshmem_efa_tx_wqe *ring, 
     if (nvshmem_efa_sq_phase((uint64_t)n + i, (uint32_t)n) != 1)
         rc[i] = -3;
     nvshmem_efa_wqe_store(&ring[slot], &w);
+}
+
+// Entry job i is written into the 128-byte slot i of `slots` (filled with 0xa5 beforehand).
+__global__ void entry_kernel(const EntryJob *jobs, int n, uint8_t *slots, int *rc)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    nvshmem_efa_tx_wqe w;
+    rc[i] = build_wqe(&jobs[i].wqe, &w);
+    nvshmem_efa_wqe_store_entry(slots + (size_t)i * 128, &w, jobs[i].entry_size);
 }
 
 __global__ void cqe_kernel(const CqeJob *jobs, int n, CqeOut *out)
@@ -387,9 +414,46 @@ __global__ void cqe_kernel(const CqeJob *jobs, int n, CqeOut *out)
         }                                                                                 \
     } while (0)
 
+void device_entry_checks(const std::vector<EntryJob> &ejobs,
+                         const std::vector<std::vector<uint8_t>> &eexp,
+                         const std::vector<std::string> &enames)
+{
+    int ne = (int)ejobs.size();
+    if (ne == 0)
+        return;
+    EntryJob *d_jobs = nullptr;
+    uint8_t *d_slots = nullptr;
+    int *d_rc = nullptr;
+    CUDA_OK(cudaMalloc(&d_jobs, sizeof(EntryJob) * ne));
+    CUDA_OK(cudaMalloc(&d_slots, (size_t)128 * ne));
+    CUDA_OK(cudaMalloc(&d_rc, sizeof(int) * ne));
+    CUDA_OK(cudaMemcpy(d_jobs, ejobs.data(), sizeof(EntryJob) * ne, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_slots, 0xA5, (size_t)128 * ne));
+    entry_kernel<<<(ne + 63) / 64, 64>>>(d_jobs, ne, d_slots, d_rc);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint8_t> slots((size_t)128 * ne);
+    std::vector<int> rc(ne);
+    CUDA_OK(cudaMemcpy(slots.data(), d_slots, slots.size(), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(rc.data(), d_rc, sizeof(int) * ne, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < ne; i++) {
+        std::vector<uint8_t> want = entry_slot(eexp[i]);
+        const uint8_t *got = slots.data() + (size_t)128 * i;
+        check(rc[i] == 0 && memcmp(got, want.data(), 128) == 0,
+              "device entry " + enames[i] + "\n got  " + hex(got, 128) + "\n want " +
+                  hex(want.data(), 128));
+    }
+    cudaFree(d_jobs);
+    cudaFree(d_slots);
+    cudaFree(d_rc);
+    std::printf("device checks: %d ring entries written on the GPU\n", ne);
+}
+
 void device_checks(const std::vector<WqeJob> &wjobs, const std::vector<std::vector<uint8_t>> &wexp,
                    const std::vector<CqeJob> &cjobs, const std::vector<CqeOut> &chost,
-                   const std::vector<std::string> &wnames, const std::vector<std::string> &cnames)
+                   const std::vector<std::string> &wnames, const std::vector<std::string> &cnames,
+                   const std::vector<EntryJob> &ejobs, const std::vector<std::vector<uint8_t>> &eexp,
+                   const std::vector<std::string> &enames)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -443,6 +507,7 @@ void device_checks(const std::vector<WqeJob> &wjobs, const std::vector<std::vect
     cudaFree(d_cout);
     std::printf("device checks: %d WQEs and %d CQEs compared on GPU %d of %d\n", nw, nc, 0,
                 count);
+    device_entry_checks(ejobs, eexp, enames);
 }
 #endif
 
@@ -484,6 +549,23 @@ void helper_checks()
     nvshmem_efa_tx_wqe slot;
     nvshmem_efa_wqe_store(&slot, &w);
     check(memcmp(&slot, &w, sizeof w) == 0, "store copies the WQE");
+    // Entry sizes: 128 writes the whole entry; 64 (and any other size) writes the WQE only.
+    alignas(64) uint8_t wide[192];
+    memset(wide, 0xA5, sizeof wide);
+    nvshmem_efa_wqe_store_entry(wide, &w, 128);
+    bool tail_zero = true, after_kept = true;
+    for (int i = 64; i < 128; i++)
+        tail_zero = tail_zero && wide[i] == 0;
+    for (int i = 128; i < 192; i++)
+        after_kept = after_kept && wide[i] == 0xA5;
+    check(memcmp(wide, &w, sizeof w) == 0 && tail_zero && after_kept,
+          "a 128-byte entry is written whole: the WQE, then 64 zero bytes, nothing past it");
+    memset(wide, 0xA5, sizeof wide);
+    nvshmem_efa_wqe_store_entry(wide, &w, 64);
+    after_kept = true;
+    for (int i = 64; i < 192; i++)
+        after_kept = after_kept && wide[i] == 0xA5;
+    check(memcmp(wide, &w, sizeof w) == 0 && after_kept, "a 64-byte entry gets the WQE only");
 }
 
 } // namespace
@@ -498,6 +580,11 @@ int main(int argc, char **argv)
     std::vector<std::string> wnames, cnames;
     std::vector<CqeJob> cjobs;
     std::vector<CqeOut> chost;
+    std::map<std::string, WqeJob> by_name;
+    std::vector<EntryJob> ejobs;
+    std::vector<std::vector<uint8_t>> eexp;
+    std::vector<std::string> enames;
+    int nentry = 0, nentry128 = 0;
 
     helper_checks();
 
@@ -526,6 +613,31 @@ int main(int argc, char **argv)
             wjobs.push_back(j);
             wexp.push_back(want);
             wnames.push_back(v.name);
+            by_name[v.name] = j;
+        } else if (v.kind == "entry") {
+            nentry++;
+            auto it = by_name.find(v.get("of"));
+            uint32_t size = (uint32_t)v.num("entry_size");
+            std::vector<uint8_t> want = v.bytes("bytes");
+            if (it == by_name.end() || (size != 64 && size != 128) || want.size() != size) {
+                check(false, v.name + ": unknown WQE, bad entry size or wrong byte count");
+                continue;
+            }
+            nentry128 += size == 128;
+            EntryJob e;
+            e.wqe = it->second;
+            e.entry_size = size;
+            nvshmem_efa_tx_wqe w;
+            int rc = build_wqe(&e.wqe, &w);
+            alignas(64) uint8_t slot[128];
+            memset(slot, 0xA5, sizeof slot);
+            nvshmem_efa_wqe_store_entry(slot, &w, size);
+            std::vector<uint8_t> expect = entry_slot(want);
+            check(rc == 0 && memcmp(slot, expect.data(), 128) == 0,
+                  v.name + "\n got  " + hex(slot, 128) + "\n want " + hex(expect.data(), 128));
+            ejobs.push_back(e);
+            eexp.push_back(want);
+            enames.push_back(v.name);
         } else if (v.kind == "tx_cqe" || v.kind == "rx_cqe" || v.kind == "rx_cqe_ex") {
             ncqe++;
             CqeJob j;
@@ -545,7 +657,7 @@ int main(int argc, char **argv)
             cjobs.push_back(j);
             chost.push_back(o);
             cnames.push_back(v.name);
-        } else if (v.kind == "wqe_bad" || v.kind == "cqe_bad") {
+        } else if (v.kind == "wqe_bad" || v.kind == "cqe_bad" || v.kind == "entry_bad") {
             skipped++;
         } else {
             check(false, "line " + std::to_string(v.line) + ": unknown kind " + v.kind);
@@ -553,11 +665,13 @@ int main(int argc, char **argv)
     }
     check(nwqe >= 40, "at least 40 WQE vectors");
     check(ncqe >= 20, "at least 20 CQE vectors");
-    std::printf("host checks: %d WQE vectors, %d CQE vectors; %d negative vectors skipped\n",
-                nwqe, ncqe, skipped);
+    check(nentry128 >= 5, "at least 5 vectors of 128-byte ring entries");
+    std::printf("host checks: %d WQE vectors, %d CQE vectors, %d ring entries (%d of 128 bytes); "
+                "%d negative vectors skipped\n",
+                nwqe, ncqe, nentry, nentry128, skipped);
 
 #ifdef __CUDACC__
-    device_checks(wjobs, wexp, cjobs, chost, wnames, cnames);
+    device_checks(wjobs, wexp, cjobs, chost, wnames, cnames, ejobs, eexp, enames);
 #endif
 
     std::printf("%d passed, %d failed\n", g_pass, g_fail);

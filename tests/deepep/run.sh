@@ -110,6 +110,12 @@ if [ $do_gda = 1 ]; then
     [ -e "$fabric_lib/libfabric.so.1" ] || die "no libfabric.so.1 under $LIBFABRIC_HOME/lib or lib64"
 fi
 lib_dir=${PLUGIN_DIR:-$repo/target/release}
+# The extension links libnvshmem_efa_gda.so, which needs libfabric 2.x: the P2P reference run needs
+# it on the library path too (a system libfabric 1.x lacks its symbol versions).
+if [ -z "${fabric_lib:-}" ] && [ -n "${LIBFABRIC_HOME:-}" ]; then
+    fabric_lib=$LIBFABRIC_HOME/lib
+    [ -e "$fabric_lib/libfabric.so.1" ] || fabric_lib=$LIBFABRIC_HOME/lib64
+fi
 
 # 1. the kit
 bash "$repo/patches/deepep/apply.sh" "$tree" 2>&1 | tee -a "$summary"
@@ -144,6 +150,12 @@ if [ $do_build = 1 ]; then
         [ $rc = 0 ] || { tail -n 30 "$OUT/build.log"; die "DeepEP build failed (see $OUT/build.log)" 1; }
         ext=$(ls "$tree"/deep_ep_cpp*.so 2>/dev/null | head -n 1)
         "$PYTHON" -c 'import torch; print(torch.__version__)' >"$tree/.nvshmem_efa_gda_torch" 2>/dev/null
+        # SAVE_EXT=FILE keeps the built extension (gzip'd tar, relative to the tree) so that a later
+        # run on a fresh node can unpack it into the same tree and use --no-build.
+        if [ -n "${SAVE_EXT:-}" ]; then
+            (cd "$tree" && tar czf "$SAVE_EXT" "$(basename "$ext")" .nvshmem_efa_gda_torch) &&
+                say "build:   extension saved in $SAVE_EXT"
+        fi
     else
         say "build:   $ext is current"
     fi
@@ -220,7 +232,7 @@ fi
 if [ $do_p2p = 1 ]; then
     # NVSHMEM's own P2P path; DeepEP links the library but never needs its queue here
     # (nvshmem_efa_gda_ibgda_setup returns 0 when every peer is P2P-mapped).
-    run_case p2p LD_LIBRARY_PATH="$lib_dir:${LD_LIBRARY_PATH:-}" NVSHMEM_REMOTE_TRANSPORT=none --
+    run_case p2p LD_LIBRARY_PATH="$lib_dir:${fabric_lib:+$fabric_lib:}${LD_LIBRARY_PATH:-}" NVSHMEM_REMOTE_TRANSPORT=none --
 fi
 stop_mps
 [ $status = 0 ] && say "all runs passed" || say "a run failed"

@@ -25,6 +25,12 @@ Kinds:
   rx_cqe_ex  32-byte receive completion; rx_cqe keys plus src_addr=<32 hex or ->
   cqe_bad    completion bytes a strict decoder must reject; keys: form (tx|tx64|rx|
              rx_ex) bytes error
+  entry      a send-queue ring entry after the WQE named by `of` (a `wqe` vector) was
+             written into a slot of entry_size bytes (64 or 128) that held 0xa5 bytes:
+             the 64 WQE bytes, then zeros up to entry_size (a 128-byte entry is written
+             whole); keys: of entry_size bytes=<2*entry_size hex digits>
+  entry_bad  128-byte ring entries a strict decoder must reject (a valid WQE in bytes
+             0-63, a stale byte past it); keys: req64 bytes error
 
 CQE op values: send, rdma_read, rdma_write. error is Name or Name:detail, where detail
 is the variant's first number (offset, raw value, descriptor index or count, bit).
@@ -329,6 +335,48 @@ def negative_wqes():
     return out
 
 
+ENTRY_FILL = 0xA5
+ENTRIES = [
+    # (name, wqe vector, entry size)
+    ("e64_write_basic", "write_basic", 64),
+    ("e64_inline_max", "inline_max", 64),
+    ("e128_write_basic", "write_basic", 128),
+    ("e128_write_all_ones", "write_all_ones", 128),
+    ("e128_read_high_addr", "read_high_addr", 128),
+    ("e128_write_imm_req64", "write_imm_req64", 128),
+    ("e128_inline_max_ff", "inline_max_ff", 128),
+    ("e128_sge2_max", "sge2_max", 128),
+    ("e128_random_03_send_inline", "random_03_send_inline", 128),
+]
+
+
+def entry_bytes(v, size):
+    """A slot of `size` bytes that held ENTRY_FILL, after the WQE was written into it."""
+    b = bytearray([ENTRY_FILL] * size)
+    b[0:64] = wqe_bytes(v)
+    for i in range(64, size):
+        b[i] = 0
+    return b
+
+
+def negative_entries():
+    w = wqe("x", "rdma_write")
+    inl = wqe("x", "send_inline", inline=b"\xff" * 32)
+    out = []
+    for name, v, off, val in (("tail64", w, 64, 1), ("tail100", w, 100, 0x80),
+                              ("tail127", w, 127, 0xFF), ("inline_tail64", inl, 64, 0xFF),
+                              ("stale_fill", w, None, ENTRY_FILL)):
+        b = entry_bytes(v, 128)
+        if off is None:
+            for i in range(64, 128):
+                b[i] = val
+            off = 64
+        else:
+            b[off] = val
+        out.append((name, 0, b, "ReservedNonZero:%d" % off))
+    return out
+
+
 def tx_cqe_bytes(req_id, req64, status, phase, op, qp_num):
     b = bytearray(16)
     put(b, 0, 2, req_id & 0xFFFF)
@@ -500,6 +548,17 @@ def main():
     print("# --- completions a strict decoder rejects (%d)" % len(negc))
     for name, form, b, err in negc:
         print("cqe_bad bad_%s form=%s bytes=%s error=%s" % (name, form, hexs(b), err))
+    by_name = {v["name"]: v for v in pos}
+    print("# --- send-queue ring entries: a WQE written into a 64- or 128-byte slot (%d)"
+          % len(ENTRIES))
+    for name, of, size in ENTRIES:
+        print("entry %s of=%s entry_size=%d bytes=%s"
+              % (name, of, size, hexs(entry_bytes(by_name[of], size))))
+    nege = negative_entries()
+    print("# --- 128-byte entries a strict decoder rejects (%d)" % len(nege))
+    for name, req64, b, err in nege:
+        assert len(b) == 128
+        print("entry_bad bad_%s req64=%d bytes=%s error=%s" % (name, req64, hexs(b), err))
 
 
 if __name__ == "__main__":

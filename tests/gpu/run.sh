@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds and runs the NVSHMEM GPU tests and the put benchmark on one node with 2 GPUs, through
-# this project's transport (preloaded as NVSHMEM's libfabric transport) and, for reference,
-# through NVSHMEM's own P2P path. See tests/gpu/README.md.
+# Builds and runs the NVSHMEM GPU tests and the put benchmark with 2 PEs on one node (one GPU each,
+# or both on one GPU under CUDA MPS; tests/gpu/mps.sh), through this project's transport (preloaded
+# as NVSHMEM's libfabric transport) and, for reference, through NVSHMEM's own P2P path. Works with
+# NVSHMEM 3.4.x to 3.8.x: the transport file preloaded is nvshmem_transport_libfabric.so.<ABI major>,
+# the major read from NVSHMEM_TRANSPORT_PLUGIN_MAJOR_VERSION of the NVSHMEM headers. See
+# tests/gpu/README.md.
 #
-#   PLUGIN_DIR=<dir with nvshmem_transport_libfabric.so.3> LIBFABRIC_HOME=<libfabric prefix> \
+#   PLUGIN_DIR=<dir with nvshmem_transport_libfabric.so.N> LIBFABRIC_HOME=<libfabric prefix> \
 #   OUT=<log dir> bash tests/gpu/run.sh [options]
 #   bash tests/gpu/run.sh --compile-only          # no GPU needed (CI)
 #
@@ -17,7 +20,8 @@ usage() {
     cat <<'EOF'
 usage: tests/gpu/run.sh [options]
   --compile-only      build both programs for sm_80 and sm_90 and link them; no GPU, no run
-  --plugin-dir DIR    directory with nvshmem_transport_libfabric.so.3 (and libnvshmem_efa_gda.so)
+  --plugin-dir DIR    directory with nvshmem_transport_libfabric.so.N, N = NVSHMEM's transport ABI
+                      major (3 to 7), and libnvshmem_efa_gda.so
                       (default: $PLUGIN_DIR)
   --libfabric DIR     libfabric prefix with lib/ and bin/ (default: $LIBFABRIC_HOME)
   --out DIR           log directory (default: $OUT, else ./gpu-out)
@@ -88,18 +92,22 @@ trap cleanup EXIT
 # ----------------------------------------------------------------------------------------------
 # shellcheck source=tests/gpu/tools.sh
 source "$repo/tests/gpu/tools.sh"
+# Prebuilt programs need only NVSHMEM's runtime (no libnvshmem_device.a).
+need_device_lib=1
+[ -n "$bin_dir" ] && [ $compile_only = 0 ] && need_device_lib=0
 
 # mpicc -showme output -> nvcc arguments (one per line)
 if ! NVCC=$(find_nvcc); then
     [ -n "$bin_dir" ] && [ $compile_only = 0 ] || die "nvcc not found (set NVCC or CUDA_HOME, or put nvcc on PATH)"
     NVCC=""
 fi
-NVSHMEM=$(find_nvshmem) || die "NVSHMEM 3.4.x not found (set NVSHMEM_HOME to the wheel's nvidia/nvshmem directory)"
+NVSHMEM=$(find_nvshmem) || die "NVSHMEM not found (set NVSHMEM_HOME to the wheel's nvidia/nvshmem directory, or one tests/gpu/fetch_nvshmem.sh made)"
 NVSHMEM=$(cd "$NVSHMEM" && pwd)
 say "nvcc:    ${NVCC:-(none; using --bin-dir)}"
 nvshmem_ver=$(nvshmem_version "$NVSHMEM")
-say "NVSHMEM: $NVSHMEM (version ${nvshmem_ver:-unknown})"
-case "$nvshmem_ver" in 3.4.*) ;; *) say "WARNING: these programs and the library target NVSHMEM 3.4.x (transport ABI 3)" ;; esac
+abi_major=$(nvshmem_transport_major "$NVSHMEM")
+[ -n "$abi_major" ] || die "no NVSHMEM_TRANSPORT_PLUGIN_MAJOR_VERSION in $NVSHMEM/include/non_abi/nvshmem_version.h"
+say "NVSHMEM: $NVSHMEM (version ${nvshmem_ver:-unknown}, transport ABI $abi_major)"
 
 nvcc_extra=()
 if [ -n "$NVCC" ] && [ -f "$(dirname "$NVCC")/../lib/libcudart_static.a" ]; then
@@ -213,23 +221,25 @@ fi
 # ----------------------------------------------------------------------------------------------
 # GPU run: inputs
 # ----------------------------------------------------------------------------------------------
-[ -n "${PLUGIN_DIR:-}" ] || die "PLUGIN_DIR is not set (directory with nvshmem_transport_libfabric.so.3)"
+[ -n "${PLUGIN_DIR:-}" ] || die "PLUGIN_DIR is not set (directory with nvshmem_transport_libfabric.so.$abi_major)"
 [ -n "${LIBFABRIC_HOME:-}" ] || die "LIBFABRIC_HOME is not set (libfabric prefix with lib/ and bin/)"
 [ -d "$PLUGIN_DIR" ] || die "PLUGIN_DIR=$PLUGIN_DIR is not a directory"
 [ -d "$LIBFABRIC_HOME" ] || die "LIBFABRIC_HOME=$LIBFABRIC_HOME is not a directory"
 PLUGIN_DIR=$(cd "$PLUGIN_DIR" && pwd)
 LIBFABRIC_HOME=$(cd "$LIBFABRIC_HOME" && pwd)
-PLUGIN=$PLUGIN_DIR/nvshmem_transport_libfabric.so.3
-[ -f "$PLUGIN" ] || die "$PLUGIN not found"
+PLUGIN=$PLUGIN_DIR/nvshmem_transport_libfabric.so.$abi_major
+[ -f "$PLUGIN" ] || die "$PLUGIN not found (NVSHMEM $nvshmem_ver opens transport ABI $abi_major; cmake/install.sh installs .so.3 to .so.7)"
 [ -f "$PLUGIN_DIR/libnvshmem_efa_gda.so" ] || say "note: $PLUGIN_DIR/libnvshmem_efa_gda.so not found (only the transport file is preloaded)"
 fabric_lib=$LIBFABRIC_HOME/lib
 [ -e "$fabric_lib/libfabric.so.1" ] || { [ -e "$LIBFABRIC_HOME/lib64/libfabric.so.1" ] && fabric_lib=$LIBFABRIC_HOME/lib64; }
 [ -e "$fabric_lib/libfabric.so.1" ] || die "no libfabric.so.1 under $LIBFABRIC_HOME/lib or lib64"
 MPIRUN=$(command -v mpirun 2>/dev/null) || die "mpirun not found"
 command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: is this a GPU node?"
-ngpu=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-[ "${ngpu:-0}" -ge 2 ] || die "need 2 GPUs, nvidia-smi -L lists ${ngpu:-0}"
 command -v timeout >/dev/null 2>&1 || die "timeout (coreutils) not found"
+# shellcheck source=tests/gpu/mps.sh
+source "$repo/tests/gpu/mps.sh"
+gpu_placement 2 || die "no usable GPU layout for 2 PEs ($GPU_LAYOUT)"
+trap 'gpu_placement_end; cleanup' EXIT
 
 provider=${NVSHMEM_LIBFABRIC_PROVIDER:-shm}
 dbg_level=WARN
@@ -239,6 +249,7 @@ dbg_level=WARN
 read -ra mpirun_extra <<<"${MPIRUN_ARGS:---bind-to none --mca pml ob1 --mca btl self,vader,tcp --mca btl_vader_single_copy_mechanism none --mca osc ^ucx}"
 
 say "OUT:     $OUT"
+say "GPUs:    $GPU_LAYOUT"
 say "plugin:  $PLUGIN"
 say "libfabric: $LIBFABRIC_HOME (provider $provider)"
 
@@ -335,6 +346,7 @@ common_env=(
     "NVSHMEM_DEBUG=$dbg_level"
     "NVSHMEM_BOOTSTRAP_MPI_PLUGIN=$NVSHMEM/lib/nvshmem_bootstrap_mpi.so.3"
     "NVSHMEM_TESTS_TIMEOUT=${NVSHMEM_TESTS_TIMEOUT:-60}"
+    "${GPU_ENV[@]}"
     "NVSHMEM_TESTS_WAIT=${NVSHMEM_TESTS_WAIT:-10}"
 )
 [ $debug = 1 ] && common_env+=(NVSHMEM_INFO=1)

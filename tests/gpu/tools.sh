@@ -27,9 +27,11 @@ find_nvcc() {
     return 1
 }
 
+# need_device_lib (caller's global, default 1): 0 when prebuilt programs run (--bin-dir), so a
+# runtime-only NVSHMEM (tests/gpu/pack_carry.sh: no libnvshmem_device.a) is accepted.
 nvshmem_ok() {
     [ -f "$1/include/nvshmem.h" ] && [ -f "$1/lib/libnvshmem_host.so.3" ] &&
-        [ -f "$1/lib/libnvshmem_device.a" ]
+        { [ "${need_device_lib:-1}" = 0 ] || [ -f "$1/lib/libnvshmem_device.a" ]; }
 }
 
 find_nvshmem() {
@@ -88,6 +90,11 @@ PY
 nvshmem_version() { # DIR -> e.g. 3.4.5
     sed -n 's/^#define NVSHMEM_VENDOR_\(MAJOR\|MINOR\|PATCH\)_VERSION \([0-9]*\).*/\2/p' \
         "$1/include/non_abi/nvshmem_version.h" 2>/dev/null | paste -sd. -
+}
+
+nvshmem_transport_major() { # DIR -> the transport ABI major its plugins use (3 for 3.4.x ... 7 for 3.8.x)
+    sed -n 's/^#define NVSHMEM_TRANSPORT_PLUGIN_MAJOR_VERSION \([0-9]*\).*/\1/p' \
+        "$1/include/non_abi/nvshmem_version.h" 2>/dev/null | head -n 1
 }
 
 mpi_to_nvcc() {

@@ -4,7 +4,8 @@
  * heap registration, handle allgather, the host ops, finalize), on several processes of one
  * machine, without a GPU.
  *
- *   harness --lib <path> --abi 3|4 --np N [--case name]... [--list] [--verbose]
+ *   harness --lib <path> --abi 3|4|5|6|7 --np N [--case name]... [--list] [--verbose]
+ *   (ABI 5, 6 and 7 use the v4 view of the struct; 6 and 7 call amo/put_signal with the 20-byte verb)
  *           [--case-timeout S] [--boot-timeout S] [--timeout S]
  *   harness --lib <path> --abi 3|4 --np N --bench [--bench-sizes a,b,...] [--bench-bytes N] [--csv FILE]
  *
@@ -77,6 +78,9 @@
 #define PS_OFF (58 * MiB)                  /* put_signal destination data, 2 MiB */
 #define PS_SRC_OFF (60 * MiB)              /* put_signal source data, 2 MiB */
 #define FENCE_OFF (62 * MiB)               /* fence destination data, 1 MiB */
+#define FAMO_OFF (MISC_OFF + 768 * KiB)    /* float AMO words: 4 KiB per source PE (ABI 6/7) */
+#define BATCH_SRC_OFF (57 * MiB)           /* batched RMA sources, 1 MiB (ABI 7) */
+#define BATCH_OFF (63 * MiB)               /* batched RMA destinations: 256 KiB per source PE */
 
 /* NVSHMEM leaves localdesc.offset (and, on the proxy path, the amo_verb flags and name_type)
  * uninitialised; the harness fills them with junk so a transport that reads them is caught. */
@@ -194,6 +198,8 @@ static struct {
     void *t;
     struct harness_transport_v3 *t3;
     struct harness_transport_v4 *t4;
+    struct harness_transport_v6 *t6; /* ABI 6 only */
+    struct harness_transport_v7 *t7; /* ABI 7 only */
     harness_bootstrap_handle boot;
     void *heap_map;
     size_t heap_map_len;
@@ -510,6 +516,21 @@ static int amo_has_val(int op) {
     return op != HARNESS_AMO_FETCH && op != HARNESS_AMO_INC && op != HARNESS_AMO_FETCH_INC;
 }
 
+/* ABI 6/7 amo with verb.is_float set as given; junk as for h_amo. */
+static int h_amo_f(int pe, int op, harness_amo_memdesc *m, int elembytes, int qp, int junk, int is_float) {
+    harness_amo_verb_f v;
+    harness_amo_bytesdesc b;
+    if (junk) {
+        v = (harness_amo_verb_f){op, JUNK_INT, JUNK_INT, JUNK_INT, is_float};
+        b = (harness_amo_bytesdesc){JUNK_INT, elembytes};
+    } else {
+        v = (harness_amo_verb_f){op, op > HARNESS_AMO_END_OF_NONFETCH, op != HARNESS_AMO_FETCH && op != HARNESS_AMO_INC &&
+                                 op != HARNESS_AMO_FETCH_INC, op == HARNESS_AMO_COMPARE_SWAP, is_float};
+        b = (harness_amo_bytesdesc){elembytes == 4 ? 10 : 11, elembytes};
+    }
+    return ((harness_amo_f_fn)(void *)g.t4->host_ops.amo)(g.t4, pe, NULL, v, m, b, qp);
+}
+
 /* junk: the proxy path (NVSHMEM sets only verb.op and bytes.elembytes there). */
 static int h_amo(int pe, int op, harness_amo_memdesc *m, int elembytes, int qp, int junk) {
     harness_amo_verb v;
@@ -522,6 +543,10 @@ static int h_amo(int pe, int op, harness_amo_memdesc *m, int elembytes, int qp, 
         b = (harness_amo_bytesdesc){elembytes == 4 ? 8 : 9, elembytes};
     }
     if (g.abi == 3) return g.t3->host_ops.amo(g.t3, pe, NULL, v, m, b, qp);
+    if (g.abi >= 6) {
+        harness_amo_verb_f vf = {v.op, v.is_fetch, v.is_val, v.is_cmp, 0};
+        return ((harness_amo_f_fn)(void *)g.t4->host_ops.amo)(g.t4, pe, NULL, vf, m, b, qp);
+    }
     return g.t4->host_ops.amo(g.t4, pe, NULL, v, m, b, qp);
 }
 
@@ -580,7 +605,7 @@ static int wait_word(volatile uint64_t *p, uint64_t want, int timeout_ms, uint64
  * Setup cases
  * ==================================================================================== */
 static void case_bad_version(void) {
-    static const int bad[] = {20000, 50000};
+    static const int bad[] = {20000, 80000};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         void *t = (void *)0x1;
         int64_t t0 = now_ms();
@@ -601,6 +626,8 @@ static void case_init(void) {
     g.t = t;
     g.t3 = t;
     g.t4 = t;
+    g.t6 = g.abi == 6 ? t : NULL;
+    g.t7 = g.abi == 7 ? t : NULL;
     int v = TF(api_version);
     if (HARNESS_API_MAJOR(v) != g.abi || HARNESS_API_MAJOR_MINOR(v) > HARNESS_API_MAJOR_MINOR(g.api_version))
         failf("transport reports api_version %d for host %d (must be the same major, not newer)", v, g.api_version);
@@ -611,7 +638,19 @@ static void case_init(void) {
     if (!HOP(op)) failf("host_ops." #op " is NULL (NVSHMEM calls it unchecked)");
     NEED(can_reach_peer) NEED(connect_endpoints) NEED(get_mem_handle) NEED(release_mem_handle) NEED(finalize)
     NEED(progress) NEED(rma) NEED(amo) NEED(fence) NEED(quiet)
-    if (g.abi == 4 && !g.t4->host_ops.put_signal) failf("host_ops.put_signal is NULL (the v4 proxy calls it unchecked)");
+    if (g.abi >= 4 && !g.t4->host_ops.put_signal) failf("host_ops.put_signal is NULL (the v4 proxy calls it unchecked)");
+    if (g.abi == 7) {
+        if (!g.t7->rma_with_hints || !g.t7->region_flush)
+            failf("ABI 7: rma_with_hints %p / region_flush %p is NULL", (void *)g.t7->rma_with_hints,
+                  (void *)g.t7->region_flush);
+        if (g.t7->device_assignment_mode != 0)
+            failf("ABI 7: device_assignment_mode is %d (want 0, the default)", g.t7->device_assignment_mode);
+    }
+    if (g.abi == 6) {
+        /* Read by a 3.7 host that already had ABI 7's trailing members: NULL ops, default mode. */
+        for (int i = 0; i < 3; i++)
+            if (g.t6->reserved_zero[i]) failf("ABI 6: reserve word %d after the host ops is %#" PRIx64 ", not 0", i, g.t6->reserved_zero[i]);
+    }
 #undef NEED
     if (R.failed) return;
     vlog("attr %#x n_devices %d atomics_complete_on_quiet %d api_version %d", TF(attr), TF(n_devices),
@@ -1416,7 +1455,14 @@ static void case_put_signal(void) {
         st.val = rounds[rd].val;
         harness_amo_bytesdesc sb = {JUNK_INT, 8};
         int qp = rounds[rd].qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST;
-        int rc = g.t4->host_ops.put_signal(g.t4, q, wv, &vr, &vl, &vb, sv, &st, sb, qp);
+        int rc;
+        if (g.abi >= 6) {
+            harness_amo_verb_f svf = {sv.op, sv.is_fetch, sv.is_val, sv.is_cmp, 0};
+            rc = ((harness_put_signal_f_fn)(void *)g.t4->host_ops.put_signal)(g.t4, q, wv, &vr, &vl, &vb, svf, &st,
+                                                                              sb, qp);
+        } else {
+            rc = g.t4->host_ops.put_signal(g.t4, q, wv, &vr, &vl, &vb, sv, &st, sb, qp);
+        }
         if (rc) failf("put_signal round %zu to PE %d (qp %d) returned %d", rd, q, qp, rc);
         uint64_t seen = 0;
         rc = wait_word(sig, rounds[rd].expect, 20000, &seen);
@@ -1993,12 +2039,285 @@ static void case_bench(void) {
 }
 
 /* ======================================================================================
+ * ABI 6/7: floating-point AMOs (verb.is_float = 1)
+ * ==================================================================================== */
+static uint64_t fbits(double x, int size) {
+    if (size == 4) {
+        float f = (float)x;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return u;
+    }
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    return u;
+}
+static double fval(const void *p, int size) {
+    if (size == 4) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    double d;
+    memcpy(&d, p, 8);
+    return d;
+}
+
+#define K_FCONT 40 /* float contention: float adds per PE per counter */
+
+static void do_float_amo(int qp) {
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np, junk = qp != 0;
+    int qpi = qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST;
+    const char *ep = qp ? "proxy" : "host";
+    static const int fsizes[2] = {4, 8};
+    static const struct {
+        int op;
+        double val, cmp;
+        int fetch;
+        double want_ret, want_after;
+    } steps[] = {
+        {HARNESS_AMO_SET, 1.5, 0, 0, 0, 1.5},
+        {HARNESS_AMO_ADD, 2.25, 0, 0, 0, 3.75},
+        {HARNESS_AMO_FETCH_ADD, 0.5, 0, 1, 3.75, 4.25},
+        {HARNESS_AMO_INC, 0, 0, 0, 0, 5.25},
+        {HARNESS_AMO_FETCH_INC, 0, 0, 1, 5.25, 6.25},
+        {HARNESS_AMO_COMPARE_SWAP, -1.0, 6.25, 1, 6.25, -1.0},
+        {HARNESS_AMO_COMPARE_SWAP, 7.0, 99.0, 1, -1.0, -1.0},
+        {HARNESS_AMO_SWAP, 2.5, 0, 1, -1.0, 2.5},
+        {HARNESS_AMO_SIGNAL_ADD, 0.25, 0, 0, 0, 2.75},
+        {HARNESS_AMO_FETCH, 0, 0, 1, 2.75, 2.75},
+    };
+    const size_t nsteps = sizeof steps / sizeof steps[0];
+    memset(g.heap + FAMO_OFF, 0, 32 * KiB);
+    BARRIER_OR_FAIL("before float AMOs");
+    unsigned char *ret = g.heap + RET_OFF; /* registered */
+    for (int si = 0; si < 2 && !R.failed; si++) {
+        int size = fsizes[si];
+        size_t word = FAMO_OFF + (size_t)me * 4 * KiB + (size_t)si * 64;
+        for (size_t k = 0; k < nsteps; k++) {
+            harness_amo_memdesc m;
+            memset(&m, 0, sizeof m);
+            m.remote = rdesc(q, word);
+            m.val = fbits(steps[k].val, size);
+            m.cmp = fbits(steps[k].cmp, size);
+            memset(ret, 0xee, 16);
+            if (steps[k].fetch) {
+                m.retptr = ret;
+                m.ret_handle = &g.own;
+            }
+            int rc = h_amo_f(q, steps[k].op, &m, size, qpi, junk, 1);
+            if (!rc) rc = h_quiet(q, qp);
+            if (rc) {
+                failf("float AMO %d (%d bytes, step %zu, %s) to PE %d returned %d", steps[k].op, size, k, ep, q, rc);
+                break;
+            }
+            if (steps[k].fetch && fval(ret, size) != steps[k].want_ret)
+                failf("float AMO %d (%d bytes, step %zu, %s): fetched %g, want %g", steps[k].op, size, k, ep,
+                      fval(ret, size), steps[k].want_ret);
+            /* the word itself, read with an integer fetch (is_float 0: the same bits) */
+            memset(&m, 0, sizeof m);
+            m.remote = rdesc(q, word);
+            m.retptr = ret + 8;
+            m.ret_handle = &g.own;
+            rc = h_amo_f(q, HARNESS_AMO_FETCH, &m, size, qpi, junk, 0);
+            if (!rc) rc = h_quiet(q, qp);
+            if (rc) {
+                failf("integer fetch after float AMO step %zu (%s) returned %d", k, ep, rc);
+                break;
+            }
+            if (fval(ret + 8, size) != steps[k].want_after)
+                failf("float AMO %d (%d bytes, step %zu, %s): word is %g, want %g", steps[k].op, size, k, ep,
+                      fval(ret + 8, size), steps[k].want_after);
+        }
+        /* bitwise ops are not defined on floats: an error, the word unchanged */
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = rdesc(q, word);
+        m.val = fbits(1.0, size);
+        int rc = h_amo_f(q, HARNESS_AMO_AND, &m, size, qpi, junk, 1);
+        h_quiet(q, qp);
+        if (rc == 0) failf("float AND (%d bytes, %s) returned 0 (want an error: not defined on floats)", size, ep);
+    }
+    quiet_all(qp, "float AMOs");
+    BARRIER_OR_FAIL("after float AMOs");
+    for (int si = 0; si < 2; si++) {
+        const unsigned char *w = g.heap + FAMO_OFF + (size_t)src * 4 * KiB + (size_t)si * 64;
+        if (fval(w, fsizes[si]) != 2.75)
+            failf("float word (%d bytes) written by PE %d is %g, want 2.75", fsizes[si], src, fval(w, fsizes[si]));
+    }
+    /* contention: every PE adds 0.5 K_FCONT times to a float and a double counter of PE 0 */
+    BARRIER_OR_FAIL("before float contention");
+    for (int i = 0; i < K_FCONT && !R.failed; i++) {
+        for (int si = 0; si < 2; si++) {
+            harness_amo_memdesc m;
+            memset(&m, 0, sizeof m);
+            m.remote = rdesc(0, FAMO_OFF + 16 * KiB + (size_t)si * 64);
+            m.val = fbits(0.5, fsizes[si]);
+            int rc = h_amo_f(0, HARNESS_AMO_ADD, &m, fsizes[si], qpi, junk, 1);
+            if (rc) {
+                failf("float add #%d (%d bytes, %s) to PE 0 returned %d", i, fsizes[si], ep, rc);
+                break;
+            }
+        }
+    }
+    quiet_all(qp, "float contention");
+    BARRIER_OR_FAIL("after float contention");
+    if (me == 0) {
+        double want = 0.5 * K_FCONT * g.np;
+        for (int si = 0; si < 2; si++) {
+            double got = fval(g.heap + FAMO_OFF + 16 * KiB + (size_t)si * 64, fsizes[si]);
+            if (got != want) failf("float counter (%d bytes, %s): %g after contention, want %g", fsizes[si], ep, got, want);
+        }
+    }
+    BARRIER_OR_FAIL("after the float counter check");
+}
+static void case_float_amo(void) { do_float_amo(0); }
+static void case_proxy_float_amo(void) { do_float_amo(1); }
+
+/* ======================================================================================
+ * ABI 7: rma_with_hints (MORE_FOLLOWS batches, region hints) and region_flush
+ * ==================================================================================== */
+#define BATCH_N 64          /* operations per batch */
+#define BATCH_CHUNK (4 * KiB) /* bytes per operation */
+#define BATCH_BYTES ((size_t)BATCH_N * BATCH_CHUNK)
+
+static int h_rma_hints(int pe, int op, int nbi, size_t roff, size_t loff, size_t n, int qpi,
+                       const harness_op_attrs *a) {
+    harness_rma_verb v = {.op = op, .is_nbi = nbi, .is_stream = 0, .stream = NULL};
+    harness_rma_memdesc r = rdesc(pe, roff), l = ldesc(loff);
+    harness_rma_bytesdesc b = {.nelems = n, .elembytes = 1, .srcstride = 1, .deststride = 1};
+    return g.t7->rma_with_hints(g.t4, pe, v, &r, &l, b, qpi, a);
+}
+
+/* BATCH_N puts of BATCH_CHUNK bytes to PE q. mode 0: MORE_FOLLOWS on all but the last; mode 1: a
+ * host/proxy region (hints BATCH_RMA, issuer, region), completed by region_flush. */
+static int put_batch(int q, int qp, int nbi, int mode, uint64_t region, const char *what) {
+    int me = g.rank, qpi = qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST;
+    for (int i = 0; i < BATCH_N; i++) {
+        harness_op_attrs a = {0, 0, 0, 0};
+        if (mode == 0) {
+            a.flags = i < BATCH_N - 1 ? HARNESS_OP_FLAG_MORE_FOLLOWS : 0;
+        } else {
+            a.hints = HARNESS_REGION_HINT_BATCH_RMA;
+            a.issuer_id = 1;
+            a.region_id = region;
+        }
+        size_t off = (size_t)i * BATCH_CHUNK;
+        int rc = h_rma_hints(q, HARNESS_OP_PUT, nbi, BATCH_OFF + (size_t)me * BATCH_BYTES + off, BATCH_SRC_OFF + off,
+                             BATCH_CHUNK, qpi, &a);
+        if (rc) {
+            failf("%s: rma_with_hints put #%d to PE %d returned %d", what, i, q, rc);
+            return rc;
+        }
+    }
+    if (mode == 1) {
+        int rc = g.t7->region_flush(g.t4, qp ? HARNESS_REGION_ROLE_PROXY : HARNESS_REGION_ROLE_HOST, 1, region);
+        if (rc) {
+            failf("%s: region_flush(issuer 1, region %" PRIu64 ") returned %d", what, region, rc);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void check_batch(int src, uint32_t salt, const char *what) {
+    size_t first = 0;
+    unsigned got = 0, want = 0;
+    size_t bad = check_pattern(g.heap + BATCH_OFF + (size_t)src * BATCH_BYTES, BATCH_BYTES, src, BATCH_BYTES, salt,
+                               &first, &got, &want);
+    if (bad)
+        failf("%s: %zu byte(s) from PE %d missing or wrong (first at %zu: got 0x%02x, want 0x%02x)", what, bad, src,
+              first, got, want);
+}
+
+static void case_rma_hints(void) {
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    char what[96];
+    uint32_t salt = 70;
+    for (int qp = 0; qp < 2; qp++) {
+        for (int mode = 0; mode < 2; mode++) {
+            for (int nbi = 0; nbi < 2; nbi++, salt++) {
+                snprintf(what, sizeof what, "%s %s puts (%s)", mode ? "region" : "MORE_FOLLOWS batch",
+                         nbi ? "non-blocking" : "blocking", qp ? "proxy" : "host");
+                fill_pattern(g.heap + BATCH_SRC_OFF, BATCH_BYTES, me, BATCH_BYTES, salt);
+                memset(g.heap + BATCH_OFF + (size_t)src * BATCH_BYTES, 0, BATCH_BYTES);
+                BARRIER_OR_FAIL("before a batch");
+                uint64_t region = 100 + salt;
+                if (put_batch(q, qp, nbi, mode, region, what)) return;
+                /* The last post of a blocking batch, and region_flush, complete the whole batch: the
+                 * sources may be reused at once. Non-blocking batches complete at quiet. */
+                if (nbi && mode == 0) {
+                    int rc = h_quiet(q, qp);
+                    if (rc) failf("%s: quiet(pe %d) returned %d", what, q, rc);
+                }
+                memset(g.heap + BATCH_SRC_OFF, 0xab, BATCH_BYTES);
+                BARRIER_OR_FAIL("after a batch");
+                check_batch(src, salt, what);
+                BARRIER_OR_FAIL("after a batch check");
+                if (R.failed) return;
+            }
+        }
+        /* a blocking MORE_FOLLOWS batch of gets: every chunk is in place when the last returns */
+        snprintf(what, sizeof what, "MORE_FOLLOWS batch of blocking gets (%s)", qp ? "proxy" : "host");
+        fill_pattern(g.heap + BATCH_SRC_OFF, BATCH_BYTES, me, BATCH_BYTES, salt);
+        memset(g.heap + BATCH_OFF + (size_t)q * BATCH_BYTES, 0, BATCH_BYTES);
+        BARRIER_OR_FAIL("before a get batch");
+        for (int i = 0; i < BATCH_N; i++) {
+            harness_op_attrs a = {i < BATCH_N - 1 ? HARNESS_OP_FLAG_MORE_FOLLOWS : 0, 0, 0, 0};
+            size_t off = (size_t)i * BATCH_CHUNK;
+            /* get: remote = q's source window, local = our slot for q */
+            harness_rma_verb v = {.op = HARNESS_OP_GET, .is_nbi = 0, .is_stream = 0, .stream = NULL};
+            harness_rma_memdesc r = rdesc(q, BATCH_SRC_OFF + off), l = ldesc(BATCH_OFF + (size_t)q * BATCH_BYTES + off);
+            harness_rma_bytesdesc b = {.nelems = BATCH_CHUNK, .elembytes = 1, .srcstride = 1, .deststride = 1};
+            int rc = g.t7->rma_with_hints(g.t4, q, v, &r, &l, b, qp ? HARNESS_QP_DEFAULT : HARNESS_QP_HOST, &a);
+            if (rc) {
+                failf("%s: get #%d from PE %d returned %d", what, i, q, rc);
+                return;
+            }
+        }
+        check_batch(q, salt, what);
+        BARRIER_OR_FAIL("after a get batch");
+        salt++;
+    }
+    /* NULL attrs: a plain rma */
+    fill_pattern(g.heap + BATCH_SRC_OFF, BATCH_CHUNK, me, BATCH_BYTES, salt);
+    memset(g.heap + BATCH_OFF + (size_t)src * BATCH_BYTES, 0, BATCH_CHUNK);
+    BARRIER_OR_FAIL("before a put without attrs");
+    int rc = h_rma_hints(q, HARNESS_OP_PUT, 0, BATCH_OFF + (size_t)me * BATCH_BYTES, BATCH_SRC_OFF, BATCH_CHUNK,
+                         HARNESS_QP_HOST, NULL);
+    if (rc) failf("rma_with_hints with NULL attrs returned %d", rc);
+    rc = h_quiet(q, 0);
+    if (rc) failf("quiet after a put without attrs returned %d", rc);
+    BARRIER_OR_FAIL("after a put without attrs");
+    {
+        size_t first = 0;
+        unsigned got = 0, want = 0;
+        if (check_pattern(g.heap + BATCH_OFF + (size_t)src * BATCH_BYTES, BATCH_CHUNK, src, BATCH_BYTES, salt, &first,
+                          &got, &want))
+            failf("put without attrs: data from PE %d wrong at byte %zu", src, first);
+    }
+    /* bad input: an unknown region role, a PE out of range */
+    rc = g.t7->region_flush(g.t4, 5, 1, 1);
+    if (rc == 0) failf("region_flush with role 5 returned 0 (want an error)");
+    harness_op_attrs a = {0, 0, 0, 0};
+    rc = h_rma_hints(q, HARNESS_OP_PUT, 1, BATCH_OFF, BATCH_SRC_OFF, 8, HARNESS_QP_HOST, &a);
+    if (rc) failf("rma_with_hints of 8 bytes returned %d", rc);
+    harness_rma_verb v = {.op = HARNESS_OP_PUT, .is_nbi = 1, .is_stream = 0, .stream = NULL};
+    harness_rma_memdesc r = rdesc(q, BATCH_OFF), l = ldesc(BATCH_SRC_OFF);
+    harness_rma_bytesdesc b = {.nelems = 8, .elembytes = 1, .srcstride = 1, .deststride = 1};
+    rc = g.t7->rma_with_hints(g.t4, g.np, v, &r, &l, b, HARNESS_QP_HOST, &a);
+    if (rc == 0) failf("rma_with_hints to PE %d (of %d) returned 0 (want an error)", g.np, g.np);
+    quiet_all(0, "rma_with_hints");
+    BARRIER_OR_FAIL("after rma_with_hints");
+}
+
+/* ======================================================================================
  * Case table and driver
  * ==================================================================================== */
 struct case_def {
     const char *name;
     void (*fn)(void);
-    int min_abi; /* 4: ABI v4 only */
+    int min_abi; /* the oldest transport ABI the case runs on */
     const char *what;
 };
 static const struct case_def CASES[] = {
@@ -2021,6 +2340,9 @@ static const struct case_def CASES[] = {
     {"progress_info", case_progress_info, 3, "progress, show_info, idle quiet and fence"},
     {"bad_input", case_bad_input, 3, "bad PEs, ranges, lengths, AMO codes, handles: errors, no crash"},
     {"release", case_release, 3, "second registration, local_only registration, release, double release"},
+    {"float_amo", case_float_amo, 6, "float and double AMOs (is_float 1): values, fetches, contention, AND refused"},
+    {"proxy_float_amo", case_proxy_float_amo, 6, "float AMOs through the proxy endpoint"},
+    {"rma_hints", case_rma_hints, 7, "rma_with_hints MORE_FOLLOWS batches and regions, region_flush, bad input"},
 };
 #define NCASES (sizeof(CASES) / sizeof(CASES[0]))
 
@@ -2201,7 +2523,7 @@ static void usage(FILE *f) {
             "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n",
             BENCH_WINDOW, BENCH_WINDOW);
     for (size_t i = 0; i < NCASES; i++)
-        fprintf(f, "  %-20s %s%s\n", CASES[i].name, CASES[i].what, CASES[i].min_abi == 4 ? " [ABI 4]" : "");
+        fprintf(f, "  %-20s %s%s\n", CASES[i].name, CASES[i].what, CASES[i].min_abi > 3 ? (CASES[i].min_abi == 4 ? " [ABI >= 4]" : CASES[i].min_abi == 6 ? " [ABI >= 6]" : " [ABI >= 7]") : "");
 }
 
 /* --bench-sizes: comma-separated byte counts, 1 .. BENCH_MAX_SIZE each */
@@ -2263,8 +2585,8 @@ int main(int argc, char **argv) {
             g.lib = v;
             i++;
         } else if (!strcmp(a, "--abi")) {
-            if (parse_int(v, 3, 4, &g.abi)) {
-                fprintf(stderr, "harness: --abi must be 3 or 4\n");
+            if (parse_int(v, 3, 7, &g.abi)) {
+                fprintf(stderr, "harness: --abi must be 3, 4, 5, 6 or 7\n");
                 return 2;
             }
             i++;
@@ -2346,7 +2668,7 @@ int main(int argc, char **argv) {
     }
     if (!any_selected)
         for (size_t k = 0; k < NCASES; k++) selected[k] = 1;
-    g.api_version = g.abi == 3 ? HARNESS_API_VERSION_V3 : HARNESS_API_VERSION_V4;
+    g.api_version = g.abi * 10000;
 
     /* window layout of the RMA cases */
     size_t off = 0;

@@ -27,6 +27,7 @@
 /* api_version = major * 10000 + minor * 100 + patch */
 #define HARNESS_API_VERSION_V3 30000 /* NVSHMEM 3.4.5 passes this */
 #define HARNESS_API_VERSION_V4 40000 /* NVSHMEM 3.5.0 / 3.5.1 pass this */
+/* NVSHMEM 3.6.5, 3.7.2, 3.8.0 pass 50000, 60000, 70000 (plugin versions 5.0.0, 6.0.0, 7.0.0) */
 #define HARNESS_API_MAJOR(v) ((v) / 10000)
 #define HARNESS_API_MAJOR_MINOR(v) ((v) / 100)
 /* bootstrap_handle.version NVSHMEM 3.4.x / 3.5.x fill in (bootstrap ABI 3.0.0) */
@@ -151,6 +152,30 @@ typedef struct harness_amo_verb {
     int is_cmp;
 } harness_amo_verb;
 
+/* ABI 7 (NVSHMEM 3.8.x; NVIDIA/nvshmem 6d5e14cd961a1fa07a30849e05f0882d78a6cdb1, transport.h):
+ * amo_verb gains a trailing is_float; 20 bytes, so amo and put_signal take a different argument type
+ * (passed in memory, not in two registers). ABI 6 (3.7.x) is assumed to have it too (inferred: the
+ * 3.7.2 wheel adds NVSHMEMI_AMO_FLOAT_BIT; no major-6 header was found). ABI 5 (3.6.x; NVIDIA/nvshmem
+ * ef92d34f16d05a7f119b760da864efaa0742d20d) keeps v4's layout exactly. ABI 7 appends rma_with_hints
+ * and region_flush to the host ops and an enum (int) device_assignment_mode after them. */
+typedef struct harness_amo_verb_f {
+    int op;
+    int is_fetch;
+    int is_val;
+    int is_cmp;
+    int is_float;
+} harness_amo_verb_f;
+
+typedef struct harness_op_attrs {
+    uint32_t flags; /* bit 0: MORE_FOLLOWS */
+    uint32_t hints; /* bit 0: BATCH_RMA */
+    uint64_t issuer_id;
+    uint64_t region_id;
+} harness_op_attrs;
+#define HARNESS_OP_FLAG_MORE_FOLLOWS 1u
+#define HARNESS_REGION_ROLE_HOST 0
+#define HARNESS_REGION_ROLE_PROXY 1
+
 typedef struct harness_amo_memdesc {
     harness_rma_memdesc remote;
     uint64_t retflag;
@@ -267,6 +292,13 @@ struct harness_transport_v3 {
  * ABI v4 (NVSHMEM 3.5.x): host_ops at the end, qp_index, put_signal
  * ------------------------------------------------------------------------------------- */
 struct harness_transport_v4;
+/* ABI 6/7 forms of amo and put_signal, called through the v4 view's slots. */
+typedef int (*harness_amo_f_fn)(struct harness_transport_v4 *t, int pe, void *curetptr, harness_amo_verb_f verb,
+                                harness_amo_memdesc *target, harness_amo_bytesdesc bytes, int qp);
+typedef int (*harness_put_signal_f_fn)(struct harness_transport_v4 *t, int pe, harness_rma_verb write_verb,
+                                       harness_vec *write_remote, harness_vec *write_local, harness_vec *write_bytes,
+                                       harness_amo_verb_f sig_verb, harness_amo_memdesc *sig_target,
+                                       harness_amo_bytesdesc sig_bytes, int qp);
 
 struct harness_host_ops_v4 {
     int (*can_reach_peer)(int *access, harness_pe_info *peer_info,
@@ -326,6 +358,29 @@ struct harness_transport_v4 {
     struct harness_host_ops_v4 host_ops;
 };
 
+/* ---------------------------------------------------------------------------------------
+ * ABI 7 (NVSHMEM 3.8.x): v4's struct, two more host ops after add_device_remote_mem_handles (the
+ * host ops are the struct's last member, so they follow v4's struct directly), then
+ * device_assignment_mode. ABI 6 (3.7.x) as this library serves it: v4's struct and a zeroed reserve
+ * the size of those three members (see src/nvshmem/abi/v6.rs).
+ * ------------------------------------------------------------------------------------- */
+typedef int (*harness_rma_with_hints_fn)(struct harness_transport_v4 *t, int pe, harness_rma_verb verb,
+                                         harness_rma_memdesc *remote, harness_rma_memdesc *local,
+                                         harness_rma_bytesdesc bytes, int qp_index, const harness_op_attrs *attrs);
+typedef int (*harness_region_flush_fn)(struct harness_transport_v4 *t, int role, uint64_t issuer_id,
+                                       uint64_t region_id);
+struct harness_transport_v7 {
+    struct harness_transport_v4 v4;           /* ... host_ops up to add_device_remote_mem_handles */
+    harness_rma_with_hints_fn rma_with_hints; /* host_ops.rma_with_hints */
+    harness_region_flush_fn region_flush;     /* host_ops.region_flush */
+    int device_assignment_mode;               /* 0: NVSHMEM_TRANSPORT_DEVICE_ASSIGNMENT_DEFAULT */
+};
+struct harness_transport_v6 {
+    struct harness_transport_v4 v4;
+    uint64_t reserved_zero[3];
+};
+#define HARNESS_REGION_HINT_BATCH_RMA 1u
+
 /* int nvshmemt_init(transport **out, struct nvshmemi_cuda_fn_table *table, int api_version) */
 typedef int (*harness_transport_init_fn)(void **transport, void *cuda_fn_table, int api_version);
 
@@ -361,6 +416,8 @@ HARNESS_ASSERT_OFF(harness_rma_bytesdesc, srcstride, 16);
 HARNESS_ASSERT_OFF(harness_rma_bytesdesc, deststride, 24);
 
 HARNESS_ASSERT_SIZE(harness_amo_verb, 16);
+HARNESS_ASSERT_SIZE(harness_amo_verb_f, 20);
+HARNESS_ASSERT_SIZE(harness_op_attrs, 24);
 HARNESS_ASSERT_OFF(harness_amo_verb, is_fetch, 4);
 HARNESS_ASSERT_OFF(harness_amo_verb, is_val, 8);
 HARNESS_ASSERT_OFF(harness_amo_verb, is_cmp, 12);
@@ -452,5 +509,12 @@ HARNESS_ASSERT_OFF(struct harness_transport_v4, alias_va_map, 0x70);
 HARNESS_ASSERT_OFF(struct harness_transport_v4, egm_map, 0x78);
 HARNESS_ASSERT_OFF(struct harness_transport_v4, host_ops, 0x80);
 HARNESS_ASSERT_SIZE(struct harness_transport_v4, 0xf8);
+
+/* v7 transport (offsets of NVIDIA/nvshmem 6d5e14cd961a1fa07a30849e05f0882d78a6cdb1's transport.h) */
+HARNESS_ASSERT_OFF(struct harness_transport_v7, rma_with_hints, 0x80 + 15 * 8);
+HARNESS_ASSERT_OFF(struct harness_transport_v7, region_flush, 0x80 + 16 * 8);
+HARNESS_ASSERT_OFF(struct harness_transport_v7, device_assignment_mode, 0x80 + 17 * 8);
+HARNESS_ASSERT_SIZE(struct harness_transport_v7, 0x110);
+HARNESS_ASSERT_SIZE(struct harness_transport_v6, 0x110);
 
 #endif /* HARNESS_NVSHMEM_ABI_H */

@@ -25,6 +25,11 @@ pub(super) struct Consumer {
     pub(super) completed: u64,
     pub(super) delivery_flags: u64,
     pub(super) bad_doorbell: Option<u32>,
+    /// Producer counts of WQEs seen written more than `max_batch` ahead of the doorbell; each is
+    /// rejected when the consumer reaches it.
+    pub(super) ahead: std::collections::BTreeSet<u64>,
+    /// When the slots past the doorbell window were last looked at.
+    pub(super) ahead_checked: Option<Instant>,
     pub(super) heartbeat: u64,
     /// Staged messages waiting for a send buffer (replies first).
     pub(super) outbox: VecDeque<OutItem>,
@@ -64,6 +69,8 @@ impl Consumer {
             completed: 0,
             delivery_flags: flags::DELIVERY_COMPLETE,
             bad_doorbell: None,
+            ahead: std::collections::BTreeSet::new(),
+            ahead_checked: None,
             heartbeat: 0,
             outbox: VecDeque::new(),
             buf_owner: vec![None; bounce as usize],

@@ -108,6 +108,64 @@ impl Consumer {
         }
     }
 
+    /// The device's staging limit: a poster may write a WQE only once the doorbell is within
+    /// `max_batch` of it, so at most `max_batch` WQEs of all posters together stand written but not
+    /// rung (rdma-core rings at least every `max_batch` WQEs; NCCL's EFA GDA device code keeps
+    /// un-doorbelled WQEs of all concurrent posters within it). Looks at the slots of producer counts
+    /// `[db + B, db + 2B)` (B = min(max_batch, sq_entries)), `db` the doorbell: a slot there that
+    /// already holds its WQE for this pass (meta_desc set, request id and phase of that count) was
+    /// written too early if the doorbell, read again AFTER the slots, is still at least B below it
+    /// (a poster that obeys the rule stored the doorbell it waited for before writing). Such WQEs
+    /// are logged and remembered, and rejected when the consumer reaches them. Rate-limited: the
+    /// look costs up to B reads of ring memory.
+    pub(super) fn check_written_ahead(&mut self) {
+        const EVERY: Duration = Duration::from_micros(50);
+        if self.ahead_checked.is_some_and(|t| t.elapsed() < EVERY) {
+            return;
+        }
+        self.ahead_checked = Some(Instant::now());
+        let n = u64::from(self.inner.sq_entries);
+        let b = u64::from(self.inner.max_batch).min(n);
+        if b >= n {
+            return;
+        }
+        let es = self.inner.sq_entry_size as usize;
+        let db1 = self.ci + u64::from(self.doorbell().wrapping_sub(self.ci as u32));
+        let first = db1 + b;
+        let count = b.min(n - b);
+        let mut seen = Vec::new();
+        for pc in first..first + count {
+            let slot = (pc & (n - 1)) as usize;
+            // SAFETY: the slot lies inside the SQ ring; its first 8 bytes are read.
+            let head: [u8; 8] =
+                unsafe { mem::read_shared(self.inner.ring(self.inner.layout.sq + slot * es)) };
+            let req_id = u16::from_le_bytes([head[0], head[1]]);
+            if head[2] & wqe::CTRL1_META_DESC != 0
+                && req_id == pc as u16
+                && head[3] & wqe::CTRL2_PHASE == wqe::phase_for(pc, self.inner.sq_entries)
+            {
+                seen.push(pc);
+            }
+        }
+        if seen.is_empty() {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        let db2 = self.ci + u64::from(self.doorbell().wrapping_sub(self.ci as u32));
+        for pc in seen {
+            if pc >= db2 + b && pc >= self.ci && self.ahead.insert(pc) {
+                let k = self.inner.ahead_of_doorbell.fetch_add(1, Ordering::AcqRel) + 1;
+                if k <= WARN_REJECTS {
+                    tracing::error!(
+                        "software queue: rule violated: WQE {pc} was written while the doorbell stood at \
+                         {db2}, more than max_batch ({b}) WQEs ahead of it (the device stages at most \
+                         max_batch un-doorbelled WQEs); it will be rejected"
+                    );
+                }
+            }
+        }
+    }
+
     pub(super) fn consume(&mut self) -> usize {
         let mut work = 0;
         if self.stalled.is_some() {
@@ -116,6 +174,7 @@ impl Consumer {
                 return work;
             }
         }
+        self.check_written_ahead();
         let db = self.doorbell();
         let avail = db.wrapping_sub(self.ci as u32);
         if avail == 0 {
@@ -151,16 +210,40 @@ impl Consumer {
                 panic!("injected fault: consumer panic at WQE {pc}");
             }
             let slot = (pc & u64::from(self.inner.sq_entries - 1)) as usize;
-            // SAFETY: the slot lies inside the SQ ring; 64-byte aligned.
-            let bytes: [u8; WQE_SIZE] = unsafe {
-                mem::read_shared(self.inner.ring(self.inner.layout.sq + slot * WQE_SIZE))
-            };
+            let es = self.inner.sq_entry_size as usize;
+            let at = self.inner.ring(self.inner.layout.sq + slot * es);
+            let mut entry = [0u8; WQE_SIZE_128];
+            if es == WQE_SIZE_128 {
+                // SAFETY: the 128-byte slot lies inside the SQ ring; 64-byte aligned.
+                entry = unsafe { mem::read_shared(at) };
+            } else {
+                // SAFETY: the 64-byte slot lies inside the SQ ring; 64-byte aligned.
+                let b: [u8; WQE_SIZE] = unsafe { mem::read_shared(at) };
+                entry[..WQE_SIZE].copy_from_slice(&b);
+            }
             self.ci += 1;
             self.inner
                 .host_ctrl_word(HC_CONSUMED)
                 .store(self.ci, Ordering::Release);
             work += 1;
-            match self.validate(pc, &bytes) {
+            let verdict = if self.ahead.remove(&pc) {
+                let raw_op =
+                    OpType::from_raw(entry[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
+                Err((
+                    pc as u16,
+                    raw_op,
+                    (
+                        CqStatus::LocalQpInternalError,
+                        format!(
+                            "rule violated: written more than max_batch ({}) WQEs ahead of the doorbell",
+                            self.inner.max_batch
+                        ),
+                    ),
+                ))
+            } else {
+                self.validate(pc, &entry[..es])
+            };
+            match verdict {
                 Ok(p) => {
                     if let Err(p) = self.post(p) {
                         self.stalled = Some(p);
@@ -189,10 +272,11 @@ impl Consumer {
         self.push_tx_cqe(req_id, status, op);
     }
 
+    /// Checks the ring entry (64 or 128 bytes) of producer count `pc`.
     pub(super) fn validate(
         &mut self,
         pc: u64,
-        bytes: &[u8; WQE_SIZE],
+        bytes: &[u8],
     ) -> std::result::Result<Pending, (u16, OpType, Reject)> {
         let expected_id = pc as u16;
         let raw_op = OpType::from_raw(bytes[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
@@ -204,8 +288,17 @@ impl Consumer {
                 format!("request id {req_id:#06x} is not the producer count's low 16 bits {expected_id:#06x}"),
             ));
         }
-        let desc = wqe::decode(bytes)
-            .map_err(|e| fail(wqe_error_status(&e), format!("malformed WQE: {e}")))?;
+        let desc = wqe::decode_entry(bytes, false).map_err(|e| match e {
+            WqeError::ReservedNonZero { offset } if usize::from(offset) >= WQE_SIZE => fail(
+                CqStatus::LocalQpInternalError,
+                format!(
+                    "rule violated: byte {offset} of a {}-byte SQ entry is not zero (a 128-byte entry \
+                     is written whole; stale bytes of an earlier WQE remain)",
+                    bytes.len()
+                ),
+            ),
+            e => fail(wqe_error_status(&e), format!("malformed WQE: {e}")),
+        })?;
         let want_phase = wqe::phase_for(pc, self.inner.sq_entries);
         if desc.phase != want_phase {
             return Err(fail(

@@ -21,6 +21,8 @@ pub struct HostView {
     pub host_ctrl: *mut u8,
     /// SQ depth.
     pub sq_entries: u32,
+    /// Size of one SQ entry (64 or 128 bytes).
+    pub sq_entry_size: u32,
     /// CQ depth.
     pub cq_entries: u32,
     /// RX ring depth.
@@ -49,9 +51,14 @@ pub(super) fn align64(x: usize) -> usize {
 }
 
 impl RingLayout {
-    pub(super) fn new(sq_entries: u32, cq_entries: u32, rx_entries: u32) -> RingLayout {
+    pub(super) fn new(
+        sq_entries: u32,
+        sq_entry_size: u32,
+        cq_entries: u32,
+        rx_entries: u32,
+    ) -> RingLayout {
         let sq = 0;
-        let cq = align64(sq + sq_entries as usize * WQE_SIZE);
+        let cq = align64(sq + sq_entries as usize * sq_entry_size as usize);
         let rx = align64(cq + cq_entries as usize * TX_CQE_SIZE);
         let doorbell = align64(rx + rx_entries as usize * RX_CQE_EX_SIZE);
         let host_ctrl = doorbell + 64;

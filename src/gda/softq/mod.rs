@@ -116,7 +116,9 @@ use parking_lot::Mutex;
 
 use crate::cuda;
 use crate::efa::cqe::{self, CqStatus, RxCqe, TxCqe, AH_UNKNOWN, RX_CQE_EX_SIZE, TX_CQE_SIZE};
-use crate::efa::wqe::{self, OpType, SendPayload, WqeDesc, WqeError, WqeOp, WQE_SIZE};
+use crate::efa::wqe::{
+    self, OpType, SendPayload, WqeDesc, WqeError, WqeOp, WQE_SIZE, WQE_SIZE_128,
+};
 use crate::fabric::{
     errno, flags, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, FiAddr, MemKind,
     MemoryRegion, OpContexts,
@@ -168,10 +170,17 @@ const WARN_REJECTS: u64 = 16;
 pub struct SoftQueueConfig {
     /// SQ depth (power of two, 2 to 32768); the CQ has as many entries.
     pub sq_depth: u32,
-    /// Doorbell batch limit published to posters.
+    /// Doorbell batch limit published to posters: at most this many WQEs may stand written ahead
+    /// of the doorbell, over all posters together (the device's staging limit).
     pub max_batch: u32,
+    /// Size of one SQ entry: 64, or 128 (efa-direct's wide entries: the WQE in bytes 0-63, zeros
+    /// after it).
+    pub sq_entry_size: u32,
     /// RX ring depth (power of two).
     pub rx_entries: u32,
+    /// The RX ring behaves as the NIC's RX CQ: an entry the GPU has not consumed is overwritten
+    /// (counted, logged) instead of new entries waiting in host memory.
+    pub rx_overwrite: bool,
     /// Receive buffers kept posted.
     pub rx_buffers: usize,
     /// Bounce buffers for SENDs.
@@ -225,7 +234,9 @@ impl SoftQueueConfig {
         SoftQueueConfig {
             sq_depth,
             max_batch,
+            sq_entry_size: WQE_SIZE as u32,
             rx_entries: sq_depth.clamp(256, 65536),
+            rx_overwrite: false,
             rx_buffers: 128,
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
@@ -249,6 +260,12 @@ impl SoftQueueConfig {
         if self.max_batch == 0 {
             return Err(GdaError::invalid("max_batch must be at least 1"));
         }
+        if self.sq_entry_size as usize != WQE_SIZE && self.sq_entry_size as usize != WQE_SIZE_128 {
+            return Err(GdaError::invalid(format!(
+                "SQ entry size {} is not 64 or 128",
+                self.sq_entry_size
+            )));
+        }
         if self.rx_buffers == 0 || self.send_buffers == 0 {
             return Err(GdaError::invalid(
                 "the software queue needs receive and send buffers",
@@ -265,6 +282,11 @@ pub struct SoftQueueStats {
     pub consumed: u64,
     /// WQEs answered with an error completion without being executed.
     pub rejected: u64,
+    /// WQEs seen written more than `max_batch` ahead of the doorbell (each is also rejected when
+    /// its turn comes).
+    pub ahead_of_doorbell: u64,
+    /// RX entries written over entries the GPU had not consumed (`rx_overwrite` only).
+    pub rx_overruns: u64,
     /// TX completions written (all statuses).
     pub completed: u64,
     /// RX completions written into the RX ring.
@@ -286,6 +308,7 @@ struct Inner {
     ctrl: CtrlMem,
     layout: RingLayout,
     sq_entries: u32,
+    sq_entry_size: u32,
     cq_entries: u32,
     rx_entries: u32,
     max_batch: u32,
@@ -304,6 +327,9 @@ struct Inner {
     completed: AtomicU64,
     rx_pending: AtomicU64,
     amos_applied: AtomicU64,
+    ahead_of_doorbell: AtomicU64,
+    rx_overwrite: bool,
+    rx_overruns: AtomicU64,
     cuda_ctx: usize,
     staging: Staging,
 }
@@ -346,7 +372,7 @@ impl SoftQueue {
         };
         let rx_bufs = BufPool::new(domain, &ep, buf_size, cfg.rx_buffers)?;
         let send_bufs = BufPool::new(domain, &ep, buf_size, cfg.send_buffers)?;
-        let layout = RingLayout::new(sq_entries, cq_entries, rx_entries);
+        let layout = RingLayout::new(sq_entries, cfg.sq_entry_size, cq_entries, rx_entries);
         let cuda = mem::cuda_usable();
         let rings = SharedMem::new(layout.total, cuda)?;
         let ctrl = CtrlMem::new(CTRL_SIZE + 4 * sq_entries as usize, cfg.ctrl)?;
@@ -359,6 +385,7 @@ impl SoftQueue {
             ctrl,
             layout,
             sq_entries,
+            sq_entry_size: cfg.sq_entry_size,
             cq_entries,
             rx_entries,
             max_batch: cfg.max_batch,
@@ -374,6 +401,9 @@ impl SoftQueue {
             completed: AtomicU64::new(0),
             rx_pending: AtomicU64::new(0),
             amos_applied: AtomicU64::new(0),
+            ahead_of_doorbell: AtomicU64::new(0),
+            rx_overwrite: cfg.rx_overwrite,
+            rx_overruns: AtomicU64::new(0),
             cuda_ctx: cuda::current_context(),
             staging: cfg.staging,
         });
@@ -384,8 +414,10 @@ impl SoftQueue {
             .spawn(move || consumer.run_guarded())
             .map_err(|e| GdaError::io(format!("cannot start the software queue thread: {e}")))?;
         tracing::info!(
-            "software EFA queue: {sq_entries} x 64 B WQEs, CQ {cq_entries} x 16 B, RX {rx_entries} x 32 B, \
-             rings in {} memory, control block in {} memory, provider {}, staging {:?}",
+            "software EFA queue: {sq_entries} x {} B WQE entries, max batch {}, CQ {cq_entries} x 16 B, RX \
+             {rx_entries} x 32 B, rings in {} memory, control block in {} memory, provider {}, staging {:?}",
+            cfg.sq_entry_size,
+            cfg.max_batch,
             if inner.rings.is_mapped() { "CUDA-mapped host" } else { "plain host" },
             if inner.ctrl.host().is_some() { "host" } else { "device" },
             info.provider_name(),
@@ -604,7 +636,7 @@ impl SoftQueue {
             slot_status: i.ctrl.device() + CTRL_SIZE as u64,
             host_ctrl: base + i.layout.host_ctrl as u64,
             sq_entries: i.sq_entries,
-            sq_entry_size: WQE_SIZE as u32,
+            sq_entry_size: i.sq_entry_size,
             cq_entries: i.cq_entries,
             cq_entry_size: SOFT_TX_CQE_SIZE,
             rx_entries: i.rx_entries,
@@ -629,6 +661,7 @@ impl SoftQueue {
             slot_status: unsafe { ctrl.add(CTRL_SIZE) } as *mut u32,
             host_ctrl: i.ring(i.layout.host_ctrl),
             sq_entries: i.sq_entries,
+            sq_entry_size: i.sq_entry_size,
             cq_entries: i.cq_entries,
             rx_entries: i.rx_entries,
             max_batch: i.max_batch,
@@ -641,6 +674,8 @@ impl SoftQueue {
         SoftQueueStats {
             consumed: i.host_ctrl_word(HC_CONSUMED).load(Ordering::Acquire),
             rejected: i.host_ctrl_word(HC_REJECTED).load(Ordering::Acquire),
+            ahead_of_doorbell: i.ahead_of_doorbell.load(Ordering::Acquire),
+            rx_overruns: i.rx_overruns.load(Ordering::Acquire),
             completed: i.completed.load(Ordering::Acquire),
             rx_produced: i.host_ctrl_word(HC_RX_PRODUCED).load(Ordering::Acquire),
             rx_pending: i.rx_pending.load(Ordering::Acquire),
@@ -707,13 +742,16 @@ mod tests {
 
     #[test]
     fn ring_layout_is_aligned_and_disjoint() {
-        let l = RingLayout::new(64, 64, 256);
+        let l = RingLayout::new(64, 64, 64, 256);
         assert_eq!(l.sq, 0);
         assert_eq!(l.cq, 64 * 64);
         assert_eq!(l.rx, l.cq + 64 * 16);
         assert_eq!(l.doorbell, l.rx + 256 * 32);
         assert_eq!(l.host_ctrl % 64, 0);
         assert_eq!(l.total, l.host_ctrl + 64);
+        let w = RingLayout::new(64, 128, 64, 256);
+        assert_eq!(w.cq, 64 * 128);
+        assert_eq!(w.rx, w.cq + 64 * 16);
     }
 
     #[test]

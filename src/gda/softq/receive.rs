@@ -186,6 +186,25 @@ impl Consumer {
     }
 
     pub(super) fn push_rx(&mut self, c: RxCqe) {
+        if self.inner.rx_overwrite {
+            // As the NIC: it does not see the consumer index, so it writes the next entry whatever
+            // the GPU has consumed. After two such wraps the phase check accepts stale entries.
+            if !self.rx_room() {
+                let k = self.inner.rx_overruns.fetch_add(1, Ordering::AcqRel) + 1;
+                if k <= WARN_REJECTS {
+                    tracing::error!(
+                        "software queue: rule violated: RX completion {} overwrites entry {} that the GPU \
+                         has not consumed (consumer index {}); the NIC's RX CQ does not see the consumer \
+                         index, so receivers must drain it (or senders hold credits) before it wraps",
+                        self.rx_pc,
+                        self.rx_pc - u64::from(self.inner.rx_entries),
+                        self.cached_rx_ci
+                    );
+                }
+            }
+            self.write_rx(c);
+            return;
+        }
         if self.pending_rx.is_empty() && self.rx_room() {
             self.write_rx(c);
             return;

@@ -6,6 +6,7 @@ use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_
 use super::memory::{copy_any, write_any};
 use super::{abi, internal, Connected, TResult, Transport};
 use crate::fabric::FiAddr;
+use crate::mover::stats::Stage;
 
 // Active-message format (64 bytes, in a context's scratch space).
 pub(super) const AM_MAGIC: u32 = 0x4d41_4645; // "EFAM"
@@ -25,6 +26,9 @@ pub(super) const AM_PUT: u32 = 3;
 pub(super) const AM_GET: u32 = 4;
 /// Staged get answer: payload (or a status).
 pub(super) const AM_GET_DATA: u32 = 5;
+/// `AmMsg::reserved` bit: the chunk belongs to an operation on the debug timeline (echoed in the
+/// response, so both PEs log the same chunk).
+pub(super) const AM_TRACED: u32 = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -104,6 +108,18 @@ impl Transport {
                 let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
                     return;
                 };
+                // SAFETY: own waiting context; scratch[1..3] hold a staged chunk's post time and
+                // trace flag (both 0 for AMOs, whose scratch[0] is the operand size).
+                let (stamp, traced) = e
+                    .ctxs
+                    .scratch(wait)
+                    .map(|s| unsafe { (*s.add(1), *s.add(2) != 0) })
+                    .unwrap_or_default();
+                let stats = self.mover.stats();
+                stats.record_since(Stage::ResponseRecv, stamp, 0);
+                if traced {
+                    stats.timeline(Stage::ResponseRecv, "", m.token, m.addr, 0);
+                }
                 // SAFETY: own waiting context; scratch[0] holds the operand size (amo_target).
                 let size = e
                     .ctxs
@@ -127,6 +143,12 @@ impl Transport {
                     tracing::error!("staged put from PE {src_pe} with {} bytes dropped", m.size);
                     return;
                 };
+                let stats = self.mover.stats();
+                let traced = m.reserved & AM_TRACED != 0;
+                if traced {
+                    stats.timeline(Stage::TargetCopy, "start", m.token, m.addr, m.size as u64);
+                }
+                let t = stats.start();
                 let status = self.copy_registered(
                     m.addr as *mut u8,
                     payload,
@@ -134,7 +156,13 @@ impl Transport {
                     m.size,
                     &format!("staged put from PE {src_pe}"),
                 );
-                e.push_response(dest, m.token, 0, status);
+                stats.record(Stage::TargetCopy, t, m.size as u64);
+                stats.record(Stage::Response, None, 0);
+                if traced {
+                    stats.timeline(Stage::TargetCopy, "end", m.token, m.addr, 0);
+                    stats.timeline(Stage::Response, "queued", m.token, m.addr, 0);
+                }
+                e.push_put_response(dest, &m, status);
             }
             AM_GET => {
                 let src_pe = m.val as i64;
@@ -156,11 +184,17 @@ impl Transport {
                 let Some((wait, dst)) = e.waiting(m.token, "staged get data") else {
                     return;
                 };
+                let stats = self.mover.stats();
+                // SAFETY: own waiting context; scratch[1] holds the request's post time.
+                let stamp = e.ctxs.scratch(wait).map_or(0, |s| unsafe { *s.add(1) });
+                stats.record_since(Stage::ResponseRecv, stamp, m.size as u64);
+                let t = stats.start();
                 if m.status != 0 {
                     e.record_error(format!("remote get failed with status {}", m.status));
                 } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
                     e.record_error(err.message);
                 }
+                stats.record(Stage::CopyIn, t, m.size as u64);
                 e.finish_counted(wait);
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
@@ -208,7 +242,15 @@ impl Transport {
                 return;
             };
             let r = match &p {
-                Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg),
+                Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg).inspect(|()| {
+                    if msg.kind == AM_RESP {
+                        let stats = self.mover.stats();
+                        stats.record(Stage::ResponseSent, None, 0);
+                        if msg.reserved & AM_TRACED != 0 {
+                            stats.timeline(Stage::ResponseSent, "", msg.token, msg.addr, 0);
+                        }
+                    }
+                }),
                 Pending::GetData {
                     dest,
                     token,
@@ -221,6 +263,8 @@ impl Transport {
                     };
                     // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
                     let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    let stats = self.mover.stats();
+                    let t = stats.start();
                     let status = self.copy_registered(
                         payload,
                         *addr as *const u8,
@@ -228,6 +272,7 @@ impl Transport {
                         *len,
                         "staged get",
                     );
+                    stats.record(Stage::TargetCopy, t, *len as u64);
                     let size = if status == 0 { *len } else { 0 };
                     let hdr = AmMsg {
                         magic: AM_MAGIC,
@@ -237,7 +282,7 @@ impl Transport {
                         status,
                         ..Default::default()
                     };
-                    let r = self.send_slot(e, *dest, slot, hdr, 0);
+                    let r = self.send_slot(e, *dest, slot, hdr, 0, 0, false);
                     if r.is_err() {
                         e.send_free.lock().push(slot);
                     }
@@ -268,7 +313,9 @@ impl Transport {
     }
 
     /// Sends send slot `slot` (header written here, payload already in place). `wait` is the
-    /// initiator's waiting context to fail if the send fails (0: none).
+    /// initiator's waiting context to fail if the send fails (0: none); `stamp` and `traced` feed
+    /// the stage counters and the timeline at its completion.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn send_slot(
         &self,
         e: &EpState,
@@ -276,14 +323,23 @@ impl Transport {
         slot: usize,
         hdr: AmMsg,
         wait: u64,
+        stamp: u64,
+        traced: bool,
     ) -> crate::fabric::Result<()> {
         e.send_with_ctx(
             TAG_SLOT_SEND,
             slot as u64,
             "no context for a staged send",
             |ctx| {
-                // SAFETY: own context; scratch[0] remembers the waiting context.
-                unsafe { *e.ctxs.scratch(ctx).expect("own context") = wait };
+                // SAFETY: own context; scratch[0] remembers the waiting context, [1] the post time,
+                // [2] the trace flag, [3] the remote address (read back at the send completion).
+                unsafe {
+                    let sc = e.ctxs.scratch(ctx).expect("own context");
+                    *sc = wait;
+                    *sc.add(1) = stamp;
+                    *sc.add(2) = traced as u64;
+                    *sc.add(3) = hdr.addr;
+                }
                 let sp = e.send_slot_ptr(slot);
                 // SAFETY: the slot lies in the registered send slab and stays reserved until completion.
                 unsafe {
@@ -316,6 +372,8 @@ impl Transport {
     ) -> TResult<()> {
         let e = &c.eps[ep];
         let dest = c.addr(pe, ep);
+        let stats = self.mover.stats();
+        let traced = stats.sample(len);
         let mut off = 0u64;
         while off < len {
             let n = (STAGE_CHUNK as u64).min(len - off);
@@ -328,27 +386,49 @@ impl Transport {
                 size: n as u32,
                 addr: raddr + off,
                 val: c.my_pe as u64,
+                reserved: if traced { AM_TRACED } else { 0 },
                 ..Default::default()
             };
+            let stamp = stats.stamp();
+            // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace flag for
+            // the answer (scratch[0] stays 0: no AMO operand size).
+            unsafe {
+                let sc = e.ctxs.scratch(wait).expect("own context");
+                *sc.add(1) = stamp;
+                *sc.add(2) = traced as u64;
+            }
             let r = if is_put {
                 // Every failure below gives the slot back; the cleanup below gives back `wait`.
+                let t = stats.start();
                 self.alloc_slot(c, ep).and_then(|slot| {
+                    stats.record(Stage::SlotWait, t, 0);
                     // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
                     let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    let t = stats.start();
                     copy_any(sp, (laddr + off) as *const u8, n as usize)
                         .and_then(|()| {
-                            self.retry_again(c, ep, || {
-                                self.send_slot(e, dest, slot, hdr, wait as u64)
-                            })
+                            stats.record(Stage::CopyOut, t, n);
+                            let t = stats.start();
+                            let r = self.retry_again(c, ep, || {
+                                self.send_slot(e, dest, slot, hdr, wait as u64, stamp, traced)
+                            });
+                            stats.record(Stage::ChunkPost, t, n);
+                            r
                         })
                         .inspect_err(|_| e.send_free.lock().push(slot))
                 })
             } else {
-                self.retry_again(c, ep, || self.send_small(e, dest, hdr))
+                let t = stats.start();
+                let r = self.retry_again(c, ep, || self.send_small(e, dest, hdr));
+                stats.record(Stage::ChunkPost, t, 0);
+                r
             };
             if let Err(err) = r {
                 e.uncount(wait);
                 return Err(err);
+            }
+            if traced {
+                stats.timeline(Stage::ChunkPost, "", wait as u64, raddr + off, n);
             }
             off += n;
         }

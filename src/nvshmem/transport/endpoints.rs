@@ -16,6 +16,7 @@ use crate::cuda;
 use crate::fabric::{
     AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
 };
+use crate::mover::handle::HostId;
 
 // Context tags.
 pub(super) const TAG_OP: u64 = 1;
@@ -111,6 +112,21 @@ impl EpState {
             token,
             result,
             status,
+            ..Default::default()
+        };
+        self.am_pending.lock().push_back(Pending::Msg(dest, resp));
+    }
+
+    /// Queues the response to staged put chunk `m`: its status, and the chunk's remote address and
+    /// trace flag echoed for the initiator's timeline.
+    pub(super) fn push_put_response(&self, dest: FiAddr, m: &AmMsg, status: i32) {
+        let resp = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_RESP,
+            token: m.token,
+            status,
+            addr: m.addr,
+            reserved: m.reserved & super::am::AM_TRACED,
             ..Default::default()
         };
         self.am_pending.lock().push_back(Pending::Msg(dest, resp));
@@ -254,17 +270,22 @@ impl Transport {
             });
         }
         // Exchange names: fixed-size slots so every PE's allgather has the same byte count.
+        // Record: name slot size (u32 LE), PE (u32 LE), host id (u64 LE: equal on one host, see
+        // mover::handle::HostId), then one name slot per endpoint.
         let names: Vec<Vec<u8>> = eps.iter().map(|e| e.ep.name()).collect::<Result<_, _>>()?;
         let slot = names.iter().map(|v| v.len()).max().unwrap_or(0);
-        let mut mine = vec![0u8; 8 + NUM_EPS * slot];
+        const HDR: usize = 16;
+        let mut mine = vec![0u8; HDR + NUM_EPS * slot];
         mine[0..4].copy_from_slice(&(slot as u32).to_le_bytes());
         mine[4..8].copy_from_slice(&(my_pe as u32).to_le_bytes());
+        mine[8..16].copy_from_slice(&HostId::local().to_bytes());
         for (i, nm) in names.iter().enumerate() {
-            mine[8 + i * slot..8 + i * slot + nm.len()].copy_from_slice(nm);
+            mine[HDR + i * slot..HDR + i * slot + nm.len()].copy_from_slice(nm);
         }
         let mut all = vec![0u8; mine.len() * n];
         allgather(&mine, &mut all)?;
         let mut flat = Vec::with_capacity(n * NUM_EPS * slot);
+        let mut hosts = Vec::with_capacity(n);
         for pe in 0..n {
             let rec = &all[pe * mine.len()..(pe + 1) * mine.len()];
             let their_slot = u32::from_le_bytes(rec[0..4].try_into().unwrap()) as usize;
@@ -275,7 +296,8 @@ impl Transport {
                      mixed providers or a bootstrap that does not order by PE"
                 )));
             }
-            flat.extend_from_slice(&rec[8..]);
+            hosts.push(HostId::from_bytes(rec[8..16].try_into().unwrap()));
+            flat.extend_from_slice(&rec[HDR..]);
         }
         let addrs = av.insert(&flat, n * NUM_EPS)?;
         let conn = Connected {
@@ -294,6 +316,8 @@ impl Transport {
         self.cuda_ctx
             .store(cuda::current_context() as u64, Ordering::Relaxed);
         cuda::set_fallback_context(cuda::current_context());
+        self.mover.set_context(cuda::current_context());
+        self.mover.set_peers(my_pe, hosts);
         if self.cfg.progress_thread {
             self.start_progress_thread();
         }

@@ -8,10 +8,14 @@ use super::abi::{self, MemHandle, RmaMemdesc};
 use super::{internal, invalid, Connected, TResult, Transport, NUM_EPS};
 use crate::cuda::{self, PtrKind};
 use crate::fabric::{Endpoint, MemKind, MemoryRegion, Provider};
+use crate::mover::handle::{self as mhandle, IpcDesc};
 
 pub(super) const HANDLE_MAGIC: u64 = 0x4144_4741_4645_564e; // "NVEFAGDA"
 pub(super) const HANDLE_VERSION: u32 = 1;
 pub(super) const HANDLE_FLAG_DEVICE: u32 = 1;
+/// The handle carries the region's CUDA IPC descriptor at `mover::handle::IPC_DESC_OFFSET`
+/// (bytes 128..256 of the 512; the blob above takes the first 72).
+pub(super) const HANDLE_FLAG_IPC: u32 = 2;
 
 /// Whether `[addr, addr+len)` lies inside `[base, base+size)` (without overflow).
 fn range_contains(base: u64, size: u64, addr: u64, len: u64) -> bool {
@@ -113,9 +117,11 @@ impl Transport {
                 ordinal,
                 legacy_ipc,
             } => {
-                if !self.info.has_hmem() {
+                // Staged GPU memory never reaches the provider: only the FI_HMEM path needs it.
+                if !self.staging && !self.info.has_hmem() {
                     return Err(invalid(format!(
-                        "get_mem_handle: {buf:p} is GPU memory but provider {} has no FI_HMEM",
+                        "get_mem_handle: {buf:p} is GPU memory but provider {} has no FI_HMEM \
+                         (and NVSHMEM_EFA_GPU_STAGING=0 hands GPU memory to the provider)",
                         self.provider
                     )));
                 }
@@ -161,10 +167,17 @@ impl Transport {
                 .map_or(0, |m| m.key());
         }
         let device = matches!(kind, MemKind::Cuda(_));
+        // Remotely accessible GPU memory is exported for the copy engines of same-host peers.
+        let ipc = if device && !local_only {
+            self.mover.register(buf as u64, size as u64).ipc
+        } else {
+            None
+        };
         let blob = HandleBlob {
             magic: HANDLE_MAGIC,
             version: HANDLE_VERSION,
-            flags: if device { HANDLE_FLAG_DEVICE } else { 0 },
+            flags: if device { HANDLE_FLAG_DEVICE } else { 0 }
+                | if ipc.is_some() { HANDLE_FLAG_IPC } else { 0 },
             base: buf as u64,
             len: size as u64,
             keys,
@@ -181,7 +194,12 @@ impl Transport {
         });
         self.regs.write().insert(reg_id, reg);
         // SAFETY: handle checked non-null; NVSHMEM passes a 512-byte handle.
-        blob.write(unsafe { &mut *handle });
+        let h = unsafe { &mut *handle };
+        blob.write(h);
+        if let Err(e) = mhandle::write_section(&mut h.reserved, ipc.as_ref()) {
+            self.regs.write().remove(&reg_id);
+            return Err(internal(format!("get_mem_handle: {e}")));
+        }
         tracing::debug!(
             "registered {buf:p}+{size} ({kind:?}, local_only={local_only}) as {reg_id}"
         );
@@ -222,10 +240,11 @@ impl Transport {
     }
 
     /// `add_device_remote_mem_handles`: every PE's handle of one heap chunk (heap offsets
-    /// `[heap_offset, heap_offset + size)`), stride `stride`, this transport at `index`. The only
-    /// source of GDA's heap chunks: every PE's chunk goes to GDA's key table, and this PE's own
-    /// registration of it becomes a local chunk. `heap_base` and `log2_granularity` are what NVSHMEM
-    /// wrote into the transport struct.
+    /// `[heap_offset, heap_offset + size)`), stride `stride`, this transport at `index`. Opens the
+    /// chunk of every same-host PE for CUDA IPC now (at heap setup, while no kernel waits for the
+    /// proxy, rather than at the first put). The only source of GDA's heap chunks: every PE's chunk
+    /// goes to GDA's key table, and this PE's own registration of it becomes a local chunk.
+    /// `heap_base` and `log2_granularity` are what NVSHMEM wrote into the transport struct.
     ///
     /// # Safety
     /// `handles` must be null or hold `n_pes * stride` handles.
@@ -245,6 +264,29 @@ impl Transport {
             return Err(invalid(format!(
                 "add_device_remote_mem_handles: bad arguments (stride {stride}, index {index})"
             )));
+        }
+        if self.mover.policy().ipc {
+            for pe in (0..c.n_pes).filter(|&pe| pe != c.my_pe && self.mover.same_host(pe)) {
+                // SAFETY: NVSHMEM passes n_pes * stride handles.
+                let h = unsafe { handles.add(pe as usize * stride as usize + index as usize) };
+                let Some(b) = HandleBlob::read(h) else {
+                    continue;
+                };
+                let rd = RmaMemdesc {
+                    ptr: b.base as *mut c_void,
+                    offset: 0,
+                    handle: h,
+                };
+                match self.remote_ipc(&rd, &b, "add_device_remote_mem_handles") {
+                    // A handle that does not open is remembered and logged by the mover; its
+                    // transfers take the staged path.
+                    Ok(Some(d)) => {
+                        let _ = self.mover.resolve(pe, &d, d.region_base, d.region_len);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("PE {pe}: {}", e.message),
+                }
+            }
         }
         if crate::gda::mode() <= 0 {
             return Ok(());
@@ -381,6 +423,23 @@ impl Transport {
             addr - b.base
         };
         Ok((a, b.keys[ep]))
+    }
+
+    /// The CUDA IPC descriptor a peer put into its handle (`b`, already checked by `remote_blob`),
+    /// or `None` when it exported none.
+    pub(super) fn remote_ipc(
+        &self,
+        rd: &RmaMemdesc,
+        b: &HandleBlob,
+        what: &str,
+    ) -> TResult<Option<IpcDesc>> {
+        if b.flags & HANDLE_FLAG_IPC == 0 {
+            return Ok(None);
+        }
+        // SAFETY: remote_blob read this transport's blob out of the same 512-byte handle.
+        let bytes = unsafe { &(*rd.handle).reserved };
+        mhandle::read_section(bytes)
+            .map_err(|e| invalid(format!("{what}: the remote handle's IPC section: {e}")))
     }
 
     /// Local descriptor for `[addr, addr+len)`: from its handle, or a registration that contains it.

@@ -20,6 +20,10 @@
 //! Failure: the progress thread runs behind a panic boundary. A panic there marks the transport
 //! failed; every bounded wait and every later operation then returns an error naming the panic.
 //!
+//! Same-host GPU memory: puts and gets whose remote side is GPU memory of a PE on this host go
+//! through [`crate::mover`] (CUDA IPC of the peer's registered heap, copy-engine copies on a
+//! non-blocking stream, completion polled by quiet) instead of the staged path; see `rma`.
+//!
 //! Layout: `endpoints` (endpoint state, connect, contexts and posting), `progress` (the progress
 //! thread and completion dispatch), `am` (active messages and staged transfers), `memory` (handles
 //! and registrations), `rma`, `amo`, `quiet`, `provider_ops` (every raw libfabric constant used
@@ -45,6 +49,8 @@ use parking_lot::{Mutex, RwLock};
 use super::abi;
 use crate::config::{AtomicsPath, Config};
 use crate::fabric::{AddressVector, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
+use crate::mover::engine::Mover;
+use crate::mover::{IpcMode, Policy};
 
 use endpoints::EpState;
 use error::{internal, invalid};
@@ -111,6 +117,8 @@ pub struct Transport {
     inject_panic: Arc<AtomicBool>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     cuda_ctx: AtomicU64,
+    /// Same-host GPU copies through CUDA IPC, and the per-stage counters of every data path.
+    mover: Mover,
 }
 
 fn provider_request(p: &Provider) -> InfoRequest {
@@ -200,6 +208,15 @@ impl Transport {
         };
         // Staged RMA and target-applied AMOs copy GPU memory through the driver from the proxy path.
         crate::cuda::module_loading::report(staging || !use_provider_atomics);
+        let mover = Mover::new(
+            Policy {
+                ipc: cfg.ipc == IpcMode::Auto && crate::cuda::available(),
+                staging,
+                stage_all: cfg.gpu_staging == Some(true),
+            },
+            NUM_EPS,
+        )
+        .with_timeout(cfg.quiet_timeout);
         Ok(Transport {
             cfg,
             provider,
@@ -218,6 +235,7 @@ impl Transport {
             inject_panic: Arc::new(AtomicBool::new(false)),
             progress_thread: Mutex::new(None),
             cuda_ctx: AtomicU64::new(0),
+            mover,
         })
     }
 
@@ -318,6 +336,8 @@ impl Transport {
                 }
             }
         }
+        tracing::debug!("data path stages: {}", self.mover.stats().summary());
+        self.mover.close_peers();
     }
 }
 

@@ -10,6 +10,7 @@ use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, T
 use super::{is_nic, Connected, Transport};
 use crate::cuda;
 use crate::fabric::CqEntry;
+use crate::mover::stats::Stage;
 
 impl Transport {
     pub(super) fn start_progress_thread(self: &Arc<Self>) {
@@ -151,10 +152,20 @@ impl Transport {
                 }
             }
             TAG_SLOT_SEND => {
+                // SAFETY: own context; send_slot wrote scratch[0..4]: the waiting context (or 0),
+                // the post time, the trace flag, the remote address.
+                let (wait, stamp, traced, addr) = e
+                    .ctxs
+                    .scratch(ctx)
+                    .map(|s| unsafe { (*s, *s.add(1), *s.add(2) != 0, *s.add(3)) })
+                    .unwrap_or_default();
+                let stats = self.mover.stats();
+                stats.record_since(Stage::SendDone, stamp, 0);
+                if traced {
+                    stats.timeline(Stage::SendDone, "", wait, addr, 0);
+                }
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: staged send failed: {msg}");
-                    // SAFETY: own context; scratch[0] holds the waiting context (or 0).
-                    let wait = e.ctxs.scratch(ctx).map(|s| unsafe { *s }).unwrap_or(0);
                     self.fail_am_wait(e, wait as *mut c_void, msg);
                 }
                 e.send_free.lock().push(data as usize);

@@ -1,10 +1,15 @@
 //! RMA: contiguous, strided, staged and unregistered puts and gets, and put-with-signal.
+//!
+//! The means per contiguous piece: same-host GPU memory through the mover's CUDA IPC copies
+//! (`ipc_rma`; complete at quiet, which waits for the copy queue of the endpoint), else GPU memory
+//! staged on software providers, else the provider.
 use std::ffi::c_void;
 
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, TAG_OP};
 use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
-use super::{invalid, Connected, TResult, Transport};
+use super::{internal, invalid, Connected, TResult, Transport};
+use crate::mover::Kind;
 
 pub(super) const BOUNCE_BYTES: usize = 4 << 20;
 
@@ -99,6 +104,9 @@ impl Transport {
         ep: usize,
     ) -> TResult<()> {
         let what = if is_put { "put" } else { "get" };
+        if self.ipc_rma(pe, is_put, rd, ld, len, ep, what)? {
+            return Ok(());
+        }
         if self.staging {
             let b = self.remote_blob(rd, len, what)?;
             let raddr = rd.ptr as u64;
@@ -148,6 +156,55 @@ impl Transport {
             }
             None => self.rma_unregistered(c, pe, is_put, laddr, raddr, key, len, ep),
         }
+    }
+
+    /// Same-host GPU memory: the copy engine moves the bytes through the peer's IPC-opened heap.
+    /// `true` when done that way (complete at the endpoint's next quiet), `false` when another
+    /// means must carry it (peer elsewhere, no export, the export does not open here, NVSHMEM_EFA_IPC=0,
+    /// or an unregistered local source too large to take at once).
+    #[allow(clippy::too_many_arguments)]
+    fn ipc_rma(
+        &self,
+        pe: i32,
+        is_put: bool,
+        rd: &RmaMemdesc,
+        ld: &RmaMemdesc,
+        len: u64,
+        ep: usize,
+        what: &str,
+    ) -> TResult<bool> {
+        if !self.mover.policy().ipc {
+            return Ok(false);
+        }
+        let b = self.remote_blob(rd, len, what)?;
+        let Some(desc) = self.remote_ipc(rd, &b, what)? else {
+            return Ok(false);
+        };
+        let laddr = ld.ptr as u64;
+        // The kind of registered memory was decided at registration; other local memory (NVSHMEM's
+        // inline values, host buffers of the host API) is asked once here.
+        let (kind, registered) = match self.local_desc(ld.handle, laddr, len, ep) {
+            Some((r, _)) if r.device => (Kind::Device, true),
+            Some(_) => (Kind::Host, true),
+            None if is_device(ld.ptr) => (Kind::Device, false),
+            None => (Kind::Host, false),
+        };
+        // SAFETY: NVSHMEM keeps registered local buffers valid until quiet (nbi) or until rma
+        // returns (blocking: rma quiets first); unregistered ones are taken before this returns.
+        unsafe {
+            self.mover.transfer(
+                ep,
+                pe,
+                is_put,
+                laddr,
+                kind,
+                registered,
+                &desc,
+                rd.ptr as u64,
+                len,
+            )
+        }
+        .map_err(|e| internal(format!("{what} to PE {pe} through CUDA IPC: {e}")))
     }
 
     /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):

@@ -1,6 +1,21 @@
 //! Mirror of NVSHMEM's transport plugin ABI (`src/include/internal/host_transport/transport.h`):
-//! the shared types, the v3 layout (NVSHMEM 3.4.x) and the v4 layout (3.5.x). Every type carries size
-//! and offset assertions for x86-64/aarch64 (LP64).
+//! the types every ABI shares (this file) and one file per transport ABI major. Sources are
+//! NVIDIA/nvshmem commits as stored in a public code index (the major of each commit is the
+//! `TRANSPORT_VERSION_MAJOR` of its `src/CMakeLists.txt`):
+//!
+//! | major | NVSHMEM | file | source of the layout | status |
+//! |---|---|---|---|---|
+//! | 3 | 3.4.x | [`v3`] | NVIDIA/nvshmem tag v3.4.5-0 | established |
+//! | 4 | 3.5.x | [`v4`] | NVIDIA/nvshmem 2c7f5a37b16d74166b7dfd30014bb1de1c6aaa0a (3.5.1) | established |
+//! | 5 | 3.6.x | [`v5`] | NVIDIA/nvshmem ef92d34f16d05a7f119b760da864efaa0742d20d (major 5): v4's layout | established |
+//! | 6 | 3.7.x | [`v6`] | no major-6 header found: v5 + `amo_verb.is_float` | **inferred** |
+//! | 7 | 3.8.x | [`v7`] | NVIDIA/nvshmem 6d5e14cd961a1fa07a30849e05f0882d78a6cdb1, 7bbd6c8417f2fc59d3762492181445808986c86e, e4c3dfc8cf9daf1f30a76c461fef5fc69712eb7e (major 7) | established |
+//!
+//! The majors of the released wheels come from each wheel's `include/non_abi/nvshmem_version.h`
+//! (nvidia-nvshmem-cu13 3.6.5, 3.7.2, 3.8.0: plugin versions 5.0.0, 6.0.0, 7.0.0) and from the
+//! transport file names in its `lib/`. Every type carries size and offset assertions for LP64
+//! (x86-64, aarch64). At run time the first `connect_endpoints` checks that the struct fields the
+//! host filled (`my_pe`, `n_pes`) agree with its bootstrap handle, so a wrong layout fails loudly.
 #![allow(missing_docs)]
 use std::ffi::{c_int, c_void};
 
@@ -51,6 +66,35 @@ pub struct AmoVerb {
     pub is_fetch: c_int,
     pub is_val: c_int,
     pub is_cmp: c_int,
+}
+
+/// `amo_verb_t` from ABI 6 (NVSHMEM 3.7) on: `amo_verb_t` plus a trailing `int is_float` (non-zero:
+/// the operands are IEEE-754 `float` (4 bytes) or `double` (8 bytes)). 20 bytes, so unlike the
+/// 16-byte [`AmoVerb`] it is passed by value in memory, not in two registers (SysV x86-64 and AAPCS64
+/// alike): an ABI 6/7 `amo` must never be called through an ABI 3-5 function type.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AmoVerbF {
+    pub op: c_int,
+    pub is_fetch: c_int,
+    pub is_val: c_int,
+    pub is_cmp: c_int,
+    pub is_float: c_int,
+}
+
+impl AmoVerbF {
+    /// The integer verb and the float flag.
+    pub fn split(self) -> (AmoVerb, bool) {
+        (
+            AmoVerb {
+                op: self.op,
+                is_fetch: self.is_fetch,
+                is_val: self.is_val,
+                is_cmp: self.is_cmp,
+            },
+            self.is_float != 0,
+        )
+    }
 }
 
 /// `amo_memdesc_t`.
@@ -188,49 +232,34 @@ pub type PutSignalFn = unsafe extern "C" fn(
     AmoBytesdesc,
     c_int,
 ) -> c_int;
+/// `amo` from ABI 6 on (20-byte verb).
+pub type AmoFFn = unsafe extern "C" fn(
+    TransportPtr,
+    c_int,
+    *mut c_void,
+    AmoVerbF,
+    *mut AmoMemdesc,
+    AmoBytesdesc,
+    c_int,
+) -> c_int;
+/// `put_signal` from ABI 6 on (20-byte signal verb).
+pub type PutSignalFFn = unsafe extern "C" fn(
+    TransportPtr,
+    c_int,
+    RmaVerb,
+    *mut CxxVector<RmaMemdesc>,
+    *mut CxxVector<RmaMemdesc>,
+    *mut CxxVector<RmaBytesdesc>,
+    AmoVerbF,
+    *mut AmoMemdesc,
+    AmoBytesdesc,
+    c_int,
+) -> c_int;
 pub type AddRemoteHandlesFn =
     unsafe extern "C" fn(TransportPtr, c_int, *mut MemHandle, u64, usize) -> c_int;
 
-/// `struct nvshmem_transport_host_ops`, v3.
-#[repr(C)]
-pub struct HostOpsV3 {
-    pub can_reach_peer: Option<CanReachPeerFn>,
-    pub connect_endpoints: Option<ConnectV3Fn>,
-    pub get_mem_handle: Option<GetMemHandleFn>,
-    pub release_mem_handle: Option<ReleaseMemHandleFn>,
-    pub finalize: Option<TransportFn>,
-    pub show_info: Option<ShowInfoFn>,
-    pub progress: Option<TransportFn>,
-    pub rma: Option<RmaFn>,
-    pub amo: Option<AmoFn>,
-    pub fence: Option<FenceV3Fn>,
-    pub quiet: Option<QuietFn>,
-    pub enforce_cst: Option<TransportFn>,
-    pub enforce_cst_at_target: Option<TransportFn>,
-    pub add_device_remote_mem_handles: Option<AddRemoteHandlesFn>,
-}
-
-/// `struct nvshmem_transport_host_ops`, v4.
-#[repr(C)]
-pub struct HostOpsV4 {
-    pub can_reach_peer: Option<CanReachPeerFn>,
-    pub connect_endpoints: Option<ConnectV4Fn>,
-    pub get_mem_handle: Option<GetMemHandleFn>,
-    pub release_mem_handle: Option<ReleaseMemHandleFn>,
-    pub finalize: Option<TransportFn>,
-    pub show_info: Option<ShowInfoFn>,
-    pub progress: Option<TransportFn>,
-    pub rma: Option<RmaFn>,
-    pub amo: Option<AmoFn>,
-    pub fence: Option<FenceV4Fn>,
-    pub quiet: Option<QuietFn>,
-    pub put_signal: Option<PutSignalFn>,
-    pub enforce_cst: Option<TransportFn>,
-    pub enforce_cst_at_target: Option<TransportFn>,
-    pub add_device_remote_mem_handles: Option<AddRemoteHandlesFn>,
-}
-
-/// The fields both layouts share, in order (everything but the host ops).
+/// The fields every layout (v3 to v7) shares, in order, between `cap` and the host ops or after
+/// them: everything the host and the plugin exchange but the ops themselves.
 #[repr(C)]
 pub struct TransportTail {
     pub boot_handle: *mut BootstrapHandle,
@@ -254,26 +283,6 @@ pub struct TransportTail {
     pub egm_map: *mut c_void,
 }
 
-/// `struct nvshmem_transport`, v3: host ops right after `cap`.
-#[repr(C)]
-pub struct TransportV3 {
-    pub api_version: c_int,
-    pub type_: c_int,
-    pub cap: *mut c_int,
-    pub host_ops: HostOpsV3,
-    pub tail: TransportTail,
-}
-
-/// `struct nvshmem_transport`, v4: host ops at the end.
-#[repr(C)]
-pub struct TransportV4 {
-    pub api_version: c_int,
-    pub type_: c_int,
-    pub cap: *mut c_int,
-    pub tail: TransportTail,
-    pub host_ops: HostOpsV4,
-}
-
 /// Operation codes (`nvshmemi_op_t`).
 pub mod op {
     pub const PUT: i32 = 1;
@@ -284,6 +293,8 @@ pub mod op {
     pub const FENCE: i32 = 6;
     pub const AMO: i32 = 7;
     pub const QUIET: i32 = 8;
+    /// NVSHMEM 3.8 (ABI 7): the device closed a batched-RMA region (proxy channel only).
+    pub const REGION_END: i32 = 9;
 }
 
 /// Atomic operation codes (`nvshmemi_amo_t`).
@@ -307,6 +318,10 @@ pub mod amo {
     pub const FETCH_XOR: i32 = 17;
     pub const SWAP: i32 = 18;
     pub const COMPARE_SWAP: i32 = 19;
+    /// NVSHMEM 3.7+ (`NVSHMEMI_AMO_FLOAT_BIT`, nvshmem_common_transport.h of wheels 3.7.2 and 3.8.0):
+    /// the proxy channel flags a floating-point AMO with this bit; the host strips it before it calls
+    /// the transport. The library uses the same bit in its own target-applied AMO messages.
+    pub const FLOAT_BIT: i32 = 0x80;
 }
 
 /// Access capability bits (`NVSHMEM_TRANSPORT_CAP_*`).
@@ -321,12 +336,25 @@ pub mod cap {
     pub const GPU_WRITE: i32 = 1 << 7;
     pub const GPU_READ: i32 = 1 << 8;
     pub const GPU_ATOMICS: i32 = 1 << 9;
+    /// ABI 7 (NVSHMEM 3.8; source in [`super::v7`]): the transport exports logical endpoints. This
+    /// library does not set it.
+    pub const LOGICAL_ENDPOINT: i32 = 1 << 10;
 }
 
 /// Transport attribute bits.
 pub mod attr {
     pub const NO_ENDPOINTS: i32 = 1;
     pub const CONNECTED: i32 = 1 << 1;
+    /// ABI 7 (source in [`super::v7`]): the transport drives several NICs per PE. Not set here.
+    pub const MULTI_NIC_ENABLED: i32 = 1 << 2;
+}
+
+/// `nvshmem_transport_inline_lib_code_type_t` (the struct's `type`): ABI 5 on adds GPUNETIO (2).
+/// This library leaves `type` at NONE (0).
+pub mod lib_code {
+    pub const NONE: i32 = 0;
+    pub const IBGDA: i32 = 1;
+    pub const GPUNETIO: i32 = 2;
 }
 
 /// NVSHMEM error codes the ops return.
@@ -345,6 +373,8 @@ const _: () = {
     assert!(size_of::<RmaMemdesc>() == 24);
     assert!(size_of::<RmaBytesdesc>() == 32);
     assert!(size_of::<AmoVerb>() == 16);
+    assert!(size_of::<AmoVerbF>() == 20);
+    assert!(offset_of!(AmoVerbF, is_float) == 16);
     assert!(size_of::<AmoMemdesc>() == 80);
     assert!(offset_of!(AmoMemdesc, retflag) == 24);
     assert!(offset_of!(AmoMemdesc, val) == 56);
@@ -356,20 +386,69 @@ const _: () = {
     assert!(offset_of!(BootstrapHandle, allgather) == 24);
     assert!(offset_of!(BootstrapHandle, barrier) == 40);
     assert!(size_of::<CxxVector<RmaMemdesc>>() == 24);
-    assert!(size_of::<HostOpsV3>() == 14 * 8);
-    assert!(size_of::<HostOpsV4>() == 15 * 8);
-    assert!(offset_of!(HostOpsV4, put_signal) == 11 * 8);
     assert!(size_of::<TransportTail>() == 0x70);
     assert!(offset_of!(TransportTail, attr) == 0x28);
     assert!(offset_of!(TransportTail, atomics_complete_on_quiet) == 0x30);
     assert!(offset_of!(TransportTail, heap_base) == 0x38);
     assert!(offset_of!(TransportTail, index) == 0x54);
     assert!(offset_of!(TransportTail, alias_va_map) == 0x60);
-    assert!(offset_of!(TransportV3, host_ops) == 0x10);
-    assert!(offset_of!(TransportV3, tail) == 0x10 + 14 * 8);
-    assert!(size_of::<TransportV3>() == 0xf0);
-    assert!(offset_of!(TransportV4, tail) == 0x10);
-    assert!(offset_of!(TransportV4, host_ops) == 0x80);
-    assert!(size_of::<TransportV4>() == 0xf8);
 };
-pub const SERVED_MAJORS: &[i32] = &[3, 4];
+
+pub mod v3;
+pub mod v4;
+pub mod v5;
+pub mod v6;
+pub mod v7;
+
+/// Transport ABI majors this library serves, oldest first: 3 (NVSHMEM 3.4.x), 4 (3.5.x), 5 (3.6.x),
+/// 6 (3.7.x), 7 (3.8.x). The one list `nvshmemt_init` checks and names in its messages.
+pub const SERVED_MAJORS: &[i32] = &[3, 4, 5, 6, 7];
+
+/// The NVSHMEM release line of each served major, for messages and docs.
+pub fn nvshmem_line(major: i32) -> Option<&'static str> {
+    Some(match major {
+        3 => "3.4.x",
+        4 => "3.5.x",
+        5 => "3.6.x",
+        6 => "3.7.x",
+        7 => "3.8.x",
+        _ => return None,
+    })
+}
+
+/// This library's transport interface version for a served major: `major*10000 + minor*100 +
+/// patch` of the NVSHMEM release it was checked against (3.4.5 and 3.5.x pass 30000 and 40000; the
+/// 3.6.5, 3.7.2 and 3.8.0 wheels define plugin versions 5.0.0, 6.0.0 and 7.0.0).
+pub fn own_version(major: i32) -> Option<i32> {
+    SERVED_MAJORS.contains(&major).then_some(major * 10000)
+}
+
+/// The served majors as text: "3 (NVSHMEM 3.4.x), 4 (NVSHMEM 3.5.x), ...".
+pub fn served_list() -> String {
+    SERVED_MAJORS
+        .iter()
+        .map(|m| format!("{m} (NVSHMEM {})", nvshmem_line(*m).unwrap_or("?")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn served_majors_have_versions_and_lines() {
+        assert_eq!(SERVED_MAJORS, &[3, 4, 5, 6, 7]);
+        for m in SERVED_MAJORS {
+            assert_eq!(own_version(*m), Some(m * 10000));
+            assert!(nvshmem_line(*m).is_some());
+        }
+        assert_eq!(own_version(2), None);
+        assert_eq!(own_version(8), None);
+        let l = served_list();
+        assert!(
+            l.starts_with("3 (NVSHMEM 3.4.x)") && l.ends_with("7 (NVSHMEM 3.8.x)"),
+            "{l}"
+        );
+    }
+}

@@ -1,0 +1,237 @@
+//! The mover on a real GPU: copy-engine queue, legacy IPC export, and a second process that opens
+//! the export and moves data both ways (the same-host path, without NVSHMEM or a provider). On
+//! machines without a CUDA device each test says so and checks nothing else; on a GPU host run
+//! `cargo test --release --lib mover::gpu_tests -- --test-threads=1 --nocapture` (under MPS when
+//! PEs share the GPU, as the GPU runners do).
+use std::ffi::c_void;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use super::engine::Mover;
+use super::handle::{HostId, IpcDesc};
+use super::queue::{CopyQueue, CudaEngine};
+use super::{Kind, Means, Policy};
+use crate::cuda::{self, DeviceBuffer};
+
+const CHILD_ENV: &str = "NVSHMEM_EFA_MOVER_TEST_CHILD";
+const LEN: usize = 8 << 20;
+const OFF: u64 = 4096;
+
+fn cuda_context() -> bool {
+    if !cuda::available() {
+        eprintln!("no CUDA driver: nothing to check here");
+        return false;
+    }
+    if cuda::use_primary_context(0).is_err() {
+        eprintln!("CUDA driver present but no usable device: nothing to check here");
+        return false;
+    }
+    true
+}
+
+fn policy() -> Policy {
+    Policy {
+        ipc: true,
+        staging: true,
+        stage_all: false,
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
+        .collect()
+}
+
+fn h2d(dst: u64, src: &[u8]) {
+    // SAFETY: callers pass ranges inside their device allocations.
+    unsafe { cuda::memcpy(dst as *mut c_void, src.as_ptr() as *const c_void, src.len()) }.unwrap();
+}
+
+fn d2h(src: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    // SAFETY: as above.
+    unsafe { cuda::memcpy(v.as_mut_ptr() as *mut c_void, src as *const c_void, len) }.unwrap();
+    v
+}
+
+#[test]
+fn copy_queue_on_the_copy_engine() {
+    if !cuda_context() {
+        return;
+    }
+    let a = DeviceBuffer::new(LEN).unwrap();
+    let b = DeviceBuffer::new(LEN).unwrap();
+    let src = pattern(7, LEN);
+    h2d(a.ptr(), &src);
+    let mut q = CopyQueue::new(CudaEngine::new(cuda::current_context()).unwrap());
+    // 256 copies of 32 KiB, one quiet: marks every 32 copies, not one sync each.
+    let chunk = LEN / 256;
+    for i in 0..256 {
+        let o = (i * chunk) as u64;
+        // SAFETY: both ranges lie in live device buffers until quiet returns.
+        unsafe { q.submit(b.ptr() + o, a.ptr() + o, chunk).unwrap() };
+    }
+    q.quiet_for(Duration::from_secs(10)).unwrap();
+    assert_eq!(q.counts(), (256, 256, 8));
+    assert!(d2h(b.ptr(), LEN) == src, "device-to-device copies wrong");
+}
+
+#[test]
+fn registration_decides_kind_and_exports_device_memory() {
+    if !cuda_context() {
+        return;
+    }
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    let buf = DeviceBuffer::new(LEN).unwrap();
+    let r = m.register(buf.ptr() + OFF, 1 << 20);
+    assert_eq!(r.kind, Kind::Device);
+    let d = r.ipc.unwrap_or_else(|| panic!("no export: {:?}", r.no_ipc));
+    assert_eq!(d.alloc_base, buf.ptr());
+    assert!(d.alloc_len >= LEN as u64);
+    assert_eq!((d.region_base, d.region_len), (buf.ptr() + OFF, 1 << 20));
+    assert_eq!(d.pid, std::process::id());
+    assert_eq!(IpcDesc::decode(&d.encode()), Ok(Some(d)));
+    let host = vec![0u8; 4096];
+    assert_eq!(m.register(host.as_ptr() as u64, 4096).kind, Kind::Host);
+}
+
+/// The parent: exports a device buffer, starts a second process that opens it, gets a pattern
+/// out of it, puts another pattern into it and reports its bandwidth; then checks the put.
+#[test]
+fn second_process_moves_data_through_ipc() {
+    if !cuda_context() {
+        return;
+    }
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    let buf = DeviceBuffer::new(LEN).unwrap();
+    let region = (LEN as u64 - 2 * OFF) as usize;
+    h2d(buf.ptr() + OFF, &pattern(1, region));
+    let d = m
+        .register(buf.ptr() + OFF, region as u64)
+        .ipc
+        .expect("export");
+    let hex: String = d.encode().iter().map(|b| format!("{b:02x}")).collect();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "mover::gpu_tests::ipc_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, hex)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the second process did not finish within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "second process failed: {status}");
+    assert!(
+        d2h(buf.ptr() + OFF, region) == pattern(2, region),
+        "the second process's put did not land"
+    );
+    // The bytes around the region are untouched (zeroed at allocation).
+    assert!(d2h(buf.ptr(), OFF as usize).iter().all(|&b| b == 0));
+}
+
+/// The second process of [`second_process_moves_data_through_ipc`] (ignored unless started by it).
+#[test]
+#[ignore = "started by second_process_moves_data_through_ipc"]
+fn ipc_child() {
+    let Ok(hex) = std::env::var(CHILD_ENV) else {
+        panic!("run by second_process_moves_data_through_ipc only");
+    };
+    assert!(cuda_context(), "the child needs the GPU its parent used");
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let d = IpcDesc::decode(&bytes).unwrap().expect("a descriptor");
+    assert_ne!(d.pid, std::process::id());
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    m.set_peers(0, vec![HostId::local(), HostId::local()]);
+    let region = d.region_len as usize;
+    let t = Instant::now();
+    let remote = m
+        .resolve(1, &d, d.region_base, d.region_len)
+        .unwrap()
+        .expect("the parent's export opens here");
+    let open_time = t.elapsed();
+    assert_eq!(m.means(1, Kind::Device, Kind::Device, true), Means::Ipc);
+    // A second resolve reuses the mapping.
+    assert_eq!(
+        m.resolve(1, &d, d.region_base + 64, 64).unwrap(),
+        Some(remote + 64)
+    );
+    let local = DeviceBuffer::new(region).unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(10);
+    // Get: remote -> local.
+    // SAFETY: both ranges are live (the mapping stays open in `m`) until quiet.
+    unsafe { m.copy(0, local.ptr(), remote, region).unwrap() };
+    m.quiet(0, deadline()).unwrap();
+    assert!(
+        d2h(local.ptr(), region) == pattern(1, region),
+        "get through IPC wrong"
+    );
+    // Bandwidth: puts of 1 MiB, 64 per quiet; and 8-byte put latency (submit + quiet).
+    let mut report = String::new();
+    for &size in &[8usize, 4096, 65536, 1 << 20, region] {
+        let iters = if size >= 1 << 20 { 64 } else { 1000 };
+        let t = Instant::now();
+        for _ in 0..iters {
+            // SAFETY: as above.
+            unsafe { m.copy(0, remote, local.ptr(), size).unwrap() };
+        }
+        m.quiet(0, deadline()).unwrap();
+        let bw = t.elapsed();
+        let t = Instant::now();
+        for _ in 0..100 {
+            // SAFETY: as above.
+            unsafe { m.copy(0, remote, local.ptr(), size).unwrap() };
+            m.quiet(0, deadline()).unwrap();
+        }
+        let lat = t.elapsed() / 100;
+        report += &format!(
+            "  {size:>9} B: {:8.2} GB/s streamed, {:8.1} us put+quiet\n",
+            (size * iters) as f64 / bw.as_secs_f64() / 1e9,
+            lat.as_secs_f64() * 1e6
+        );
+    }
+    // Inline puts (values the caller reuses at once) land, in order with the other copies.
+    let mut value = 0u64;
+    for i in 0..2000u64 {
+        value = 0x5a5a_0000_0000 + i;
+        // SAFETY: the remote range is open; the value is taken before copy_inline returns.
+        unsafe {
+            m.copy_inline(0, remote + 8 * (i % 64), &value.to_le_bytes())
+                .unwrap()
+        };
+    }
+    // SAFETY: as above.
+    unsafe { m.copy(0, local.ptr(), remote + 8 * (1999 % 64), 8).unwrap() };
+    m.quiet(0, deadline()).unwrap();
+    assert_eq!(d2h(local.ptr(), 8), value.to_le_bytes(), "inline put lost");
+    // Put the final pattern for the parent to check.
+    h2d(local.ptr(), &pattern(2, region));
+    // SAFETY: as above.
+    unsafe { m.copy(1, remote, local.ptr(), region).unwrap() };
+    m.quiet(1, deadline()).unwrap();
+    let _ = writeln!(
+        std::io::stderr(),
+        "IPC open {open_time:?}; same-host copies through the mover:\n{report}{}",
+        m.stats().summary()
+    );
+    m.close_peers();
+}

@@ -1,0 +1,288 @@
+//! The one data mover: moves bytes between a local region and a peer's region by the best means the
+//! pair of PEs allows.
+//!
+//! | local | remote | peer | means |
+//! |---|---|---|---|
+//! | any | any | this PE | [`Means::Local`]: `memcpy` host to host, else a copy-engine copy |
+//! | any | GPU, IPC-opened | same host | [`Means::Ipc`]: copy engine into/out of the peer's heap |
+//! | GPU on either side | | software provider | [`Means::Staged`]: the transport's staged messages |
+//! | otherwise | | | [`Means::Provider`]: the provider moves it (host memory, or FI_HMEM NICs) |
+//!
+//! Same-host GPU memory goes through CUDA IPC of the registered heap: each registration exports
+//! its allocation ([`handle::IpcDesc`], 128 bytes carried in the transport's 512-byte memory handle
+//! at [`handle::IPC_DESC_OFFSET`]); a peer opens it lazily, once per (peer, allocation)
+//! ([`engine::Mover::resolve`]), and copies run on a non-blocking stream of the transport's context,
+//! many per synchronisation, completion polled through events ([`queue::CopyQueue`]). No host bounce,
+//! never the legacy default stream, and a quiet with a deadline that fails instead of hanging.
+//!
+//! Ordering: the copies of one endpoint's queue run on one stream, so they complete in submission
+//! order (a fence between two IPC copies costs nothing); against operations carried by other means
+//! (staged messages, provider operations, target-applied AMOs such as a put-with-signal's signal)
+//! the transport's fence and quiet wait for the queue first.
+//!
+//! Same host means the same kernel boot and host name ([`handle::HostId`]); PEs exchange it in the
+//! transport's address allgather. An IPC handle that does not open (GPU not visible, another
+//! container, VMM memory) sends that peer's region down the staged path, logged once.
+//!
+//! [`stats`] counts the stages of the staged path and of IPC copies for the debug timeline.
+pub mod engine;
+pub mod handle;
+pub mod queue;
+pub mod stats;
+
+#[cfg(test)]
+mod gpu_tests;
+
+use std::fmt;
+
+/// Where a region's bytes live; decided once, at registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Host memory (pinned, pageable or unknown to CUDA).
+    Host,
+    /// GPU memory of a device.
+    Device,
+}
+
+/// How one transfer is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Means {
+    /// Both ends in this process: `memcpy`, or a copy-engine copy when a side is GPU memory.
+    Local,
+    /// Same host, the peer's GPU memory opened through CUDA IPC: a copy-engine copy.
+    Ipc,
+    /// GPU memory over a provider that must not see it: the transport's staged messages.
+    Staged,
+    /// The provider moves it (host memory everywhere; GPU memory on FI_HMEM NIC providers).
+    Provider,
+}
+
+impl fmt::Display for Means {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Means::Local => "local copy",
+            Means::Ipc => "CUDA IPC copy",
+            Means::Staged => "staged",
+            Means::Provider => "provider",
+        })
+    }
+}
+
+/// `NVSHMEM_EFA_IPC`: whether same-host GPU memory moves through CUDA IPC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpcMode {
+    /// Where peers share a host and the heap exports (legacy IPC), else staged/provider.
+    Auto,
+    /// Never (the staged or provider path for every peer).
+    Off,
+}
+
+impl IpcMode {
+    /// Parses the variable's value (`auto`, `0`/`off`/`no`/`false`; `1`/`on` mean `auto`).
+    pub fn parse(v: &str) -> Option<IpcMode> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "auto" | "1" | "on" | "yes" | "true" | "y" => Some(IpcMode::Auto),
+            "0" | "off" | "no" | "false" | "n" => Some(IpcMode::Off),
+            _ => None,
+        }
+    }
+}
+
+/// The transport's choices that bear on the means, fixed at initialisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Same-host IPC allowed (`NVSHMEM_EFA_IPC` not `0`, and a CUDA driver present).
+    pub ipc: bool,
+    /// GPU memory must not reach the provider (software providers; `NVSHMEM_EFA_GPU_STAGING`).
+    pub staging: bool,
+    /// Every remote transfer is staged, host memory too (`NVSHMEM_EFA_GPU_STAGING=1`, for tests).
+    pub stage_all: bool,
+}
+
+/// What the transport knows about the peer of one transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The peer is this PE.
+    pub is_self: bool,
+    /// The peer runs on this host (same [`handle::HostId`]).
+    pub same_host: bool,
+    /// The peer's region is open here through CUDA IPC ([`engine::Mover::resolve`] found a mapping).
+    pub ipc_open: bool,
+}
+
+/// Chooses the means for a transfer between a local region of kind `local` and a peer's region of
+/// kind `remote`.
+pub fn choose(policy: Policy, local: Kind, remote: Kind, peer: Peer) -> Means {
+    if peer.is_self {
+        return Means::Local;
+    }
+    if policy.ipc && peer.same_host && peer.ipc_open && remote == Kind::Device {
+        return Means::Ipc;
+    }
+    let gpu = local == Kind::Device || remote == Kind::Device;
+    if policy.stage_all || (policy.staging && gpu) {
+        return Means::Staged;
+    }
+    Means::Provider
+}
+
+/// A mover error: what failed, already phrased for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MoverError {
+    /// Bad input (range outside a registration, malformed handle bytes).
+    Invalid(String),
+    /// A CUDA call failed.
+    Cuda(String),
+    /// Copies still outstanding when the deadline passed.
+    Timeout {
+        /// Copies not complete.
+        outstanding: u64,
+        /// How long was waited.
+        waited: std::time::Duration,
+    },
+}
+
+impl fmt::Display for MoverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MoverError::Invalid(m) | MoverError::Cuda(m) => f.write_str(m),
+            MoverError::Timeout {
+                outstanding,
+                waited,
+            } => write!(
+                f,
+                "{outstanding} copy(ies) not complete after {waited:?} (GPU hung or copy stalled)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MoverError {}
+
+impl From<crate::cuda::CudaError> for MoverError {
+    fn from(e: crate::cuda::CudaError) -> Self {
+        MoverError::Cuda(e.to_string())
+    }
+}
+
+/// Result of a mover call.
+pub type MResult<T> = Result<T, MoverError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOFT: Policy = Policy {
+        ipc: true,
+        staging: true,
+        stage_all: false,
+    };
+    const NIC: Policy = Policy {
+        ipc: true,
+        staging: false,
+        stage_all: false,
+    };
+    const REMOTE_HOST: Peer = Peer {
+        is_self: false,
+        same_host: false,
+        ipc_open: false,
+    };
+    const LOCAL_OPEN: Peer = Peer {
+        is_self: false,
+        same_host: true,
+        ipc_open: true,
+    };
+    const LOCAL_CLOSED: Peer = Peer {
+        is_self: false,
+        same_host: true,
+        ipc_open: false,
+    };
+    const ME: Peer = Peer {
+        is_self: true,
+        same_host: true,
+        ipc_open: false,
+    };
+    use Kind::{Device as D, Host as H};
+
+    #[test]
+    fn same_host_gpu_memory_goes_through_ipc_from_any_local_kind() {
+        for p in [SOFT, NIC] {
+            assert_eq!(choose(p, D, D, LOCAL_OPEN), Means::Ipc);
+            assert_eq!(choose(p, H, D, LOCAL_OPEN), Means::Ipc);
+        }
+        // Testing knob stage_all does not take GPU memory away from IPC.
+        let all = Policy {
+            stage_all: true,
+            ..SOFT
+        };
+        assert_eq!(choose(all, D, D, LOCAL_OPEN), Means::Ipc);
+    }
+
+    #[test]
+    fn host_memory_of_a_peer_is_never_ipc() {
+        assert_eq!(choose(SOFT, D, H, LOCAL_OPEN), Means::Staged);
+        assert_eq!(choose(SOFT, H, H, LOCAL_OPEN), Means::Provider);
+        assert_eq!(choose(NIC, D, H, LOCAL_OPEN), Means::Provider);
+    }
+
+    #[test]
+    fn without_ipc_gpu_memory_is_staged_on_software_providers_and_direct_on_nics() {
+        let off = Policy { ipc: false, ..SOFT };
+        for peer in [REMOTE_HOST, LOCAL_CLOSED, LOCAL_OPEN] {
+            assert_eq!(choose(off, D, D, peer), Means::Staged, "{peer:?}");
+            assert_eq!(choose(off, H, D, peer), Means::Staged);
+            assert_eq!(choose(off, D, H, peer), Means::Staged);
+            assert_eq!(choose(off, H, H, peer), Means::Provider);
+        }
+        for peer in [REMOTE_HOST, LOCAL_CLOSED] {
+            assert_eq!(choose(SOFT, D, D, peer), Means::Staged);
+            assert_eq!(choose(NIC, D, D, peer), Means::Provider);
+            assert_eq!(choose(NIC, H, H, peer), Means::Provider);
+        }
+        // A peer on another host never takes IPC, even if some mapping were claimed.
+        let bogus = Peer {
+            same_host: false,
+            ..LOCAL_OPEN
+        };
+        assert_eq!(choose(SOFT, D, D, bogus), Means::Staged);
+    }
+
+    #[test]
+    fn stage_all_stages_host_memory_too() {
+        let all = Policy {
+            stage_all: true,
+            ..SOFT
+        };
+        assert_eq!(choose(all, H, H, REMOTE_HOST), Means::Staged);
+        assert_eq!(choose(all, H, H, LOCAL_OPEN), Means::Staged);
+    }
+
+    #[test]
+    fn self_is_always_local() {
+        for p in [SOFT, NIC] {
+            for (l, r) in [(H, H), (H, D), (D, H), (D, D)] {
+                assert_eq!(choose(p, l, r, ME), Means::Local);
+            }
+        }
+    }
+
+    #[test]
+    fn ipc_mode_parses_and_rejects() {
+        assert_eq!(IpcMode::parse("auto"), Some(IpcMode::Auto));
+        assert_eq!(IpcMode::parse(" AUTO "), Some(IpcMode::Auto));
+        assert_eq!(IpcMode::parse("1"), Some(IpcMode::Auto));
+        assert_eq!(IpcMode::parse("0"), Some(IpcMode::Off));
+        assert_eq!(IpcMode::parse("off"), Some(IpcMode::Off));
+        assert_eq!(IpcMode::parse("sometimes"), None);
+        assert_eq!(IpcMode::parse(""), None);
+    }
+
+    #[test]
+    fn timeout_error_names_the_count() {
+        let e = MoverError::Timeout {
+            outstanding: 3,
+            waited: std::time::Duration::from_millis(5),
+        };
+        assert!(e.to_string().starts_with("3 copy(ies) not complete"), "{e}");
+    }
+}

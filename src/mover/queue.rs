@@ -1,0 +1,528 @@
+//! A queue of copies with counted completion: copies are enqueued without waiting, completion is
+//! marked once per group of copies (one event for many copies), polled without blocking, and
+//! waited for with a deadline that turns into an error instead of a hang.
+//!
+//! The engine underneath is CUDA's copy engine on a non-blocking stream ([`CudaEngine`]) or plain
+//! `memcpy` ([`HostEngine`]); the bookkeeping does not depend on which, so it is tested on the host.
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::{MResult, MoverError};
+use crate::cuda::stream::{CopyStream, Event};
+
+/// What executes copies. Copies complete in submission order; a mark completes once every copy
+/// submitted before it has.
+pub trait CopyEngine: Send {
+    /// Enqueues a copy.
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `len` bytes until the copy has completed.
+    unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()>;
+    /// Places a mark after every copy submitted so far.
+    fn mark(&mut self) -> MResult<()>;
+    /// Whether the oldest outstanding mark has completed; a completed mark is retired (the next
+    /// call asks about the next one). Never blocks.
+    fn oldest_done(&mut self) -> MResult<bool>;
+    /// Host memory of [`INLINE_SLOTS`] x [`INLINE_BYTES`] bytes that the engine copies from
+    /// asynchronously (pinned for the copy engine), created at first use; its address.
+    fn inline_ring(&mut self) -> MResult<u64>;
+}
+
+/// Slots of the inline ring: small puts whose source the caller may reuse at once are copied here
+/// first (at most this many in flight per queue).
+pub const INLINE_SLOTS: usize = 1024;
+/// Bytes per inline slot: the largest put taken inline.
+pub const INLINE_BYTES: usize = 256;
+
+/// Copies between every `MARK_EVERY`-th submission get one mark (so a long burst shows progress
+/// before quiet); quiet and poll mark whatever is unmarked.
+pub const MARK_EVERY: u64 = 32;
+
+/// The queue: counts copies submitted and completed, in marked groups.
+pub struct CopyQueue<E: CopyEngine> {
+    engine: E,
+    /// Copies covered by each outstanding mark, oldest first.
+    groups: VecDeque<u64>,
+    /// Copies submitted after the newest mark.
+    unmarked: u64,
+    submitted: u64,
+    completed: u64,
+    marks: u64,
+    /// The first error since the last quiet (reported once, by quiet).
+    error: Option<MoverError>,
+}
+
+impl<E: CopyEngine> CopyQueue<E> {
+    /// A queue over `engine`.
+    pub fn new(engine: E) -> CopyQueue<E> {
+        CopyQueue {
+            engine,
+            groups: VecDeque::new(),
+            unmarked: 0,
+            submitted: 0,
+            completed: 0,
+            marks: 0,
+            error: None,
+        }
+    }
+
+    /// Enqueues one copy (non-blocking). An error is returned here and not counted.
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `len` bytes until [`CopyQueue::quiet`] returned.
+    pub unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller's guarantee is the engine's.
+        unsafe { self.engine.submit(dst, src, len)? };
+        self.submitted += 1;
+        self.unmarked += 1;
+        if self.unmarked >= MARK_EVERY {
+            self.mark()?;
+        }
+        Ok(())
+    }
+
+    fn mark(&mut self) -> MResult<()> {
+        if self.unmarked == 0 {
+            return Ok(());
+        }
+        self.engine.mark()?;
+        self.marks += 1;
+        self.groups.push_back(self.unmarked);
+        self.unmarked = 0;
+        Ok(())
+    }
+
+    /// Enqueues a copy of `bytes` (at most [`INLINE_BYTES`]) to `dst`, taken from the caller at
+    /// once: they go through a slot of the inline ring, reused only after the copy that last used it
+    /// completed (waiting, up to `deadline`, when [`INLINE_SLOTS`] copies are in flight).
+    ///
+    /// # Safety
+    /// `[dst, dst + bytes.len())` must be valid until [`CopyQueue::quiet`] returned.
+    pub unsafe fn submit_inline(
+        &mut self,
+        dst: u64,
+        bytes: &[u8],
+        deadline: Instant,
+    ) -> MResult<()> {
+        if bytes.len() > INLINE_BYTES {
+            return Err(MoverError::Invalid(format!(
+                "inline copy of {} bytes (at most {INLINE_BYTES})",
+                bytes.len()
+            )));
+        }
+        let ring = self.engine.inline_ring()?;
+        // Slot `submitted % SLOTS` was last used by copy `submitted - SLOTS`; copies complete in
+        // order, so it is free once fewer than SLOTS copies are outstanding.
+        let started = Instant::now();
+        while self.outstanding() >= INLINE_SLOTS as u64 {
+            self.poll();
+            if self.outstanding() < INLINE_SLOTS as u64 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(MoverError::Timeout {
+                    outstanding: self.outstanding(),
+                    waited: started.elapsed(),
+                });
+            }
+            std::thread::yield_now();
+        }
+        let slot = ring + (self.submitted % INLINE_SLOTS as u64) * INLINE_BYTES as u64;
+        // SAFETY: the slot lies in the engine's ring and no outstanding copy reads it (above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot as *mut u8, bytes.len());
+            self.submit(dst, slot, bytes.len())
+        }
+    }
+
+    /// Marks what is unmarked and retires every completed group; returns the copies completed by
+    /// this call. Errors are kept for quiet (and the affected copies counted complete).
+    pub fn poll(&mut self) -> u64 {
+        let before = self.completed;
+        if let Err(e) = self.mark() {
+            self.fail(e);
+        }
+        while let Some(&n) = self.groups.front() {
+            match self.engine.oldest_done() {
+                Ok(true) => {
+                    self.groups.pop_front();
+                    self.completed += n;
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    self.fail(e);
+                    break;
+                }
+            }
+        }
+        self.completed - before
+    }
+
+    /// A failed mark or query: nothing outstanding can be vouched for any more, so every copy is
+    /// counted complete and the error waits for quiet.
+    fn fail(&mut self, e: MoverError) {
+        tracing::error!("copy queue: {e}");
+        self.completed = self.submitted;
+        self.groups.clear();
+        self.unmarked = 0;
+        self.error.get_or_insert(e);
+    }
+
+    /// Copies submitted and not yet seen complete.
+    pub fn outstanding(&self) -> u64 {
+        self.submitted - self.completed
+    }
+
+    /// (submitted, completed, marks) since creation.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (self.submitted, self.completed, self.marks)
+    }
+
+    /// Waits until every copy submitted before the call has completed, or `deadline` passes
+    /// (error, the copies stay counted as outstanding). Returns the first error since the last
+    /// quiet, once.
+    pub fn quiet(&mut self, deadline: Instant) -> MResult<()> {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            self.poll();
+            if self.outstanding() == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(MoverError::Timeout {
+                    outstanding: self.outstanding(),
+                    waited: started.elapsed(),
+                });
+            }
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// [`CopyQueue::quiet`] with a timeout instead of a deadline.
+    pub fn quiet_for(&mut self, timeout: Duration) -> MResult<()> {
+        self.quiet(Instant::now() + timeout)
+    }
+}
+
+/// `memcpy` at submission: every mark is complete at once. For copies between host memory of this
+/// process, and to test the queue.
+#[derive(Default)]
+pub struct HostEngine {
+    marks: u64,
+    ring: Vec<u8>,
+}
+
+impl CopyEngine for HostEngine {
+    unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller guarantees both ranges; host ranges of this process (copy semantics
+        // of memmove, so overlap is harmless).
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+        Ok(())
+    }
+    fn mark(&mut self) -> MResult<()> {
+        self.marks += 1;
+        Ok(())
+    }
+    fn oldest_done(&mut self) -> MResult<bool> {
+        if self.marks == 0 {
+            return Err(MoverError::Invalid("no mark outstanding".into()));
+        }
+        self.marks -= 1;
+        Ok(true)
+    }
+    fn inline_ring(&mut self) -> MResult<u64> {
+        if self.ring.is_empty() {
+            self.ring = vec![0u8; INLINE_SLOTS * INLINE_BYTES];
+        }
+        Ok(self.ring.as_mut_ptr() as u64)
+    }
+}
+
+/// CUDA's copy engine: `cuMemcpyAsync` on a non-blocking stream of the transport's context,
+/// marks are events (pooled), completion is `cuEventQuery`.
+pub struct CudaEngine {
+    stream: CopyStream,
+    inflight: VecDeque<Event>,
+    free: Vec<Event>,
+    ring: Option<crate::cuda::MappedHostBuffer>,
+}
+
+impl CudaEngine {
+    /// An engine with a new stream in context `ctx` (0: the current context).
+    pub fn new(ctx: usize) -> MResult<CudaEngine> {
+        Ok(CudaEngine {
+            stream: CopyStream::new(ctx)?,
+            inflight: VecDeque::new(),
+            free: Vec::new(),
+            ring: None,
+        })
+    }
+}
+
+impl CopyEngine for CudaEngine {
+    unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.stream.copy(dst, src, len) }.map_err(MoverError::from)
+    }
+    fn mark(&mut self) -> MResult<()> {
+        let ev = match self.free.pop() {
+            Some(e) => e,
+            None => Event::new(self.stream.context())?,
+        };
+        if let Err(e) = self.stream.record(&ev) {
+            self.free.push(ev);
+            return Err(e.into());
+        }
+        self.inflight.push_back(ev);
+        Ok(())
+    }
+    fn oldest_done(&mut self) -> MResult<bool> {
+        let Some(ev) = self.inflight.front() else {
+            return Err(MoverError::Invalid("no mark outstanding".into()));
+        };
+        if !ev.done()? {
+            return Ok(false);
+        }
+        let ev = self.inflight.pop_front().expect("front exists");
+        self.free.push(ev);
+        Ok(true)
+    }
+    fn inline_ring(&mut self) -> MResult<u64> {
+        if self.ring.is_none() {
+            let _g = crate::cuda::ContextGuard::enter(self.stream.context())?;
+            self.ring = Some(crate::cuda::MappedHostBuffer::new(
+                INLINE_SLOTS * INLINE_BYTES,
+            )?);
+        }
+        Ok(self.ring.as_ref().expect("created above").host() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// An engine whose marks complete when the test says so (`release` marks may complete), and
+    /// which can be told to fail.
+    #[derive(Default)]
+    struct Gate {
+        submitted: Vec<(u64, u64, usize)>,
+        marks: VecDeque<u64>,
+        release: Arc<AtomicU64>,
+        retired: u64,
+        fail_query: bool,
+        fail_submit: bool,
+        ring: Vec<u8>,
+    }
+
+    impl CopyEngine for Gate {
+        unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+            if self.fail_submit {
+                return Err(MoverError::Cuda("cuMemcpyAsync: CUDA error 1".into()));
+            }
+            self.submitted.push((dst, src, len));
+            Ok(())
+        }
+        fn mark(&mut self) -> MResult<()> {
+            self.marks.push_back(self.submitted.len() as u64);
+            Ok(())
+        }
+        fn oldest_done(&mut self) -> MResult<bool> {
+            if self.fail_query {
+                return Err(MoverError::Cuda("cuEventQuery: CUDA error 700".into()));
+            }
+            if self.marks.is_empty() {
+                return Err(MoverError::Invalid("no mark".into()));
+            }
+            if self.retired < self.release.load(Ordering::Acquire) {
+                self.retired += 1;
+                self.marks.pop_front();
+                return Ok(true);
+            }
+            Ok(false)
+        }
+        fn inline_ring(&mut self) -> MResult<u64> {
+            if self.ring.is_empty() {
+                self.ring = vec![0u8; INLINE_SLOTS * INLINE_BYTES];
+            }
+            Ok(self.ring.as_ptr() as u64)
+        }
+    }
+
+    #[test]
+    fn host_engine_copies_and_quiet_returns() {
+        let src: Vec<u8> = (0..=255).collect();
+        let mut dst = vec![0u8; 256];
+        let mut q = CopyQueue::new(HostEngine::default());
+        for i in 0..4 {
+            // SAFETY: both ranges are live for the queue's lifetime.
+            unsafe {
+                q.submit(
+                    dst.as_mut_ptr() as u64 + i * 64,
+                    src.as_ptr() as u64 + i * 64,
+                    64,
+                )
+                .unwrap()
+            };
+        }
+        assert_eq!(q.outstanding(), 4);
+        q.quiet_for(Duration::from_secs(1)).unwrap();
+        assert_eq!(q.outstanding(), 0);
+        assert_eq!(dst, src);
+        assert_eq!(q.counts(), (4, 4, 1), "four copies, one mark");
+    }
+
+    #[test]
+    fn many_copies_share_few_marks() {
+        let release = Arc::new(AtomicU64::new(u64::MAX));
+        let mut q = CopyQueue::new(Gate {
+            release,
+            ..Default::default()
+        });
+        for i in 0..100u64 {
+            // SAFETY: the gate engine never touches memory.
+            unsafe { q.submit(i, i, 8).unwrap() };
+        }
+        // 3 marks placed on the way (every 32 copies), the rest marked by quiet.
+        assert_eq!(q.counts().2, 3);
+        q.quiet_for(Duration::from_secs(1)).unwrap();
+        assert_eq!(q.counts(), (100, 100, 4));
+        assert_eq!(q.engine.submitted.len(), 100);
+    }
+
+    #[test]
+    fn poll_counts_completed_groups_in_order() {
+        let release = Arc::new(AtomicU64::new(0));
+        let mut q = CopyQueue::new(Gate {
+            release: release.clone(),
+            ..Default::default()
+        });
+        for i in 0..40u64 {
+            // SAFETY: the gate engine never touches memory.
+            unsafe { q.submit(i, i, 8).unwrap() };
+        }
+        assert_eq!(q.poll(), 0);
+        assert_eq!(q.outstanding(), 40);
+        release.store(1, Ordering::Release);
+        assert_eq!(q.poll(), 32, "the first group of 32 completes");
+        release.store(2, Ordering::Release);
+        assert_eq!(q.poll(), 8);
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn quiet_fails_at_its_deadline_and_never_hangs() {
+        let mut q = CopyQueue::new(Gate::default()); // marks never complete
+                                                     // SAFETY: the gate engine never touches memory.
+        unsafe { q.submit(1, 2, 3).unwrap() };
+        let t = Instant::now();
+        let e = q.quiet_for(Duration::from_millis(50)).unwrap_err();
+        let waited = t.elapsed();
+        assert!(
+            matches!(e, MoverError::Timeout { outstanding: 1, .. }),
+            "{e:?}"
+        );
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        // Still outstanding: a later quiet fails again rather than pretending success.
+        assert!(q.quiet_for(Duration::from_millis(1)).is_err());
+    }
+
+    #[test]
+    fn engine_errors_reach_quiet_once() {
+        let mut q = CopyQueue::new(Gate {
+            fail_query: true,
+            ..Default::default()
+        });
+        // SAFETY: the gate engine never touches memory.
+        unsafe { q.submit(1, 2, 3).unwrap() };
+        let e = q.quiet_for(Duration::from_secs(1)).unwrap_err();
+        assert!(
+            matches!(e, MoverError::Cuda(ref m) if m.contains("700")),
+            "{e:?}"
+        );
+        assert_eq!(q.outstanding(), 0);
+        q.quiet_for(Duration::from_secs(1))
+            .expect("the error is reported once");
+
+        let mut q = CopyQueue::new(Gate {
+            fail_submit: true,
+            ..Default::default()
+        });
+        // SAFETY: as above.
+        assert!(unsafe { q.submit(1, 2, 3) }.is_err());
+        assert_eq!(q.counts(), (0, 0, 0), "a refused copy is not counted");
+        q.quiet_for(Duration::from_millis(10)).unwrap();
+    }
+
+    #[test]
+    fn inline_copies_take_the_bytes_at_once() {
+        let mut q = CopyQueue::new(HostEngine::default());
+        let mut dst = [0u64; 4];
+        for (i, d) in dst.iter_mut().enumerate() {
+            let v = (i as u64 + 1) * 0x0101_0101;
+            // SAFETY: dst lives until quiet below; the value is copied before submit_inline returns.
+            unsafe {
+                q.submit_inline(
+                    d as *mut u64 as u64,
+                    &v.to_le_bytes(),
+                    Instant::now() + Duration::from_secs(1),
+                )
+                .unwrap()
+            };
+        }
+        q.quiet_for(Duration::from_secs(1)).unwrap();
+        assert_eq!(dst, [0x0101_0101, 0x0202_0202, 0x0303_0303, 0x0404_0404]);
+        // SAFETY: rejected before any copy.
+        let big = unsafe { q.submit_inline(0, &[0u8; INLINE_BYTES + 1], Instant::now()) };
+        assert!(matches!(big, Err(MoverError::Invalid(_))));
+    }
+
+    #[test]
+    fn inline_slots_are_reused_only_after_completion() {
+        let release = Arc::new(AtomicU64::new(0));
+        let mut q = CopyQueue::new(Gate {
+            release: release.clone(),
+            ..Default::default()
+        });
+        let soon = || Instant::now() + Duration::from_millis(30);
+        for i in 0..INLINE_SLOTS as u64 {
+            // SAFETY: the gate engine never touches memory.
+            unsafe { q.submit_inline(i, &[i as u8; 8], soon()).unwrap() };
+        }
+        // Every slot is in flight: the next one times out instead of overwriting slot 0.
+        let ring = q.engine.ring.as_ptr();
+        // SAFETY: as above.
+        let e = unsafe { q.submit_inline(7, &[0xff; 8], soon()) }.unwrap_err();
+        assert!(matches!(e, MoverError::Timeout { .. }), "{e:?}");
+        // SAFETY: reading the gate's own ring.
+        assert_eq!(unsafe { *ring }, 0, "slot 0 untouched");
+        // Once the first group (32 copies) completes, slot 0 is reused.
+        release.store(1, Ordering::Release);
+        // SAFETY: as above.
+        unsafe { q.submit_inline(7, &[0xff; 8], soon()).unwrap() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { *ring }, 0xff);
+        assert_eq!(q.engine.submitted.last(), Some(&(7, ring as u64, 8)));
+    }
+
+    #[test]
+    fn cuda_engine_needs_a_driver() {
+        if crate::cuda::available() {
+            return; // covered on the GPU node
+        }
+        assert!(matches!(CudaEngine::new(0), Err(MoverError::Cuda(_))));
+    }
+}
