@@ -759,8 +759,14 @@ fn transport_child() {
         unsafe { t.add_remote_handles(1, 0, all[c].as_mut_ptr(), s, e - s, base, LOG2) }
             .expect("add_device_remote_mem_handles");
     }
+    // The same chunk again (NVSHMEM re-describing it, here without a granularity: the one in use
+    // serves) changes nothing.
+    // SAFETY: as above.
+    unsafe { t.add_remote_handles(1, 0, all[0].as_mut_ptr(), 0, CHUNKS[0].1, base, 0) }
+        .expect("the same chunk again");
     let st = nvshmem_efa_gda::gda::device_state().expect("GDA state");
     assert_eq!((st.version, st.ready, st.n_granules), (2, 1, 6));
+    assert_eq!(st.log2_granularity, LOG2);
     assert_eq!((st.heap_base, st.heap_size), (base, 6 * G));
     let entry_at = |row: u64, off: u64| {
         let st = nvshmem_efa_gda::gda::device_state().unwrap();

@@ -324,6 +324,11 @@ impl Gda {
         Ok(had)
     }
 
+    /// The heap granularity (log2) in use, once a chunk named it.
+    pub fn heap_log2(&self) -> Option<u32> {
+        self.chunks.log2
+    }
+
     /// The key peers use for the local chunk at heap offset `start`.
     pub fn local_chunk_key(&self, start: u64) -> Option<u64> {
         self.chunks.local.get(&start).map(|c| c.key)

@@ -121,6 +121,11 @@ pub unsafe fn add_local_heap_chunk_raw(
     with(|g| unsafe { g.add_local_heap_chunk(start, end, base, mr.map(|m| (m, kind)), log2) })
 }
 
+/// The heap granularity (log2) in use, once a chunk named it.
+pub fn heap_log2() -> Option<u32> {
+    GDA.lock().as_ref().and_then(|g| g.heap_log2())
+}
+
 /// Forgets the heap chunk at heap offset `start` on every PE (see [`Gda::remove_heap_chunk`]).
 pub fn remove_heap_chunk(start: u64) -> Result<bool> {
     with(|g| g.remove_heap_chunk(start))

@@ -47,7 +47,7 @@ use crate::fabric::{CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, Mem
 pub use self::error::{GdaError, Result};
 pub use self::global::{
     add_local_heap_chunk, add_local_heap_chunk_raw, add_remote_heap_chunk, address, connect,
-    device_state, device_state_device_ptr, fini, init_internal, init_on_external_ep,
+    device_state, device_state_device_ptr, fini, heap_log2, init_internal, init_on_external_ep,
     local_heap_key, mode, remove_heap_chunk, remove_heap_chunk_at, set_cq, set_local_heap,
     set_local_heap_raw, set_remote_heap,
 };

@@ -299,7 +299,21 @@ impl Transport {
             .checked_add(size)
             .filter(|_| size > 0)
             .ok_or_else(|| refuse(format!("bad chunk {heap_offset:#x}+{size}")))?;
-        if log2_granularity == 0 || log2_granularity > crate::gda::heap::MAX_LOG2_GRANULARITY {
+        // NVSHMEM fills log2_cumem_granularity; should it leave 0 (a static heap, one chunk), the
+        // granularity already in use serves, else one granule covering this chunk.
+        let log2_granularity = match log2_granularity {
+            0 => {
+                let l = crate::gda::heap_log2().unwrap_or_else(|| {
+                    crate::gda::heap::ceil_log2(end).max(crate::gda::heap::DEFAULT_LOG2_GRANULARITY)
+                });
+                tracing::info!(
+                    "GDA: log2_cumem_granularity is 0: heap granularity 2^{l} for chunk {heap_offset:#x}+{size}"
+                );
+                l
+            }
+            l => l,
+        };
+        if log2_granularity > crate::gda::heap::MAX_LOG2_GRANULARITY {
             return Err(refuse(format!(
                 "heap granularity 2^{log2_granularity} (log2_cumem_granularity) is not usable"
             )));
