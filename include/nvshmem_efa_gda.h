@@ -33,6 +33,9 @@ struct fid_cq;
 // Peer flag: the peer's heap is reachable by plain GPU stores (`nvshmem_ptr` non-null).
 #define NVSHMEM_EFA_GDA_PEER_P2P 2
 
+// Heap key flag: the entry describes a registration.
+#define NVSHMEM_EFA_GDA_KEY_VALID 1
+
 // Magic of an AMO message (`"EAMO"` little-endian).
 #define NVSHMEM_EFA_GDA_AMO_MAGIC 1330463045
 
@@ -43,7 +46,7 @@ struct fid_cq;
 #define NVSHMEM_EFA_GDA_AMO_SET 2
 
 // Current layout version of `NvshmemEfaGdaDeviceState`.
-#define NVSHMEM_EFA_GDA_STATE_VERSION 1
+#define NVSHMEM_EFA_GDA_STATE_VERSION 2
 
 // One send queue with its completion queue, as kernels see it.
 typedef struct NvshmemEfaGdaQueue {
@@ -103,6 +106,19 @@ typedef struct NvshmemEfaGdaDeviceState {
   uint32_t reserved;
   // Peer table (`NvshmemEfaGdaPeer[n_pes]`, device memory).
   uint64_t peers;
+  // Registration table (`NvshmemEfaGdaHeapKey[(n_pes + 1) * key_stride]`, device memory): entry
+  // `[row * key_stride + (heap_offset >> log2_granularity)]` describes the registration holding that
+  // heap offset (row = a PE for its rkeys, row `n_pes` for this PE's lkeys). 0 until a chunk is
+  // known.
+  uint64_t heap_keys;
+  // log2 of the heap granularity (NVSHMEM's `log2_cumem_granularity`).
+  uint32_t log2_granularity;
+  // Entries per row of `heap_keys` (granule capacity).
+  uint32_t key_stride;
+  // Granules published: offsets below `n_granules << log2_granularity` are looked up.
+  uint32_t n_granules;
+  // Reserved, zero.
+  uint32_t reserved2;
 } NvshmemEfaGdaDeviceState;
 
 // How kernels address one PE.
@@ -180,6 +196,20 @@ typedef struct NvshmemEfaGdaAmoMsg {
   uint64_t value;
 } NvshmemEfaGdaAmoMsg;
 
+// One granule's entry of the registration table: the registration (heap chunk) holding it.
+typedef struct NvshmemEfaGdaHeapKey {
+  // Virtual address of heap offset `start` on the PE owning the registration.
+  uint64_t addr;
+  // Heap offset where the registration begins (a multiple of the granularity).
+  uint64_t start;
+  // Heap offset where it ends, exclusive.
+  uint64_t end;
+  // rkey (rows of PEs; software queue: its soft rkey of that chunk) or lkey (row `n_pes`).
+  uint32_t key;
+  // `NVSHMEM_EFA_GDA_KEY_*` bits; 0: no registration covers this granule.
+  uint32_t flags;
+} NvshmemEfaGdaHeapKey;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -249,6 +279,33 @@ int32_t nvshmemt_efa_gda_set_remote_heap(int32_t pe,
                                          uint64_t base,
                                          uint64_t size,
                                          uint64_t key);
+
+// Adds chunk `[start, end)` (heap offsets; `start` a multiple of `2^log2_granularity`) of the local
+// symmetric heap, at `base` here. `mr` is its registration on the GDA domain (kept open until the
+// chunk is removed or fini), or null to let the library register it. Every chunk of one job uses the
+// same granularity.
+//
+// # Safety
+// `[base, base + end - start)` must stay allocated until the chunk is removed or fini; `mr`, when
+// not null, must be an open registration of that range on the domain GDA was initialised on.
+int32_t nvshmemt_efa_gda_add_local_heap_chunk(uint64_t start,
+                                              uint64_t end,
+                                              void *base,
+                                              struct fid_mr *mr,
+                                              uint32_t log2_granularity);
+
+// Records chunk `[start, end)` (heap offsets) of PE `pe`'s heap: `addr`, the address of `start` as
+// that PE's kernels see it, and the key of that PE's registration of the chunk.
+int32_t nvshmemt_efa_gda_add_remote_heap_chunk(int32_t pe,
+                                               uint64_t start,
+                                               uint64_t end,
+                                               uint64_t addr,
+                                               uint64_t key,
+                                               uint32_t log2_granularity);
+
+// Forgets the heap chunk at heap offset `start`, local and every PE's (the collective release of a
+// chunk). Returns 0, or `-ENOENT` when no local chunk starts there.
+int32_t nvshmemt_efa_gda_remove_heap_chunk(uint64_t start);
 
 // 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
 int32_t nvshmemt_efa_gda_mode(void);

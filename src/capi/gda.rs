@@ -250,6 +250,77 @@ pub extern "C" fn nvshmemt_efa_gda_set_remote_heap(pe: i32, base: u64, size: u64
     })
 }
 
+/// Adds chunk `[start, end)` (heap offsets; `start` a multiple of `2^log2_granularity`) of the local
+/// symmetric heap, at `base` here. `mr` is its registration on the GDA domain (kept open until the
+/// chunk is removed or fini), or null to let the library register it. Every chunk of one job uses the
+/// same granularity.
+///
+/// # Safety
+/// `[base, base + end - start)` must stay allocated until the chunk is removed or fini; `mr`, when
+/// not null, must be an open registration of that range on the domain GDA was initialised on.
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_add_local_heap_chunk(
+    start: u64,
+    end: u64,
+    base: *mut c_void,
+    mr: *mut FidMr,
+    log2_granularity: u32,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_add_local_heap_chunk";
+    ffi_guard(NAME, -libc::EIO, || {
+        if base.is_null() || end <= start {
+            return invalid(NAME, &format!("chunk [{start:#x}, {end:#x}) at {base:p}"));
+        }
+        // SAFETY: forwarded contract (`mr` is an open registration or null).
+        let mr = unsafe { MrHandle::from_opaque(mr as *mut c_void) };
+        // SAFETY: forwarded contract.
+        match unsafe {
+            gda::add_local_heap_chunk_raw(start, end, base as u64, mr, log2_granularity)
+        } {
+            Ok(()) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// Records chunk `[start, end)` (heap offsets) of PE `pe`'s heap: `addr`, the address of `start` as
+/// that PE's kernels see it, and the key of that PE's registration of the chunk.
+#[no_mangle]
+pub extern "C" fn nvshmemt_efa_gda_add_remote_heap_chunk(
+    pe: i32,
+    start: u64,
+    end: u64,
+    addr: u64,
+    key: u64,
+    log2_granularity: u32,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_add_remote_heap_chunk";
+    ffi_guard(NAME, -libc::EIO, || {
+        if pe < 0 || addr == 0 || end <= start {
+            return invalid(
+                NAME,
+                &format!("PE {pe}, chunk [{start:#x}, {end:#x}) at {addr:#x}"),
+            );
+        }
+        match gda::add_remote_heap_chunk(pe, start, end, addr, key, log2_granularity) {
+            Ok(()) => 0,
+            Err(e) => fail(NAME, e),
+        }
+    })
+}
+
+/// Forgets the heap chunk at heap offset `start`, local and every PE's (the collective release of a
+/// chunk). Returns 0, or `-ENOENT` when no local chunk starts there.
+#[no_mangle]
+pub extern "C" fn nvshmemt_efa_gda_remove_heap_chunk(start: u64) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_remove_heap_chunk";
+    ffi_guard(NAME, -libc::EIO, || match gda::remove_heap_chunk(start) {
+        Ok(true) => 0,
+        Ok(false) => -libc::ENOENT,
+        Err(e) => fail(NAME, e),
+    })
+}
+
 /// 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
 #[no_mangle]
 pub extern "C" fn nvshmemt_efa_gda_mode() -> i32 {

@@ -572,14 +572,24 @@ unsafe extern "C" fn add_remote_handles<L: Layout>(
     t: *mut c_void,
     stride: c_int,
     handles: *mut MemHandle,
-    _heap_offset: u64,
-    _size: usize,
+    heap_offset: u64,
+    size: usize,
 ) -> c_int {
     with::<L>("add_device_remote_mem_handles", t, |tr| {
         // SAFETY: our struct.
-        let index = unsafe { (*(t as *mut L)).tail().index };
+        let (index, base, log2) = unsafe {
+            let tail = (*(t as *mut L)).tail();
+            (
+                tail.index,
+                tail.heap_base as u64,
+                tail.log2_cumem_granularity,
+            )
+        };
+        let log2 = u32::try_from(log2).unwrap_or(u32::MAX);
         // SAFETY: NVSHMEM passes n_pes * stride handles.
-        code(unsafe { tr.add_remote_handles(stride, index, handles) })
+        code(unsafe {
+            tr.add_remote_handles(stride, index, handles, heap_offset, size as u64, base, log2)
+        })
     })
 }
 

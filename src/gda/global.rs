@@ -86,6 +86,72 @@ pub unsafe fn set_local_heap_raw(base: u64, size: u64, mr: Option<MrHandle>) -> 
     with(|g| unsafe { g.set_local_heap_raw(base, size, mr) })
 }
 
+/// Adds a local heap chunk (see [`Gda::add_local_heap_chunk`]). A given `mr` must stay open until
+/// the chunk is removed ([`remove_heap_chunk_at`]) or [`fini`].
+///
+/// # Safety
+/// The memory must stay allocated as long.
+pub unsafe fn add_local_heap_chunk(
+    start: u64,
+    end: u64,
+    base: u64,
+    mr: Option<&MemoryRegion>,
+    log2: u32,
+) -> Result<()> {
+    // SAFETY: a MemoryRegion is an open registration (of this range, per the caller); forwarded
+    // contract for its lifetime and the memory's.
+    with(|g| unsafe {
+        g.add_local_heap_chunk(start, end, base, mr.map(|m| (m.handle(), m.kind())), log2)
+    })
+}
+
+/// [`add_local_heap_chunk`] with a raw registration (memory kind found from the address).
+///
+/// # Safety
+/// As for [`add_local_heap_chunk`]; `mr`, when given, an open registration of the range.
+pub unsafe fn add_local_heap_chunk_raw(
+    start: u64,
+    end: u64,
+    base: u64,
+    mr: Option<MrHandle>,
+    log2: u32,
+) -> Result<()> {
+    let kind = super::mem::mem_kind(base);
+    // SAFETY: forwarded contract.
+    with(|g| unsafe { g.add_local_heap_chunk(start, end, base, mr.map(|m| (m, kind)), log2) })
+}
+
+/// The heap granularity (log2) in use, once a chunk named it.
+pub fn heap_log2() -> Option<u32> {
+    GDA.lock().as_ref().and_then(|g| g.heap_log2())
+}
+
+/// Forgets the heap chunk at heap offset `start` on every PE (see [`Gda::remove_heap_chunk`]).
+pub fn remove_heap_chunk(start: u64) -> Result<bool> {
+    with(|g| g.remove_heap_chunk(start))
+}
+
+/// Records a chunk of PE `pe`'s heap (see [`Gda::add_remote_heap_chunk`]).
+pub fn add_remote_heap_chunk(
+    pe: i32,
+    start: u64,
+    end: u64,
+    addr: u64,
+    key: u64,
+    log2: u32,
+) -> Result<()> {
+    with(|g| g.add_remote_heap_chunk(pe, start, end, addr, key, log2))
+}
+
+/// Forgets the heap chunk whose local registration starts at `base`, on every PE (see
+/// [`Gda::remove_heap_chunk`]); `Ok(false)` when no local chunk is there.
+pub fn remove_heap_chunk_at(base: u64) -> Result<bool> {
+    with(|g| match g.local_chunk_start(base) {
+        Some(start) => g.remove_heap_chunk(start),
+        None => Ok(false),
+    })
+}
+
 /// Records a peer's heap (see [`Gda::set_remote_heap`]).
 pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
     with(|g| g.set_remote_heap(pe, base, size, key))

@@ -16,8 +16,12 @@
 //! Everything is process-global behind one lock; every call is thread-safe, and `init_*` and [`fini`]
 //! are idempotent. [`Gda`] is the same thing as a value, for programs (and tests) that want several.
 /// cbindgen:ignore
+mod chunks;
+/// cbindgen:ignore
 pub mod error;
 mod global;
+/// cbindgen:ignore
+pub mod heap;
 #[cfg(feature = "test-support")]
 /// cbindgen:ignore
 pub mod host_poster;
@@ -33,29 +37,27 @@ pub mod state;
 /// cbindgen:ignore
 pub mod wire;
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::config::{Config, GdaMode};
 use crate::cuda::{self, DeviceBuffer};
-use crate::fabric::{
-    CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, MemoryRegion, MrHandle,
-};
+use crate::fabric::{CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, MemoryRegion};
 
 pub use self::error::{GdaError, Result};
 pub use self::global::{
-    address, connect, device_state, device_state_device_ptr, fini, init_internal,
-    init_on_external_ep, local_heap_key, mode, set_cq, set_local_heap, set_local_heap_raw,
-    set_remote_heap,
+    add_local_heap_chunk, add_local_heap_chunk_raw, add_remote_heap_chunk, address, connect,
+    device_state, device_state_device_ptr, fini, heap_log2, init_internal, init_on_external_ep,
+    local_heap_key, mode, remove_heap_chunk, remove_heap_chunk_at, set_cq, set_local_heap,
+    set_local_heap_raw, set_remote_heap,
 };
 use self::hw::HwQueue;
 use self::mem::CtrlPlacement;
 use self::queue::{GdaQueue, Registration};
 use self::softq::{SoftQueue, SoftQueueConfig, Staging};
 use self::state::{
-    NvshmemEfaGdaDeviceState, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue, NVSHMEM_EFA_GDA_MODE_HW,
-    NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_STATE_VERSION,
+    NvshmemEfaGdaDeviceState, NvshmemEfaGdaHeapKey, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue,
+    NVSHMEM_EFA_GDA_MODE_HW, NVSHMEM_EFA_GDA_MODE_SOFT, NVSHMEM_EFA_GDA_STATE_VERSION,
 };
 
 /// GDA is off (`NVSHMEM_EFA_GDA=off`).
@@ -89,23 +91,11 @@ impl Default for GdaOptions {
     }
 }
 
-/// The local heap and how queues address it.
-struct LocalHeap {
-    base: u64,
-    size: u64,
-    /// Key peers use for it.
-    key: u64,
-    /// lkey kernels put into WQEs.
-    lkey: u32,
-    /// Soft lkey to forget when the heap is replaced.
-    soft_lkey: Option<u32>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct RemoteHeap {
-    base: u64,
-    size: u64,
-    key: u64,
+/// Heap-key tables replaced by larger ones, kept until the context goes (a state loaded earlier may
+/// still point at them).
+enum Retired {
+    Device(#[allow(dead_code)] DeviceBuffer),
+    Host(#[allow(dead_code)] Vec<NvshmemEfaGdaHeapKey>),
 }
 
 /// Memory the published device state lives in.
@@ -114,10 +104,12 @@ enum Published {
     Device {
         state: DeviceBuffer,
         peers: Option<DeviceBuffer>,
+        keys: Option<DeviceBuffer>,
     },
     Host {
         state: Box<NvshmemEfaGdaDeviceState>,
         peers: Vec<NvshmemEfaGdaPeer>,
+        keys: Vec<NvshmemEfaGdaHeapKey>,
     },
 }
 
@@ -128,7 +120,8 @@ enum Published {
 pub struct Gda {
     /// The queue; `None` when GDA is off. Every queue call goes through it.
     queue: Option<Box<dyn GdaQueue>>,
-    heap: Option<LocalHeap>,
+    /// The heap's chunks, local and remote, and the table kernels read.
+    chunks: chunks::Chunks,
     registrations: Vec<MemoryRegion>,
     extra_lkeys: Vec<u32>,
     domain: Option<Arc<Domain>>,
@@ -140,8 +133,8 @@ pub struct Gda {
     n_pes: i32,
     names: Vec<u8>,
     peers: Vec<NvshmemEfaGdaPeer>,
-    remote: HashMap<i32, RemoteHeap>,
     published: Published,
+    retired: Vec<Retired>,
     use_cuda: bool,
     cuda_ctx: usize,
 }
@@ -169,7 +162,7 @@ impl Gda {
     ) -> Gda {
         Gda {
             queue,
-            heap: None,
+            chunks: chunks::Chunks::default(),
             registrations: Vec::new(),
             extra_lkeys: Vec::new(),
             domain,
@@ -180,8 +173,8 @@ impl Gda {
             n_pes: 0,
             names: Vec::new(),
             peers: Vec::new(),
-            remote: HashMap::new(),
             published: Published::None,
+            retired: Vec::new(),
             use_cuda: mem::cuda_usable(),
             cuda_ctx: cuda::current_context(),
         }
@@ -415,17 +408,7 @@ impl Gda {
         self.n_pes = n_pes;
         self.names = names.to_vec();
         self.peers = peers;
-        let pending: Vec<(i32, RemoteHeap)> = self.remote.iter().map(|(k, v)| (*k, *v)).collect();
-        for (pe, h) in pending {
-            if pe >= n_pes {
-                tracing::warn!(
-                    "GDA: heap recorded for PE {pe}, which is not among the {n_pes} PEs: dropped"
-                );
-                self.remote.remove(&pe);
-                continue;
-            }
-            self.apply_remote(pe, h)?;
-        }
+        self.build_table()?;
         tracing::info!("GDA: connected as PE {my_pe} of {n_pes}");
         self.publish()
     }
@@ -471,95 +454,6 @@ impl Gda {
         Ok(r)
     }
 
-    /// Sets the local symmetric heap. With `mr` (a registration of exactly this range on the queue's
-    /// domain, kept open by the caller until [`Gda`] is dropped) its descriptor, key and memory kind
-    /// are used; without, the range is registered here (host or CUDA memory as
-    /// `cuda::pointer_kind` says).
-    pub fn set_local_heap(
-        &mut self,
-        base: u64,
-        size: u64,
-        mr: Option<&MemoryRegion>,
-    ) -> Result<()> {
-        // SAFETY: a MemoryRegion is an open registration.
-        unsafe { self.set_local_heap_with(base, size, mr.map(|m| (m.handle(), m.kind()))) }
-    }
-
-    /// [`Gda::set_local_heap`] with a registration the caller owns (`None`: register here). The
-    /// memory kind is found from the address.
-    ///
-    /// # Safety
-    /// `mr`, when given, must be an open registration of `[base, base+size)` on the queue's domain
-    /// that stays open until this value is dropped; the memory must stay allocated as long.
-    pub unsafe fn set_local_heap_raw(
-        &mut self,
-        base: u64,
-        size: u64,
-        mr: Option<MrHandle>,
-    ) -> Result<()> {
-        let kind = mem::mem_kind(base);
-        // SAFETY: forwarded contract.
-        unsafe { self.set_local_heap_with(base, size, mr.map(|m| (m, kind))) }
-    }
-
-    /// # Safety
-    /// As for [`Gda::set_local_heap_raw`].
-    unsafe fn set_local_heap_with(
-        &mut self,
-        base: u64,
-        size: u64,
-        mr: Option<(MrHandle, MemKind)>,
-    ) -> Result<()> {
-        let takes_caller = {
-            let mr_endpoint = self.domain.as_ref().is_some_and(|d| d.info().mr_endpoint());
-            self.q()?.takes_caller_registration(mr_endpoint)
-        };
-        if base == 0 || size == 0 || base.checked_add(size).is_none() {
-            return Err(GdaError::invalid(format!(
-                "set_local_heap: bad range {base:#x}+{size}"
-            )));
-        }
-        let reg = match mr {
-            Some((m, kind)) if takes_caller => {
-                // SAFETY: open registration per the contract.
-                let (key, desc) = unsafe { (m.key(), m.desc()) };
-                Registration {
-                    key,
-                    desc,
-                    handle: Some(m),
-                    kind,
-                }
-            }
-            Some((_, kind)) => {
-                tracing::info!(
-                    "GDA: FI_MR_ENDPOINT provider: registering the heap again for the GDA endpoint"
-                );
-                self.register(base, size, kind)?
-            }
-            None => self.register(base, size, mem::mem_kind(base))?,
-        };
-        let old = self.heap.take();
-        // SAFETY: reg describes [base, base+size) (our registration, or the caller's per the
-        // contract), which stays registered and allocated while the queue lives.
-        let (lkey, soft_lkey) = unsafe {
-            self.q()?
-                .set_heap(base, size, &reg, old.and_then(|o| o.soft_lkey))?
-        };
-        let (key, device) = (reg.key, reg.kind.is_device());
-        self.heap = Some(LocalHeap {
-            base,
-            size,
-            key,
-            lkey,
-            soft_lkey,
-        });
-        tracing::info!(
-            "GDA: local heap {base:#x}+{size} ({}), lkey {lkey}",
-            if device { "GPU" } else { "host" }
-        );
-        self.publish()
-    }
-
     /// Registers another local buffer for WQEs and returns its lkey (kept until the value is dropped).
     ///
     /// # Safety
@@ -571,48 +465,6 @@ impl Gda {
         let lkey = unsafe { self.q()?.add_local(base, size, &reg)? };
         self.extra_lkeys.push(lkey);
         Ok(lkey)
-    }
-
-    /// The key peers use for this PE's heap (the heap's registration key).
-    pub fn local_heap_key(&self) -> Result<u64> {
-        self.heap
-            .as_ref()
-            .map(|h| h.key)
-            .ok_or_else(|| GdaError::invalid("the local heap is not set"))
-    }
-
-    /// Records PE `pe`'s heap: base address, size, and the key of its registration. Before
-    /// [`Gda::connect`] the heap is kept and applied when the peer table exists.
-    pub fn set_remote_heap(&mut self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
-        let q = self.q()?;
-        if pe < 0 || (self.n_pes > 0 && pe >= self.n_pes) {
-            return Err(GdaError::invalid(format!(
-                "set_remote_heap: PE {pe} out of range (n_pes {})",
-                self.n_pes
-            )));
-        }
-        if base.checked_add(size).is_none() || size == 0 {
-            return Err(GdaError::invalid(format!(
-                "set_remote_heap: bad range {base:#x}+{size} for PE {pe}"
-            )));
-        }
-        q.check_remote_key(pe, key)?;
-        let h = RemoteHeap { base, size, key };
-        self.remote.insert(pe, h);
-        if self.n_pes > 0 {
-            self.apply_remote(pe, h)?;
-            self.publish_peer(pe as usize)?;
-        }
-        Ok(())
-    }
-
-    fn apply_remote(&mut self, pe: i32, h: RemoteHeap) -> Result<()> {
-        let rkey = self.q()?.set_remote_heap(pe, h.base, h.size, h.key)?;
-        let p = &mut self.peers[pe as usize];
-        p.heap_base = h.base;
-        p.heap_size = h.size;
-        p.heap_rkey = rkey;
-        Ok(())
     }
 
     /// Names the transmit CQ of an external endpoint (hardware mode on the caller's endpoint).
@@ -632,9 +484,22 @@ impl Gda {
         self.queue.as_deref().map(|q| q.queue_desc())
     }
 
-    /// The peer table (host copy).
-    pub fn peers(&self) -> &[NvshmemEfaGdaPeer] {
-        &self.peers
+    /// The peer table (host copy): each PE's queue address and its heap chunk at offset 0
+    /// (`heap_size`: the highest end of its chunks).
+    pub fn peers(&self) -> Vec<NvshmemEfaGdaPeer> {
+        self.peers
+            .iter()
+            .enumerate()
+            .map(|(pe, p)| {
+                let c = self.chunks.remote0(pe as i32);
+                NvshmemEfaGdaPeer {
+                    heap_base: c.map_or(0, |c| c.addr),
+                    heap_size: self.chunks.remote_extent(pe as i32),
+                    heap_rkey: c.and_then(|c| c.rkey).unwrap_or(0),
+                    ..*p
+                }
+            })
+            .collect()
     }
 
     fn peers_ptr(&self) -> u64 {
@@ -645,24 +510,45 @@ impl Gda {
         }
     }
 
-    /// The device state (host copy; the addresses inside are the ones kernels use).
+    fn keys_ptr(&self) -> u64 {
+        match &self.published {
+            Published::Device { keys: Some(k), .. } => k.ptr(),
+            Published::Host { keys, .. } if !keys.is_empty() => keys.as_ptr() as u64,
+            _ => 0,
+        }
+    }
+
+    /// The heap-key table (host copy) with its stride, once connected.
+    pub fn heap_table(&self) -> Option<&heap::HeapTable> {
+        self.chunks.table.as_ref()
+    }
+
+    /// The device state (host copy; the addresses inside are the ones kernels use). `ready` once
+    /// the CQ is known and this PE and every PE have at least one heap chunk.
     pub fn device_state(&self) -> Option<NvshmemEfaGdaDeviceState> {
         let queue = self.queue_desc()?;
-        let heap = self.heap.as_ref();
-        let remote_complete = self.n_pes > 0 && self.peers.iter().all(|p| p.heap_size > 0);
+        let c = &self.chunks;
+        let local0 = c.local.get(&0);
+        let remote_complete = self.n_pes > 0 && (0..self.n_pes).all(|pe| c.remote_extent(pe) > 0);
         let cq_known = queue.cq != 0;
-        let ready = heap.is_some() && remote_complete && cq_known;
+        let ready = !c.local.is_empty() && remote_complete && cq_known;
+        let table = c.table.as_ref();
         Some(NvshmemEfaGdaDeviceState {
             version: NVSHMEM_EFA_GDA_STATE_VERSION,
             ready: u32::from(ready),
             my_pe: self.my_pe,
             n_pes: self.n_pes,
             queue,
-            heap_base: heap.map_or(0, |h| h.base),
-            heap_size: heap.map_or(0, |h| h.size),
-            heap_lkey: heap.map_or(0, |h| h.lkey),
+            heap_base: c.local_base(),
+            heap_size: c.local_extent(),
+            heap_lkey: local0.map_or(0, |h| h.lkey),
             reserved: 0,
             peers: self.peers_ptr(),
+            heap_keys: self.keys_ptr(),
+            log2_granularity: table.map_or(0, |t| t.log2()),
+            key_stride: table.map_or(0, |t| t.stride() as u32),
+            n_granules: table.map_or(0, |t| t.n_granules() as u32),
+            reserved2: 0,
         })
     }
 
@@ -675,60 +561,33 @@ impl Gda {
         }
     }
 
-    /// Rewrites one entry of the published peer table, then the state (falls back to a full
-    /// publication when the table is not published at its current size yet).
-    fn publish_peer(&mut self, pe: usize) -> Result<()> {
-        let sz = std::mem::size_of::<NvshmemEfaGdaPeer>();
-        let entry = self.peers[pe];
-        let st = self.device_state().expect("queue exists");
-        match &mut self.published {
-            Published::Device {
-                state,
-                peers: Some(p),
-            } if p.len() == sz * self.peers.len() => {
-                if cuda::current_context() == 0 {
-                    cuda::set_current_context(self.cuda_ctx)?;
-                }
-                // SAFETY: entry `pe` lies inside the device peer table; the state buffer holds one
-                // state struct.
-                unsafe {
-                    cuda::memcpy(
-                        (p.ptr() + (pe * sz) as u64) as *mut c_void,
-                        &entry as *const _ as *const c_void,
-                        sz,
-                    )?;
-                    cuda::memcpy(
-                        state.ptr() as *mut c_void,
-                        &st as *const _ as *const c_void,
-                        std::mem::size_of_val(&st),
-                    )?;
-                }
-                Ok(())
-            }
-            Published::Host { state, peers } if peers.len() == self.peers.len() => {
-                peers[pe] = entry;
-                **state = st;
-                Ok(())
-            }
-            _ => self.publish(),
-        }
-    }
-
-    /// Rewrites the device copy of the peer table and the state.
+    /// Rewrites the device copies of the peer table, the heap-key table and the state. A key table
+    /// that grew goes to a new buffer (the old one is kept until the context goes: a state loaded
+    /// earlier may still point at it); entries are written before the state that names them.
     fn publish(&mut self) -> Result<()> {
         if self.queue.is_none() {
             return Ok(());
         }
+        let peers = self.peers();
+        let empty: &[NvshmemEfaGdaHeapKey] = &[];
+        let entries = self
+            .chunks
+            .table
+            .as_ref()
+            .map_or(empty, |t| t.entries())
+            .to_vec();
         if self.use_cuda {
             if cuda::current_context() == 0 {
                 cuda::set_current_context(self.cuda_ctx)?;
             }
-            let bytes = std::mem::size_of::<NvshmemEfaGdaPeer>() * self.peers.len();
-            let (state_buf, old_peers) =
+            let bytes = std::mem::size_of_val(peers.as_slice());
+            let kbytes = std::mem::size_of_val(entries.as_slice());
+            let (state_buf, old_peers, old_keys) =
                 match std::mem::replace(&mut self.published, Published::None) {
-                    Published::Device { state, peers } => (state, peers),
+                    Published::Device { state, peers, keys } => (state, peers, keys),
                     _ => (
                         DeviceBuffer::new(std::mem::size_of::<NvshmemEfaGdaDeviceState>())?,
+                        None,
                         None,
                     ),
                 };
@@ -737,19 +596,41 @@ impl Gda {
                 _ if bytes > 0 => Some(DeviceBuffer::new(bytes)?),
                 _ => None,
             };
+            let keys_buf = match old_keys {
+                Some(k) if k.len() == kbytes => Some(k),
+                old => {
+                    if let Some(k) = old {
+                        self.retired.push(Retired::Device(k));
+                    }
+                    (kbytes > 0)
+                        .then(|| DeviceBuffer::new(kbytes))
+                        .transpose()?
+                }
+            };
             if let Some(p) = &peers_buf {
                 // SAFETY: copies the host peer table into a device buffer of exactly its size.
                 unsafe {
                     cuda::memcpy(
                         p.ptr() as *mut c_void,
-                        self.peers.as_ptr() as *const c_void,
+                        peers.as_ptr() as *const c_void,
                         bytes,
+                    )?
+                };
+            }
+            if let Some(k) = &keys_buf {
+                // SAFETY: copies the host key table into a device buffer of exactly its size.
+                unsafe {
+                    cuda::memcpy(
+                        k.ptr() as *mut c_void,
+                        entries.as_ptr() as *const c_void,
+                        kbytes,
                     )?
                 };
             }
             self.published = Published::Device {
                 state: state_buf,
                 peers: peers_buf,
+                keys: keys_buf,
             };
             let st = self.device_state().expect("queue exists");
             if let Published::Device { state, .. } = &self.published {
@@ -763,12 +644,24 @@ impl Gda {
                 };
             }
         } else {
-            let peers = self.peers.clone();
-            let state = match std::mem::replace(&mut self.published, Published::None) {
-                Published::Host { state, .. } => state,
-                _ => Box::new(self.device_state().expect("queue exists")),
+            let (state, keys) = match std::mem::replace(&mut self.published, Published::None) {
+                Published::Host { state, keys, .. } => (state, keys),
+                _ => (
+                    Box::new(self.device_state().expect("queue exists")),
+                    Vec::new(),
+                ),
             };
-            self.published = Published::Host { state, peers };
+            let keys = if keys.len() == entries.len() {
+                let mut k = keys;
+                k.copy_from_slice(&entries);
+                k
+            } else {
+                if !keys.is_empty() {
+                    self.retired.push(Retired::Host(keys));
+                }
+                entries
+            };
+            self.published = Published::Host { state, peers, keys };
             let st = self.device_state().expect("queue exists");
             if let Published::Host { state, .. } = &mut self.published {
                 **state = st;

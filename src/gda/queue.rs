@@ -72,26 +72,52 @@ pub trait GdaQueue: Send + Sync {
     /// the queue lives.
     unsafe fn add_local(&self, base: u64, size: u64, reg: &Registration) -> Result<u32>;
 
-    /// Makes `[base, base+size)` the local heap; `old` is what the previous call returned. Returns
-    /// the lkey and what to pass as `old` next time.
-    ///
-    /// # Safety
-    /// As for [`GdaQueue::add_local`].
-    unsafe fn set_heap(
-        &self,
-        base: u64,
-        size: u64,
-        reg: &Registration,
-        old: Option<u32>,
-    ) -> Result<(u32, Option<u32>)>;
-
     /// Checks a peer's heap key before it is recorded.
     fn check_remote_key(&self, _pe: i32, _key: u64) -> Result<()> {
         Ok(())
     }
 
-    /// Records PE `pe`'s heap with the queue; returns the rkey kernels put into WQEs for it.
-    fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32>;
+    /// Makes the registered local range `[base, base + (end - start))` the heap's chunk
+    /// `[start, end)` (granularity `2^log2`) and returns its lkey and what to pass to
+    /// [`GdaQueue::remove_heap_chunk`].
+    ///
+    /// # Safety
+    /// As for [`GdaQueue::add_local`].
+    unsafe fn add_heap_chunk(
+        &self,
+        start: u64,
+        end: u64,
+        base: u64,
+        reg: &Registration,
+        log2: u32,
+    ) -> Result<(u32, Option<u32>)> {
+        let _ = (start, log2);
+        // SAFETY: forwarded contract.
+        Ok((unsafe { self.add_local(base, end - start, reg)? }, None))
+    }
+
+    /// Forgets the local heap chunk starting at `start` (`token`: what [`GdaQueue::add_heap_chunk`]
+    /// returned).
+    fn remove_heap_chunk(&self, _start: u64, _token: Option<u32>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Records chunk `ordinal` (heap offsets `[start, start+size)` at `base`, libfabric key `key`) of
+    /// PE `pe`'s heap; returns the rkey kernels put into WQEs for it.
+    fn add_remote_chunk(
+        &self,
+        pe: i32,
+        ordinal: u32,
+        start: u64,
+        base: u64,
+        size: u64,
+        key: u64,
+    ) -> Result<u32>;
+
+    /// Forgets chunk `ordinal` of PE `pe`'s heap.
+    fn remove_remote_chunk(&self, _pe: i32, _ordinal: u32) -> Result<()> {
+        Ok(())
+    }
 
     /// Names the transmit CQ of the caller's endpoint.
     ///
@@ -176,25 +202,46 @@ impl GdaQueue for SoftQueue {
         unsafe { SoftQueue::add_local(self, base, base, size, reg.desc, reg.kind.is_device()) }
     }
 
-    unsafe fn set_heap(
+    unsafe fn add_heap_chunk(
         &self,
+        start: u64,
+        end: u64,
         base: u64,
-        size: u64,
         reg: &Registration,
-        old: Option<u32>,
+        log2: u32,
     ) -> Result<(u32, Option<u32>)> {
         // SAFETY: forwarded contract.
-        let l = unsafe { GdaQueue::add_local(self, base, size, reg)? };
-        SoftQueue::set_heap(self, l)?;
-        if let Some(o) = old {
-            let _ = self.remove_local(o);
+        let l = unsafe { GdaQueue::add_local(self, base, end - start, reg)? };
+        if let Err(e) = SoftQueue::add_heap_chunk(self, start, end, l, log2) {
+            let _ = self.remove_local(l);
+            return Err(e);
         }
         Ok((l, Some(l)))
     }
 
-    fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<u32> {
-        SoftQueue::set_remote_heap(self, pe, base, size, key)?;
-        Ok(wire::SOFT_RKEY_HEAP)
+    fn remove_heap_chunk(&self, start: u64, token: Option<u32>) -> Result<()> {
+        SoftQueue::remove_heap_chunk(self, start)?;
+        match token {
+            Some(l) => self.remove_local(l),
+            None => Ok(()),
+        }
+    }
+
+    fn add_remote_chunk(
+        &self,
+        pe: i32,
+        ordinal: u32,
+        start: u64,
+        base: u64,
+        size: u64,
+        key: u64,
+    ) -> Result<u32> {
+        SoftQueue::add_remote_chunk(self, pe, ordinal, start, base, size, key)?;
+        Ok(wire::SOFT_RKEY_HEAP + ordinal)
+    }
+
+    fn remove_remote_chunk(&self, pe: i32, ordinal: u32) -> Result<()> {
+        SoftQueue::remove_remote_chunk(self, pe, ordinal)
     }
 
     fn queue_desc(&self) -> NvshmemEfaGdaQueue {
@@ -257,27 +304,25 @@ impl GdaQueue for HwQueue {
         unsafe { self.lkey(reg.mr()?) }
     }
 
-    unsafe fn set_heap(
-        &self,
-        base: u64,
-        size: u64,
-        reg: &Registration,
-        _old: Option<u32>,
-    ) -> Result<(u32, Option<u32>)> {
-        // SAFETY: forwarded contract.
-        Ok((unsafe { GdaQueue::add_local(self, base, size, reg)? }, None))
-    }
-
     fn check_remote_key(&self, pe: i32, key: u64) -> Result<()> {
         if key > u64::from(u32::MAX) {
             return Err(GdaError::invalid(format!(
-                "set_remote_heap: key {key:#x} of PE {pe} does not fit an EFA rkey"
+                "heap key {key:#x} of PE {pe} does not fit an EFA rkey"
             )));
         }
         Ok(())
     }
 
-    fn set_remote_heap(&self, _pe: i32, _base: u64, _size: u64, key: u64) -> Result<u32> {
+    fn add_remote_chunk(
+        &self,
+        pe: i32,
+        _ordinal: u32,
+        _start: u64,
+        _base: u64,
+        _size: u64,
+        key: u64,
+    ) -> Result<u32> {
+        self.check_remote_key(pe, key)?;
         Ok(key as u32)
     }
 

@@ -164,6 +164,38 @@ pub struct NvshmemEfaGdaDeviceState {
     pub reserved: u32,
     /// Peer table (`NvshmemEfaGdaPeer[n_pes]`, device memory).
     pub peers: u64,
+    /// Registration table (`NvshmemEfaGdaHeapKey[(n_pes + 1) * key_stride]`, device memory): entry
+    /// `[row * key_stride + (heap_offset >> log2_granularity)]` describes the registration holding that
+    /// heap offset (row = a PE for its rkeys, row `n_pes` for this PE's lkeys). 0 until a chunk is
+    /// known.
+    pub heap_keys: u64,
+    /// log2 of the heap granularity (NVSHMEM's `log2_cumem_granularity`).
+    pub log2_granularity: u32,
+    /// Entries per row of `heap_keys` (granule capacity).
+    pub key_stride: u32,
+    /// Granules published: offsets below `n_granules << log2_granularity` are looked up.
+    pub n_granules: u32,
+    /// Reserved, zero.
+    pub reserved2: u32,
+}
+
+/// Heap key flag: the entry describes a registration.
+pub const NVSHMEM_EFA_GDA_KEY_VALID: u32 = 1;
+
+/// One granule's entry of the registration table: the registration (heap chunk) holding it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvshmemEfaGdaHeapKey {
+    /// Virtual address of heap offset `start` on the PE owning the registration.
+    pub addr: u64,
+    /// Heap offset where the registration begins (a multiple of the granularity).
+    pub start: u64,
+    /// Heap offset where it ends, exclusive.
+    pub end: u64,
+    /// rkey (rows of PEs; software queue: its soft rkey of that chunk) or lkey (row `n_pes`).
+    pub key: u32,
+    /// `NVSHMEM_EFA_GDA_KEY_*` bits; 0: no registration covers this granule.
+    pub flags: u32,
 }
 
 /// Magic of an AMO message (`"EAMO"` little-endian).
@@ -195,7 +227,7 @@ pub struct NvshmemEfaGdaAmoMsg {
 }
 
 /// Current layout version of `NvshmemEfaGdaDeviceState`.
-pub const NVSHMEM_EFA_GDA_STATE_VERSION: u32 = 1;
+pub const NVSHMEM_EFA_GDA_STATE_VERSION: u32 = 2;
 
 const _: () = {
     use core::mem::{offset_of, size_of};
@@ -210,7 +242,17 @@ const _: () = {
     assert!(offset_of!(NvshmemEfaGdaQueue, sq_entries) == 56);
     assert!(offset_of!(NvshmemEfaGdaQueue, qpn) == 80);
     assert!(offset_of!(NvshmemEfaGdaQueue, mode) == 84);
-    assert!(size_of::<NvshmemEfaGdaDeviceState>() == 136);
+    assert!(size_of::<NvshmemEfaGdaDeviceState>() == 160);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, heap_keys) == 136);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, log2_granularity) == 144);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, key_stride) == 148);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, n_granules) == 152);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, reserved2) == 156);
+    assert!(size_of::<NvshmemEfaGdaHeapKey>() == 32);
+    assert!(offset_of!(NvshmemEfaGdaHeapKey, start) == 8);
+    assert!(offset_of!(NvshmemEfaGdaHeapKey, end) == 16);
+    assert!(offset_of!(NvshmemEfaGdaHeapKey, key) == 24);
+    assert!(offset_of!(NvshmemEfaGdaHeapKey, flags) == 28);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, queue) == 16);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, heap_base) == 104);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, peers) == 128);

@@ -3,9 +3,11 @@
 //!
 //! # Soft keys and queue identities (what kernels find in the device state)
 //! * `lkey`: an index into the consumer's table of local registrations, starting at 1
-//!   ([`SOFT_LKEY_FIRST`]); the local heap registered by `set_local_heap` gets the first one.
-//! * `rkey`: [`SOFT_RKEY_HEAP`] (= 1) names the destination PE's symmetric heap; it is the value the
-//!   peer table publishes as `heap_rkey`. Any other rkey is answered with `REMOTE_BAD_ADDRESS`.
+//!   ([`SOFT_LKEY_FIRST`]); every local heap chunk has its own.
+//! * `rkey`: [`SOFT_RKEY_HEAP`] `+ n` (`SOFT_RKEY_HEAP` = 1) names chunk `n` of the destination PE's
+//!   symmetric heap, the chunk starting at heap offset `n << log2_granularity` (the same on every PE:
+//!   NVSHMEM registers heap chunks collectively); the heap-key table publishes it. An rkey naming no
+//!   known chunk, or a range outside its chunk, is answered with `REMOTE_BAD_ADDRESS`.
 //! * `ah`: the destination PE's index. `dest_qp_num`: [`soft_qpn`] of that PE. `qkey`: one per-job
 //!   value every PE derives from the exchanged endpoint names ([`soft_qkey`]).
 //!

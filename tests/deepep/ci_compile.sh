@@ -6,9 +6,8 @@
 #
 # 1. patches/deepep/apply.sh rejects what is not a DeepEP V1 tree, with status 1 / 2 and a message.
 # 2. tests/deepep/ll_calls.cu (this project's kernels making DeepEP's V1 calls in DeepEP's shapes)
-#    for sm_90 against NVSHMEM 3.4.5's headers, with the generated state header (version 1) and with
-#    the proposed version-2 layout (tests/deepep/state_v2/); then, with version 1, the device link
-#    with cuda/nvshmem_efa_gda_state.cu and libnvshmem_device.a (DeepEP's -dlink step) and, when
+#    for sm_90 against NVSHMEM 3.4.5's headers and the generated state header (version 2); then the
+#    device link with cuda/nvshmem_efa_gda_state.cu and libnvshmem_device.a (DeepEP's -dlink step) and, when
 #    target/{release,debug}/libnvshmem_efa_gda.so exists, a shared-object link with --no-undefined.
 # 3. the kit's replacement headers (patches/deepep/*ibgda_device.cuh) in DeepEP's namespaces, with
 #    empty stand-ins for the DeepEP headers they include (configs.cuh, exception.cuh, utils.cuh,
@@ -55,25 +54,19 @@ bash "$repo/patches/deepep/apply.sh" >"$work/apply-usage.log" 2>&1
 rc=$?
 if [ $rc = 2 ]; then ok "apply.sh without a tree: usage error"; else bad "apply.sh usage (rc=$rc)" "$work/apply-usage.log"; fi
 
-# 2. our kernels with DeepEP's calls
-# The version-2 fixture lays the proposed layout over a version-1 header; once the generated header
-# is itself version 2, that header is compiled as "version 1" here and the fixture is not used.
-versions=(1)
-if grep -q '^#define NVSHMEM_EFA_GDA_STATE_VERSION 1$' "$repo/include/nvshmem_efa_gda.h"; then versions+=(2)
-else say "include/nvshmem_efa_gda.h is past version 1: tests/deepep/state_v2/ is not used (delete it)"; fi
-for v in "${versions[@]}"; do
-    inc=(-I"$repo/include" -I"$repo/cuda")
-    [ $v = 2 ] && inc=(-I"$here/state_v2" "${inc[@]}")
-    what="ll_calls.cu, generated state header"
-    [ $v = 2 ] && what="ll_calls.cu, proposed state version 2 (tests/deepep/state_v2/)"
-    if "$NVCC" "${NVCC_FLAGS[@]}" "${inc[@]}" -c "$here/ll_calls.cu" -o "$work/ll_calls_v$v.o" \
-        >"$work/ll_calls_v$v.log" 2>&1; then ok "$what"
-    else bad "$what" "$work/ll_calls_v$v.log"; fi
-done
-if [ -f "$work/ll_calls_v1.o" ]; then
+# 2. our kernels with DeepEP's calls, against the generated header (state version 2: the
+#    granule-indexed heap-key table)
+if ! grep -q '^#define NVSHMEM_EFA_GDA_STATE_VERSION 2$' "$repo/include/nvshmem_efa_gda.h"; then
+    bad "include/nvshmem_efa_gda.h does not publish state version 2"
+fi
+what="ll_calls.cu, generated state header"
+if "$NVCC" "${NVCC_FLAGS[@]}" -I"$repo/include" -I"$repo/cuda" -c "$here/ll_calls.cu" -o "$work/ll_calls.o" \
+    >"$work/ll_calls.log" 2>&1; then ok "$what"
+else bad "$what" "$work/ll_calls.log"; fi
+if [ -f "$work/ll_calls.o" ]; then
     if "$NVCC" "${NVCC_FLAGS[@]}" -I"$repo/include" -I"$repo/cuda" -c "$repo/cuda/nvshmem_efa_gda_state.cu" \
         -o "$work/state.o" >"$work/state.log" 2>&1 &&
-        "$NVCC" -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC -dlink "$work/ll_calls_v1.o" "$work/state.o" \
+        "$NVCC" -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC -dlink "$work/ll_calls.o" "$work/state.o" \
             -L"$NVSHMEM/lib" -lnvshmem_device -o "$work/dlink.o" >"$work/dlink.log" 2>&1; then
         ok "device link (ll_calls + state TU + libnvshmem_device.a)"
     else bad "device link" "$work/dlink.log"; fi
@@ -87,7 +80,7 @@ if [ -f "$work/ll_calls_v1.o" ]; then
     elif [ -f "$work/dlink.o" ]; then
         # The host link as torch links DeepEP's extension: the C++ compiler, the device-linked
         # objects, NVSHMEM's libraries, the library, the CUDA runtime.
-        if c++ -shared -o "$work/libdeepep_calls.so" "$work/ll_calls_v1.o" "$work/state.o" "$work/dlink.o" \
+        if c++ -shared -o "$work/libdeepep_calls.so" "$work/ll_calls.o" "$work/state.o" "$work/dlink.o" \
             "$NVSHMEM/lib/libnvshmem_device.a" "$NVSHMEM/lib/libnvshmem_host.so.3" \
             -L"$(dirname "$lib")" -lnvshmem_efa_gda "${nvcc_extra[@]}" -lcudart_static -ldl -lpthread -lrt \
             -Wl,--no-undefined >"$work/solink.log" 2>&1; then

@@ -33,11 +33,11 @@ usage: tests/deepep/run.sh [options] DEEPEP_TREE
   --test-args "..."   extra arguments for test_low_latency.py (default: its own defaults,
                       128 tokens, hidden 7168, top-8 of 288 experts)
   --single-registration
-                      until the library publishes every heap chunk (device state version 2): a heap
-                      NVSHMEM registers in one piece (NVSHMEM_DISABLE_CUDA_VMM=1,
+                      a heap NVSHMEM registers in one piece (NVSHMEM_DISABLE_CUDA_VMM=1,
                       NVSHMEM_SYMMETRIC_SIZE=1536M) and --num-experts 144 (a ~1 GiB buffer) unless
-                      --test-args says otherwise; DeepEP's default 288 experts need ~2 GiB, which
-                      NVSHMEM registers as more than one chunk
+                      --test-args says otherwise. Without it, DeepEP's default 288 experts need
+                      ~2 GiB, which NVSHMEM's VMM heap registers as several chunks (the library
+                      publishes every chunk: device state version 2)
   --debug             NVSHMEM_DEBUG=INFO and NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug
 environment: PLUGIN_DIR (libnvshmem_efa_gda.so + nvshmem_transport_libfabric.so.3),
   LIBFABRIC_HOME (libfabric prefix), OUT (default ./deepep-out), PYTHON (default

@@ -54,7 +54,7 @@ impl Consumer {
         match self.inner.staging {
             Staging::Off => false,
             Staging::All => true,
-            Staging::Device => reg.device || self.tables.heap().is_some_and(|h| h.device),
+            Staging::Device => reg.device || self.tables.heap_device(),
         }
     }
 

@@ -180,6 +180,9 @@ impl Consumer {
         if avail == 0 {
             return work;
         }
+        // Tables changed before the doorbell (a heap chunk recorded, then a WQE into it) must be
+        // seen by these WQEs: the doorbell was read after the generation the loop last checked.
+        self.refresh_tables();
         if avail > self.inner.sq_entries {
             if self.bad_doorbell != Some(db) {
                 tracing::error!(
@@ -362,34 +365,40 @@ impl Consumer {
                 })?;
                 Ok((*reg, host))
             };
-        let remote =
-            |raddr: u64, rkey: u32, len: u64| -> std::result::Result<(u64, u64, u64), Reject> {
-                let h = peer.heap.ok_or_else(|| {
-                    (
-                        CqStatus::RemoteBadAddress,
-                        format!("PE {}'s heap is not known", d.ah),
-                    )
-                })?;
-                if rkey != SOFT_RKEY_HEAP {
-                    return Err((
-                        CqStatus::RemoteBadAddress,
-                        format!("rkey {rkey} (the heap's is {SOFT_RKEY_HEAP})"),
-                    ));
-                }
-                let off = raddr
+        let remote = |raddr: u64,
+                      rkey: u32,
+                      len: u64|
+         -> std::result::Result<(u64, u64, u64), Reject> {
+            // The rkey names one chunk of the peer's heap (O(1)); the range must lie in it.
+            let h = peer.chunk(rkey).ok_or_else(|| {
+                (
+                    CqStatus::RemoteBadAddress,
+                    format!("rkey {rkey} names no known heap chunk of PE {}", d.ah),
+                )
+            })?;
+            let in_chunk = raddr
                     .checked_sub(h.base)
                     .filter(|&o| o <= h.size && len <= h.size - o)
                     .ok_or_else(|| {
                         (
                             CqStatus::RemoteBadAddress,
                             format!(
-                                "remote range {raddr:#x}+{len} outside PE {}'s heap ({:#x}+{})",
+                                "remote range {raddr:#x}+{len} outside PE {}'s heap chunk {rkey} ({:#x}+{})",
                                 d.ah, h.base, h.size
                             ),
                         )
                     })?;
-                Ok((if self.inner.virt_addr { raddr } else { off }, h.key, off))
-            };
+            let off = h.start + in_chunk;
+            Ok((
+                if self.inner.virt_addr {
+                    raddr
+                } else {
+                    in_chunk
+                },
+                h.key,
+                off,
+            ))
+        };
         match d.op {
             WqeOp::RdmaWrite {
                 remote: r,
@@ -485,12 +494,23 @@ impl Consumer {
                     ));
                 }
                 if let Payload::Inline(data, n) = payload {
-                    let heap = peer.heap.map_or(0, |h| h.size);
-                    if let Some(Err(e)) = AmoMsg::parse(&data[..n], heap) {
-                        return Err((
-                            amo_error_status(&e),
-                            format!("AMO message to PE {}: {e}", d.ah),
-                        ));
+                    match AmoMsg::parse(&data[..n], peer.heap_extent()) {
+                        Some(Err(e)) => {
+                            return Err((
+                                amo_error_status(&e),
+                                format!("AMO message to PE {}: {e}", d.ah),
+                            ))
+                        }
+                        Some(Ok(m)) if !peer.holds(m.offset, u64::from(m.size)) => {
+                            return Err((
+                                CqStatus::RemoteBadAddress,
+                                format!(
+                                    "AMO message to PE {}: offset {:#x} lies in no heap chunk",
+                                    d.ah, m.offset
+                                ),
+                            ))
+                        }
+                        _ => {}
                     }
                 }
                 let hdr = SendHdr {

@@ -130,9 +130,8 @@ use super::state::{
     NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_SOFT,
 };
 use super::wire::{
-    self, AmoError, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_RKEY_HEAP, SOFT_SEND_MAX,
-    STAGE_CHUNK, STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE,
-    STAGE_WRITE_ACK,
+    self, AmoError, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_SEND_MAX, STAGE_CHUNK,
+    STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE, STAGE_WRITE_ACK,
 };
 
 use self::consumer::Consumer;
@@ -463,7 +462,8 @@ impl SoftQueue {
             )));
         }
         self.update(|t| {
-            let old: Vec<Option<RemoteHeap>> = t.peers.iter().map(|p| p.heap).collect();
+            let old: Vec<Vec<Option<RemoteHeap>>> =
+                t.peers.iter().map(|p| p.chunks.clone()).collect();
             t.my_pe = my_pe;
             t.qkey = qkey;
             t.peers = fi_addrs
@@ -472,21 +472,52 @@ impl SoftQueue {
                 .map(|(i, &a)| Peer {
                     fi_addr: a,
                     qpn: wire::soft_qpn(i as i32),
-                    heap: old.get(i).copied().flatten(),
+                    chunks: old.get(i).cloned().unwrap_or_default(),
                 })
                 .collect();
             Ok(())
         })
     }
 
-    /// Records PE `pe`'s heap (base address kernels use, size, libfabric key).
-    pub fn set_remote_heap(&self, pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
+    /// Records a chunk of PE `pe`'s heap: heap offsets `[start, start+size)` at `base` on the peer,
+    /// libfabric key `key`, named by soft rkey `SOFT_RKEY_HEAP + ordinal` in WQEs.
+    pub fn add_remote_chunk(
+        &self,
+        pe: i32,
+        ordinal: u32,
+        start: u64,
+        base: u64,
+        size: u64,
+        key: u64,
+    ) -> Result<()> {
+        if ordinal > wqe::LKEY_MASK - wire::SOFT_RKEY_HEAP {
+            return Err(GdaError::invalid(format!(
+                "heap chunk ordinal {ordinal} does not fit a soft rkey"
+            )));
+        }
         self.update(|t| {
-            let p = usize::try_from(pe)
-                .ok()
-                .and_then(|i| t.peers.get_mut(i))
-                .ok_or_else(|| GdaError::invalid(format!("PE {pe} is not connected")))?;
-            p.heap = Some(RemoteHeap { base, size, key });
+            let p = peer_mut(t, pe)?;
+            let i = ordinal as usize;
+            if p.chunks.len() <= i {
+                p.chunks.resize(i + 1, None);
+            }
+            p.chunks[i] = Some(RemoteHeap {
+                base,
+                size,
+                key,
+                start,
+            });
+            Ok(())
+        })
+    }
+
+    /// Forgets the chunk `ordinal` of PE `pe`'s heap.
+    pub fn remove_remote_chunk(&self, pe: i32, ordinal: u32) -> Result<()> {
+        self.update(|t| {
+            let p = peer_mut(t, pe)?;
+            if let Some(c) = p.chunks.get_mut(ordinal as usize) {
+                *c = None;
+            }
             Ok(())
         })
     }
@@ -542,8 +573,10 @@ impl SoftQueue {
             match t.locals.get_mut(i) {
                 Some(r @ Some(_)) => {
                     *r = None;
-                    if t.heap_lkey == Some(lkey) {
-                        t.heap_lkey = None;
+                    let n = t.heap_chunks.len();
+                    t.heap_chunks.retain(|c| c.lkey != lkey);
+                    if t.heap_chunks.len() != n {
+                        t.index_heap();
                     }
                     Ok(())
                 }
@@ -552,13 +585,40 @@ impl SoftQueue {
         })
     }
 
-    /// Names the local registration that is the symmetric heap (target of AMO messages).
-    pub fn set_heap(&self, lkey: u32) -> Result<()> {
+    /// Adds the local registration `lkey` as the heap's chunk `[start, end)` (granularity `2^log2`,
+    /// the same for every chunk). A chunk with the same start is replaced.
+    pub fn add_heap_chunk(&self, start: u64, end: u64, lkey: u32, log2: u32) -> Result<()> {
         self.update(|t| {
-            if t.local(lkey).is_none() {
-                return Err(GdaError::invalid(format!("lkey {lkey} is not registered")));
+            let r = t
+                .local(lkey)
+                .ok_or_else(|| GdaError::invalid(format!("lkey {lkey} is not registered")))?;
+            if end <= start || r.len < end - start || log2 > 63 || start % (1u64 << log2) != 0 {
+                return Err(GdaError::invalid(format!(
+                    "heap chunk [{start:#x}, {end:#x}) on lkey {lkey} ({} bytes), granularity 2^{log2}",
+                    r.len
+                )));
             }
-            t.heap_lkey = Some(lkey);
+            t.heap_chunks.retain(|c| c.start != start);
+            if let Some(o) = t.heap_chunks.iter().find(|c| c.start < end && start < c.end) {
+                return Err(GdaError::invalid(format!(
+                    "heap chunk [{start:#x}, {end:#x}) overlaps [{:#x}, {:#x})",
+                    o.start, o.end
+                )));
+            }
+            let at = t.heap_chunks.partition_point(|c| c.start < start);
+            t.heap_chunks.insert(at, LocalChunk { start, end, lkey });
+            t.log2 = log2;
+            t.index_heap();
+            Ok(())
+        })
+    }
+
+    /// Forgets the local heap chunk starting at `start` (the registration stays until
+    /// [`SoftQueue::remove_local`]).
+    pub fn remove_heap_chunk(&self, start: u64) -> Result<()> {
+        self.update(|t| {
+            t.heap_chunks.retain(|c| c.start != start);
+            t.index_heap();
             Ok(())
         })
     }
@@ -667,6 +727,13 @@ impl Drop for SoftQueue {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn peer_mut(t: &mut Tables, pe: i32) -> Result<&mut Peer> {
+    usize::try_from(pe)
+        .ok()
+        .and_then(|i| t.peers.get_mut(i))
+        .ok_or_else(|| GdaError::invalid(format!("PE {pe} is not connected")))
 }
 
 #[cfg(test)]

@@ -104,15 +104,17 @@ impl Consumer {
                 let payload = &msg[SEND_HDR_SIZE..];
                 let mut status = CqStatus::Ok;
                 let mut is_amo = false;
-                let heap = self.tables.heap().copied();
-                if let Some(r) = AmoMsg::parse(payload, heap.map_or(0, |h| h.len)) {
+                if let Some(r) = AmoMsg::parse(payload, self.tables.heap_extent()) {
                     is_amo = true;
                     status = match r
                         .map_err(|e| (amo_error_status(&e), e.to_string()))
                         .and_then(|m| {
-                            // The heap exists: parse() found the offset inside it.
-                            apply_amo(&m, heap.as_ref().expect("heap checked by parse"))
-                                .map_err(|e| (CqStatus::LocalQpInternalError, e))
+                            // The chunk holding the word (granule lookup).
+                            let heap = self.tables.heap_at(m.offset, u64::from(m.size)).ok_or((
+                                CqStatus::RemoteBadAddress,
+                                format!("offset {:#x} lies in no heap chunk", m.offset),
+                            ))?;
+                            apply_amo(&m, &heap).map_err(|e| (CqStatus::LocalQpInternalError, e))
                         }) {
                         Ok(()) => {
                             inner.amos_applied.fetch_add(1, Ordering::AcqRel);

@@ -450,7 +450,7 @@ impl Consumer {
                 self.reply(h, STAGE_WRITE_ACK, status, 0, false, 0);
             }
             STAGE_READ_REQ => {
-                let heap = self.tables.heap().copied();
+                let heap = self.tables.heap_at(h.offset, u64::from(h.len));
                 match heap.and_then(|r| {
                     r.translate(r.dev_base.wrapping_add(h.offset), u64::from(h.len))
                         .map(|a| (a, r.device))
@@ -598,13 +598,13 @@ impl Consumer {
         h: &StageHdr,
         len: usize,
     ) -> std::result::Result<(u64, bool), CqStatus> {
-        let Some(heap) = self.tables.heap() else {
+        if self.tables.heap_chunks.is_empty() {
             tracing::warn!(
                 "software queue: staged write from PE {} before the heap is set",
                 h.src_pe
             );
             return Err(CqStatus::RemoteBadAddress);
-        };
+        }
         if len != h.len as usize {
             tracing::warn!(
                 "software queue: staged write from PE {} carries {len} bytes, its header says {}",
@@ -613,7 +613,13 @@ impl Consumer {
             );
             return Err(CqStatus::RemoteBadLength);
         }
-        let Some(dst) = heap.translate(heap.dev_base.wrapping_add(h.offset), u64::from(h.len))
+        let Some((dst, device)) =
+            self.tables
+                .heap_at(h.offset, u64::from(h.len))
+                .and_then(|heap| {
+                    heap.translate(heap.dev_base.wrapping_add(h.offset), u64::from(h.len))
+                        .map(|d| (d, heap.device))
+                })
         else {
             tracing::warn!(
                 "software queue: staged write of {:#x}+{} from PE {} outside the heap",
@@ -623,7 +629,7 @@ impl Consumer {
             );
             return Err(CqStatus::RemoteBadAddress);
         };
-        Ok((dst, heap.device))
+        Ok((dst, device))
     }
 
     /// Applies a staged write chunk to the local heap; the status goes back in the ack.

@@ -25,18 +25,57 @@ impl LocalReg {
     }
 }
 
+/// One chunk of a peer's heap: `size` bytes at `base` on the peer (heap offset `start`), libfabric
+/// key `key`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RemoteHeap {
     pub(super) base: u64,
     pub(super) size: u64,
     pub(super) key: u64,
+    pub(super) start: u64,
 }
 
 #[derive(Clone, Debug)]
 pub(super) struct Peer {
     pub(super) fi_addr: FiAddr,
     pub(super) qpn: u16,
-    pub(super) heap: Option<RemoteHeap>,
+    /// The peer's heap chunks by soft rkey: `chunks[rkey - SOFT_RKEY_HEAP]`.
+    pub(super) chunks: Vec<Option<RemoteHeap>>,
+}
+
+impl Peer {
+    /// The chunk a soft rkey names (O(1)).
+    pub(super) fn chunk(&self, rkey: u32) -> Option<&RemoteHeap> {
+        let i = rkey.checked_sub(wire::SOFT_RKEY_HEAP)? as usize;
+        self.chunks.get(i)?.as_ref()
+    }
+
+    /// Whether one chunk of the peer's heap holds heap offsets `[off, off+len)` (a scan of the
+    /// peer's few chunks; AMO messages only).
+    pub(super) fn holds(&self, off: u64, len: u64) -> bool {
+        self.chunks
+            .iter()
+            .flatten()
+            .any(|c| off >= c.start && len <= c.size && off - c.start <= c.size - len)
+    }
+
+    /// Highest heap offset any chunk of the peer reaches (0: no heap known).
+    pub(super) fn heap_extent(&self) -> u64 {
+        self.chunks
+            .iter()
+            .flatten()
+            .map(|c| c.start + c.size)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// One chunk of the local heap: heap offsets `[start, end)`, registered under `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LocalChunk {
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) lkey: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -45,7 +84,12 @@ pub(super) struct Tables {
     pub(super) qkey: u32,
     pub(super) peers: Vec<Peer>,
     pub(super) locals: Vec<Option<LocalReg>>,
-    pub(super) heap_lkey: Option<u32>,
+    /// The local heap's chunks, by start.
+    pub(super) heap_chunks: Vec<LocalChunk>,
+    /// Per granule of the local heap: index + 1 into `heap_chunks`, 0 for none.
+    pub(super) granules: Vec<u32>,
+    /// log2 of the granularity `granules` is indexed with.
+    pub(super) log2: u32,
 }
 
 impl Tables {
@@ -54,8 +98,52 @@ impl Tables {
         self.locals.get(i)?.as_ref()
     }
 
-    pub(super) fn heap(&self) -> Option<&LocalReg> {
-        self.local(self.heap_lkey?)
+    /// The local heap chunk holding `[off, off+len)` (O(1): one granule lookup), as a registration
+    /// view rebased to heap offset 0: `dev_base + off` / `host_base + off` are the bytes at heap
+    /// offset `off`, for offsets inside the chunk only. `None` when no chunk holds the whole range.
+    pub(super) fn heap_at(&self, off: u64, len: u64) -> Option<LocalReg> {
+        let g = usize::try_from(off >> self.log2).ok()?;
+        let c = self
+            .heap_chunks
+            .get((*self.granules.get(g)?).checked_sub(1)? as usize)?;
+        if off < c.start || len > c.end - c.start || off - c.start > c.end - c.start - len {
+            return None;
+        }
+        let r = self.local(c.lkey)?;
+        if r.len < c.end - c.start {
+            return None;
+        }
+        Some(LocalReg {
+            dev_base: r.dev_base.checked_sub(c.start)?,
+            host_base: r.host_base.checked_sub(c.start)?,
+            len: c.end,
+            desc: r.desc,
+            device: r.device,
+        })
+    }
+
+    /// Highest heap offset the local chunks reach.
+    pub(super) fn heap_extent(&self) -> u64 {
+        self.heap_chunks.last().map_or(0, |c| c.end)
+    }
+
+    /// Whether any local heap chunk is GPU memory.
+    pub(super) fn heap_device(&self) -> bool {
+        self.heap_chunks
+            .iter()
+            .any(|c| self.local(c.lkey).is_some_and(|r| r.device))
+    }
+
+    /// Rebuilds the granule index after `heap_chunks` or `log2` changed.
+    pub(super) fn index_heap(&mut self) {
+        let g = 1u64 << self.log2;
+        let n = self.heap_extent().div_ceil(g) as usize;
+        self.granules = vec![0; n];
+        for (i, c) in self.heap_chunks.iter().enumerate() {
+            for s in (c.start / g) as usize..(c.end.div_ceil(g) as usize).min(n) {
+                self.granules[s] = i as u32 + 1;
+            }
+        }
     }
 
     pub(super) fn my_qpn(&self) -> u16 {

@@ -225,14 +225,6 @@ impl Transport {
             device,
             mrs,
         });
-        // The first remotely accessible registration is NVSHMEM's symmetric heap (NVSHMEM connects
-        // endpoints, and so initialises GDA, before it sets the heap up).
-        if !local_only && crate::gda::mode() > 0 && !self.gda_heap_set.swap(true, Ordering::AcqRel)
-        {
-            if let Err(e) = crate::gda::set_local_heap(buf as u64, size as u64, reg.mrs.first()) {
-                tracing::warn!("GDA: could not set the local heap: {e}");
-            }
-        }
         self.regs.write().insert(reg_id, reg);
         // SAFETY: handle checked non-null; NVSHMEM passes a 512-byte handle.
         let h = unsafe { &mut *handle };
@@ -259,8 +251,20 @@ impl Transport {
                 "release_mem_handle: handle belongs to another transport instance or PE",
             ));
         }
-        match self.regs.write().remove(&b.reg_id) {
-            Some(_) => Ok(()),
+        let reg = self.regs.write().remove(&b.reg_id);
+        match reg {
+            Some(r) => {
+                // A heap chunk GDA knows goes from GDA (every PE's row: the release is collective)
+                // before its registration closes.
+                if crate::gda::mode() > 0 {
+                    match crate::gda::remove_heap_chunk_at(r.base) {
+                        Ok(true) => tracing::debug!("GDA: heap chunk at {:#x} released", r.base),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!("GDA: releasing heap chunk at {:#x}: {e}", r.base),
+                    }
+                }
+                Ok(())
+            }
             None => Err(invalid(format!(
                 "release_mem_handle: registration {} unknown or already released",
                 b.reg_id
@@ -268,18 +272,25 @@ impl Transport {
         }
     }
 
-    /// `add_device_remote_mem_handles`: every PE's handle of one heap chunk, stride `stride`,
-    /// this transport at `index`. Opens the chunk of every same-host PE for CUDA IPC now (at heap
-    /// setup, while no kernel waits for the proxy, rather than at the first put), and feeds GDA's
-    /// peer table.
+    /// `add_device_remote_mem_handles`: every PE's handle of one heap chunk (heap offsets
+    /// `[heap_offset, heap_offset + size)`), stride `stride`, this transport at `index`. Opens the
+    /// chunk of every same-host PE for CUDA IPC now (at heap setup, while no kernel waits for the
+    /// proxy, rather than at the first put). The only source of GDA's heap chunks: every PE's chunk
+    /// goes to GDA's key table, and this PE's own registration of it becomes a local chunk.
+    /// `heap_base` and `log2_granularity` are what NVSHMEM wrote into the transport struct.
     ///
     /// # Safety
     /// `handles` must be null or hold `n_pes * stride` handles.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn add_remote_handles(
         &self,
         stride: i32,
         index: i32,
         handles: *mut MemHandle,
+        heap_offset: u64,
+        size: u64,
+        heap_base: u64,
+        log2_granularity: u32,
     ) -> TResult<()> {
         let c = self.conn()?;
         if handles.is_null() || stride <= 0 || index < 0 || index >= stride {
@@ -313,18 +324,107 @@ impl Transport {
         if crate::gda::mode() <= 0 {
             return Ok(());
         }
-        for pe in 0..c.n_pes {
-            // SAFETY: NVSHMEM passes n_pes * stride handles.
-            let h = unsafe { handles.add(pe as usize * stride as usize + index as usize) };
-            let b = HandleBlob::read(h).ok_or_else(|| {
-                invalid(format!(
-                    "add_device_remote_mem_handles: PE {pe}'s handle is not ours"
-                ))
-            })?;
-            if let Err(e) = crate::gda::set_remote_heap(pe, b.base, b.len, b.keys[0]) {
-                tracing::warn!("GDA: remote heap of PE {pe}: {e}");
+        let refuse = |m: String| {
+            tracing::error!("GDA: add_device_remote_mem_handles: {m}");
+            invalid(format!("add_device_remote_mem_handles: {m}"))
+        };
+        let end = heap_offset
+            .checked_add(size)
+            .filter(|_| size > 0)
+            .ok_or_else(|| refuse(format!("bad chunk {heap_offset:#x}+{size}")))?;
+        // NVSHMEM fills log2_cumem_granularity; should it leave 0 (a static heap, one chunk), the
+        // granularity already in use serves, else one granule covering this chunk.
+        let log2_granularity = match log2_granularity {
+            0 => {
+                let l = crate::gda::heap_log2().unwrap_or_else(|| {
+                    crate::gda::heap::ceil_log2(end).max(crate::gda::heap::DEFAULT_LOG2_GRANULARITY)
+                });
+                tracing::info!(
+                    "GDA: log2_cumem_granularity is 0: heap granularity 2^{l} for chunk {heap_offset:#x}+{size}"
+                );
+                l
             }
+            l => l,
+        };
+        if log2_granularity > crate::gda::heap::MAX_LOG2_GRANULARITY {
+            return Err(refuse(format!(
+                "heap granularity 2^{log2_granularity} (log2_cumem_granularity) is not usable"
+            )));
         }
+        let g = 1u64 << log2_granularity;
+        // The start must lie on a granule; the end too, except for the last chunk of a heap (a
+        // static heap is one registration of any size; the key table refuses a chunk that would share
+        // its last granule).
+        if heap_offset % g != 0 {
+            return Err(refuse(format!(
+                "chunk {heap_offset:#x}+{size} does not start on a granule (2^{log2_granularity})"
+            )));
+        }
+        if end % g != 0 {
+            tracing::info!(
+                "GDA: heap chunk {heap_offset:#x}+{size} ends off a granule (2^{log2_granularity}): no chunk may follow it"
+            );
+        }
+        let blobs = (0..c.n_pes)
+            .map(|pe| {
+                // SAFETY: NVSHMEM passes n_pes * stride handles.
+                let h = unsafe { handles.add(pe as usize * stride as usize + index as usize) };
+                HandleBlob::read(h)
+                    .filter(|b| b.len >= size)
+                    .ok_or_else(|| {
+                        refuse(format!(
+                            "PE {pe}'s handle is not ours or shorter than {size} bytes"
+                        ))
+                    })
+            })
+            .collect::<TResult<Vec<_>>>()?;
+        let mine = &blobs[c.my_pe as usize];
+        if mine.cookie != self.cookie {
+            return Err(refuse(format!(
+                "this PE's handle (PE {}) belongs to another transport instance",
+                mine.pe
+            )));
+        }
+        if mine.base.wrapping_sub(heap_base) != heap_offset {
+            return Err(refuse(format!(
+                "this PE's registration at {:#x} is heap offset {:#x} (heap base {heap_base:#x}), NVSHMEM says {heap_offset:#x}",
+                mine.base,
+                mine.base.wrapping_sub(heap_base)
+            )));
+        }
+        let reg = self.regs.read().get(&mine.reg_id).cloned().ok_or_else(|| {
+            refuse(format!(
+                "this PE's registration {} is not (or no longer) registered",
+                mine.reg_id
+            ))
+        })?;
+        // SAFETY: the registration stays open and the memory allocated until release_mem_handle,
+        // which removes the chunk from GDA first.
+        unsafe {
+            crate::gda::add_local_heap_chunk(
+                heap_offset,
+                end,
+                mine.base,
+                reg.mrs.first(),
+                log2_granularity,
+            )
+        }
+        .map_err(|e| refuse(format!("local chunk {heap_offset:#x}+{size}: {e}")))?;
+        for (pe, b) in blobs.iter().enumerate() {
+            crate::gda::add_remote_heap_chunk(
+                pe as i32,
+                heap_offset,
+                end,
+                b.base,
+                b.keys[0],
+                log2_granularity,
+            )
+            .map_err(|e| refuse(format!("chunk {heap_offset:#x}+{size} of PE {pe}: {e}")))?;
+        }
+        tracing::info!(
+            "GDA: heap chunk [{heap_offset:#x}, {end:#x}) of {} PEs recorded",
+            c.n_pes
+        );
         Ok(())
     }
 

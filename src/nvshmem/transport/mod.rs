@@ -136,7 +136,6 @@ pub struct Transport {
     inject_panic: Arc<AtomicBool>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     cuda_ctx: AtomicU64,
-    gda_heap_set: AtomicBool,
     /// Same-host GPU copies through CUDA IPC, and the per-stage counters of every data path.
     mover: Mover,
 }
@@ -255,7 +254,6 @@ impl Transport {
             inject_panic: Arc::new(AtomicBool::new(false)),
             progress_thread: Mutex::new(None),
             cuda_ctx: AtomicU64::new(0),
-            gda_heap_set: AtomicBool::new(false),
             mover,
         })
     }
