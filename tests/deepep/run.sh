@@ -230,6 +230,15 @@ if [ $do_gda = 1 ]; then
         -- --disable-nvlink
 fi
 if [ $do_p2p = 1 ]; then
+    # A run that ended by timeout leaves its killed clients in the MPS server, which then refuses
+    # new clients ("MPS server is not ready"): start the daemon afresh between the runs.
+    if [ $mps_started = 1 ] && [ $do_gda = 1 ]; then
+        stop_mps
+        sleep 2
+        nvidia-cuda-mps-control -d || die "could not restart the CUDA MPS control daemon"
+        mps_started=1
+        sleep 1
+    fi
     # NVSHMEM's own P2P path; DeepEP links the library but never needs its queue here
     # (nvshmem_efa_gda_ibgda_setup returns 0 when every peer is P2P-mapped).
     run_case p2p LD_LIBRARY_PATH="$lib_dir:${fabric_lib:+$fabric_lib:}${LD_LIBRARY_PATH:-}" NVSHMEM_REMOTE_TRANSPORT=none --
