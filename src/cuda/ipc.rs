@@ -78,23 +78,19 @@ pub fn allocation_range(ptr: u64) -> CudaResult<(u64, u64)> {
     Ok((base, len as u64))
 }
 
-/// Whether `ptr` lies in a CUDA VMM allocation (`cuMemRetainAllocationHandle` only answers for
-/// those). False without a driver.
+/// Whether `ptr` is device memory that legacy CUDA IPC cannot export: in practice a CUDA VMM
+/// allocation (`cuMemCreate`). Asked through the pointer's IS_LEGACY_CUDA_IPC_CAPABLE attribute,
+/// which answers for every device pointer (`cuMemRetainAllocationHandle` would fail, and be
+/// reported by compute-sanitizer as an API error, for every allocation that is not VMM). False
+/// without a driver and for host memory.
 pub fn is_vmm(ptr: u64) -> bool {
-    if !available() {
-        return false;
-    }
-    let mut h: sys::CUmemGenericAllocationHandle = 0;
-    // SAFETY: writes one handle; a retained handle is released right away.
-    unsafe {
-        if sys::cuMemRetainAllocationHandle(&mut h, ptr as *mut c_void)
-            == sys::CUresult::CUDA_SUCCESS
-        {
-            let _ = sys::cuMemRelease(h);
-            return true;
+    matches!(
+        super::pointer_kind(ptr as *const c_void),
+        super::PtrKind::Device {
+            legacy_ipc: false,
+            ..
         }
-    }
-    false
+    )
 }
 
 /// Exports the allocation holding `[ptr, ptr + len)` (device memory of the current context's
