@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::{available, check, require, ContextGuard, CudaError, CudaResult};
+use super::{check, require, ContextGuard, CudaError, CudaResult};
 
 /// Bytes of a legacy IPC handle (`CUipcMemHandle`).
 pub const HANDLE_BYTES: usize = 64;
