@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn without_a_driver_nothing_is_vmm_or_exportable() {
-        if available() {
+        if crate::cuda::available() {
             return; // covered on the GPU node
         }
         assert!(!is_vmm(0x1000));
