@@ -2440,6 +2440,20 @@ static void case_error_attribution(void) {
         failf("bootstrap barrier failed: %s", bs.err);
         goto out;
     }
+    /* Known limitation (see bad_handle_range): with the provider's own atomics on shm, an atomic
+     * on a key the target released is never answered by libfabric 2.1's shm, and every later
+     * completion of the endpoint waits behind it. Target-applied AMOs (the default on shm) are
+     * refused by the target and run below on every provider. */
+    {
+        const char *prov = getenv("NVSHMEM_LIBFABRIC_PROVIDER");
+        const char *atom = getenv("NVSHMEM_EFA_ATOMICS");
+        if (prov && strcmp(prov, "shm") == 0 && atom && strcmp(atom, "provider") == 0) {
+            if (g.rank == 0)
+                out_line(2, "harness: error_attribution: not run with shm's own atomics (known "
+                            "limitation: shm never answers an atomic on a released key)");
+            goto out; /* every rank takes this branch: same environment */
+        }
+    }
     /* 1. an AMO the target refuses (its registration is gone) */
     harness_amo_memdesc m;
     memset(&m, 0, sizeof m);
