@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/env.sh
+bash .ci/clean-shm.sh
 root=$PWD
 target=${CARGO_TARGET_DIR:-$root/target}
 echo "=== building (cargo build --release)"

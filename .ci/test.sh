@@ -4,6 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .ci/env.sh
+bash .ci/clean-shm.sh
 failed=()
 passed=0
 stage() {
