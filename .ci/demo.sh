@@ -20,6 +20,9 @@ echo "=== building (cargo build --release)"
 cargo build --release --locked --quiet
 prefix=$target/demo-prefix
 PREFIX=$prefix bash cmake/install.sh --build-dir "$target/release" >/dev/null
+# softq-bench drives the software queue with the test-support poster (a CPU thread posting WQEs as
+# kernels do), so it is built with that feature, after the plain library was installed above.
+cargo build --release --locked --quiet --features test-support --bin softq-bench
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc -O2 -Wall -o "$work/harness" tests/harness/harness.c -ldl
