@@ -262,26 +262,21 @@ impl Endpoint {
         ctx: *mut c_void,
         flags: u64,
     ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
+        // SAFETY: the caller upholds this function's contract (see `# Safety`); `buf` is only
+        // read by a write.
         unsafe {
-            let mut iov = libc::iovec {
-                iov_base: buf as *mut c_void,
-                iov_len: len,
-            };
-            let mut d = desc;
-            let mut riov = fi::fi_rma_iov { addr, len, key };
-            let mut msg: fi::fi_msg_rma = std::mem::zeroed();
-            msg.msg_iov = &mut iov as *mut libc::iovec as *const _;
-            msg.desc = &mut d;
-            msg.iov_count = 1;
-            msg.addr = dest;
-            msg.rma_iov = &mut riov;
-            msg.rma_iov_count = 1;
-            msg.context = ctx;
-            let ret = fi::fi_writemsg(self.raw, &msg, flags);
-            check(ret as i64, || {
-                format!("fi_writemsg({len} bytes to {dest}:{addr:#x}, flags {flags:#x})")
-            })
+            self.rma_msg(
+                true,
+                buf as *mut u8,
+                len,
+                desc,
+                dest,
+                addr,
+                key,
+                ctx,
+                0,
+                flags,
+            )
         }
     }
 
