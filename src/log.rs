@@ -33,6 +33,17 @@ pub fn init() {
     });
 }
 
+/// The message of a panic payload (`panic!` with a literal or a formatted string): what the
+/// library's panic boundaries (C entry points, the progress thread, the software-queue consumer)
+/// log and report.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

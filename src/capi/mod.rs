@@ -26,11 +26,7 @@ pub fn ffi_guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_string());
+            let msg = crate::log::panic_message(p.as_ref());
             tracing::error!("{name}: internal error (panic): {msg}");
             on_panic
         }

@@ -87,11 +87,7 @@ impl Consumer {
         let inner = self.inner.clone();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || self.run()));
         if let Err(p) = r {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic without a message".into());
+            let msg = crate::log::panic_message(p.as_ref());
             tracing::error!(
                 "software queue consumer thread panicked: {msg}. The queue is failed: kernels see it \
                  stopped, host waiters get an error"

@@ -1,5 +1,4 @@
 //! The progress thread, completion polling and dispatch by context tag.
-use std::any::Any;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -10,6 +9,7 @@ use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, T
 use super::{is_nic, Connected, Transport};
 use crate::cuda;
 use crate::fabric::CqEntry;
+use crate::log::panic_message;
 use crate::mover::stats::Stage;
 
 impl Transport {
@@ -199,15 +199,6 @@ impl Transport {
             e.finish_counted(wait, Some(msg));
         }
     }
-}
-
-/// The message of a panic payload (`panic!` with a literal or a formatted string).
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 #[cfg(test)]
