@@ -79,7 +79,8 @@ def init_dist(local_rank: int, num_local_ranks: int):
     torch.cuda.set_device(device)
     print(f'[launch_ll] rank {params["rank"]}/{params["world_size"]} on cuda:{device} '
           f'({num_devices} device(s)), process group {backend}, '
-          f'MPS thread percentage {os.getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "-")}', flush=True)
+          f'MPS thread percentage {os.getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "-")}, '
+          f'{torch.cuda.get_device_properties(device).multi_processor_count} SMs visible', flush=True)
     return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(num_local_ranks * num_nodes)))
 
 

@@ -39,6 +39,9 @@ usage: tests/deepep/run.sh [options] DEEPEP_TREE
                       ~2 GiB, which NVSHMEM's VMM heap registers as several chunks (the library
                       publishes every chunk: device state version 2)
   --debug             NVSHMEM_DEBUG=INFO and NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug
+  --stacks S          when a run is still going after S seconds, dump its processes' threads,
+                      host stacks and resident GPU kernels (tests/deepep/stacks.sh) to
+                      $OUT/<run>-stacks.txt
 environment: PLUGIN_DIR (libnvshmem_efa_gda.so + nvshmem_transport_libfabric.so.3),
   LIBFABRIC_HOME (libfabric prefix), OUT (default ./deepep-out), PYTHON (default
   /opt/torch/.venv/bin/python, else python3), MAX_JOBS (default: cores),
@@ -54,6 +57,7 @@ do_gda=1
 timeout_s=420
 test_args=""
 debug=0
+stacks=0
 single_reg=0
 tree=""
 while [ $# -gt 0 ]; do
@@ -66,6 +70,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=${2:?--timeout needs a value}; shift ;;
     --test-args) test_args=${2?--test-args needs a value}; shift ;;
     --debug) debug=1 ;;
+    --stacks) stacks=${2:?--stacks needs seconds}; shift ;;
     --single-registration) single_reg=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "run.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -208,10 +213,21 @@ run_case() { # run_case NAME ENV... -- TEST-ARGS...
     local log=$OUT/$name.log
     say "run $name: test_low_latency.py --num-processes $ranks $* (log $log)"
     local t0; t0=$(date +%s)
+    local watch=""
+    if [ "$stacks" -gt 0 ]; then
+        (sleep "$stacks"; bash "$here/stacks.sh" "$OUT/$name-stacks.txt") &
+        watch=$!
+    fi
     # shellcheck disable=SC2086
     timeout -k 20 "$timeout_s" env "${common_env[@]}" "${envs[@]}" \
         "$PYTHON" "$here/launch_ll.py" --num-processes "$ranks" "$@" $test_args >"$log" 2>&1
     local rc=$?
+    if [ -n "$watch" ]; then
+        # A run that ended first needs no dump; one that hung waits for its dump to finish.
+        if [ $rc = 0 ]; then kill "$watch" 2>/dev/null; fi
+        wait "$watch" 2>/dev/null
+        [ -s "$OUT/$name-stacks.txt" ] && say "run $name: stacks in $OUT/$name-stacks.txt"
+    fi
     grep -E 'Dispatch|Combine|bandwidth|launch_ll|Error|error|Traceback|assert' "$log" | head -n 40 | tee -a "$summary"
     if [ $rc = 0 ]; then say "run $name: PASS in $(( $(date +%s) - t0 )) s"
     else

@@ -40,6 +40,26 @@ pub(super) struct Consumer {
     /// Staged write chunks received whose copy into GPU memory is enqueued in `copies`: their
     /// acknowledgement (and immediate) waits for `flush_rx_batch`; (header, receive buffer).
     pub(super) rx_batch: Vec<(StageHdr, usize)>,
+    /// What the staged path did, for the stall report.
+    pub(super) stats: StageStats,
+}
+
+/// Counts of the staged path, printed by [`Consumer::report`]: they tell a queue that waits on the
+/// provider (sends refused) from one that waits on its peer (no acknowledgements) or on itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StageStats {
+    /// Staged messages handed to the provider.
+    pub(super) sent: u64,
+    /// Sends the provider refused for now (`-FI_EAGAIN`), and since when they keep being refused.
+    pub(super) refused: u64,
+    pub(super) refused_since: Option<Instant>,
+    /// Sends held back for want of an operation context.
+    pub(super) no_ctx: u64,
+    /// Send completions of staged messages (their buffers came back).
+    pub(super) send_done: u64,
+    /// Staged messages received from peers, and acknowledgements among them.
+    pub(super) received: u64,
+    pub(super) acks: u64,
 }
 
 impl Consumer {
@@ -76,6 +96,7 @@ impl Consumer {
             buf_owner: vec![None; bounce as usize],
             copies: None,
             rx_batch: Vec::new(),
+            stats: StageStats::default(),
             inner,
         }
     }
@@ -194,7 +215,9 @@ impl Consumer {
              first error {:#x}, CQ lock {}. Consumer: doorbell {db}, {} WQEs taken ({pending_wqes} \
              announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
              ({} free), {} WQE waiting for the provider, {} TX completions written, {} receive \
-             completions waiting for ring space",
+             completions waiting for ring space. Staged path: {} messages sent, {} send completions, \
+             {} received ({} acknowledgements), {} sends refused by the provider (try again){}, {} held \
+             for want of an operation context",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
             self.ci,
@@ -203,16 +226,28 @@ impl Consumer {
             self.free_bounce.len(),
             usize::from(self.stalled.is_some()),
             self.cq_pc,
-            self.pending_rx.len()
+            self.pending_rx.len(),
+            self.stats.sent,
+            self.stats.send_done,
+            self.stats.received,
+            self.stats.acks,
+            self.stats.refused,
+            self.stats
+                .refused_since
+                .map(|t| format!(" (refused without a break for {:.1} s)", t.elapsed().as_secs_f64()))
+                .unwrap_or_default(),
+            self.stats.no_ctx,
         );
         if stalled {
             tracing::warn!(
-                "software queue: no progress for {:.1} s. {state}",
+                "software queue of PE {}: no progress for {:.1} s. {state}",
+                self.tables.my_pe,
                 quiet.as_secs_f64()
             );
         } else {
             tracing::debug!(
-                "software queue: {} WQEs taken in the last {:.1} s. {state}",
+                "software queue of PE {}: {} WQEs taken in the last {:.1} s. {state}",
+                self.tables.my_pe,
                 self.ci - taken_before,
                 period.as_secs_f64()
             );

@@ -82,6 +82,7 @@ impl Consumer {
         let msg = unsafe { std::slice::from_raw_parts(inner.rx_bufs.ptr(idx), len) };
         if let Some(h) = StageHdr::decode(msg) {
             if h.kind == STAGE_WRITE && self.batch_write(&h, &msg[STAGE_HDR_SIZE..]) {
+                self.stats.received += 1;
                 self.rx_batch.push((h, idx));
                 return;
             }

@@ -371,6 +371,7 @@ impl Consumer {
             return Ok(false);
         }
         let Some(ctx) = inner.ctxs.alloc(TAG_STX, u64::from(b)) else {
+            self.stats.no_ctx += 1;
             give_back(self, item);
             return Ok(false);
         };
@@ -388,6 +389,8 @@ impl Consumer {
         };
         match r {
             Ok(()) => {
+                self.stats.sent += 1;
+                self.stats.refused_since = None;
                 item.sent += chunk;
                 item.msgs += 1;
                 let awaits =
@@ -403,6 +406,8 @@ impl Consumer {
             Err(e) => {
                 inner.ctxs.free(ctx);
                 if e.is_again() {
+                    self.stats.refused += 1;
+                    self.stats.refused_since.get_or_insert_with(Instant::now);
                     give_back(self, item);
                     return Ok(false);
                 }
@@ -416,6 +421,7 @@ impl Consumer {
     /// A staged message's send buffer came back (`code` 0: sent).
     pub(super) fn on_stage_sent(&mut self, b: usize, code: i32, text: &str) {
         let owner = self.buf_owner.get_mut(b).and_then(|o| o.take());
+        self.stats.send_done += 1;
         if b < self.inner.send_bufs.count {
             self.free_bounce.push(b as u32);
         }
@@ -439,6 +445,8 @@ impl Consumer {
 
     /// A staged message arrived.
     pub(super) fn on_stage_msg(&mut self, h: &StageHdr, payload: &[u8]) {
+        self.stats.received += 1;
+        self.stats.acks += u64::from(h.kind == STAGE_WRITE_ACK);
         match h.kind {
             STAGE_WRITE => {
                 let status = self.stage_write_here(h, payload);
