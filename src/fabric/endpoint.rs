@@ -37,43 +37,7 @@ impl Endpoint {
         cq: &Arc<CompletionQueue>,
         cntr: Option<&Arc<Counter>>,
     ) -> Result<Endpoint> {
-        let mut raw = ptr::null_mut();
-        // SAFETY: valid domain and info.
-        let ret = unsafe {
-            fi::fi_endpoint(
-                domain.raw,
-                domain.info().as_ptr(),
-                &mut raw,
-                ptr::null_mut(),
-            )
-        };
-        check(ret as i64, || "fi_endpoint".to_string())?;
-        let ep = Endpoint {
-            raw,
-            av: av.clone(),
-            cq: cq.clone(),
-            rx_cq: None,
-            cntr: cntr.cloned(),
-            domain: domain.clone(),
-        };
-        // SAFETY: binding open objects of the same domain to the new endpoint.
-        unsafe {
-            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
-                "fi_ep_bind(av)".to_string()
-            })?;
-            check(
-                fi::fi_ep_bind(raw, cq.fid(), (fi::FI_TRANSMIT | fi::FI_RECV) as u64) as i64,
-                || "fi_ep_bind(cq)".to_string(),
-            )?;
-            if let Some(c) = cntr {
-                let flags = (fi::FI_SEND | fi::FI_READ | fi::FI_WRITE) as u64;
-                check(fi::fi_ep_bind(raw, c.fid(), flags) as i64, || {
-                    "fi_ep_bind(cntr)".to_string()
-                })?;
-            }
-            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
-        }
-        Ok(ep)
+        Self::open_bound(domain, av, cq, None, cntr)
     }
 
     /// Opens an endpoint with separate transmit and receive CQs (no counter), binds them and the AV,
@@ -83,6 +47,19 @@ impl Endpoint {
         av: &Arc<AddressVector>,
         tx_cq: &Arc<CompletionQueue>,
         rx_cq: &Arc<CompletionQueue>,
+    ) -> Result<Endpoint> {
+        Self::open_bound(domain, av, tx_cq, Some(rx_cq), None)
+    }
+
+    /// Opens an endpoint and binds, in this order, the AV, the CQs (`cq` for both directions, or
+    /// `cq` for transmit and `rx_cq` for receive) and the counter, then enables it. A failure
+    /// closes the endpoint (on drop).
+    fn open_bound(
+        domain: &Arc<Domain>,
+        av: &Arc<AddressVector>,
+        cq: &Arc<CompletionQueue>,
+        rx_cq: Option<&Arc<CompletionQueue>>,
+        cntr: Option<&Arc<Counter>>,
     ) -> Result<Endpoint> {
         let mut raw = ptr::null_mut();
         // SAFETY: valid domain and info.
@@ -98,27 +75,35 @@ impl Endpoint {
         let ep = Endpoint {
             raw,
             av: av.clone(),
-            cq: tx_cq.clone(),
-            rx_cq: Some(rx_cq.clone()),
-            cntr: None,
+            cq: cq.clone(),
+            rx_cq: rx_cq.cloned(),
+            cntr: cntr.cloned(),
             domain: domain.clone(),
         };
-        // SAFETY: binding open objects of the same domain to the new endpoint.
-        unsafe {
-            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
-                "fi_ep_bind(av)".to_string()
-            })?;
-            check(
-                fi::fi_ep_bind(raw, tx_cq.fid(), fi::FI_TRANSMIT as u64) as i64,
-                || "fi_ep_bind(transmit cq)".to_string(),
-            )?;
-            check(
-                fi::fi_ep_bind(raw, rx_cq.fid(), fi::FI_RECV as u64) as i64,
-                || "fi_ep_bind(receive cq)".to_string(),
-            )?;
-            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
+        ep.bind(av.fid(), 0, "av")?;
+        match rx_cq {
+            None => ep.bind(cq.fid(), (fi::FI_TRANSMIT | fi::FI_RECV) as u64, "cq")?,
+            Some(rx_cq) => {
+                ep.bind(cq.fid(), fi::FI_TRANSMIT as u64, "transmit cq")?;
+                ep.bind(rx_cq.fid(), fi::FI_RECV as u64, "receive cq")?;
+            }
         }
+        if let Some(c) = cntr {
+            let flags = (fi::FI_SEND | fi::FI_READ | fi::FI_WRITE) as u64;
+            ep.bind(c.fid(), flags, "cntr")?;
+        }
+        // SAFETY: open endpoint with its objects bound.
+        check(unsafe { fi::fi_enable(raw) } as i64, || {
+            "fi_enable".to_string()
+        })?;
         Ok(ep)
+    }
+
+    /// `fi_ep_bind` of an open object (`what` names it in the error) of the endpoint's domain.
+    fn bind(&self, fid: *mut fi::fid, flags: u64, what: &str) -> Result<()> {
+        // SAFETY: open endpoint; `fid` is an open object of the same domain.
+        let ret = unsafe { fi::fi_ep_bind(self.raw, fid, flags) };
+        check(ret as i64, || format!("fi_ep_bind({what})"))
     }
 
     /// Raw endpoint name, to be exchanged with peers and inserted into their AVs.
