@@ -13,6 +13,26 @@ use super::error::{check, Result};
 use super::handle::EndpointHandle;
 use super::types::{AtomicOp, Datatype};
 
+/// Declares `Endpoint` methods that each post one libfabric data-transfer call: the method takes
+/// the call's operands (all but the endpoint), makes the call, and turns a failure into an error
+/// whose message is the format string after `else` (it may name the method's arguments).
+macro_rules! post_calls {
+    ($(
+        $(#[$attr:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?)
+            = $call:ident($($operand:expr),* $(,)?)
+            else $($what:expr),+;
+    )*) => {$(
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(&self, $($arg: $ty),*) -> Result<()> {
+            // SAFETY: the caller upholds this function's contract (see `# Safety`).
+            let ret = unsafe { fi::$call(self.raw, $($operand),*) };
+            check(ret as i64, || format!($($what),+))
+        }
+    )*};
+}
+
 /// An enabled RDM endpoint bound to an AV, a CQ and a counter.
 pub struct Endpoint {
     pub(super) raw: *mut fi::fid_ep,
@@ -163,74 +183,6 @@ impl Endpoint {
         &self.domain
     }
 
-    /// RDMA write of `len` bytes to `(dest, addr, key)`.
-    ///
-    /// # Safety
-    /// `buf` (described by `desc`) and `ctx` must stay valid until the completion is reaped.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write(
-        &self,
-        buf: *const u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_write(
-                self.raw,
-                buf as *const c_void,
-                len,
-                desc,
-                dest,
-                addr,
-                key,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_write({len} bytes to {dest}:{addr:#x})")
-            })
-        }
-    }
-
-    /// RDMA write carrying 64 bits of remote CQ data (the target gets a completion with it).
-    ///
-    /// # Safety
-    /// As for `write`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write_data(
-        &self,
-        buf: *const u8,
-        len: usize,
-        desc: *mut c_void,
-        data: u64,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_writedata(
-                self.raw,
-                buf as *const c_void,
-                len,
-                desc,
-                data,
-                dest,
-                addr,
-                key,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_writedata({len} bytes to {dest}:{addr:#x})")
-            })
-        }
-    }
-
     /// RDMA write with explicit flags (FI_INJECT, FI_FENCE, FI_DELIVERY_COMPLETE, ...).
     ///
     /// # Safety
@@ -265,76 +217,6 @@ impl Endpoint {
         }
     }
 
-    /// RDMA read of `len` bytes from `(dest, addr, key)` into `buf`.
-    ///
-    /// # Safety
-    /// As for `write`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn read(
-        &self,
-        buf: *mut u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_read(
-                self.raw,
-                buf as *mut c_void,
-                len,
-                desc,
-                dest,
-                addr,
-                key,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_read({len} bytes from {dest}:{addr:#x})")
-            })
-        }
-    }
-
-    /// Sends a message.
-    ///
-    /// # Safety
-    /// As for `write`.
-    pub unsafe fn send(
-        &self,
-        buf: *const u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_send(self.raw, buf as *const c_void, len, desc, dest, ctx);
-            check(ret as i64, || format!("fi_send({len} bytes to {dest})"))
-        }
-    }
-
-    /// Posts a receive buffer (from any source).
-    ///
-    /// # Safety
-    /// As for `write`.
-    pub unsafe fn recv(
-        &self,
-        buf: *mut u8,
-        len: usize,
-        desc: *mut c_void,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_recv(self.raw, buf as *mut c_void, len, desc, u64::MAX, ctx);
-            check(ret as i64, || format!("fi_recv({len} bytes)"))
-        }
-    }
-
     /// Whether the provider supports `op` on `datatype` (non-fetching, fetching, compare forms).
     pub fn atomic_valid(&self, datatype: Datatype, op: AtomicOp) -> (bool, bool, bool) {
         let (datatype, op) = (fi::fi_datatype::from(datatype), fi::fi_op::from(op));
@@ -348,127 +230,94 @@ impl Endpoint {
             (a, f, c)
         }
     }
+}
 
-    /// Non-fetching atomic on one element.
-    ///
-    /// # Safety
-    /// As for `write` (`buf` holds the operand).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn atomic(
-        &self,
-        buf: *const u8,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        dt: Datatype,
-        op: AtomicOp,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_atomic(
-                self.raw,
-                buf as *const c_void,
-                1,
-                desc,
-                dest,
-                addr,
-                key,
-                dt,
-                op,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_atomic(op {op}, dt {dt}, {dest}:{addr:#x})")
-            })
-        }
-    }
+impl Endpoint {
+    post_calls! {
+        /// RDMA write of `len` bytes to `(dest, addr, key)`.
+        ///
+        /// # Safety
+        /// `buf` (described by `desc`) and `ctx` must stay valid until the completion is reaped.
+        fn write(
+            buf: *const u8, len: usize, desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, ctx: *mut c_void,
+        ) = fi_write(buf.cast(), len, desc, dest, addr, key, ctx)
+            else "fi_write({len} bytes to {dest}:{addr:#x})";
 
-    /// Fetching atomic on one element; the old value lands in `result`.
-    ///
-    /// # Safety
-    /// As for `write` (`buf` holds the operand, `result` receives the old value).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn fetch_atomic(
-        &self,
-        buf: *const u8,
-        desc: *mut c_void,
-        result: *mut u8,
-        result_desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        dt: Datatype,
-        op: AtomicOp,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_fetch_atomic(
-                self.raw,
-                buf as *const c_void,
-                1,
-                desc,
-                result as *mut c_void,
-                result_desc,
-                dest,
-                addr,
-                key,
-                dt,
-                op,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_fetch_atomic(op {op}, dt {dt}, {dest}:{addr:#x})")
-            })
-        }
-    }
+        /// RDMA write carrying 64 bits of remote CQ data (the target gets a completion with it).
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn write_data(
+            buf: *const u8, len: usize, desc: *mut c_void, data: u64,
+            dest: FiAddr, addr: u64, key: u64, ctx: *mut c_void,
+        ) = fi_writedata(buf.cast(), len, desc, data, dest, addr, key, ctx)
+            else "fi_writedata({len} bytes to {dest}:{addr:#x})";
 
-    /// Compare-and-swap on one element; the old value lands in `result`.
-    ///
-    /// # Safety
-    /// As for `fetch_atomic`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn compare_atomic(
-        &self,
-        buf: *const u8,
-        desc: *mut c_void,
-        compare: *const u8,
-        compare_desc: *mut c_void,
-        result: *mut u8,
-        result_desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        dt: Datatype,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        let dt = fi::fi_datatype::from(dt);
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_compare_atomic(
-                self.raw,
-                buf as *const c_void,
-                1,
-                desc,
-                compare as *const c_void,
-                compare_desc,
-                result as *mut c_void,
-                result_desc,
-                dest,
-                addr,
-                key,
-                dt,
-                fi::fi_op_FI_CSWAP,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_compare_atomic(dt {dt}, {dest}:{addr:#x})")
-            })
-        }
+        /// RDMA read of `len` bytes from `(dest, addr, key)` into `buf`.
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn read(
+            buf: *mut u8, len: usize, desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, ctx: *mut c_void,
+        ) = fi_read(buf.cast(), len, desc, dest, addr, key, ctx)
+            else "fi_read({len} bytes from {dest}:{addr:#x})";
+
+        /// Sends a message.
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn send(buf: *const u8, len: usize, desc: *mut c_void, dest: FiAddr, ctx: *mut c_void)
+            = fi_send(buf.cast(), len, desc, dest, ctx)
+            else "fi_send({len} bytes to {dest})";
+
+        /// Posts a receive buffer (from any source).
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn recv(buf: *mut u8, len: usize, desc: *mut c_void, ctx: *mut c_void)
+            = fi_recv(buf.cast(), len, desc, u64::MAX, ctx)
+            else "fi_recv({len} bytes)";
+
+        /// Non-fetching atomic on one element.
+        ///
+        /// # Safety
+        /// As for `write` (`buf` holds the operand).
+        fn atomic(
+            buf: *const u8, desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, dt: Datatype, op: AtomicOp, ctx: *mut c_void,
+        ) = fi_atomic(buf.cast(), 1, desc, dest, addr, key, dt.into(), op.into(), ctx)
+            else "fi_atomic(op {}, dt {}, {dest}:{addr:#x})",
+                fi::fi_op::from(op), fi::fi_datatype::from(dt);
+
+        /// Fetching atomic on one element; the old value lands in `result`.
+        ///
+        /// # Safety
+        /// As for `write` (`buf` holds the operand, `result` receives the old value).
+        fn fetch_atomic(
+            buf: *const u8, desc: *mut c_void, result: *mut u8, result_desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, dt: Datatype, op: AtomicOp, ctx: *mut c_void,
+        ) = fi_fetch_atomic(
+                buf.cast(), 1, desc, result.cast(), result_desc,
+                dest, addr, key, dt.into(), op.into(), ctx,
+            )
+            else "fi_fetch_atomic(op {}, dt {}, {dest}:{addr:#x})",
+                fi::fi_op::from(op), fi::fi_datatype::from(dt);
+
+        /// Compare-and-swap on one element; the old value lands in `result`.
+        ///
+        /// # Safety
+        /// As for `fetch_atomic`.
+        fn compare_atomic(
+            buf: *const u8, desc: *mut c_void, compare: *const u8, compare_desc: *mut c_void,
+            result: *mut u8, result_desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, dt: Datatype, ctx: *mut c_void,
+        ) = fi_compare_atomic(
+                buf.cast(), 1, desc, compare.cast(), compare_desc, result.cast(), result_desc,
+                dest, addr, key, dt.into(), fi::fi_op_FI_CSWAP, ctx,
+            )
+            else "fi_compare_atomic(dt {}, {dest}:{addr:#x})", fi::fi_datatype::from(dt);
     }
 }
 
