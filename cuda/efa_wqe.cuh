@@ -4,7 +4,7 @@
  *
  * Every function is `__host__ __device__ static inline` under nvcc; compiled as
  * plain C or C++ the qualifiers are defined away, so host programs (and tests) can
- * use the same code. The byte layout matches the Rust side (src/efa/wqe.rs and
+ * use the same code. The byte layout matches the Rust side (src/efa/wqe/ and
  * src/efa/cqe.rs) bit for bit; both follow the EFA device's queue formats:
  *
  *   TX WQE, 64 bytes, little-endian:

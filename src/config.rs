@@ -106,6 +106,26 @@ fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {
     }
 }
 
+/// The value `v` names among `choices` (`(spelling, value)` pairs; case and surrounding blanks are
+/// ignored); otherwise an error that says what was `expected`.
+fn parse_choice<T: Copy>(
+    var: &'static str,
+    v: &str,
+    choices: &[(&str, T)],
+    expected: &'static str,
+) -> Result<T, ConfigError> {
+    let key = v.trim().to_ascii_lowercase();
+    choices
+        .iter()
+        .find(|(name, _)| *name == key)
+        .map(|&(_, value)| value)
+        .ok_or_else(|| ConfigError {
+            var,
+            value: v.into(),
+            expected,
+        })
+}
+
 fn parse_u64(
     var: &'static str,
     v: &str,
@@ -156,33 +176,29 @@ impl Config {
             }
         }
         if let Some(v) = get("NVSHMEM_EFA_GDA") {
-            c.gda = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "" => GdaMode::Auto,
-                "hw" => GdaMode::Hw,
-                "soft" => GdaMode::Soft,
-                "off" | "0" => GdaMode::Off,
-                _ => {
-                    return Err(ConfigError {
-                        var: "NVSHMEM_EFA_GDA",
-                        value: v,
-                        expected: "auto, hw, soft or off",
-                    })
-                }
-            };
+            let modes = [
+                ("auto", GdaMode::Auto),
+                ("", GdaMode::Auto),
+                ("hw", GdaMode::Hw),
+                ("soft", GdaMode::Soft),
+                ("off", GdaMode::Off),
+                ("0", GdaMode::Off),
+            ];
+            c.gda = parse_choice("NVSHMEM_EFA_GDA", &v, &modes, "auto, hw, soft or off")?;
         }
         if let Some(v) = get("NVSHMEM_EFA_ATOMICS") {
-            c.atomics = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "" => AtomicsPath::Auto,
-                "provider" => AtomicsPath::Provider,
-                "target" => AtomicsPath::Target,
-                _ => {
-                    return Err(ConfigError {
-                        var: "NVSHMEM_EFA_ATOMICS",
-                        value: v,
-                        expected: "auto, provider or target",
-                    })
-                }
-            };
+            let paths = [
+                ("auto", AtomicsPath::Auto),
+                ("", AtomicsPath::Auto),
+                ("provider", AtomicsPath::Provider),
+                ("target", AtomicsPath::Target),
+            ];
+            c.atomics = parse_choice(
+                "NVSHMEM_EFA_ATOMICS",
+                &v,
+                &paths,
+                "auto, provider or target",
+            )?;
         }
         if let Some(v) = get("NVSHMEM_EFA_QUIET_TIMEOUT_MS") {
             let ms = parse_u64(

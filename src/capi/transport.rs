@@ -41,9 +41,40 @@ impl std::ops::Deref for Plugin {
 
 /// Access to the common tail of every layout, and the transport ABI major the layout mirrors.
 trait Layout {
-    /// The transport ABI major (for messages).
+    /// The transport ABI major.
     const MAJOR: c_int;
     fn tail(&mut self) -> &mut TransportTail;
+
+    /// The endpoint an op's last argument selects: ABI 3 passes `is_proxy` (non-zero: the proxy
+    /// endpoint), later ABIs a QP index (above 0: one of the device QPs, which share the proxy
+    /// endpoint; see `connect_qp`).
+    fn endpoint(arg: c_int) -> usize {
+        let proxy = if Self::MAJOR == 3 { arg != 0 } else { arg > 0 };
+        if proxy {
+            EP_PROXY
+        } else {
+            EP_HOST
+        }
+    }
+}
+
+/// The AMO verb an `amo` or `put_signal` op receives: `amo_verb_t` up to ABI 5, from ABI 6 on the
+/// 20-byte verb that adds `is_float`.
+trait VerbArg: Copy {
+    /// The integer verb and the float flag.
+    fn split(self) -> (AmoVerb, bool);
+}
+
+impl VerbArg for AmoVerb {
+    fn split(self) -> (AmoVerb, bool) {
+        (self, false)
+    }
+}
+
+impl VerbArg for AmoVerbF {
+    fn split(self) -> (AmoVerb, bool) {
+        AmoVerbF::split(self)
+    }
 }
 macro_rules! layouts {
     ($($t:ty => $m:expr),*) => {$(
@@ -137,22 +168,6 @@ fn with<L: Layout>(name: &str, t: *mut c_void, f: impl FnOnce(&Plugin) -> c_int)
     })
 }
 
-fn ep_of_proxy_flag(is_proxy: c_int) -> usize {
-    if is_proxy != 0 {
-        EP_PROXY
-    } else {
-        EP_HOST
-    }
-}
-
-fn ep_of_qp_index(qp: c_int) -> usize {
-    if qp > 0 {
-        EP_PROXY
-    } else {
-        EP_HOST
-    }
-}
-
 /// NVSHMEM's transport entry point. Serves transport ABI majors 3 to 7 (`abi::SERVED_MAJORS`) from one
 /// binary. (Not in the public header: NVSHMEM declares it with its own types.)
 ///
@@ -235,89 +250,69 @@ fn alloc<L: Layout>(version: c_int, state: *mut c_void, fill: impl FnOnce(&mut L
     Box::into_raw(t) as *mut c_void
 }
 
+/// The host-ops table `$ops` of layout `$l`: the ops whose thunk is the same in every ABI, plus the
+/// entries given (those whose C signature differs by ABI, and those only some ABIs have).
+macro_rules! host_ops {
+    ($ops:ident<$l:ty> { $($field:ident: $thunk:expr),* $(,)? }) => {
+        $ops {
+            can_reach_peer: Some(can_reach_peer::<$l>),
+            get_mem_handle: Some(get_mem_handle::<$l>),
+            release_mem_handle: Some(release_mem_handle::<$l>),
+            finalize: Some(finalize::<$l>),
+            show_info: Some(show_info::<$l>),
+            progress: Some(progress::<$l>),
+            rma: Some(rma::<$l>),
+            quiet: Some(quiet::<$l>),
+            enforce_cst: Some(enforce_cst::<$l>),
+            enforce_cst_at_target: Some(enforce_cst::<$l>),
+            add_device_remote_mem_handles: Some(add_remote_handles::<$l>),
+            $($field: Some($thunk)),*
+        }
+    };
+}
+
+/// ABI 3: `connect_endpoints` without QP outputs, `fence` without `is_multi`, no `put_signal`.
 fn ops_v3() -> HostOpsV3 {
     type L = TransportV3;
-    HostOpsV3 {
-        can_reach_peer: Some(can_reach_peer::<L>),
-        connect_endpoints: Some(connect_v3),
-        get_mem_handle: Some(get_mem_handle::<L>),
-        release_mem_handle: Some(release_mem_handle::<L>),
-        finalize: Some(finalize::<L>),
-        show_info: Some(show_info::<L>),
-        progress: Some(progress::<L>),
-        rma: Some(rma_v3),
-        amo: Some(amo_v3),
-        fence: Some(fence_v3),
-        quiet: Some(quiet_v3),
-        enforce_cst: Some(enforce_cst::<L>),
-        enforce_cst_at_target: Some(enforce_cst::<L>),
-        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
-    }
+    host_ops!(HostOpsV3<L> {
+        connect_endpoints: connect_v3,
+        amo: amo::<L, AmoVerb>,
+        fence: fence_v3::<L>,
+    })
 }
 
 /// The v4 table (also v5's, whose layout is v4's).
 fn ops_v4<L: Layout>() -> HostOpsV4 {
-    HostOpsV4 {
-        can_reach_peer: Some(can_reach_peer::<L>),
-        connect_endpoints: Some(connect_qp::<L>),
-        get_mem_handle: Some(get_mem_handle::<L>),
-        release_mem_handle: Some(release_mem_handle::<L>),
-        finalize: Some(finalize::<L>),
-        show_info: Some(show_info::<L>),
-        progress: Some(progress::<L>),
-        rma: Some(rma_qp::<L>),
-        amo: Some(amo_qp::<L>),
-        fence: Some(fence_qp::<L>),
-        quiet: Some(quiet_qp::<L>),
-        put_signal: Some(put_signal_qp::<L>),
-        enforce_cst: Some(enforce_cst::<L>),
-        enforce_cst_at_target: Some(enforce_cst::<L>),
-        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
-    }
+    host_ops!(HostOpsV4<L> {
+        connect_endpoints: connect_qp::<L>,
+        amo: amo::<L, AmoVerb>,
+        fence: fence_qp::<L>,
+        put_signal: put_signal::<L, AmoVerb>,
+    })
 }
 
+/// ABI 6: v4's table with the 20-byte AMO verb.
 fn ops_v6() -> HostOpsV6 {
     type L = TransportV6;
-    HostOpsV6 {
-        can_reach_peer: Some(can_reach_peer::<L>),
-        connect_endpoints: Some(connect_qp::<L>),
-        get_mem_handle: Some(get_mem_handle::<L>),
-        release_mem_handle: Some(release_mem_handle::<L>),
-        finalize: Some(finalize::<L>),
-        show_info: Some(show_info::<L>),
-        progress: Some(progress::<L>),
-        rma: Some(rma_qp::<L>),
-        amo: Some(amo_f::<L>),
-        fence: Some(fence_qp::<L>),
-        quiet: Some(quiet_qp::<L>),
-        put_signal: Some(put_signal_f::<L>),
-        enforce_cst: Some(enforce_cst::<L>),
-        enforce_cst_at_target: Some(enforce_cst::<L>),
-        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
-    }
+    host_ops!(HostOpsV6<L> {
+        connect_endpoints: connect_qp::<L>,
+        amo: amo::<L, AmoVerbF>,
+        fence: fence_qp::<L>,
+        put_signal: put_signal::<L, AmoVerbF>,
+    })
 }
 
+/// ABI 7: v6's table plus `rma_with_hints` and `region_flush`.
 fn ops_v7() -> HostOpsV7 {
     type L = TransportV7;
-    HostOpsV7 {
-        can_reach_peer: Some(can_reach_peer::<L>),
-        connect_endpoints: Some(connect_qp::<L>),
-        get_mem_handle: Some(get_mem_handle::<L>),
-        release_mem_handle: Some(release_mem_handle::<L>),
-        finalize: Some(finalize::<L>),
-        show_info: Some(show_info::<L>),
-        progress: Some(progress::<L>),
-        rma: Some(rma_qp::<L>),
-        amo: Some(amo_f::<L>),
-        fence: Some(fence_qp::<L>),
-        quiet: Some(quiet_qp::<L>),
-        put_signal: Some(put_signal_f::<L>),
-        enforce_cst: Some(enforce_cst::<L>),
-        enforce_cst_at_target: Some(enforce_cst::<L>),
-        add_device_remote_mem_handles: Some(add_remote_handles::<L>),
-        rma_with_hints: Some(rma_with_hints::<L>),
-        region_flush: Some(region_flush::<L>),
-    }
+    host_ops!(HostOpsV7<L> {
+        connect_endpoints: connect_qp::<L>,
+        amo: amo::<L, AmoVerbF>,
+        fence: fence_qp::<L>,
+        put_signal: put_signal::<L, AmoVerbF>,
+        rma_with_hints: rma_with_hints::<L>,
+        region_flush: region_flush::<L>,
+    })
 }
 
 fn fill_tail(tail: &mut TransportTail, state: *mut c_void) {
@@ -593,54 +588,33 @@ unsafe extern "C" fn add_remote_handles<L: Layout>(
     })
 }
 
-fn rma_common<L: Layout>(
+unsafe extern "C" fn rma<L: Layout>(
     t: *mut c_void,
     pe: c_int,
     verb: RmaVerb,
     r: *mut RmaMemdesc,
     l: *mut RmaMemdesc,
     b: RmaBytesdesc,
-    ep: usize,
+    ep: c_int,
 ) -> c_int {
     // SAFETY: NVSHMEM's descriptors, valid for the call; buffers live until quiet.
     with::<L>("rma", t, |tr| {
-        code(unsafe { tr.rma(pe, verb, r, l, b, ep) })
+        code(unsafe { tr.rma(pe, verb, r, l, b, L::endpoint(ep)) })
     })
 }
 
-unsafe extern "C" fn rma_v3(
+/// `amo`; from ABI 6 on the verb carries `is_float`.
+unsafe extern "C" fn amo<L: Layout, V: VerbArg>(
     t: *mut c_void,
     pe: c_int,
-    verb: RmaVerb,
-    r: *mut RmaMemdesc,
-    l: *mut RmaMemdesc,
-    b: RmaBytesdesc,
-    is_proxy: c_int,
-) -> c_int {
-    rma_common::<TransportV3>(t, pe, verb, r, l, b, ep_of_proxy_flag(is_proxy))
-}
-
-unsafe extern "C" fn rma_qp<L: Layout>(
-    t: *mut c_void,
-    pe: c_int,
-    verb: RmaVerb,
-    r: *mut RmaMemdesc,
-    l: *mut RmaMemdesc,
-    b: RmaBytesdesc,
-    qp: c_int,
-) -> c_int {
-    rma_common::<L>(t, pe, verb, r, l, b, ep_of_qp_index(qp))
-}
-
-fn amo_common<L: Layout>(
-    t: *mut c_void,
-    pe: c_int,
-    verb: AmoVerb,
-    is_float: bool,
+    _cur: *mut c_void,
+    verb: V,
     m: *mut AmoMemdesc,
     b: AmoBytesdesc,
-    ep: usize,
+    ep: c_int,
 ) -> c_int {
+    let (verb, is_float) = verb.split();
+    let ep = L::endpoint(ep);
     // SAFETY: NVSHMEM's descriptor, valid for the call; retptr lives until quiet.
     with::<L>("amo", t, |tr| {
         code(unsafe {
@@ -651,44 +625,6 @@ fn amo_common<L: Layout>(
             }
         })
     })
-}
-
-/// `amo` from ABI 6 on: the verb carries `is_float`.
-unsafe extern "C" fn amo_f<L: Layout>(
-    t: *mut c_void,
-    pe: c_int,
-    _cur: *mut c_void,
-    verb: AmoVerbF,
-    m: *mut AmoMemdesc,
-    b: AmoBytesdesc,
-    qp: c_int,
-) -> c_int {
-    let (v, is_float) = verb.split();
-    amo_common::<L>(t, pe, v, is_float, m, b, ep_of_qp_index(qp))
-}
-
-unsafe extern "C" fn amo_v3(
-    t: *mut c_void,
-    pe: c_int,
-    _cur: *mut c_void,
-    verb: AmoVerb,
-    m: *mut AmoMemdesc,
-    b: AmoBytesdesc,
-    is_proxy: c_int,
-) -> c_int {
-    amo_common::<TransportV3>(t, pe, verb, false, m, b, ep_of_proxy_flag(is_proxy))
-}
-
-unsafe extern "C" fn amo_qp<L: Layout>(
-    t: *mut c_void,
-    pe: c_int,
-    _cur: *mut c_void,
-    verb: AmoVerb,
-    m: *mut AmoMemdesc,
-    b: AmoBytesdesc,
-    qp: c_int,
-) -> c_int {
-    amo_common::<L>(t, pe, verb, false, m, b, ep_of_qp_index(qp))
 }
 
 fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> c_int {
@@ -706,12 +642,8 @@ fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> 
     })
 }
 
-unsafe extern "C" fn fence_v3(t: *mut c_void, pe: c_int, is_proxy: c_int) -> c_int {
-    quiet_common::<TransportV3>("fence", t, pe, ep_of_proxy_flag(is_proxy))
-}
-
-unsafe extern "C" fn quiet_v3(t: *mut c_void, pe: c_int, is_proxy: c_int) -> c_int {
-    quiet_common::<TransportV3>("quiet", t, pe, ep_of_proxy_flag(is_proxy))
+unsafe extern "C" fn fence_v3<L: Layout>(t: *mut c_void, pe: c_int, is_proxy: c_int) -> c_int {
+    quiet_common::<L>("fence", t, pe, L::endpoint(is_proxy))
 }
 
 unsafe extern "C" fn fence_qp<L: Layout>(
@@ -720,68 +652,35 @@ unsafe extern "C" fn fence_qp<L: Layout>(
     qp: c_int,
     _is_multi: c_int,
 ) -> c_int {
-    quiet_common::<L>("fence", t, pe, ep_of_qp_index(qp))
+    quiet_common::<L>("fence", t, pe, L::endpoint(qp))
 }
 
-unsafe extern "C" fn quiet_qp<L: Layout>(t: *mut c_void, pe: c_int, qp: c_int) -> c_int {
-    quiet_common::<L>("quiet", t, pe, ep_of_qp_index(qp))
+unsafe extern "C" fn quiet<L: Layout>(t: *mut c_void, pe: c_int, ep: c_int) -> c_int {
+    quiet_common::<L>("quiet", t, pe, L::endpoint(ep))
 }
 
+/// `put_signal` (ABI 4 on). A signal is a `uint64_t` word: a float flag on its verb (ABI 6 on) is
+/// refused.
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn put_signal_qp<L: Layout>(
+unsafe extern "C" fn put_signal<L: Layout, V: VerbArg>(
     t: *mut c_void,
     pe: c_int,
     verb: RmaVerb,
     remote: *mut CxxVector<RmaMemdesc>,
     local: *mut CxxVector<RmaMemdesc>,
     bytes: *mut CxxVector<RmaBytesdesc>,
-    sig_verb: AmoVerb,
+    sig_verb: V,
     sig: *mut AmoMemdesc,
     sig_bytes: AmoBytesdesc,
     qp: c_int,
 ) -> c_int {
-    put_signal_common::<L>(
-        t, pe, verb, remote, local, bytes, sig_verb, sig, sig_bytes, qp,
-    )
-}
-
-/// `put_signal` from ABI 6 on. A signal is a `uint64_t` word: a float flag on it is refused.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn put_signal_f<L: Layout>(
-    t: *mut c_void,
-    pe: c_int,
-    verb: RmaVerb,
-    remote: *mut CxxVector<RmaMemdesc>,
-    local: *mut CxxVector<RmaMemdesc>,
-    bytes: *mut CxxVector<RmaBytesdesc>,
-    sig_verb: AmoVerbF,
-    sig: *mut AmoMemdesc,
-    sig_bytes: AmoBytesdesc,
-    qp: c_int,
-) -> c_int {
-    let (v, is_float) = sig_verb.split();
+    let (sig_verb, is_float) = sig_verb.split();
     if is_float {
         tracing::error!(
             "put_signal: the signal verb is flagged floating-point (signals are uint64_t)"
         );
         return INVALID;
     }
-    put_signal_common::<L>(t, pe, verb, remote, local, bytes, v, sig, sig_bytes, qp)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn put_signal_common<L: Layout>(
-    t: *mut c_void,
-    pe: c_int,
-    verb: RmaVerb,
-    remote: *mut CxxVector<RmaMemdesc>,
-    local: *mut CxxVector<RmaMemdesc>,
-    bytes: *mut CxxVector<RmaBytesdesc>,
-    sig_verb: AmoVerb,
-    sig: *mut AmoMemdesc,
-    sig_bytes: AmoBytesdesc,
-    qp: c_int,
-) -> c_int {
     with::<L>("put_signal", t, |tr| {
         if remote.is_null() || local.is_null() || bytes.is_null() || sig.is_null() {
             tracing::error!("put_signal: null argument");
@@ -810,7 +709,7 @@ fn put_signal_common<L: Layout>(
                 sig_verb,
                 sig,
                 sig_bytes.elembytes,
-                ep_of_qp_index(qp),
+                L::endpoint(qp),
             )
         })
     })
@@ -832,7 +731,7 @@ unsafe extern "C" fn rma_with_hints<L: Layout>(
     let more = !attrs.is_null() && unsafe { (*attrs).flags } & op_flag::MORE_FOLLOWS != 0;
     with::<L>("rma_with_hints", t, |tr| {
         // SAFETY: NVSHMEM's descriptors, valid for the call; buffers live until quiet.
-        code(unsafe { tr.rma_batched(&tr.batch, pe, verb, r, l, b, ep_of_qp_index(qp), more) })
+        code(unsafe { tr.rma_batched(&tr.batch, pe, verb, r, l, b, L::endpoint(qp), more) })
     })
 }
 

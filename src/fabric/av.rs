@@ -25,10 +25,7 @@ impl AddressVector {
         let mut attr: fi::fi_av_attr = unsafe { std::mem::zeroed() };
         attr.type_ = fi::fi_av_type_FI_AV_TABLE;
         attr.count = count;
-        let mut raw = ptr::null_mut();
-        // SAFETY: valid domain.
-        let ret = unsafe { fi::fi_av_open(domain.raw, &mut attr, &mut raw, ptr::null_mut()) };
-        check(ret as i64, || "fi_av_open".to_string())?;
+        let raw = domain.open_object(fi::fi_av_open, &mut attr, "fi_av_open")?;
         Ok(Arc::new(AddressVector {
             raw,
             _domain: domain.clone(),

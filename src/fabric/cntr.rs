@@ -1,11 +1,10 @@
 //! Completion counters.
-use std::ptr;
 use std::sync::Arc;
 
 use ofi_libfabric_sys::bindgen as fi;
 
 use super::domain::{close_fid, Domain};
-use super::error::{check, Result};
+use super::error::Result;
 
 /// A completion counter.
 pub struct Counter {
@@ -24,10 +23,7 @@ impl Counter {
         let mut attr: fi::fi_cntr_attr = unsafe { std::mem::zeroed() };
         attr.events = fi::fi_cntr_events_FI_CNTR_EVENTS_COMP;
         attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
-        let mut raw = ptr::null_mut();
-        // SAFETY: valid domain.
-        let ret = unsafe { fi::fi_cntr_open(domain.raw, &mut attr, &mut raw, ptr::null_mut()) };
-        check(ret as i64, || "fi_cntr_open".to_string())?;
+        let raw = domain.open_object(fi::fi_cntr_open, &mut attr, "fi_cntr_open")?;
         Ok(Arc::new(Counter {
             raw,
             _domain: domain.clone(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ofi_libfabric_sys::bindgen as fi;
 
 use super::domain::{close_fid, Domain};
-use super::error::{check, Error, Result};
+use super::error::{Error, Result};
 use super::handle::CqHandle;
 
 /// A completion queue in FI_CQ_FORMAT_DATA.
@@ -41,10 +41,7 @@ impl CompletionQueue {
         attr.size = size;
         attr.format = fi::fi_cq_format_FI_CQ_FORMAT_DATA;
         attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
-        let mut raw = ptr::null_mut();
-        // SAFETY: valid domain.
-        let ret = unsafe { fi::fi_cq_open(domain.raw, &mut attr, &mut raw, ptr::null_mut()) };
-        check(ret as i64, || "fi_cq_open".to_string())?;
+        let raw = domain.open_object(fi::fi_cq_open, &mut attr, "fi_cq_open")?;
         Ok(Arc::new(CompletionQueue {
             raw,
             _domain: domain.clone(),

@@ -74,7 +74,26 @@ unsafe impl Send for Domain {}
 // SAFETY: FI_THREAD_SAFE domain.
 unsafe impl Sync for Domain {}
 
+/// The form of libfabric's `fi_av_open`, `fi_cq_open` and `fi_cntr_open`: domain, attributes of
+/// the object, where to store it, context.
+pub(super) type OpenFn<A, T> =
+    unsafe extern "C" fn(*mut fi::fid_domain, *mut A, *mut *mut T, *mut c_void) -> std::ffi::c_int;
+
 impl Domain {
+    /// Opens an object of this domain with `open` and `attr`; `what` names the call in the error.
+    pub(super) fn open_object<A, T>(
+        &self,
+        open: OpenFn<A, T>,
+        attr: &mut A,
+        what: &str,
+    ) -> Result<*mut T> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: an open domain and attributes of the object `open` creates; writes one handle.
+        let ret = unsafe { open(self.raw, attr, &mut raw, ptr::null_mut()) };
+        check(ret as i64, || what.to_string())?;
+        Ok(raw)
+    }
+
     /// Opens the domain of `fabric`'s info.
     pub fn open(fabric: &Arc<Fabric>) -> Result<Arc<Domain>> {
         let mut raw = ptr::null_mut();

@@ -13,6 +13,26 @@ use super::error::{check, Result};
 use super::handle::EndpointHandle;
 use super::types::{AtomicOp, Datatype};
 
+/// Declares `Endpoint` methods that each post one libfabric data-transfer call: the method takes
+/// the call's operands (all but the endpoint), makes the call, and turns a failure into an error
+/// whose message is the format string after `else` (it may name the method's arguments).
+macro_rules! post_calls {
+    ($(
+        $(#[$attr:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?)
+            = $call:ident($($operand:expr),* $(,)?)
+            else $($what:expr),+;
+    )*) => {$(
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(&self, $($arg: $ty),*) -> Result<()> {
+            // SAFETY: the caller upholds this function's contract (see `# Safety`).
+            let ret = unsafe { fi::$call(self.raw, $($operand),*) };
+            check(ret as i64, || format!($($what),+))
+        }
+    )*};
+}
+
 /// An enabled RDM endpoint bound to an AV, a CQ and a counter.
 pub struct Endpoint {
     pub(super) raw: *mut fi::fid_ep,
@@ -37,43 +57,7 @@ impl Endpoint {
         cq: &Arc<CompletionQueue>,
         cntr: Option<&Arc<Counter>>,
     ) -> Result<Endpoint> {
-        let mut raw = ptr::null_mut();
-        // SAFETY: valid domain and info.
-        let ret = unsafe {
-            fi::fi_endpoint(
-                domain.raw,
-                domain.info().as_ptr(),
-                &mut raw,
-                ptr::null_mut(),
-            )
-        };
-        check(ret as i64, || "fi_endpoint".to_string())?;
-        let ep = Endpoint {
-            raw,
-            av: av.clone(),
-            cq: cq.clone(),
-            rx_cq: None,
-            cntr: cntr.cloned(),
-            domain: domain.clone(),
-        };
-        // SAFETY: binding open objects of the same domain to the new endpoint.
-        unsafe {
-            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
-                "fi_ep_bind(av)".to_string()
-            })?;
-            check(
-                fi::fi_ep_bind(raw, cq.fid(), (fi::FI_TRANSMIT | fi::FI_RECV) as u64) as i64,
-                || "fi_ep_bind(cq)".to_string(),
-            )?;
-            if let Some(c) = cntr {
-                let flags = (fi::FI_SEND | fi::FI_READ | fi::FI_WRITE) as u64;
-                check(fi::fi_ep_bind(raw, c.fid(), flags) as i64, || {
-                    "fi_ep_bind(cntr)".to_string()
-                })?;
-            }
-            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
-        }
-        Ok(ep)
+        Self::open_bound(domain, av, cq, None, cntr)
     }
 
     /// Opens an endpoint with separate transmit and receive CQs (no counter), binds them and the AV,
@@ -83,6 +67,19 @@ impl Endpoint {
         av: &Arc<AddressVector>,
         tx_cq: &Arc<CompletionQueue>,
         rx_cq: &Arc<CompletionQueue>,
+    ) -> Result<Endpoint> {
+        Self::open_bound(domain, av, tx_cq, Some(rx_cq), None)
+    }
+
+    /// Opens an endpoint and binds, in this order, the AV, the CQs (`cq` for both directions, or
+    /// `cq` for transmit and `rx_cq` for receive) and the counter, then enables it. A failure
+    /// closes the endpoint (on drop).
+    fn open_bound(
+        domain: &Arc<Domain>,
+        av: &Arc<AddressVector>,
+        cq: &Arc<CompletionQueue>,
+        rx_cq: Option<&Arc<CompletionQueue>>,
+        cntr: Option<&Arc<Counter>>,
     ) -> Result<Endpoint> {
         let mut raw = ptr::null_mut();
         // SAFETY: valid domain and info.
@@ -98,27 +95,35 @@ impl Endpoint {
         let ep = Endpoint {
             raw,
             av: av.clone(),
-            cq: tx_cq.clone(),
-            rx_cq: Some(rx_cq.clone()),
-            cntr: None,
+            cq: cq.clone(),
+            rx_cq: rx_cq.cloned(),
+            cntr: cntr.cloned(),
             domain: domain.clone(),
         };
-        // SAFETY: binding open objects of the same domain to the new endpoint.
-        unsafe {
-            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
-                "fi_ep_bind(av)".to_string()
-            })?;
-            check(
-                fi::fi_ep_bind(raw, tx_cq.fid(), fi::FI_TRANSMIT as u64) as i64,
-                || "fi_ep_bind(transmit cq)".to_string(),
-            )?;
-            check(
-                fi::fi_ep_bind(raw, rx_cq.fid(), fi::FI_RECV as u64) as i64,
-                || "fi_ep_bind(receive cq)".to_string(),
-            )?;
-            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
+        ep.bind(av.fid(), 0, "av")?;
+        match rx_cq {
+            None => ep.bind(cq.fid(), (fi::FI_TRANSMIT | fi::FI_RECV) as u64, "cq")?,
+            Some(rx_cq) => {
+                ep.bind(cq.fid(), fi::FI_TRANSMIT as u64, "transmit cq")?;
+                ep.bind(rx_cq.fid(), fi::FI_RECV as u64, "receive cq")?;
+            }
         }
+        if let Some(c) = cntr {
+            let flags = (fi::FI_SEND | fi::FI_READ | fi::FI_WRITE) as u64;
+            ep.bind(c.fid(), flags, "cntr")?;
+        }
+        // SAFETY: open endpoint with its objects bound.
+        check(unsafe { fi::fi_enable(raw) } as i64, || {
+            "fi_enable".to_string()
+        })?;
         Ok(ep)
+    }
+
+    /// `fi_ep_bind` of an open object (`what` names it in the error) of the endpoint's domain.
+    fn bind(&self, fid: *mut fi::fid, flags: u64, what: &str) -> Result<()> {
+        // SAFETY: open endpoint; `fid` is an open object of the same domain.
+        let ret = unsafe { fi::fi_ep_bind(self.raw, fid, flags) };
+        check(ret as i64, || format!("fi_ep_bind({what})"))
     }
 
     /// Raw endpoint name, to be exchanged with peers and inserted into their AVs.
@@ -178,74 +183,6 @@ impl Endpoint {
         &self.domain
     }
 
-    /// RDMA write of `len` bytes to `(dest, addr, key)`.
-    ///
-    /// # Safety
-    /// `buf` (described by `desc`) and `ctx` must stay valid until the completion is reaped.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write(
-        &self,
-        buf: *const u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_write(
-                self.raw,
-                buf as *const c_void,
-                len,
-                desc,
-                dest,
-                addr,
-                key,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_write({len} bytes to {dest}:{addr:#x})")
-            })
-        }
-    }
-
-    /// RDMA write carrying 64 bits of remote CQ data (the target gets a completion with it).
-    ///
-    /// # Safety
-    /// As for `write`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write_data(
-        &self,
-        buf: *const u8,
-        len: usize,
-        desc: *mut c_void,
-        data: u64,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_writedata(
-                self.raw,
-                buf as *const c_void,
-                len,
-                desc,
-                data,
-                dest,
-                addr,
-                key,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_writedata({len} bytes to {dest}:{addr:#x})")
-            })
-        }
-    }
-
     /// RDMA write with explicit flags (FI_INJECT, FI_FENCE, FI_DELIVERY_COMPLETE, ...).
     ///
     /// # Safety
@@ -280,76 +217,6 @@ impl Endpoint {
         }
     }
 
-    /// RDMA read of `len` bytes from `(dest, addr, key)` into `buf`.
-    ///
-    /// # Safety
-    /// As for `write`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn read(
-        &self,
-        buf: *mut u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_read(
-                self.raw,
-                buf as *mut c_void,
-                len,
-                desc,
-                dest,
-                addr,
-                key,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_read({len} bytes from {dest}:{addr:#x})")
-            })
-        }
-    }
-
-    /// Sends a message.
-    ///
-    /// # Safety
-    /// As for `write`.
-    pub unsafe fn send(
-        &self,
-        buf: *const u8,
-        len: usize,
-        desc: *mut c_void,
-        dest: FiAddr,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_send(self.raw, buf as *const c_void, len, desc, dest, ctx);
-            check(ret as i64, || format!("fi_send({len} bytes to {dest})"))
-        }
-    }
-
-    /// Posts a receive buffer (from any source).
-    ///
-    /// # Safety
-    /// As for `write`.
-    pub unsafe fn recv(
-        &self,
-        buf: *mut u8,
-        len: usize,
-        desc: *mut c_void,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_recv(self.raw, buf as *mut c_void, len, desc, u64::MAX, ctx);
-            check(ret as i64, || format!("fi_recv({len} bytes)"))
-        }
-    }
-
     /// Whether the provider supports `op` on `datatype` (non-fetching, fetching, compare forms).
     pub fn atomic_valid(&self, datatype: Datatype, op: AtomicOp) -> (bool, bool, bool) {
         let (datatype, op) = (fi::fi_datatype::from(datatype), fi::fi_op::from(op));
@@ -363,127 +230,94 @@ impl Endpoint {
             (a, f, c)
         }
     }
+}
 
-    /// Non-fetching atomic on one element.
-    ///
-    /// # Safety
-    /// As for `write` (`buf` holds the operand).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn atomic(
-        &self,
-        buf: *const u8,
-        desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        dt: Datatype,
-        op: AtomicOp,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_atomic(
-                self.raw,
-                buf as *const c_void,
-                1,
-                desc,
-                dest,
-                addr,
-                key,
-                dt,
-                op,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_atomic(op {op}, dt {dt}, {dest}:{addr:#x})")
-            })
-        }
-    }
+impl Endpoint {
+    post_calls! {
+        /// RDMA write of `len` bytes to `(dest, addr, key)`.
+        ///
+        /// # Safety
+        /// `buf` (described by `desc`) and `ctx` must stay valid until the completion is reaped.
+        fn write(
+            buf: *const u8, len: usize, desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, ctx: *mut c_void,
+        ) = fi_write(buf.cast(), len, desc, dest, addr, key, ctx)
+            else "fi_write({len} bytes to {dest}:{addr:#x})";
 
-    /// Fetching atomic on one element; the old value lands in `result`.
-    ///
-    /// # Safety
-    /// As for `write` (`buf` holds the operand, `result` receives the old value).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn fetch_atomic(
-        &self,
-        buf: *const u8,
-        desc: *mut c_void,
-        result: *mut u8,
-        result_desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        dt: Datatype,
-        op: AtomicOp,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        let (dt, op) = (fi::fi_datatype::from(dt), fi::fi_op::from(op));
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_fetch_atomic(
-                self.raw,
-                buf as *const c_void,
-                1,
-                desc,
-                result as *mut c_void,
-                result_desc,
-                dest,
-                addr,
-                key,
-                dt,
-                op,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_fetch_atomic(op {op}, dt {dt}, {dest}:{addr:#x})")
-            })
-        }
-    }
+        /// RDMA write carrying 64 bits of remote CQ data (the target gets a completion with it).
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn write_data(
+            buf: *const u8, len: usize, desc: *mut c_void, data: u64,
+            dest: FiAddr, addr: u64, key: u64, ctx: *mut c_void,
+        ) = fi_writedata(buf.cast(), len, desc, data, dest, addr, key, ctx)
+            else "fi_writedata({len} bytes to {dest}:{addr:#x})";
 
-    /// Compare-and-swap on one element; the old value lands in `result`.
-    ///
-    /// # Safety
-    /// As for `fetch_atomic`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn compare_atomic(
-        &self,
-        buf: *const u8,
-        desc: *mut c_void,
-        compare: *const u8,
-        compare_desc: *mut c_void,
-        result: *mut u8,
-        result_desc: *mut c_void,
-        dest: FiAddr,
-        addr: u64,
-        key: u64,
-        dt: Datatype,
-        ctx: *mut c_void,
-    ) -> Result<()> {
-        let dt = fi::fi_datatype::from(dt);
-        // SAFETY: the caller upholds this function's contract (see `# Safety`).
-        unsafe {
-            let ret = fi::fi_compare_atomic(
-                self.raw,
-                buf as *const c_void,
-                1,
-                desc,
-                compare as *const c_void,
-                compare_desc,
-                result as *mut c_void,
-                result_desc,
-                dest,
-                addr,
-                key,
-                dt,
-                fi::fi_op_FI_CSWAP,
-                ctx,
-            );
-            check(ret as i64, || {
-                format!("fi_compare_atomic(dt {dt}, {dest}:{addr:#x})")
-            })
-        }
+        /// RDMA read of `len` bytes from `(dest, addr, key)` into `buf`.
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn read(
+            buf: *mut u8, len: usize, desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, ctx: *mut c_void,
+        ) = fi_read(buf.cast(), len, desc, dest, addr, key, ctx)
+            else "fi_read({len} bytes from {dest}:{addr:#x})";
+
+        /// Sends a message.
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn send(buf: *const u8, len: usize, desc: *mut c_void, dest: FiAddr, ctx: *mut c_void)
+            = fi_send(buf.cast(), len, desc, dest, ctx)
+            else "fi_send({len} bytes to {dest})";
+
+        /// Posts a receive buffer (from any source).
+        ///
+        /// # Safety
+        /// As for `write`.
+        fn recv(buf: *mut u8, len: usize, desc: *mut c_void, ctx: *mut c_void)
+            = fi_recv(buf.cast(), len, desc, u64::MAX, ctx)
+            else "fi_recv({len} bytes)";
+
+        /// Non-fetching atomic on one element.
+        ///
+        /// # Safety
+        /// As for `write` (`buf` holds the operand).
+        fn atomic(
+            buf: *const u8, desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, dt: Datatype, op: AtomicOp, ctx: *mut c_void,
+        ) = fi_atomic(buf.cast(), 1, desc, dest, addr, key, dt.into(), op.into(), ctx)
+            else "fi_atomic(op {}, dt {}, {dest}:{addr:#x})",
+                fi::fi_op::from(op), fi::fi_datatype::from(dt);
+
+        /// Fetching atomic on one element; the old value lands in `result`.
+        ///
+        /// # Safety
+        /// As for `write` (`buf` holds the operand, `result` receives the old value).
+        fn fetch_atomic(
+            buf: *const u8, desc: *mut c_void, result: *mut u8, result_desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, dt: Datatype, op: AtomicOp, ctx: *mut c_void,
+        ) = fi_fetch_atomic(
+                buf.cast(), 1, desc, result.cast(), result_desc,
+                dest, addr, key, dt.into(), op.into(), ctx,
+            )
+            else "fi_fetch_atomic(op {}, dt {}, {dest}:{addr:#x})",
+                fi::fi_op::from(op), fi::fi_datatype::from(dt);
+
+        /// Compare-and-swap on one element; the old value lands in `result`.
+        ///
+        /// # Safety
+        /// As for `fetch_atomic`.
+        fn compare_atomic(
+            buf: *const u8, desc: *mut c_void, compare: *const u8, compare_desc: *mut c_void,
+            result: *mut u8, result_desc: *mut c_void,
+            dest: FiAddr, addr: u64, key: u64, dt: Datatype, ctx: *mut c_void,
+        ) = fi_compare_atomic(
+                buf.cast(), 1, desc, compare.cast(), compare_desc, result.cast(), result_desc,
+                dest, addr, key, dt.into(), fi::fi_op_FI_CSWAP, ctx,
+            )
+            else "fi_compare_atomic(dt {}, {dest}:{addr:#x})", fi::fi_datatype::from(dt);
     }
 }
 

@@ -208,53 +208,39 @@ pub type RmaFn = unsafe extern "C" fn(
     RmaBytesdesc,
     c_int,
 ) -> c_int;
-pub type AmoFn = unsafe extern "C" fn(
+/// `amo` with verb type `V`: [`AmoFn`] up to ABI 5, [`AmoFFn`] from ABI 6 on.
+pub type AmoFnOf<V> = unsafe extern "C" fn(
     TransportPtr,
     c_int,
     *mut c_void,
-    AmoVerb,
+    V,
     *mut AmoMemdesc,
     AmoBytesdesc,
     c_int,
 ) -> c_int;
+pub type AmoFn = AmoFnOf<AmoVerb>;
+/// `amo` from ABI 6 on (20-byte verb).
+pub type AmoFFn = AmoFnOf<AmoVerbF>;
 pub type FenceV3Fn = unsafe extern "C" fn(TransportPtr, c_int, c_int) -> c_int;
 pub type FenceV4Fn = unsafe extern "C" fn(TransportPtr, c_int, c_int, c_int) -> c_int;
 pub type QuietFn = unsafe extern "C" fn(TransportPtr, c_int, c_int) -> c_int;
-pub type PutSignalFn = unsafe extern "C" fn(
+/// `put_signal` with signal-verb type `V`: [`PutSignalFn`] for ABI 4 and 5, [`PutSignalFFn`] from
+/// ABI 6 on.
+pub type PutSignalFnOf<V> = unsafe extern "C" fn(
     TransportPtr,
     c_int,
     RmaVerb,
     *mut CxxVector<RmaMemdesc>,
     *mut CxxVector<RmaMemdesc>,
     *mut CxxVector<RmaBytesdesc>,
-    AmoVerb,
+    V,
     *mut AmoMemdesc,
     AmoBytesdesc,
     c_int,
 ) -> c_int;
-/// `amo` from ABI 6 on (20-byte verb).
-pub type AmoFFn = unsafe extern "C" fn(
-    TransportPtr,
-    c_int,
-    *mut c_void,
-    AmoVerbF,
-    *mut AmoMemdesc,
-    AmoBytesdesc,
-    c_int,
-) -> c_int;
+pub type PutSignalFn = PutSignalFnOf<AmoVerb>;
 /// `put_signal` from ABI 6 on (20-byte signal verb).
-pub type PutSignalFFn = unsafe extern "C" fn(
-    TransportPtr,
-    c_int,
-    RmaVerb,
-    *mut CxxVector<RmaMemdesc>,
-    *mut CxxVector<RmaMemdesc>,
-    *mut CxxVector<RmaBytesdesc>,
-    AmoVerbF,
-    *mut AmoMemdesc,
-    AmoBytesdesc,
-    c_int,
-) -> c_int;
+pub type PutSignalFFn = PutSignalFnOf<AmoVerbF>;
 pub type AddRemoteHandlesFn =
     unsafe extern "C" fn(TransportPtr, c_int, *mut MemHandle, u64, usize) -> c_int;
 
