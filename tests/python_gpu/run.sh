@@ -79,7 +79,7 @@ nfail=0
 say() { echo "[python_gpu] $*" | tee -a "$summary"; }
 die() { say "error: $1"; say "$npass passed, $((nfail + 1)) failed"; exit 2; }
 result() { # result NAME OK DETAIL
-    if [ "$2" = 0 ]; then npass=$((npass + 1)); say "PASS $1${3:+ ($3)}"
+    if [ "${2:-0}" = 0 ]; then npass=$((npass + 1)); say "PASS $1${3:+ ($3)}"
     else nfail=$((nfail + 1)); say "FAIL $1${3:+ ($3)}"; fi
 }
 
