@@ -200,6 +200,13 @@ rc=$?
 say "nvshmem-efa-gda info: exit status $rc (log $log/info.txt)"
 grep -E 'served|found via|libfabric|GDA|driver' "$log/info.txt" | head -n 12 | sed 's/^/    /' | tee -a "$summary"
 result "nvshmem-efa-gda info exits 0" $rc
+(cd /tmp && "${run_env[@]}" timeout 60 "$VPY" -c 'import nvshmem, nvshmem.core as nv
+v = nv.get_version()
+print(f"nvshmem4py {nvshmem.__version__} opens NVSHMEM {v.libnvshmem_version}")') >"$log/nvshmem4py-import.txt" 2>&1
+rc=$?
+tail -n 3 "$log/nvshmem4py-import.txt" | sed 's/^/    /' | tee -a "$summary"
+[ $rc = 0 ] && grep -q "opens NVSHMEM $nv_version" "$log/nvshmem4py-import.txt"
+result "nvshmem4py imports and opens the torch venv's NVSHMEM $nv_version" $?
 
 # ---------------------------------------------------------------- placement
 # shellcheck source=../gpu/mps.sh
