@@ -77,7 +77,7 @@ for shim in "$lib"/nvshmem_transport_libfabric.so.*; do
 done
 [ "$ran" -gt 0 ] || { echo "no served ABI could be driven by the harness"; exit 1; }
 echo "  ABI 3, shm, 2 processes, bare plugin name under the exports of 'nvshmem-efa-gda env'"
-exports=$(cd /tmp && env -u NVSHMEM_HOME -u NVSHMEM_REMOTE_TRANSPORT -u CUDA_MODULE_LOADING \
+exports=$(cd /tmp && env -u NVSHMEM_HOME -u NVSHMEM_REMOTE_TRANSPORT -u CUDA_MODULE_LOADING -u CUDA_DEVICE_MAX_CONNECTIONS \
           "$work/venv/bin/nvshmem-efa-gda" env)
 echo "$exports" | sed 's/^/    /'
 (

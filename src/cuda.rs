@@ -587,45 +587,105 @@ impl Drop for HostRegistration {
 /// copies GPU memory with the driver: the copy waits for the lock, the loader for the kernel, the
 /// kernel for the copy. Eager loading (`CUDA_MODULE_LOADING=EAGER`) loads every module when the
 /// context is created and removes the cycle.
+///
+/// The same hook also sets `CUDA_DEVICE_MAX_CONNECTIONS=32` when it is unset. The driver maps every
+/// stream of a process (of every client, under CUDA MPS) onto a few hardware work queues, 8 by
+/// default; streams that share a queue run in order. This library's copies between GPU memory and
+/// its staging buffers run on its own non-blocking stream, but when that stream shares a queue with
+/// the application's stream whose kernel waits for the very data the copy delivers (a DeepEP
+/// dispatch kernel spinning on a counter), the copy waits behind the kernel forever. Seen on the GPU
+/// node: DeepEP's low-latency test, 2 ranks under MPS on one GPU, the receiving software queue's
+/// consumer stuck in `cuStreamSynchronize` of its first staged write; with 32 queues it drained.
+/// `NVSHMEM_EFA_CUDA_MAX_CONNECTIONS=keep` leaves the variable alone.
 pub mod module_loading {
     use std::sync::atomic::{AtomicU8, Ordering};
 
     /// What the load-time hook did: 0 not run, 1 set EAGER, 2 the variable was already set,
     /// 3 CUDA was already loaded (too late to choose), 4 disabled by `NVSHMEM_EFA_CUDA_MODULE_LOADING`.
     static AT_LOAD: AtomicU8 = AtomicU8::new(0);
+    /// What the hook did to `CUDA_DEVICE_MAX_CONNECTIONS` (same codes).
+    static CONN_AT_LOAD: AtomicU8 = AtomicU8::new(0);
+
+    /// Work queues asked for when `CUDA_DEVICE_MAX_CONNECTIONS` is unset (the driver's maximum).
+    pub const MAX_CONNECTIONS: &str = "32";
+
+    /// Whether the variable `name` is set to `keep` (any case).
+    ///
+    /// # Safety
+    /// `name` is NUL-terminated; getenv is not raced by setenv (the loader is single-threaded).
+    unsafe fn keep(name: &std::ffi::CStr) -> bool {
+        // SAFETY: forwarded contract.
+        let v = unsafe { libc::getenv(name.as_ptr()) };
+        // SAFETY: getenv returns NUL-terminated text or NULL.
+        !v.is_null()
+            && unsafe { std::ffi::CStr::from_ptr(v) }
+                .to_bytes()
+                .eq_ignore_ascii_case(b"keep")
+    }
+
+    /// Sets `var` to `value` unless `opt_out` says `keep` or `var` is set; `cuda_loaded`: too late.
+    ///
+    /// # Safety
+    /// As [`keep`]: called from the load-time hook only.
+    unsafe fn set_if_unset(
+        var: &std::ffi::CStr,
+        value: &std::ffi::CStr,
+        opt_out: &std::ffi::CStr,
+        cuda_loaded: bool,
+    ) -> u8 {
+        // SAFETY: forwarded contract; literals are NUL-terminated.
+        unsafe {
+            if keep(opt_out) {
+                return 4;
+            }
+            if !libc::getenv(var.as_ptr()).is_null() {
+                return 2;
+            }
+            if cuda_loaded {
+                return 3;
+            }
+            if libc::setenv(var.as_ptr(), value.as_ptr(), 0) == 0 {
+                1
+            } else {
+                0
+            }
+        }
+    }
 
     /// Runs when the shared library is loaded (ELF constructor). When `CUDA_MODULE_LOADING` is unset,
     /// libcuda is not loaded yet (so no CUDA context exists and the loader is still single-threaded,
     /// as with `LD_PRELOAD`) and `NVSHMEM_EFA_CUDA_MODULE_LOADING` is not `keep`, it sets
     /// `CUDA_MODULE_LOADING=EAGER`.
     extern "C" fn on_load() {
-        // SAFETY: getenv/setenv with NUL-terminated literals; dlopen(RTLD_NOLOAD) only queries.
+        // SAFETY: getenv/setenv with NUL-terminated literals while the loader is single-threaded;
+        // dlopen(RTLD_NOLOAD) only queries.
         unsafe {
-            let keep = libc::getenv(c"NVSHMEM_EFA_CUDA_MODULE_LOADING".as_ptr());
-            if !keep.is_null()
-                && std::ffi::CStr::from_ptr(keep)
-                    .to_bytes()
-                    .eq_ignore_ascii_case(b"keep")
-            {
-                AT_LOAD.store(4, Ordering::Relaxed);
-                return;
-            }
-            if !libc::getenv(c"CUDA_MODULE_LOADING".as_ptr()).is_null() {
-                AT_LOAD.store(2, Ordering::Relaxed);
-                return;
-            }
             let h = libc::dlopen(
                 c"libcuda.so.1".as_ptr(),
                 libc::RTLD_LAZY | libc::RTLD_NOLOAD,
             );
-            if !h.is_null() {
+            let cuda_loaded = !h.is_null();
+            if cuda_loaded {
                 libc::dlclose(h);
-                AT_LOAD.store(3, Ordering::Relaxed);
-                return;
             }
-            if libc::setenv(c"CUDA_MODULE_LOADING".as_ptr(), c"EAGER".as_ptr(), 0) == 0 {
-                AT_LOAD.store(1, Ordering::Relaxed);
-            }
+            AT_LOAD.store(
+                set_if_unset(
+                    c"CUDA_MODULE_LOADING",
+                    c"EAGER",
+                    c"NVSHMEM_EFA_CUDA_MODULE_LOADING",
+                    cuda_loaded,
+                ),
+                Ordering::Relaxed,
+            );
+            CONN_AT_LOAD.store(
+                set_if_unset(
+                    c"CUDA_DEVICE_MAX_CONNECTIONS",
+                    c"32",
+                    c"NVSHMEM_EFA_CUDA_MAX_CONNECTIONS",
+                    cuda_loaded,
+                ),
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -658,6 +718,26 @@ pub mod module_loading {
                 "CUDA was loaded before this library: CUDA_MODULE_LOADING left as it is"
             ),
             _ => {}
+        }
+        if CONN_AT_LOAD.load(Ordering::Relaxed) == 1 {
+            tracing::info!(
+                "set CUDA_DEVICE_MAX_CONNECTIONS={MAX_CONNECTIONS} when the library was loaded (with \
+                 fewer hardware work queues this library's copies can wait behind a kernel that waits \
+                 for them; NVSHMEM_EFA_CUDA_MAX_CONNECTIONS=keep leaves the variable alone)"
+            );
+        }
+        let conns = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if staged && conns.unwrap_or(8) < 32 {
+            tracing::warn!(
+                "CUDA_DEVICE_MAX_CONNECTIONS is {} and this transport copies GPU memory through the \
+                 CUDA driver on this provider: its copies can queue behind an application kernel that \
+                 waits for them (a hang; seen with DeepEP under CUDA MPS). Run with \
+                 CUDA_DEVICE_MAX_CONNECTIONS={MAX_CONNECTIONS} (the library sets it itself when it \
+                 is preloaded and the variable is unset)",
+                conns.map_or("unset (8)".to_string(), |c| c.to_string())
+            );
         }
         if staged && lazy() == Some(true) {
             tracing::warn!(

@@ -8,7 +8,9 @@ enable() finds the NVSHMEM of this process (already loaded, else NVSHMEM_HOME, e
 nvidia-nvshmem-cu12/-cu13 wheel), maps its release to NVSHMEM's transport ABI major (3.4 -> 3,
 3.5 -> 4, 3.6 -> 5, 3.7 -> 6, 3.8 -> 7), loads this package's nvshmem_transport_libfabric.so.<ABI>
 with RTLD_GLOBAL (its SONAME is that name, so NVSHMEM's dlopen of the name reuses it), and sets
-NVSHMEM_REMOTE_TRANSPORT=libfabric and CUDA_MODULE_LOADING=EAGER unless they are set.
+NVSHMEM_REMOTE_TRANSPORT=libfabric, CUDA_MODULE_LOADING=EAGER and CUDA_DEVICE_MAX_CONNECTIONS=32 unless
+they are set (the last two before CUDA starts: lazy module loading and streams sharing a few hardware
+queues can each leave this library's copies waiting behind a kernel that waits for them).
 
 For launchers: `python -m nvshmem_efa_gda env` prints the equivalent shell exports (LD_PRELOAD).
 """
@@ -406,6 +408,8 @@ def enable(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional[str]
         want = {"NVSHMEM_REMOTE_TRANSPORT": "libfabric"}
         if os.environ.get("NVSHMEM_EFA_CUDA_MODULE_LOADING", "").strip().lower() != "keep":
             want["CUDA_MODULE_LOADING"] = "EAGER"
+        if os.environ.get("NVSHMEM_EFA_CUDA_MAX_CONNECTIONS", "").strip().lower() != "keep":
+            want["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
         for k, v in want.items():
             if k in os.environ:
                 env_kept[k] = os.environ[k]
@@ -417,11 +421,14 @@ def enable(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional[str]
             warnings.warn(
                 f"NVSHMEM_REMOTE_TRANSPORT={rt} is set: kept, so NVSHMEM will not use "
                 "nvshmem-efa-gda (unset it or set it to libfabric)", RuntimeWarning, stacklevel=2)
-        if "CUDA_MODULE_LOADING" in env_set and _mapped("libcuda.so"):
+        cuda_vars = [k for k in ("CUDA_MODULE_LOADING", "CUDA_DEVICE_MAX_CONNECTIONS") if k in env_set]
+        if cuda_vars and _mapped("libcuda.so"):
             warnings.warn(
-                "CUDA is already loaded in this process: CUDA_MODULE_LOADING=EAGER applies only if "
-                "CUDA has not been initialised yet (with lazy loading, on-stream NVSHMEM calls over "
-                "software providers can deadlock; see the README)", RuntimeWarning, stacklevel=2)
+                "CUDA is already loaded in this process: " + " and ".join(
+                    f"{k}={env_set[k]}" for k in cuda_vars) + " apply only if CUDA has not been "
+                "initialised yet (otherwise this library's GPU copies on software providers can "
+                "deadlock behind a waiting kernel; see the README): call enable() before torch or "
+                "CUDA start", RuntimeWarning, stacklevel=2)
 
         shim = shim_path(nv.abi)
         try:
@@ -462,6 +469,8 @@ def env_exports(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional
         lines.append("export NVSHMEM_REMOTE_TRANSPORT=libfabric")
     if "CUDA_MODULE_LOADING" not in os.environ:
         lines.append("export CUDA_MODULE_LOADING=EAGER")
+    if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=32")
     fabric, looked = find_libfabric()
     if fabric is None:
         lines.append("# WARNING: " + _no_libfabric_message(looked))

@@ -296,7 +296,8 @@ fn loaded_libfabric() -> Option<String> {
 }
 
 /// The environment the process was started with. The library's load-time code may set
-/// `CUDA_MODULE_LOADING=EAGER` (see README), so `std::env::vars` would show a value the user did not
+/// `CUDA_MODULE_LOADING=EAGER` and `CUDA_DEVICE_MAX_CONNECTIONS=32` (see README), so `std::env::vars`
+/// would show values the user did not
 /// set; /proc/self/environ keeps what was given at exec.
 fn start_environment() -> Vec<(String, String)> {
     match std::fs::read("/proc/self/environ") {
@@ -393,7 +394,10 @@ fn main() -> ExitCode {
     let mut vars: Vec<(String, String)> = start_environment()
         .into_iter()
         .filter(|(k, _)| {
-            k.starts_with("NVSHMEM_") || k == "CUDA_MODULE_LOADING" || k.starts_with("FI_")
+            k.starts_with("NVSHMEM_")
+                || k == "CUDA_MODULE_LOADING"
+                || k == "CUDA_DEVICE_MAX_CONNECTIONS"
+                || k.starts_with("FI_")
         })
         .collect();
     vars.sort();
@@ -605,7 +609,7 @@ fn main() -> ExitCode {
             "  driver         not found (libcuda.so.1 does not load): GPU memory and GDA need it"
         ),
     }
-    println!("Environment (NVSHMEM_*, FI_*, CUDA_MODULE_LOADING)");
+    println!("Environment (NVSHMEM_*, FI_*, CUDA_MODULE_LOADING, CUDA_DEVICE_MAX_CONNECTIONS)");
     if vars.is_empty() {
         println!("  none set");
     }

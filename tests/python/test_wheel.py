@@ -26,6 +26,7 @@ def py(code, env=None, check=True):
     e.pop("NVSHMEM_HOME", None)  # the installed wheel is what these cases look for
     e.pop("NVSHMEM_REMOTE_TRANSPORT", None)
     e.pop("CUDA_MODULE_LOADING", None)
+    e.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     if env:
         for k, v in env.items():
             if v is None:
@@ -105,7 +106,8 @@ def test_enable_picks_abi3_for_nvshmem_345_and_sets_variables():
     assert d["abi"] == 3 and d["version"] == "3.4.5", d
     assert "nvidia-nvshmem-cu13 3.4.5" in d["source"], d
     assert d["rt"] == "libfabric" and d["cml"] == "EAGER", d
-    assert d["set"] == {"NVSHMEM_REMOTE_TRANSPORT": "libfabric", "CUDA_MODULE_LOADING": "EAGER"}, d
+    assert d["set"] == {"NVSHMEM_REMOTE_TRANSPORT": "libfabric", "CUDA_MODULE_LOADING": "EAGER",
+                        "CUDA_DEVICE_MAX_CONNECTIONS": "32"}, d
     assert d["shim_mapped"] and d["same"], d
     assert "libfabric.so" in d["fabric"], d
 
@@ -114,9 +116,11 @@ def test_enable_keeps_user_settings():
     r = py("""
         import os, nvshmem_efa_gda as n
         a = n.enable()
-        print(os.environ["NVSHMEM_REMOTE_TRANSPORT"], os.environ["CUDA_MODULE_LOADING"], a.env_set)
-    """, env={"NVSHMEM_REMOTE_TRANSPORT": "ucx", "CUDA_MODULE_LOADING": "LAZY"})
-    assert r.stdout.split()[:2] == ["ucx", "LAZY"], r.stdout
+        print(os.environ["NVSHMEM_REMOTE_TRANSPORT"], os.environ["CUDA_MODULE_LOADING"],
+              os.environ["CUDA_DEVICE_MAX_CONNECTIONS"], a.env_set)
+    """, env={"NVSHMEM_REMOTE_TRANSPORT": "ucx", "CUDA_MODULE_LOADING": "LAZY",
+             "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+    assert r.stdout.split()[:3] == ["ucx", "LAZY", "8"], r.stdout
     assert "{}" in r.stdout, r.stdout
     assert "NVSHMEM_REMOTE_TRANSPORT=ucx is set" in r.stderr, r.stderr
 
@@ -224,6 +228,7 @@ def test_env_prints_exports_for_launchers():
     assert len(pre) == 1 and "/nvshmem_efa_gda/lib/nvshmem_transport_libfabric.so.3" in pre[0], lines
     assert "export NVSHMEM_REMOTE_TRANSPORT=libfabric" in lines, lines
     assert "export CUDA_MODULE_LOADING=EAGER" in lines, lines
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in lines, lines
     r2 = py("import runpy, sys; sys.argv = ['x', 'env']; runpy.run_module('nvshmem_efa_gda', run_name='__main__')",
             check=False)
     assert r2.returncode == 0 and r2.stdout == r.stdout, (r2.stdout, r2.stderr)
