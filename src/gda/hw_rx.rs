@@ -14,14 +14,14 @@
 //!   endpoint binds each direction on its own (`prov/efa/src/efa_ep.c:244-256`, a CQ for either
 //!   flag), fabtests' GDA test binds two different CQs (`fabtests/prov/efa/src/efa_gda.c:474-493`),
 //!   and a plain CQ and an external-memory CQ are both created by `efa_cq_open_ibv_cq`
-//!   (`prov/efa/src/efa_cq.c:1020-1110`; `efa_domain.c:688-695` only turns polling off for a dmabuf
+//!   (`prov/efa/src/efa_cq.c:1017-1104`; `efa_domain.c:688-695` only turns polling off for a dmabuf
 //!   CQ without a CPU address), so the QP's checks that both CQs agree on the direct data path and on
 //!   unsolicited write-receive hold (`prov/efa/src/efa_base_ep.c:407,428`).
 //! * Receives the host posts never touch the device-written send queue: `fi_recv` goes to
 //!   `efa_post_recv` (`prov/efa/src/efa_msg.c:48-170`) and, on the direct data path, to
 //!   `efa_data_path_direct_post_recv`, which writes only the RQ ring and rings only the RQ doorbell
-//!   (`prov/efa/src/efa_data_path_direct_entry.h:61-116`). Polling the host CQ reads RX completions
-//!   only (`prov/efa/src/efa_cq.c:395-412`); the TX CQ is the GPU's and the host never polls it.
+//!   (`prov/efa/src/efa_data_path_direct_entry.h:61-121`). Polling the host CQ reads RX completions
+//!   only (`prov/efa/src/efa_cq.c:397-417`); the TX CQ is the GPU's and the host never polls it.
 //! * The endpoint is opened with `FI_RX_CQ_DATA` in its mode: efa-direct then creates the QP
 //!   without unsolicited write-receive (`prov/efa/src/efa_base_ep.c:409-413`; `efa_user_info.c:512-521`),
 //!   so every RDMA write with immediate consumes a posted receive and completes with that receive's
