@@ -227,6 +227,9 @@ impl HwRx {
     /// CQ and receive queue), posts `cfg.receives` receives on `ep` and starts the thread that reads
     /// `ep`'s receive CQ. The RX ring is GPU-mapped host memory when `gpu_ring`; `ctrl` is the queue's
     /// control block, whose `rx_ci` the ring's consumers advance.
+    ///
+    /// The receive buffers are freed when this value goes: the endpoint must close before then, or
+    /// with it (hold no other reference to `ep` past this value's drop).
     pub fn start(
         ep: Arc<Endpoint>,
         credits: RxCredits,
@@ -544,7 +547,11 @@ impl Thread {
             imm: if cq_data { e.data as u32 } else { 0 },
             src_addr: None,
         };
-        if e.flags & flags::RECV != 0 {
+        // A SEND completes with FI_RECV; a write with immediate without it, with FI_REMOTE_CQ_DATA
+        // (efa: with FI_RMA | FI_REMOTE_WRITE too, prov/efa/src/efa_cq.c:26-27, whether or not it
+        // consumed a receive; tcp: with FI_REMOTE_WRITE; shm: alone).
+        let write_imm = e.flags & (flags::RMA | flags::REMOTE_WRITE) != 0;
+        if !write_imm && e.flags & flags::RECV != 0 {
             let Some(i) = buf else {
                 self.reject(format_args!(
                     "a received message names no receive buffer of this path: dropped"
