@@ -476,7 +476,7 @@ fn a_slow_gpu_holds_receives_instead_of_overrunning_the_ring() {
                 }
             });
             // The GPU does not consume yet: the ring fills to its 4 entries and stays there.
-            wait_for("a full ring", 30, || t.rx.stats().produced == 4);
+            wait_for("a full ring", 30, || t.rx.stats().produced >= 4);
             std::thread::sleep(Duration::from_millis(100));
             assert_eq!(t.rx.stats().produced, 4, "{p}: the ring was overrun");
             let mut imms = Vec::new();
