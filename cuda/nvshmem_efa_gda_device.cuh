@@ -125,7 +125,7 @@
 #define NVSHMEM_EFA_GDA_ERR_NOT_READY 0x1003 /* device state not loaded / not ready */
 #define NVSHMEM_EFA_GDA_ERR_INVALID 0x1004   /* bad PE, address outside a heap, bad size */
 #define NVSHMEM_EFA_GDA_ERR_FAILED 0x1005    /* the queue failed earlier (see first_error) */
-#define NVSHMEM_EFA_GDA_ERR_UNSUPPORTED 0x1006 /* not available on this queue (AMOs in hardware mode) */
+#define NVSHMEM_EFA_GDA_ERR_UNSUPPORTED 0x1006 /* not available on this queue (AMOs on a hardware queue without receive path) */
 
 // Per-application device word next to the state (defined in nvshmem_efa_gda_state.cu): the
 // fail-fast flag of the queue and the two numbers DeepEP-style code reads through
@@ -809,9 +809,11 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
                                       int pe, bool has_imm = false, uint32_t imm = 0u) {
     const View v = view();
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
-    // On the hardware queue nothing posts receives for these SENDs or applies them (EFA has no
-    // RDMA atomics): the target NIC would answer RNR or drop them. Refuse instead of losing them.
-    if (v.mode == NVSHMEM_EFA_GDA_MODE_HW) {
+    // EFA has no RDMA atomics: on a hardware queue the target's receive path (host-posted
+    // receives, a host thread applying the message; src/gda/hw_rx.rs) applies these SENDs. A
+    // hardware queue without one (the caller's endpoint) publishes no RX ring: nothing would
+    // receive or apply the message there, so refuse instead of losing it.
+    if (v.mode == NVSHMEM_EFA_GDA_MODE_HW && (v.rx_cq == nullptr || v.rx_entries == 0u)) {
         record_error(v, NVSHMEM_EFA_GDA_ERR_UNSUPPORTED);
         return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED;
     }
@@ -1031,8 +1033,10 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t byt
 // its heap; all AMO messages a PE receives are applied in arrival order by one agent, so concurrent
 // adds from every PE are exact. Complete (applied) at the target after quiet() as the queue defines
 // SEND completion; use them only together with other AMOs of this API on the same word.
-// Software queue only: the agent that applies them is the queue's consumer thread. On a hardware
-// queue they return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED (recorded on the queue).
+// The agent that applies them is the software queue's consumer thread, or on a hardware queue the
+// host thread of its receive path (the same applier). A hardware queue on the caller's endpoint has
+// no receive path (no RX ring): there they return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED (recorded on the
+// queue).
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");

@@ -88,6 +88,39 @@ impl CompletionQueue {
         })
     }
 
+    /// [`CompletionQueue::read`] with each completion's source address (`FI_ADDR_NOTAVAIL` where the
+    /// provider does not know it); `src` must be at least as long as `out`.
+    pub fn read_from(
+        &self,
+        out: &mut [CqEntry],
+        src: &mut [super::domain::FiAddr],
+    ) -> std::result::Result<usize, CqError> {
+        let n = out.len().min(src.len());
+        // SAFETY: out and src have room for n entries each.
+        let ret = unsafe {
+            fi::fi_cq_readfrom(
+                self.raw,
+                out.as_mut_ptr() as *mut c_void,
+                n,
+                src.as_mut_ptr(),
+            )
+        };
+        if ret >= 0 {
+            return Ok(ret as usize);
+        }
+        if ret == -(fi::FI_EAGAIN as isize) {
+            return Ok(0);
+        }
+        if ret == -(fi::FI_EAVAIL as isize) {
+            return Err(self.read_error());
+        }
+        Err(CqError {
+            context: ptr::null_mut(),
+            flags: 0,
+            error: Error::from_ret(ret as i64, "fi_cq_readfrom"),
+        })
+    }
+
     fn read_error(&self) -> CqError {
         // SAFETY: zeroed err entry (err_data NULL) is valid input.
         let mut e: fi::fi_cq_err_entry = unsafe { std::mem::zeroed() };

@@ -57,7 +57,7 @@ impl Endpoint {
         cq: &Arc<CompletionQueue>,
         cntr: Option<&Arc<Counter>>,
     ) -> Result<Endpoint> {
-        Self::open_bound(domain, av, cq, None, cntr)
+        Self::open_bound(domain, av, cq, None, cntr, 0)
     }
 
     /// Opens an endpoint with separate transmit and receive CQs (no counter), binds them and the AV,
@@ -68,29 +68,48 @@ impl Endpoint {
         tx_cq: &Arc<CompletionQueue>,
         rx_cq: &Arc<CompletionQueue>,
     ) -> Result<Endpoint> {
-        Self::open_bound(domain, av, tx_cq, Some(rx_cq), None)
+        Self::open_split_mode(domain, av, tx_cq, rx_cq, 0)
+    }
+
+    /// [`Endpoint::open_split`] with `extra_mode` added to the mode bits of the endpoint's info (and
+    /// of its receive attributes), e.g. `FI_RX_CQ_DATA`: the caller posts a receive for every
+    /// incoming remote CQ data.
+    pub fn open_split_mode(
+        domain: &Arc<Domain>,
+        av: &Arc<AddressVector>,
+        tx_cq: &Arc<CompletionQueue>,
+        rx_cq: &Arc<CompletionQueue>,
+        extra_mode: u64,
+    ) -> Result<Endpoint> {
+        Self::open_bound(domain, av, tx_cq, Some(rx_cq), None, extra_mode)
     }
 
     /// Opens an endpoint and binds, in this order, the AV, the CQs (`cq` for both directions, or
-    /// `cq` for transmit and `rx_cq` for receive) and the counter, then enables it. A failure
-    /// closes the endpoint (on drop).
+    /// `cq` for transmit and `rx_cq` for receive) and the counter, then enables it. `extra_mode` is
+    /// added to the mode bits of the info (and of its receive attributes). A failure closes the
+    /// endpoint (on drop).
     fn open_bound(
         domain: &Arc<Domain>,
         av: &Arc<AddressVector>,
         cq: &Arc<CompletionQueue>,
         rx_cq: Option<&Arc<CompletionQueue>>,
         cntr: Option<&Arc<Counter>>,
+        extra_mode: u64,
     ) -> Result<Endpoint> {
+        let info = domain.info().clone();
+        if extra_mode != 0 {
+            // SAFETY: `info` is our own duplicate; rx_attr is checked for null before it is written.
+            unsafe {
+                let i = info.as_ptr();
+                (*i).mode |= extra_mode;
+                if !(*i).rx_attr.is_null() {
+                    (*(*i).rx_attr).mode |= extra_mode;
+                }
+            }
+        }
         let mut raw = ptr::null_mut();
-        // SAFETY: valid domain and info.
-        let ret = unsafe {
-            fi::fi_endpoint(
-                domain.raw,
-                domain.info().as_ptr(),
-                &mut raw,
-                ptr::null_mut(),
-            )
-        };
+        // SAFETY: valid domain and info (the provider duplicates the info it keeps).
+        let ret = unsafe { fi::fi_endpoint(domain.raw, info.as_ptr(), &mut raw, ptr::null_mut()) };
         check(ret as i64, || "fi_endpoint".to_string())?;
         let ep = Endpoint {
             raw,

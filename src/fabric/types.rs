@@ -23,6 +23,10 @@ pub mod flags {
     pub const SEND: u64 = fi::FI_SEND as u64;
     /// `FI_REMOTE_CQ_DATA`: the operation carries (or the completion holds) remote CQ data.
     pub const REMOTE_CQ_DATA: u64 = fi::FI_REMOTE_CQ_DATA as u64;
+    /// `FI_REMOTE_WRITE`: a completion of a remote peer's RMA write (remote CQ data).
+    pub const REMOTE_WRITE: u64 = fi::FI_REMOTE_WRITE as u64;
+    /// `FI_RX_CQ_DATA` (a mode bit): the application posts a receive for every incoming remote CQ data.
+    pub const RX_CQ_DATA: u64 = fi::FI_RX_CQ_DATA;
     /// `FI_FENCE`: wait for earlier operations before this one.
     pub const FENCE: u64 = fi::FI_FENCE as u64;
     /// `FI_COMPLETION`: generate a completion.

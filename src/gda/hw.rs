@@ -6,18 +6,20 @@
 //! What kernels get in hardware mode:
 //! * `sq`: the endpoint's send ring, registered with `cuMemHostRegister(IOMEMORY | DEVICEMAP)`;
 //! * `sq_doorbell`: the MMIO doorbell register, registered the same way (the page that holds it);
-//! * `cq` / `rx_cq`: the transmit and receive CQ rings. On a queue this library opens itself the
-//!   CQs are opened with `cq_open_ext` on GPU memory exported as a dmabuf, so kernels poll device
-//!   memory; where that is refused, a plain CQ's host ring is registered with `DEVICEMAP`. For an
-//!   endpoint opened by the caller (the patched-NVSHMEM path) the CQ cannot be found from the
-//!   endpoint: the caller names it with [`HwQueue::set_cq`] (`nvshmemt_efa_gda_set_cq`) and must not
-//!   poll it itself afterwards;
+//! * `cq`: the transmit CQ ring. On a queue this library opens itself it is opened with
+//!   `cq_open_ext` on GPU memory exported as a dmabuf, so kernels poll device memory; where that is
+//!   refused, a plain CQ's host ring is registered read-only for the GPU. For an endpoint opened by
+//!   the caller (the patched-NVSHMEM path) the CQ cannot be found from the endpoint: the caller names
+//!   it with [`HwQueue::set_cq`] (`nvshmemt_efa_gda_set_cq`) and must not poll it itself afterwards;
+//! * `rx_cq`: the RX ring of the receive path ([`super::hw_rx`]) on a queue this library opens: the
+//!   endpoint's receive CQ is a host CQ, read by a host thread that applies AMO messages to the
+//!   local heap and writes the receive completions kernels must see (RDMA writes with immediate,
+//!   AMOs with immediate, refused AMOs) into a GPU-mapped ring in the extended receive format. The
+//!   endpoint is opened with `FI_RX_CQ_DATA`, so every write with immediate consumes a posted
+//!   receive and the credit arithmetic of [`super::hw_rx`] bounds the receive CQ. On the caller's
+//!   endpoint there is no receive path (`rx_cq` 0): the device AMO calls answer
+//!   `NVSHMEM_EFA_GDA_ERR_UNSUPPORTED` there;
 //! * `ctrl` and `slot_status` in device memory.
-//!
-//! Limits of state layout version 1 in hardware mode: receive-queue WQEs are not published, so
-//! SENDs to a hardware-mode PE need receive buffers posted by other means, and RDMA write with
-//! immediate relies on the device's unsolicited write-receive capability; RX ring entries are
-//! 32 bytes (the CQ must use the extended receive form).
 //!
 //! Nothing here can run without an EFA device; what can run anywhere is the error path (other
 //! providers answer `-FI_ENOSYS` or `-FI_EOPNOTSUPP` to `fi_open_ops`, mapped to [`NO_GDA_OPS`]).
@@ -32,13 +34,13 @@ use crate::fabric::efa_gda::is_no_ops_code;
 pub use crate::fabric::efa_gda::GdaOps;
 use crate::fabric::efa_gda_abi::{FiEfaCqAttr, FiEfaWqAttr};
 use crate::fabric::{
-    AddressVector, CompletionQueue, CqHandle, Domain, DomainHandle, Endpoint, EndpointHandle,
-    Error as FabricError, FiAddr, MrHandle,
+    flags, AddressVector, CompletionQueue, CqHandle, Domain, DomainHandle, Endpoint,
+    EndpointHandle, Error as FabricError, FiAddr, MrHandle,
 };
 
 use super::error::{GdaError, Result};
-use super::mem;
-use super::softq::SOFT_RX_CQE_SIZE;
+use super::hw_rx::{HwRx, RxConfig, RxCredits, WriteImmRx};
+use super::mem::{self, CtrlMem, CtrlPlacement};
 use super::state::{NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_HW};
 
 /// The error text for a domain without GDA ops.
@@ -262,10 +264,10 @@ fn cq_view(a: FiEfaCqAttr) -> Result<CqView> {
     })
 }
 
-/// Endpoint objects this library opened itself (dedicated GDA endpoint); the CQs live in the
-/// queue's CQ views and close after the endpoint.
+/// Endpoint objects this library opened itself (dedicated GDA endpoint); the transmit CQ lives in
+/// the queue's CQ view and closes after the endpoint. The receive path holds the endpoint too.
 struct Owned {
-    ep: Endpoint,
+    ep: Arc<Endpoint>,
 }
 
 /// A hardware EFA queue published to the GPU. Dropping it unmaps the provider's rings, closes the
@@ -276,12 +278,13 @@ pub struct HwQueue {
     sq_dev: u64,
     db_dev: u64,
     tx_cq: Option<CqView>,
-    rx_cq: Option<CqView>,
-    ctrl: DeviceBuffer,
+    rx: Option<HwRx>,
+    ctrl: Arc<CtrlMem>,
     owned: Option<Owned>,
     ops: GdaOps,
     ep: EndpointHandle,
     sq: FiEfaWqAttr,
+    rq: FiEfaWqAttr,
     qpn: u16,
 }
 
@@ -291,8 +294,8 @@ unsafe impl Send for HwQueue {}
 unsafe impl Sync for HwQueue {}
 
 impl HwQueue {
-    /// Opens a dedicated endpoint on `domain` (own AV, own transmit and receive CQs on GPU memory),
-    /// queries its rings and maps them for the GPU.
+    /// Opens a dedicated endpoint on `domain` (own AV, a transmit CQ on GPU memory, a host receive
+    /// CQ), queries its rings, maps them for the GPU and starts the receive path.
     pub fn open(domain: &Arc<Domain>, ops: GdaOps) -> Result<HwQueue> {
         if !mem::cuda_usable() {
             return Err(GdaError::unsupported(
@@ -300,21 +303,45 @@ impl HwQueue {
             ));
         }
         let info = domain.info();
+        let rx_cfg = RxConfig::default();
         let tx_view = open_gpu_cq(&ops, domain, info.tx_size().max(64))?;
-        let rx_view = open_gpu_cq(&ops, domain, info.rx_size().max(64))?;
         let tx_cq = tx_view.cq.clone().expect("CQ opened here");
-        let rx_cq = rx_view.cq.clone().expect("CQ opened here");
+        // The receive CQ is the host's (hw_rx's module doc: why efa-direct allows it).
+        let rx_cq = CompletionQueue::open(domain, rx_cfg.receives as usize)?;
         let av = AddressVector::open(domain, 64)?;
+        // FI_RX_CQ_DATA: efa-direct creates the QP without unsolicited write-receive
+        // (prov/efa/src/efa_base_ep.c:409-413 at v2.6.0), so writes with immediate consume receives.
         let owned = Owned {
-            ep: Endpoint::open_split(domain, &av, &tx_cq, &rx_cq)?,
+            ep: Arc::new(Endpoint::open_split_mode(
+                domain,
+                &av,
+                &tx_cq,
+                &rx_cq,
+                flags::RX_CQ_DATA,
+            )?),
         };
         let ep = owned.ep.handle();
         // SAFETY: enabled endpoint of the ops' domain.
         let mut q = unsafe { Self::map_endpoint(ops, ep)? };
         q.tx_cq = Some(tx_view);
-        q.rx_cq = Some(rx_view);
-        q.owned = Some(owned);
         q.check_cqs()?;
+        // SAFETY: the receive CQ is open and belongs to the ops' domain.
+        let rx_attr = unsafe { q.ops.query_cq(rx_cq.handle())? };
+        let receives = rx_cfg.receives.min(q.rq.num_entries);
+        let credits = RxCredits {
+            receives,
+            rq_entries: q.rq.num_entries,
+            cq_entries: rx_attr.num_entries,
+            write_imm: WriteImmRx::ConsumesReceive,
+        };
+        q.rx = Some(HwRx::start(
+            owned.ep.clone(),
+            credits,
+            &RxConfig { receives, ..rx_cfg },
+            q.ctrl.clone(),
+            true,
+        )?);
+        q.owned = Some(owned);
         Ok(q)
     }
 
@@ -330,6 +357,11 @@ impl HwQueue {
                 "hardware GDA needs the CUDA driver and a current context to map the queues",
             ));
         }
+        tracing::info!(
+            "GDA hardware queue on the caller's endpoint: no receive path here, so the device AMO calls \
+             (amo_nonfetch_add, amo_set, IBGDA rma_p) return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED: EFA has no \
+             RDMA atomics and nothing would receive or apply AMO messages"
+        );
         // SAFETY: forwarded contract.
         unsafe { Self::map_endpoint(ops, ep) }
     }
@@ -357,11 +389,6 @@ impl HwQueue {
                 sq.num_entries, sq.entry_size
             )));
         }
-        tracing::info!(
-            "GDA hardware queue: the device AMO calls (amo_nonfetch_add, amo_set, IBGDA rma_p) return \
-             NVSHMEM_EFA_GDA_ERR_UNSUPPORTED here: EFA has no RDMA atomics and nothing receives or \
-             applies AMO messages on this path"
-        );
         if sq.has_64_bit_req_id() {
             tracing::info!("GDA: the send queue carries 64-bit request ids; kernels write the low 16 bits only");
         }
@@ -377,22 +404,23 @@ impl HwQueue {
             4,
             HostMapping::Io,
         )?;
-        let ctrl = DeviceBuffer::new(
+        let ctrl = Arc::new(CtrlMem::new(
             std::mem::size_of::<NvshmemEfaGdaQueueCtrl>() + 4 * sq.num_entries as usize,
-        )
-        .map_err(|e| GdaError::nomem(format!("GDA control block: {e}")))?;
+            CtrlPlacement::Auto,
+        )?);
         Ok(HwQueue {
             sq_dev: sq_map.device,
             db_dev: db_map.device,
             sq_map: Some(sq_map),
             db_map: Some(db_map),
             tx_cq: None,
-            rx_cq: None,
+            rx: None,
             ctrl,
             owned: None,
             ops,
             ep,
             sq,
+            rq,
             qpn: 0,
         })
     }
@@ -403,15 +431,6 @@ impl HwQueue {
                 return Err(GdaError::unsupported(format!(
                     "GDA completion ring of {} entries for a send queue of {}: needs a power of two at least as large",
                     c.attr.num_entries, self.sq.num_entries
-                )));
-            }
-        }
-        if let Some(c) = &self.rx_cq {
-            if c.attr.entry_size != SOFT_RX_CQE_SIZE || !c.attr.num_entries.is_power_of_two() {
-                return Err(GdaError::unsupported(format!(
-                    "GDA receive completion ring of {} entries of {} bytes: state version 1 expects a power of two \
-                     of {SOFT_RX_CQE_SIZE}-byte entries",
-                    c.attr.num_entries, c.attr.entry_size
                 )));
             }
         }
@@ -468,6 +487,14 @@ impl HwQueue {
         if let Some(m) = out.get(me) {
             self.qpn = m.1;
         }
+        if let Some(rx) = &self.rx {
+            let peers: Vec<(FiAddr, u16, u16)> = fi_addrs
+                .iter()
+                .zip(&out)
+                .map(|(&a, &(ahn, qpn, _))| (a, ahn, qpn))
+                .collect();
+            rx.set_peers(self.qpn, &peers);
+        }
         Ok(out)
     }
 
@@ -482,7 +509,19 @@ impl HwQueue {
 
     /// The dedicated endpoint this queue opened (to bind registrations); `None` on the caller's.
     pub fn endpoint(&self) -> Option<&Endpoint> {
-        self.owned.as_ref().map(|o| &o.ep)
+        self.owned.as_ref().map(|o| &*o.ep)
+    }
+
+    /// The receive path (on a queue this library opened).
+    pub fn receive_path(&self) -> Option<&HwRx> {
+        self.rx.as_ref()
+    }
+
+    /// Stops the receive path's thread (before the heap it applies AMOs to goes).
+    pub fn stop(&self) {
+        if let Some(rx) = &self.rx {
+            rx.stop();
+        }
     }
 
     /// The queue as kernels see it (`cq` 0 until a CQ is known).
@@ -491,16 +530,16 @@ impl HwQueue {
             (c.device, c.attr.num_entries, c.attr.entry_size)
         });
         let (rx_cq, rx_entries) = self
-            .rx_cq
+            .rx
             .as_ref()
-            .map_or((0, 0), |c| (c.device, c.attr.num_entries));
+            .map_or((0, 0), |r| (r.ring_device(), r.ring_entries()));
         NvshmemEfaGdaQueue {
             sq: self.sq_dev,
             sq_doorbell: self.db_dev,
             cq,
             rx_cq,
-            ctrl: self.ctrl.ptr(),
-            slot_status: self.ctrl.ptr() + std::mem::size_of::<NvshmemEfaGdaQueueCtrl>() as u64,
+            ctrl: self.ctrl.device(),
+            slot_status: self.ctrl.device() + std::mem::size_of::<NvshmemEfaGdaQueueCtrl>() as u64,
             host_ctrl: 0,
             sq_entries: self.sq.num_entries,
             sq_entry_size: self.sq.entry_size,
@@ -520,10 +559,13 @@ impl Drop for HwQueue {
         // Mappings of provider memory go while that memory is still mapped.
         self.sq_map.take();
         self.db_map.take();
-        // The endpoint closes before the CQs bound to it; each CQ view then orders its own teardown.
+        // The receive thread stops; the endpoint closes when its last holder goes (the receive
+        // path closes it before freeing the buffers its receives point at), then the CQs bound to
+        // it; each CQ view orders its own teardown.
+        self.stop();
         self.owned.take();
+        self.rx.take();
         self.tx_cq.take();
-        self.rx_cq.take();
     }
 }
 

@@ -16,6 +16,8 @@
 //! Everything is process-global behind one lock; every call is thread-safe, and `init_*` and [`fini`]
 //! are idempotent. [`Gda`] is the same thing as a value, for programs (and tests) that want several.
 /// cbindgen:ignore
+pub mod apply;
+/// cbindgen:ignore
 mod chunks;
 /// cbindgen:ignore
 pub mod error;
@@ -27,6 +29,8 @@ pub mod heap;
 pub mod host_poster;
 /// cbindgen:ignore
 pub mod hw;
+/// cbindgen:ignore
+pub mod hw_rx;
 /// cbindgen:ignore
 pub mod mem;
 /// cbindgen:ignore

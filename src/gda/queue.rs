@@ -304,6 +304,30 @@ impl GdaQueue for HwQueue {
         unsafe { self.lkey(reg.mr()?) }
     }
 
+    unsafe fn add_heap_chunk(
+        &self,
+        start: u64,
+        end: u64,
+        base: u64,
+        reg: &Registration,
+        _log2: u32,
+    ) -> Result<(u32, Option<u32>)> {
+        // SAFETY: forwarded contract.
+        let lkey = unsafe { GdaQueue::add_local(self, base, end - start, reg)? };
+        // AMO messages to this chunk are applied by the receive path.
+        if let Some(rx) = self.receive_path() {
+            rx.add_heap_chunk(start, end, base, reg.kind.is_device())?;
+        }
+        Ok((lkey, None))
+    }
+
+    fn remove_heap_chunk(&self, start: u64, _token: Option<u32>) -> Result<()> {
+        match self.receive_path() {
+            Some(rx) => rx.remove_heap_chunk(start),
+            None => Ok(()),
+        }
+    }
+
     fn check_remote_key(&self, pe: i32, key: u64) -> Result<()> {
         if key > u64::from(u32::MAX) {
             return Err(GdaError::invalid(format!(
@@ -333,5 +357,9 @@ impl GdaQueue for HwQueue {
 
     fn queue_desc(&self) -> NvshmemEfaGdaQueue {
         HwQueue::queue_desc(self)
+    }
+
+    fn stop(&self) {
+        HwQueue::stop(self)
     }
 }

@@ -1,6 +1,7 @@
 //! Receive path: receive buffers, remote CQ data and received SENDs become RX completions; AMO
 //! messages are applied to the local heap.
 use super::*;
+use crate::gda::apply;
 
 impl Consumer {
     pub(super) fn post_all_receives(&mut self) -> Result<()> {
@@ -105,30 +106,20 @@ impl Consumer {
                 let payload = &msg[SEND_HDR_SIZE..];
                 let mut status = CqStatus::Ok;
                 let mut is_amo = false;
-                if let Some(r) = AmoMsg::parse(payload, self.tables.heap_extent()) {
-                    is_amo = true;
-                    status = match r
-                        .map_err(|e| (amo_error_status(&e), e.to_string()))
-                        .and_then(|m| {
-                            // The chunk holding the word (granule lookup).
-                            let heap = self.tables.heap_at(m.offset, u64::from(m.size)).ok_or((
-                                CqStatus::RemoteBadAddress,
-                                format!("offset {:#x} lies in no heap chunk", m.offset),
-                            ))?;
-                            apply_amo(&m, &heap).map_err(|e| (CqStatus::LocalQpInternalError, e))
-                        }) {
-                        Ok(()) => {
-                            inner.amos_applied.fetch_add(1, Ordering::AcqRel);
-                            CqStatus::Ok
-                        }
-                        Err((s, why)) => {
-                            tracing::warn!(
-                                "software queue: AMO from PE {} not applied ({s}): {why}",
-                                h.src_pe
-                            );
-                            s
-                        }
-                    };
+                match apply::apply_message(payload, &*self.tables) {
+                    apply::Outcome::NotAmo => {}
+                    apply::Outcome::Applied(_) => {
+                        is_amo = true;
+                        inner.amos_applied.fetch_add(1, Ordering::AcqRel);
+                    }
+                    apply::Outcome::Rejected { status: s, why } => {
+                        is_amo = true;
+                        status = s;
+                        tracing::warn!(
+                            "software queue: AMO from PE {} not applied ({s}): {why}",
+                            h.src_pe
+                        );
+                    }
                 }
                 // An AMO applied without error and without an immediate needs no receive
                 // completion: nothing waits for one (DeepEP-style code never polls the RX ring), and
@@ -258,47 +249,14 @@ impl Consumer {
     }
 }
 
-/// Applies an AMO to the local heap. Host memory: a host atomic. GPU memory: read-modify-write with
-/// `cuda::memcpy`, on a non-blocking stream, so it never waits for the running kernels (exact because
-/// one thread applies every AMO of this PE).
-pub(super) fn apply_amo(m: &AmoMsg, heap: &LocalReg) -> std::result::Result<(), String> {
-    let addr = heap.host_base + m.offset;
-    if heap.device {
-        let mut cur = [0u8; 8];
-        let n = m.size as usize;
-        // SAFETY: the range was checked to lie inside the heap registration, which stays allocated.
-        unsafe { cuda::memcpy(cur.as_mut_ptr() as *mut c_void, addr as *const c_void, n) }
-            .map_err(|e| e.to_string())?;
-        let old = u64::from_le_bytes(cur);
-        let new = if m.op == wire::AMO_OP_ADD {
-            old.wrapping_add(m.value)
-        } else {
-            m.value
-        };
-        let out = new.to_le_bytes();
-        // SAFETY: as above.
-        unsafe { cuda::memcpy(addr as *mut c_void, out.as_ptr() as *const c_void, n) }
-            .map_err(|e| e.to_string())?;
-        return Ok(());
+/// The local heap as the shared applier sees it: the granule-indexed chunk table.
+impl apply::LocalHeap for Tables {
+    fn extent(&self) -> u64 {
+        self.heap_extent()
     }
-    // SAFETY: the range lies inside the registered heap and is aligned to the operand size (checked
-    // by `AmoMsg::parse`); other agents access these words atomically or not at all while AMOs fly.
-    unsafe {
-        if m.size == 8 {
-            let a = mem::atomic_u64(addr as *mut u8);
-            if m.op == wire::AMO_OP_ADD {
-                a.fetch_add(m.value, Ordering::AcqRel);
-            } else {
-                a.store(m.value, Ordering::Release);
-            }
-        } else {
-            let a = mem::atomic_u32(addr as *mut u8);
-            if m.op == wire::AMO_OP_ADD {
-                a.fetch_add(m.value as u32, Ordering::AcqRel);
-            } else {
-                a.store(m.value as u32, Ordering::Release);
-            }
-        }
+
+    fn locate(&self, off: u64, len: u64) -> Option<(u64, bool)> {
+        self.heap_at(off, len)
+            .map(|r| (r.host_base + off, r.device))
     }
-    Ok(())
 }
