@@ -23,7 +23,7 @@ pids="$(pgrep -f 'multiprocessing.spawn' 2>/dev/null | sort -u | tr '\n' ' ')$(p
             [ -n "$cgdb_bin" ] && cmds+=(-ex 'info cuda kernels')
             cmds+=(-ex 'thread apply all bt 12')
             timeout 40 "$dbg" -p "$p" -batch "${cmds[@]}" 2>&1 |
-                grep -vE '^\[New|^\[Thread|^$|^warning|Reading symbols|^Using host' | head -n 160 | cut -c1-220
+                grep -vE '^\[New|^\[Thread|^$|^warning|Reading symbols|^Using host' | head -n 400 | cut -c1-220
         fi
     done
     [ -n "$gdb_bin" ] || echo "(no gdb on this machine: wait channels only)"
