@@ -34,6 +34,7 @@ mod amo;
 mod endpoints;
 mod error;
 mod group;
+mod lanes;
 mod memory;
 mod peers;
 mod progress;
