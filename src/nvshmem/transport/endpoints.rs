@@ -28,6 +28,8 @@ pub(super) const TAG_AM_SEND: u64 = 2;
 pub(super) const TAG_AM_RECV: u64 = 3;
 pub(super) const TAG_AM_WAIT: u64 = 4;
 pub(super) const TAG_SLOT_SEND: u64 = 5;
+/// A lane probe, sent from the receiving endpoint itself (see `lanes`).
+pub(super) const TAG_PROBE: u64 = 6;
 
 /// One endpoint with its completion bookkeeping.
 pub(super) struct EpState {
@@ -304,6 +306,26 @@ impl EpState {
             self.account(ctx, pe, error);
         }
         self.ctxs.free(ctx);
+    }
+
+    /// Sends a lane probe from this endpoint itself, not from the probed lane: shm takes no new
+    /// message on a lane whose oldest operation was dropped (its segmented transfer to that peer
+    /// never finishes).
+    pub(super) fn send_probe(&self, dest: FiAddr, msg: AmMsg) -> crate::fabric::Result<()> {
+        self.send_with_ctx(TAG_PROBE, 0, "no context for a probe", |ctx| {
+            let s = self.ctxs.scratch(ctx).expect("own context");
+            // SAFETY: scratch is 64 bytes owned by the context until its completion.
+            unsafe {
+                std::ptr::write_unaligned(s as *mut AmMsg, msg);
+                self.ep.send(
+                    s as *const u8,
+                    std::mem::size_of::<AmMsg>(),
+                    self.ctx_desc(),
+                    dest,
+                    ctx,
+                )
+            }
+        })
     }
 
     pub(super) fn ctx_desc(&self) -> *mut c_void {

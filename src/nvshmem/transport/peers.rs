@@ -290,7 +290,7 @@ impl Transport {
                                 val: c.my_pe as u64,
                                 ..Default::default()
                             };
-                            if let Err(err) = self.send_small(e, pe, c.addr(pe as i32, i), msg) {
+                            if let Err(err) = e.send_probe(c.addr(pe as i32, i), msg) {
                                 tracing::debug!("endpoint {i}: probe to PE {pe} not sent: {err}");
                                 l.probe_unsent(pe, kind);
                             }

@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_SLOT_SEND};
+use super::endpoints::{
+    EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_PROBE, TAG_SLOT_SEND,
+};
 use super::{is_nic, Connected, Transport};
 use crate::cuda;
 use crate::fabric::CqEntry;
@@ -256,6 +258,12 @@ impl Transport {
                     self.fail_am_wait(e, wait as *mut c_void, msg);
                 }
                 e.send_free.lock().push(data as usize);
+                e.ctxs.free(ctx);
+            }
+            TAG_PROBE => {
+                if let Some(msg) = error {
+                    tracing::debug!("endpoint {i}: lane probe failed: {msg}");
+                }
                 e.ctxs.free(ctx);
             }
             TAG_AM_WAIT => {
