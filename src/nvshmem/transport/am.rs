@@ -220,7 +220,12 @@ impl Transport {
                     val: c.my_pe as u64,
                     ..Default::default()
                 };
-                e.am_pending.lock().push_back(Pending::Msg(dest, pong));
+                // From this endpoint itself, like the probe: this PE's own lane to the prober may
+                // be the stuck one (it takes no new message then). A pong that cannot leave now is
+                // dropped: the prober probes again.
+                if let Err(err) = e.send_probe(dest, pong) {
+                    tracing::debug!("endpoint {i}: answer to a probe not sent: {err}");
+                }
             }
             AM_PONG => {
                 if let Some(l) = &e.lanes {

@@ -60,6 +60,9 @@ pub(super) struct EpState {
     pub(super) lanes: Option<Lanes>,
 }
 
+/// Bytes of one shm endpoint name in the address exchange (names are shorter, NUL-padded).
+const SHM_NAME_SLOT: usize = 64;
+
 /// Scratch word of a counted context holding its target PE + 1 (0: none).
 const SCRATCH_PEER: usize = 6;
 
@@ -386,13 +389,9 @@ impl Transport {
             let cq = CompletionQueue::open(&self.domain, self.cfg.max_inflight.max(1024))?;
             // shm names its region after the endpoint (`/dev/shm/<name>`): by default
             // `<pid>:<uid>:<n>`, which a killed process leaves behind for the next process with its
-            // PID. This process's cookie makes the name its own; the fixed width keeps every
-            // PE's name the same size (the exchange below needs that).
-            let prefix = format!(
-                "fi_shm://{:010}:{:016x}:{i}",
-                std::process::id(),
-                self.cookie
-            );
+            // PID. This process's cookie makes the name its own (`<pid>:<cookie>:<n>`; the PID
+            // stays first, where cleanup scripts look for it).
+            let prefix = format!("fi_shm://{}:{:016x}:{i}", std::process::id(), self.cookie);
             let ep = if shm {
                 Endpoint::open_named(&self.domain, &av, &cq, format!("{prefix}\0").as_bytes())?
             } else {
@@ -444,7 +443,14 @@ impl Transport {
         // mover::handle::HostId), one name slot per endpoint, then the process identity (liveness
         // checks of peers on one host, see peers.rs).
         let names: Vec<Vec<u8>> = eps.iter().map(|e| e.ep.name()).collect::<Result<_, _>>()?;
-        let slot = names.iter().map(|v| v.len()).max().unwrap_or(0);
+        // shm names are C strings whose length varies with the PID: every PE uses the same fixed
+        // slot (NUL-padded) and the names are inserted one by one.
+        let longest = names.iter().map(|v| v.len()).max().unwrap_or(0);
+        let slot = if shm {
+            SHM_NAME_SLOT.max(longest)
+        } else {
+            longest
+        };
         // [name size][PE][host id][names][process identity (liveness checks on one host)]
         const HDR: usize = 16;
         let me = ProcId::me();
@@ -476,7 +482,15 @@ impl Transport {
             let p = ProcId::from_bytes(&rec[HDR + NUM_EPS * slot..]);
             peers.push(PeerState::new(p, pe != my_pe as usize && me.same_host(&p)));
         }
-        let addrs = av.insert(&flat, n * NUM_EPS)?;
+        let addrs = if shm {
+            let mut v = Vec::with_capacity(n * NUM_EPS);
+            for name in flat.chunks(slot) {
+                v.extend(av.insert(name, 1)?);
+            }
+            v
+        } else {
+            av.insert(&flat, n * NUM_EPS)?
+        };
         let conn = Connected {
             my_pe,
             n_pes,
