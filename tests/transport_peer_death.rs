@@ -896,12 +896,10 @@ fn peer_death_tcp() {
     entry("tcp", "peer_death_tcp");
 }
 
-/// Known limitation (issue "Bad input ... one dead peer never poisons the others", open for shm):
-/// libfabric 2.1's shm completes an endpoint's operations in posting order, so an operation to a
-/// dead peer that shm never answers holds up every later completion on that endpoint; survivors'
-/// traffic then waits out the quiet timeout. Run it by hand with `--ignored` to see it.
+/// On shm each peer has transmit endpoints of its own (libfabric 2.1's shm completes an endpoint's
+/// operations in posting order, so an unanswered operation to a dead peer would otherwise hold up the
+/// completions of every later operation on a shared endpoint, survivors' traffic included).
 #[test]
-#[ignore = "shm: an unanswered operation to a dead peer blocks the endpoint (known limitation)"]
 fn peer_death_shm() {
     entry("shm", "peer_death_shm");
 }

@@ -60,6 +60,58 @@ impl Endpoint {
         Self::open_bound(domain, av, cq, None, cntr, 0)
     }
 
+    /// Opens an endpoint named `name` (`fi_setname` before it is enabled: shm names its region
+    /// after it), binds AV and CQ (transmit and receive, no counter) and enables it. `name` is a C
+    /// string (NUL-terminated).
+    pub fn open_named(
+        domain: &Arc<Domain>,
+        av: &Arc<AddressVector>,
+        cq: &Arc<CompletionQueue>,
+        name: &[u8],
+    ) -> Result<Endpoint> {
+        if name.last() != Some(&0) {
+            return Err(super::error::Error::invalid(
+                "fi_setname: name is not NUL-terminated".to_string(),
+            ));
+        }
+        let mut raw = ptr::null_mut();
+        // SAFETY: valid domain and info.
+        let ret = unsafe {
+            fi::fi_endpoint(
+                domain.raw,
+                domain.info().as_ptr(),
+                &mut raw,
+                ptr::null_mut(),
+            )
+        };
+        check(ret as i64, || "fi_endpoint".to_string())?;
+        let ep = Endpoint {
+            raw,
+            av: av.clone(),
+            cq: cq.clone(),
+            rx_cq: None,
+            cntr: None,
+            domain: domain.clone(),
+        };
+        // SAFETY: the endpoint is open and not yet enabled; the provider copies the name; binding
+        // open objects of the same domain.
+        unsafe {
+            check(
+                fi::fi_setname(ep.fid(), name.as_ptr() as *mut c_void, name.len()) as i64,
+                || "fi_setname".to_string(),
+            )?;
+            check(fi::fi_ep_bind(raw, av.fid(), 0) as i64, || {
+                "fi_ep_bind(av)".to_string()
+            })?;
+            check(
+                fi::fi_ep_bind(raw, cq.fid(), (fi::FI_TRANSMIT | fi::FI_RECV) as u64) as i64,
+                || "fi_ep_bind(cq)".to_string(),
+            )?;
+            check(fi::fi_enable(raw) as i64, || "fi_enable".to_string())?;
+        }
+        Ok(ep)
+    }
+
     /// Opens an endpoint with separate transmit and receive CQs (no counter), binds them and the AV,
     /// and enables it.
     pub fn open_split(

@@ -2251,20 +2251,9 @@ static void case_bad_handle_range(void) {
     }
     quiet_all(0, "quiet after the refused registrations");
 
-    /* Known limitation, kept visible: libfabric 2.1's shm completes an endpoint's operations in
-     * posting order, and a put whose key the target no longer has is never answered, so every later
-     * completion on that endpoint waits behind it (the transport would need an endpoint per peer or
-     * an endpoint rebuild on shm). The released-handle round is therefore run on the other
-     * providers only; the initiator-side refusals above and the other rounds run everywhere. */
-    const char *prov = getenv("NVSHMEM_LIBFABRIC_PROVIDER");
-    int shm = prov && strcmp(prov, "shm") == 0;
+    /* On shm the put through a released key is never answered by the provider; the transport
+     * finds the unanswered operation with a probe, fails it and replaces its lane to that PE. */
     for (int variant = 0; variant < 3 && !bs.broken; variant++) {
-        if (variant == 0 && shm) {
-            if (g.rank == 0)
-                out_line(2, "harness: bad_handle_range: the released-handle round is not run on shm "
-                            "(known limitation: shm never answers a put to a released key)");
-            continue;
-        }
         provider_failure_round(variant);
     }
 }
@@ -2439,20 +2428,6 @@ static void case_error_attribution(void) {
     if (barrier()) {
         failf("bootstrap barrier failed: %s", bs.err);
         goto out;
-    }
-    /* Known limitation (see bad_handle_range): with the provider's own atomics on shm, an atomic
-     * on a key the target released is never answered by libfabric 2.1's shm, and every later
-     * completion of the endpoint waits behind it. Target-applied AMOs (the default on shm) are
-     * refused by the target and run below on every provider. */
-    {
-        const char *prov = getenv("NVSHMEM_LIBFABRIC_PROVIDER");
-        const char *atom = getenv("NVSHMEM_EFA_ATOMICS");
-        if (prov && strcmp(prov, "shm") == 0 && atom && strcmp(atom, "provider") == 0) {
-            if (g.rank == 0)
-                out_line(2, "harness: error_attribution: not run with shm's own atomics (known "
-                            "limitation: shm never answers an atomic on a released key)");
-            goto out; /* every rank takes this branch: same environment */
-        }
     }
     /* 1. an AMO the target refuses (its registration is gone) */
     harness_amo_memdesc m;

@@ -32,6 +32,12 @@ pub(super) const AM_GET_DATA: u32 = 5;
 pub(super) const AM_TRACED: u32 = 1;
 /// The sender (PE in `val`) finalizes: operations to it from now on fail at once.
 pub(super) const AM_GOODBYE: u32 = 6;
+/// Probe of a transmit lane (sender PE in `val`, sequence number in `token`): answered by AM_PONG
+/// as soon as the target handles it, which proves that the target has processed every command
+/// posted to it before (see `lanes`).
+pub(super) const AM_PING: u32 = 7;
+/// Answer to AM_PING (`token` echoed, sender PE in `val`).
+pub(super) const AM_PONG: u32 = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -202,6 +208,30 @@ impl Transport {
                 stats.record(Stage::CopyIn, t, m.size as u64);
                 e.finish_counted(wait, error);
             }
+            AM_PING => {
+                let Some(dest) = c.peer_addr(m.val as i64, i) else {
+                    tracing::error!("probe from out-of-range PE {}", m.val);
+                    return;
+                };
+                let pong = AmMsg {
+                    magic: AM_MAGIC,
+                    kind: AM_PONG,
+                    token: m.token,
+                    val: c.my_pe as u64,
+                    ..Default::default()
+                };
+                // From this endpoint itself, like the probe: this PE's own lane to the prober may
+                // be the stuck one (it takes no new message then). A pong that cannot leave now is
+                // dropped: the prober probes again.
+                if let Err(err) = e.send_probe(dest, pong) {
+                    tracing::debug!("endpoint {i}: answer to a probe not sent: {err}");
+                }
+            }
+            AM_PONG => {
+                if let Some(l) = &e.lanes {
+                    l.probe_answered(m.val as usize, m.token);
+                }
+            }
             AM_GOODBYE => {
                 let pe = m.val as usize;
                 if pe < c.peers.len() && pe != c.my_pe as usize {
@@ -263,7 +293,11 @@ impl Transport {
                 Pending::Msg(d, _) => *d,
                 Pending::GetData { dest, .. } => *dest,
             };
-            if c.pe_of(dest).is_some_and(|pe| c.peers[pe].is_gone()) {
+            let Some(pe) = c.pe_of(dest) else {
+                tracing::error!("endpoint {i}: a message to unknown address {dest} dropped");
+                continue;
+            };
+            if c.peers[pe].is_gone() {
                 continue;
             }
             if blocked.contains(&dest) || (no_slot && matches!(p, Pending::GetData { .. })) {
@@ -271,7 +305,7 @@ impl Transport {
                 continue;
             }
             let r = match &p {
-                Pending::Msg(dest, msg) => self.send_small(e, *dest, *msg).inspect(|()| {
+                Pending::Msg(dest, msg) => self.send_small(e, pe, *dest, *msg).inspect(|()| {
                     if msg.kind == AM_RESP {
                         let stats = self.mover.stats();
                         stats.record(Stage::ResponseSent, None, 0);
@@ -312,7 +346,7 @@ impl Transport {
                         status,
                         ..Default::default()
                     };
-                    let r = self.send_slot(e, *dest, slot, hdr, 0, 0, false);
+                    let r = self.send_slot(e, pe, *dest, slot, hdr, 0, 0, false);
                     if r.is_err() {
                         e.send_free.lock().push(slot);
                     }
@@ -340,11 +374,12 @@ impl Transport {
     pub(super) fn send_small(
         &self,
         e: &EpState,
+        pe: usize,
         dest: FiAddr,
         msg: AmMsg,
     ) -> crate::fabric::Result<()> {
         e.send_with_ctx(TAG_AM_SEND, 0, "no context for an active message", |ctx| {
-            e.send_from_scratch(ctx, dest, msg)
+            e.send_from_scratch(ctx, pe, dest, msg)
         })
     }
 
@@ -355,6 +390,7 @@ impl Transport {
     pub(super) fn send_slot(
         &self,
         e: &EpState,
+        pe: usize,
         dest: FiAddr,
         slot: usize,
         hdr: AmMsg,
@@ -378,16 +414,19 @@ impl Transport {
                 }
                 let sp = e.send_slot_ptr(slot);
                 // SAFETY: the slot lies in the registered send slab and stays reserved until completion.
-                unsafe {
-                    std::ptr::write_unaligned(sp as *mut AmMsg, hdr);
-                    e.ep.send(
-                        sp,
-                        AM_BYTES + hdr.size as usize,
-                        e.send_slab.1.desc(),
-                        dest,
-                        ctx,
-                    )
-                }
+                unsafe { std::ptr::write_unaligned(sp as *mut AmMsg, hdr) };
+                e.transmit(pe, ctx, |ep| {
+                    // SAFETY: as above.
+                    unsafe {
+                        ep.send(
+                            sp,
+                            AM_BYTES + hdr.size as usize,
+                            e.send_slab.1.desc(),
+                            dest,
+                            ctx,
+                        )
+                    }
+                })
             },
         )
     }
@@ -447,7 +486,16 @@ impl Transport {
                             let t = stats.start();
                             let r = self.retry_again(c, ep, || {
                                 self.check_peer(c, pe as usize).map_err(|_| gone())?;
-                                self.send_slot(e, dest, slot, hdr, wait as u64, stamp, traced)
+                                self.send_slot(
+                                    e,
+                                    pe as usize,
+                                    dest,
+                                    slot,
+                                    hdr,
+                                    wait as u64,
+                                    stamp,
+                                    traced,
+                                )
                             });
                             stats.record(Stage::ChunkPost, t, n);
                             r
@@ -458,7 +506,7 @@ impl Transport {
                 let t = stats.start();
                 let r = self.retry_again(c, ep, || {
                     self.check_peer(c, pe as usize).map_err(|_| gone())?;
-                    self.send_small(e, dest, hdr)
+                    self.send_small(e, pe as usize, dest, hdr)
                 });
                 stats.record(Stage::ChunkPost, t, 0);
                 r

@@ -149,9 +149,12 @@ impl Transport {
             unsafe {
                 *s = val;
                 *s.add(1) = cmpv;
-                let opnd = s as *const u8;
+            }
+            let opnd = s as *const u8;
+            // SAFETY: as above (operands in the scratch, result buffer kept by NVSHMEM).
+            e.transmit(pe as usize, ctx, |ep| unsafe {
                 if opc == amo::COMPARE_SWAP {
-                    e.ep.compare_atomic(
+                    ep.compare_atomic(
                         opnd,
                         cdesc,
                         s.add(1) as *const u8,
@@ -165,14 +168,14 @@ impl Transport {
                         ctx,
                     )
                 } else if fetch {
-                    e.ep.fetch_atomic(
+                    ep.fetch_atomic(
                         opnd, cdesc, res_ptr, res_desc, dest, raddr, key, dt, fop, ctx,
                     )
                 } else if shm_fetch_workaround {
                     // libfabric 2.1's shm releases the inject buffer of a non-fetching atomic sent
                     // with FI_DELIVERY_COMPLETE twice (target and sender), so two later atomics share
                     // one buffer. A fetching atomic into the context's scratch space avoids that path.
-                    e.ep.fetch_atomic(
+                    ep.fetch_atomic(
                         opnd,
                         cdesc,
                         s.add(2) as *mut u8,
@@ -185,9 +188,9 @@ impl Transport {
                         ctx,
                     )
                 } else {
-                    e.ep.atomic(opnd, cdesc, dest, raddr, key, dt, fop, ctx)
+                    ep.atomic(opnd, cdesc, dest, raddr, key, dt, fop, ctx)
                 }
-            }
+            })
         })?;
         Ok(())
     }
@@ -232,7 +235,7 @@ impl Transport {
         let r = self.post_deferrable(c, ep, pe as usize, TAG_AM_SEND, wait as u64, move |ctx| {
             // SAFETY: the endpoint state owns the backlog this closure may wait in.
             let e = unsafe { &*(ep_addr as *const EpState) };
-            e.send_from_scratch(ctx, dest, msg)
+            e.send_from_scratch(ctx, pe as usize, dest, msg)
         });
         if let Err(err) = r {
             e.uncount(wait);

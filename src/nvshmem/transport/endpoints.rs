@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use super::am::{AmMsg, Pending, AM_MAGIC, AM_RECV_BUFS, AM_RESP, SEND_SLOTS, STAGE_BYTES};
 use super::group::{self, Group, SCRATCH_GROUP};
+use super::lanes::{Lanes, LANE_NBI, LANE_WAIT};
 use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
 use super::provider_ops::again;
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
@@ -17,6 +18,7 @@ use crate::config::GdaMode;
 use crate::cuda;
 use crate::fabric::{
     AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
+    Provider,
 };
 use crate::mover::handle::HostId;
 
@@ -26,6 +28,8 @@ pub(super) const TAG_AM_SEND: u64 = 2;
 pub(super) const TAG_AM_RECV: u64 = 3;
 pub(super) const TAG_AM_WAIT: u64 = 4;
 pub(super) const TAG_SLOT_SEND: u64 = 5;
+/// A lane probe, sent from the receiving endpoint itself (see `lanes`).
+pub(super) const TAG_PROBE: u64 = 6;
 
 /// One endpoint with its completion bookkeeping.
 pub(super) struct EpState {
@@ -52,7 +56,12 @@ pub(super) struct EpState {
     pub(super) peer: Vec<PeerAcct>,
     /// Operations waiting in any peer's backlog.
     pub(super) backlogged: std::sync::atomic::AtomicUsize,
+    /// Transmit endpoints per peer (shm; see `lanes`); `None`: everything leaves through `ep`.
+    pub(super) lanes: Option<Lanes>,
 }
+
+/// Bytes of one shm endpoint name in the address exchange (names are shorter, NUL-padded).
+const SHM_NAME_SLOT: usize = 64;
 
 /// Scratch word of a counted context holding its target PE + 1 (0: none).
 const SCRATCH_PEER: usize = 6;
@@ -81,6 +90,46 @@ pub(super) fn host_slab(
 }
 
 impl EpState {
+    /// Posts with `f` on the endpoint that carries operations to `pe`: its lane where there are
+    /// lanes (the waiting lane when the caller waits for the operation), else the endpoint itself.
+    pub(super) fn transmit(
+        &self,
+        pe: usize,
+        ctx: *mut c_void,
+        f: impl FnOnce(&Endpoint) -> crate::fabric::Result<()>,
+    ) -> crate::fabric::Result<()> {
+        match &self.lanes {
+            None => f(&self.ep),
+            Some(l) => l.post(pe, self.lane_kind(ctx), ctx, f),
+        }
+    }
+
+    /// Whether the operation of `ctx` (or the one it carries a message for) is waited for inside
+    /// its call: it then takes the waiting lane, so it never queues behind an unanswered nbi one.
+    fn lane_kind(&self, ctx: *mut c_void) -> usize {
+        let waited = |c: *mut c_void| {
+            // SAFETY: own context's scratch word (0 or a group reference, see attach).
+            self.ctxs
+                .scratch(c)
+                .is_some_and(|s| unsafe { *s.add(SCRATCH_GROUP) } != 0)
+        };
+        let w = match self.ctxs.get(ctx) {
+            Some((TAG_OP, _)) => ctx,
+            Some((TAG_AM_SEND, data)) => data as *mut c_void,
+            // SAFETY: own context; send_slot wrote the waiting context to scratch[0] before posting.
+            Some((TAG_SLOT_SEND, _)) => self
+                .ctxs
+                .scratch(ctx)
+                .map_or(std::ptr::null_mut(), |s| unsafe { *s } as *mut c_void),
+            _ => std::ptr::null_mut(),
+        };
+        if !w.is_null() && waited(w) {
+            LANE_WAIT
+        } else {
+            LANE_NBI
+        }
+    }
+
     /// Gives back a context taken with `Transport::alloc_counted` whose operation was not posted.
     pub(super) fn uncount(&self, ctx: *mut c_void) {
         if let Some(g) = self.take_group(ctx) {
@@ -262,6 +311,26 @@ impl EpState {
         self.ctxs.free(ctx);
     }
 
+    /// Sends a lane probe from this endpoint itself, not from the probed lane: shm takes no new
+    /// message on a lane whose oldest operation was dropped (its segmented transfer to that peer
+    /// never finishes).
+    pub(super) fn send_probe(&self, dest: FiAddr, msg: AmMsg) -> crate::fabric::Result<()> {
+        self.send_with_ctx(TAG_PROBE, 0, "no context for a probe", |ctx| {
+            let s = self.ctxs.scratch(ctx).expect("own context");
+            // SAFETY: scratch is 64 bytes owned by the context until its completion.
+            unsafe {
+                std::ptr::write_unaligned(s as *mut AmMsg, msg);
+                self.ep.send(
+                    s as *const u8,
+                    std::mem::size_of::<AmMsg>(),
+                    self.ctx_desc(),
+                    dest,
+                    ctx,
+                )
+            }
+        })
+    }
+
     pub(super) fn ctx_desc(&self) -> *mut c_void {
         self.ctx_mr
             .as_ref()
@@ -273,21 +342,25 @@ impl EpState {
     pub(super) fn send_from_scratch(
         &self,
         ctx: *mut c_void,
+        pe: usize,
         dest: FiAddr,
         msg: AmMsg,
     ) -> crate::fabric::Result<()> {
         let s = self.ctxs.scratch(ctx).expect("own context");
         // SAFETY: scratch is 64 bytes owned by the context until its completion.
-        unsafe {
-            std::ptr::write_unaligned(s as *mut AmMsg, msg);
-            self.ep.send(
-                s as *const u8,
-                std::mem::size_of::<AmMsg>(),
-                self.ctx_desc(),
-                dest,
-                ctx,
-            )
-        }
+        unsafe { std::ptr::write_unaligned(s as *mut AmMsg, msg) };
+        self.transmit(pe, ctx, |ep| {
+            // SAFETY: as above; the message stays in the scratch space until the completion.
+            unsafe {
+                ep.send(
+                    s as *const u8,
+                    std::mem::size_of::<AmMsg>(),
+                    self.ctx_desc(),
+                    dest,
+                    ctx,
+                )
+            }
+        })
     }
 }
 
@@ -311,9 +384,20 @@ impl Transport {
         let n = n_pes as usize;
         let av = AddressVector::open(&self.domain, n * NUM_EPS)?;
         let mut eps = Vec::with_capacity(NUM_EPS);
-        for _ in 0..NUM_EPS {
+        let shm = self.provider == Provider::Shm;
+        for i in 0..NUM_EPS {
             let cq = CompletionQueue::open(&self.domain, self.cfg.max_inflight.max(1024))?;
-            let ep = Endpoint::open(&self.domain, &av, &cq, None)?;
+            // shm names its region after the endpoint (`/dev/shm/<name>`): by default
+            // `<pid>:<uid>:<n>`, which a killed process leaves behind for the next process with its
+            // PID. This process's cookie makes the name its own (`<pid>:<cookie>:<n>`; the PID
+            // stays first, where cleanup scripts look for it).
+            let prefix = format!("fi_shm://{}:{:016x}:{i}", std::process::id(), self.cookie);
+            let ep = if shm {
+                Endpoint::open_named(&self.domain, &av, &cq, format!("{prefix}\0").as_bytes())?
+            } else {
+                Endpoint::open(&self.domain, &av, &cq, None)?
+            };
+            let lanes = shm.then(|| Lanes::new(&self.domain, &av, &cq, prefix, n));
             let ctxs = OpContexts::new(self.cfg.max_inflight);
             let ctx_mr = if self.info.mr_local() {
                 let (p, len) = ctxs.region();
@@ -351,6 +435,7 @@ impl Transport {
                 send_free: Mutex::new((0..SEND_SLOTS).rev().collect()),
                 peer: (0..n).map(|_| PeerAcct::default()).collect(),
                 backlogged: std::sync::atomic::AtomicUsize::new(0),
+                lanes,
             });
         }
         // Exchange names: fixed-size slots so every PE's allgather has the same byte count.
@@ -358,7 +443,14 @@ impl Transport {
         // mover::handle::HostId), one name slot per endpoint, then the process identity (liveness
         // checks of peers on one host, see peers.rs).
         let names: Vec<Vec<u8>> = eps.iter().map(|e| e.ep.name()).collect::<Result<_, _>>()?;
-        let slot = names.iter().map(|v| v.len()).max().unwrap_or(0);
+        // shm names are C strings whose length varies with the PID: every PE uses the same fixed
+        // slot (NUL-padded) and the names are inserted one by one.
+        let longest = names.iter().map(|v| v.len()).max().unwrap_or(0);
+        let slot = if shm {
+            SHM_NAME_SLOT.max(longest)
+        } else {
+            longest
+        };
         // [name size][PE][host id][names][process identity (liveness checks on one host)]
         const HDR: usize = 16;
         let me = ProcId::me();
@@ -390,7 +482,15 @@ impl Transport {
             let p = ProcId::from_bytes(&rec[HDR + NUM_EPS * slot..]);
             peers.push(PeerState::new(p, pe != my_pe as usize && me.same_host(&p)));
         }
-        let addrs = av.insert(&flat, n * NUM_EPS)?;
+        let addrs = if shm {
+            let mut v = Vec::with_capacity(n * NUM_EPS);
+            for name in flat.chunks(slot) {
+                v.extend(av.insert(name, 1)?);
+            }
+            v
+        } else {
+            av.insert(&flat, n * NUM_EPS)?
+        };
         let conn = Connected {
             my_pe,
             n_pes,

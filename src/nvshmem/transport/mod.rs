@@ -3,7 +3,10 @@
 //!
 //! Endpoints: index 0 serves host-initiated operations, index 1 NVSHMEM's proxy thread (device-
 //! initiated operations). Peer `pe`'s endpoint `i` is `fi_addr = pe * 2 + i` in the AV. The GPU's own
-//! queue (GDA) lives on a third, private endpoint owned by `crate::gda`.
+//! queue (GDA) lives on a third, private endpoint owned by `crate::gda`. On shm those endpoints
+//! only receive: every operation to PE `p` leaves through a transmit endpoint ("lane") of this PE
+//! for `p`, so an operation shm never answers (dead peer, released key) holds up only its lane
+//! (see `lanes`).
 //!
 //! Completion accounting: every posted operation takes a context from the endpoint's pool and bumps
 //! `submitted`; whoever reaps its completion (a caller of quiet/progress, or the progress thread)
@@ -25,7 +28,8 @@
 //! non-blocking stream, completion polled by quiet) instead of the staged path; see `rma`.
 //!
 //! Layout: `endpoints` (endpoint state, connect, contexts and posting), `progress` (the progress
-//! thread and completion dispatch), `am` (active messages and staged transfers), `memory` (handles
+//! thread and completion dispatch), `lanes` (per-peer transmit endpoints on shm), `peers` (liveness,
+//! per-peer accounting), `am` (active messages and staged transfers), `memory` (handles
 //! and registrations), `rma`, `amo`, `quiet`, `provider_ops` (every raw libfabric constant used
 //! here), `error`.
 
@@ -34,6 +38,7 @@ mod amo;
 mod endpoints;
 mod error;
 mod group;
+mod lanes;
 mod memory;
 mod peers;
 mod progress;

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_RECV_BUFS};
+use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING, AM_RECV_BUFS};
+use super::lanes::{Lanes, ProbeStep};
 use super::{Connected, Transport, EP_HOST, NUM_EPS};
 
 /// Why a peer that said goodbye is gone.
@@ -263,6 +264,50 @@ impl Transport {
                 self.declare_gone(c, pe, &why);
             }
         }
+        self.probe_lanes(c);
+    }
+
+    /// Looks for stuck transmit lanes (see `lanes`): a lane whose oldest operation is not answered
+    /// gets a probe; when the peer answers the probe and the operation still is not, the peer has
+    /// processed it and will never answer it (shm drops an access through a key the target no
+    /// longer has), so the lane is replaced and its operations fail.
+    fn probe_lanes(&self, c: &Connected) {
+        let now = Instant::now();
+        for (i, e) in c.eps.iter().enumerate() {
+            let Some(l) = &e.lanes else { continue };
+            for (pe, p) in c.peers.iter().enumerate() {
+                if p.is_gone() {
+                    continue;
+                }
+                for kind in 0..Lanes::kinds() {
+                    match l.probe_step(pe, kind, now) {
+                        ProbeStep::Nothing => {}
+                        ProbeStep::Send(seq) => {
+                            let msg = AmMsg {
+                                magic: AM_MAGIC,
+                                kind: AM_PING,
+                                token: seq,
+                                val: c.my_pe as u64,
+                                ..Default::default()
+                            };
+                            if let Err(err) = e.send_probe(c.addr(pe as i32, i), msg) {
+                                tracing::debug!("endpoint {i}: probe to PE {pe} not sent: {err}");
+                                l.probe_unsent(pe, kind);
+                            }
+                        }
+                        ProbeStep::Stuck => {
+                            let why = format!(
+                                "PE {pe} processed an operation without answering it (an access \
+                                 through a registration it no longer has?); the lane to it was \
+                                 replaced and the operations posted on it failed"
+                            );
+                            tracing::error!("endpoint {i}: {why}");
+                            l.retire(pe, kind, true, &why);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// A peer is dead or departed: everything outstanding towards it fails now (operations the
@@ -291,6 +336,10 @@ impl Transport {
             let left: Vec<usize> = a.outstanding.lock().drain().collect();
             for ctx in left {
                 e.account(ctx as *mut c_void, Some(pe), Some(msg.clone()));
+            }
+            // Its lanes close: what is posted on them comes back at the next progress.
+            if let Some(l) = &e.lanes {
+                l.close_peer(pe, &msg);
             }
         }
     }
@@ -365,7 +414,7 @@ impl Transport {
                 ..Default::default()
             };
             let dest = c.addr(pe as i32, EP_HOST);
-            while let Err(err) = self.send_small(e, dest, msg) {
+            while let Err(err) = self.send_small(e, pe, dest, msg) {
                 if !err.is_again() || Instant::now() > deadline {
                     tracing::debug!("finalize: goodbye to PE {pe} not sent: {err}");
                     break;

@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_SLOT_SEND};
+use super::endpoints::{
+    EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_PROBE, TAG_SLOT_SEND,
+};
 use super::{is_nic, Connected, Transport};
 use crate::cuda;
 use crate::fabric::CqEntry;
@@ -80,6 +82,30 @@ impl Transport {
 
     pub(super) fn progress_ep(&self, c: &Connected, i: usize) -> usize {
         let e = &c.eps[i];
+        let mut handled = match &e.lanes {
+            None => self.poll_cq(c, i),
+            Some(l) => {
+                let n = {
+                    // Recursive: a writer waiting for the gate must not block a reader that
+                    // already holds it further up this thread's stack.
+                    let _gate = l.gate.read_recursive();
+                    self.poll_cq(c, i)
+                };
+                if l.has_retired() {
+                    self.close_retired(c, i);
+                }
+                n
+            }
+        };
+        self.flush_am_pending(c, i);
+        handled += self.drain_backlogs(c, i);
+        self.check_peers(c);
+        handled
+    }
+
+    /// Reads endpoint `i`'s CQ until it is empty and handles every completion.
+    fn poll_cq(&self, c: &Connected, i: usize) -> usize {
+        let e = &c.eps[i];
         let mut handled = 0;
         // SAFETY: fi_cq_data_entry is plain data; all-zero is a valid value.
         let mut buf: [CqEntry; 16] = unsafe { std::mem::zeroed() };
@@ -88,7 +114,9 @@ impl Transport {
                 Ok(0) => break,
                 Ok(n) => {
                     for ent in &buf[..n] {
-                        self.complete(c, i, ent.op_context, ent.len, None);
+                        if self.claimed(e, ent.op_context) {
+                            self.complete(c, i, ent.op_context, ent.len, None);
+                        }
                     }
                     handled += n;
                 }
@@ -100,14 +128,65 @@ impl Transport {
                         tracing::error!("endpoint {i}: {}", err.error);
                         break;
                     }
-                    self.complete(c, i, err.context, 0, Some(err.error.to_string()));
+                    if self.claimed(e, err.context) {
+                        self.complete(c, i, err.context, 0, Some(err.error.to_string()));
+                    }
                 }
             }
         }
-        self.flush_am_pending(c, i);
-        handled += self.drain_backlogs(c, i);
-        self.check_peers(c);
         handled
+    }
+
+    /// Whether a completion read from the CQ is to be handled: with lanes, a transmit whose lane
+    /// was closed has been reclaimed already (its context may belong to another operation now).
+    fn claimed(&self, e: &EpState, ctx: *mut c_void) -> bool {
+        let Some(l) = &e.lanes else { return true };
+        match e.ctxs.get(ctx) {
+            Some((TAG_OP | TAG_AM_SEND | TAG_SLOT_SEND, _)) => l.claim(ctx),
+            _ => true,
+        }
+    }
+
+    /// Closes the lanes of endpoint `i` that were taken out of service, handles the completions
+    /// they wrote before, and then reclaims the operations still posted on them: a counted one
+    /// fails with the reason; message contexts and send slots come back (their waiting operation
+    /// is answered by the peer, or was failed when the peer was found gone).
+    fn close_retired(&self, c: &Connected, i: usize) {
+        let e = &c.eps[i];
+        let Some(l) = &e.lanes else { return };
+        let (retired, left) = {
+            let _gate = l.gate.write();
+            let mut retired = l.take_retired();
+            for r in retired.iter_mut() {
+                r.ep.take();
+            }
+            self.poll_cq(c, i);
+            let left = l.reclaim(&retired);
+            (retired, left)
+        };
+        for r in &retired {
+            tracing::debug!("endpoint {i}: lane to PE {} closed: {}", r.pe, r.why);
+        }
+        for (ctx, k) in left {
+            let why = &retired[k].why;
+            match e.ctxs.get(ctx) {
+                Some((TAG_OP, _)) => {
+                    tracing::error!(
+                        "endpoint {i}: operation to PE {} failed: {why}",
+                        retired[k].pe
+                    );
+                    e.finish_counted(ctx, Some(why.clone()));
+                }
+                Some((TAG_SLOT_SEND, slot)) => {
+                    e.send_free.lock().push(slot as usize);
+                    e.ctxs.free(ctx);
+                }
+                Some(_) => {
+                    e.ctxs.free(ctx);
+                }
+                None => {}
+            }
+        }
     }
 
     /// Handles one completion; `len` is the received length for receives.
@@ -179,6 +258,12 @@ impl Transport {
                     self.fail_am_wait(e, wait as *mut c_void, msg);
                 }
                 e.send_free.lock().push(data as usize);
+                e.ctxs.free(ctx);
+            }
+            TAG_PROBE => {
+                if let Some(msg) = error {
+                    tracing::debug!("endpoint {i}: lane probe failed: {msg}");
+                }
                 e.ctxs.free(ctx);
             }
             TAG_AM_WAIT => {

@@ -241,9 +241,9 @@ impl Transport {
                     let desc = desc as *mut c_void;
                     // SAFETY: the local range lies in a live registration; NVSHMEM keeps buffers valid
                     // until quiet (nbi) or until we return (blocking: we wait for the operation).
-                    unsafe {
+                    e.transmit(pe as usize, ctx, |ep| unsafe {
                         if is_put {
-                            e.ep.write(
+                            ep.write(
                                 laddr as *const u8,
                                 len as usize,
                                 desc,
@@ -253,9 +253,9 @@ impl Transport {
                                 ctx,
                             )
                         } else {
-                            e.ep.read(laddr as *mut u8, len as usize, desc, dest, raddr, key, ctx)
+                            ep.read(laddr as *mut u8, len as usize, desc, dest, raddr, key, ctx)
                         }
-                    }
+                    })
                 })?;
                 Ok(())
             }
@@ -332,8 +332,8 @@ impl Transport {
         if is_put && !device && (len as usize) <= self.info.inject_size() {
             self.post(c, ep, pe as usize, TAG_OP, 0, |ctx| {
                 // SAFETY: FI_INJECT: the provider copies the source before returning.
-                unsafe {
-                    e.ep.write_msg(
+                e.transmit(pe as usize, ctx, |ep| unsafe {
+                    ep.write_msg(
                         laddr as *const u8,
                         len as usize,
                         std::ptr::null_mut(),
@@ -343,7 +343,7 @@ impl Transport {
                         ctx,
                         self.inject_flags(),
                     )
-                }
+                })
             })?;
             return Ok(());
         }
@@ -366,13 +366,13 @@ impl Transport {
                 let _scope = GroupScope::enter(&g);
                 self.post(c, ep, pe as usize, TAG_OP, 0, |ctx| {
                     // SAFETY: bounce buffer registered and held (locked) until the chunk completes.
-                    unsafe {
+                    e.transmit(pe as usize, ctx, |ep| unsafe {
                         if is_put {
-                            e.ep.write(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+                            ep.write(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
                         } else {
-                            e.ep.read(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
+                            ep.read(bp, n as usize, mr.desc(), dest, raddr + off, key, ctx)
                         }
-                    }
+                    })
                 })
             };
             posted?;
