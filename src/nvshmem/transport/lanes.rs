@@ -34,6 +34,8 @@ pub(super) const LANE_NBI: usize = 0;
 /// Lane of operations whose caller waits for them (blocking puts and gets, bounce chunks).
 pub(super) const LANE_WAIT: usize = 1;
 const KINDS: usize = 2;
+/// Names one shm endpoint can hold in its peer table (libfabric 2.1: `SMR_MAX_PEERS`).
+const SHM_PEER_NAMES: usize = 256;
 
 /// A lane whose oldest operation has not completed for this long gets a probe.
 const STALL: Duration = Duration::from_millis(100);
@@ -132,6 +134,17 @@ impl Lanes {
             done: AtomicU64::new(0),
             probe: Mutex::new(Probe::default()),
         };
+        // Every lane of every PE is one more name in each target's shm address table, which holds
+        // SHM_PEER_NAMES entries (libfabric 2.1 prov/shm/src/smr_util.h: SMR_MAX_PEERS); replaced lanes
+        // take further entries. Two lanes per logical endpoint, two logical endpoints per PE.
+        let names = 2 * KINDS * n_pes;
+        if names > SHM_PEER_NAMES * 3 / 4 {
+            tracing::warn!(
+                "shm transmit lanes: {n_pes} PEs may register up to {names} sender names at each \
+                 target, close to shm's limit of {SHM_PEER_NAMES}; past it new lanes cannot reach \
+                 their peer. Use fewer PEs per node on shm, or another provider"
+            );
+        }
         Lanes {
             domain: domain.clone(),
             av: av.clone(),
