@@ -185,7 +185,7 @@ say "nvshmem:   $nv_version at $nvshmem_dir"
 # LD_LIBRARY_PATH: the libfabric >= 2.0 this library needs (what an EFA installer provides), and
 # NVSHMEM's lib/ (cuda.pathfinder, which nvshmem4py uses, looks only in site.getsitepackages(),
 # which does not include the torch venv's folder added by the .pth above).
-run_env=(env -u LD_PRELOAD -u NVSHMEM_REMOTE_TRANSPORT -u CUDA_MODULE_LOADING PYTHONUNBUFFERED=1
+run_env=(env -u LD_PRELOAD -u NVSHMEM_REMOTE_TRANSPORT -u CUDA_MODULE_LOADING -u CUDA_DEVICE_MAX_CONNECTIONS PYTHONUNBUFFERED=1
     "LD_LIBRARY_PATH=$fabric_lib:$nvshmem_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 [ -d "$fabric_lib/libfabric" ] && run_env+=("FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-$fabric_lib/libfabric}")
 abi=$(echo "$nv_version" | awk -F. '$1 == 3 && $2 >= 4 && $2 <= 8 { print $2 - 1 }')

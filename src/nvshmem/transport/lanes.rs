@@ -63,8 +63,11 @@ struct Probe {
 
 struct Ping {
     seq: u64,
-    /// Operations posted on the lane before the probe.
-    before: u64,
+    /// Sequence number of the first probe of this stall and the operations posted on the lane
+    /// before it: an answer to any probe from `first_seq` to `seq` proves the target processed
+    /// every one of them.
+    first_seq: u64,
+    first_before: u64,
     sent: Instant,
     answered: Option<Instant>,
 }
@@ -296,23 +299,32 @@ impl Lanes {
             }
         };
         let seen = p.seen;
-        let next = |before| Ping {
-            seq: self.seq.fetch_add(1, Ordering::AcqRel),
-            before,
-            sent: now,
-            answered: None,
+        let next = |before, first: Option<(u64, u64)>| {
+            let seq = self.seq.fetch_add(1, Ordering::AcqRel);
+            let (first_seq, first_before) = first.unwrap_or((seq, before));
+            Ping {
+                seq,
+                first_seq,
+                first_before,
+                sent: now,
+                answered: None,
+            }
         };
         match &p.ping {
             None if now.duration_since(since) >= STALL => {
-                let pg = next(posted);
+                let pg = next(posted, None);
                 let seq = pg.seq;
                 p.ping = Some(pg);
                 ProbeStep::Send(seq)
             }
             Some(pg) => match pg.answered {
-                Some(t) if now.duration_since(t) >= GRACE && seen < pg.before => ProbeStep::Stuck,
+                Some(t) if now.duration_since(t) >= GRACE && seen < pg.first_before => {
+                    ProbeStep::Stuck
+                }
                 None if now.duration_since(pg.sent) >= REPROBE => {
-                    let pg = next(posted);
+                    // Resent (the peer may have been stopped), keeping the first probe's facts: an
+                    // answer that comes later than REPROBE still counts (no livelock of resends).
+                    let pg = next(posted, Some((pg.first_seq, pg.first_before)));
                     let seq = pg.seq;
                     p.ping = Some(pg);
                     ProbeStep::Send(seq)
@@ -325,7 +337,14 @@ impl Lanes {
 
     /// A probe could not be sent: try again at the next step.
     pub fn probe_unsent(&self, pe: usize, kind: usize) {
-        self.lanes[pe][kind].probe.lock().ping = None;
+        let mut p = self.lanes[pe][kind].probe.lock();
+        if let Some(pg) = p.ping.as_mut() {
+            // Resend at the next step, keeping the stall's first probe (see `probe_step`).
+            match Instant::now().checked_sub(REPROBE) {
+                Some(t) => pg.sent = t,
+                None => p.ping = None,
+            }
+        }
     }
 
     /// The answer to probe `seq` from `pe` arrived.
@@ -335,7 +354,11 @@ impl Lanes {
         };
         for lane in lanes {
             let mut p = lane.probe.lock();
-            if let Some(pg) = p.ping.as_mut().filter(|pg| pg.seq == seq) {
+            if let Some(pg) = p
+                .ping
+                .as_mut()
+                .filter(|pg| (pg.first_seq..=pg.seq).contains(&seq))
+            {
                 pg.answered.get_or_insert(Instant::now());
             }
         }
