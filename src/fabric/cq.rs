@@ -72,20 +72,7 @@ impl CompletionQueue {
     pub fn read(&self, out: &mut [CqEntry]) -> std::result::Result<usize, CqError> {
         // SAFETY: out has room for out.len() entries of the CQ's format.
         let ret = unsafe { fi::fi_cq_read(self.raw, out.as_mut_ptr() as *mut c_void, out.len()) };
-        if ret >= 0 {
-            return Ok(ret as usize);
-        }
-        if ret == -(fi::FI_EAGAIN as isize) {
-            return Ok(0);
-        }
-        if ret == -(fi::FI_EAVAIL as isize) {
-            return Err(self.read_error());
-        }
-        Err(CqError {
-            context: ptr::null_mut(),
-            flags: 0,
-            error: Error::from_ret(ret as i64, "fi_cq_read"),
-        })
+        self.read_result(ret, "fi_cq_read")
     }
 
     /// [`CompletionQueue::read`] with each completion's source address (`FI_ADDR_NOTAVAIL` where the
@@ -105,6 +92,12 @@ impl CompletionQueue {
                 src.as_mut_ptr(),
             )
         };
+        self.read_result(ret, "fi_cq_readfrom")
+    }
+
+    /// What a read call's return value means: completions read, none (`-FI_EAGAIN`), the next
+    /// error completion (`-FI_EAVAIL`, consumed here), or the call's own failure.
+    fn read_result(&self, ret: isize, call: &str) -> std::result::Result<usize, CqError> {
         if ret >= 0 {
             return Ok(ret as usize);
         }
@@ -117,7 +110,7 @@ impl CompletionQueue {
         Err(CqError {
             context: ptr::null_mut(),
             flags: 0,
-            error: Error::from_ret(ret as i64, "fi_cq_readfrom"),
+            error: Error::from_ret(ret as i64, call),
         })
     }
 
