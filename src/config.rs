@@ -62,6 +62,10 @@ pub struct Config {
     /// not consumed, as the NIC's RX CQ does (it never sees the consumer index), instead of holding
     /// new entries back.
     pub soft_rx_overwrite: bool,
+    /// `NVSHMEM_EFA_SOFT_RX_CREDITS`: the software queue holds a receive while its completion waits
+    /// for RX ring room, as the hardware receive path does (senders then wait), instead of
+    /// buffering completions without bound.
+    pub soft_rx_credits: bool,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
@@ -163,6 +167,7 @@ impl Config {
             max_batch: 32,
             sq_entry_size: 64,
             soft_rx_overwrite: false,
+            soft_rx_credits: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
         };
@@ -261,6 +266,9 @@ impl Config {
         }
         if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_OVERWRITE") {
             c.soft_rx_overwrite = parse_bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE", &v)?;
+        }
+        if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_CREDITS") {
+            c.soft_rx_credits = parse_bool("NVSHMEM_EFA_SOFT_RX_CREDITS", &v)?;
         }
         if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
             c.sq_entry_size = match v.trim() {

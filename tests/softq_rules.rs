@@ -7,6 +7,8 @@
 //! | at most `max_batch` WQEs written ahead of the doorbell, over all posters | `written_ahead_of_the_doorbell_is_refused` |
 //! | a 128-byte SQ entry is written whole (bytes 64-127 zero) | `stale_bytes_of_a_128_byte_entry_are_refused` |
 //! | the NIC's RX CQ does not see the consumer index: undrained entries are overwritten (opt-in model, `NVSHMEM_EFA_SOFT_RX_OVERWRITE=1`) | `undrained_rx_entries_are_overwritten_as_on_the_nic` |
+//! | (same) a receiver that stops draining finds its next entry overwritten and waits on it | `a_receiver_that_stops_draining_finds_its_next_entry_overwritten` |
+//! | a receive whose completion waits for RX ring room stays unposted: at most the receives' worth wait (opt-in model, `NVSHMEM_EFA_SOFT_RX_CREDITS=1`) | `a_receiver_that_does_not_drain_holds_its_receives` |
 mod softq_common;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,7 @@ use nvshmem_efa_gda::config::GdaMode;
 use nvshmem_efa_gda::efa::cqe::CqStatus;
 use nvshmem_efa_gda::efa::wqe;
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
+use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
 use softq_common::*;
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
@@ -257,5 +260,148 @@ fn undrained_rx_entries_are_overwritten_as_on_the_nic() {
         poster.poll_rx(8, &mut got);
         let imms: Vec<u32> = got.iter().map(|r| r.as_ref().unwrap().imm).collect();
         assert_eq!(imms, (2 * rx as u32..2 * rx as u32 + 5).collect::<Vec<_>>());
+    }
+}
+
+/// Sends from PE 0 to PE 1, whose receiver does not drain, numbered inline SENDs with immediates
+/// (posting only while the sender's SQ has room) until `total` are posted or nothing moves for a
+/// second; returns how many were posted.
+fn send_until_stalled(
+    q1: &nvshmem_efa_gda::gda::softq::SoftQueue,
+    poster: &HostPoster<'_>,
+    peer: &NvshmemEfaGdaPeer,
+    total: u64,
+) -> u64 {
+    let mut posted = 0u64;
+    let mut last = (0u64, 0u64, Instant::now());
+    loop {
+        poster.poll_cq();
+        posted += send_step(poster, peer, posted, total);
+        let now = (
+            poster.done(),
+            q1.stats().rx_produced + q1.stats().rx_pending,
+        );
+        if now != (last.0, last.1) {
+            last = (now.0, now.1, Instant::now());
+        } else if last.2.elapsed() > Duration::from_secs(1) {
+            return posted;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Posts up to 16 more of the numbered SENDs if the SQ has room; returns how many.
+fn send_step(poster: &HostPoster<'_>, peer: &NvshmemEfaGdaPeer, posted: u64, total: u64) -> u64 {
+    let sq = u64::from(poster.view().sq_entries);
+    if posted >= total || posted + 16 > poster.done() + sq {
+        return 0;
+    }
+    let k = (total - posted).min(16);
+    let ds: Vec<_> = (0..k)
+        .map(|j| send_inline(peer, b"m", Some((posted + j) as u32)))
+        .collect();
+    poster.post(&ds).unwrap();
+    k
+}
+
+/// On the device a receive whose completion waits for RX ring room stays unposted, so a receiver
+/// that does not drain holds at most its receives' worth of completions and further SENDs wait at
+/// the sender (RNR retry). With `NVSHMEM_EFA_SOFT_RX_CREDITS=1` the software queue does the same;
+/// without it, it buffers completions without bound (what this test fails on).
+#[test]
+fn a_receiver_that_does_not_drain_holds_its_receives() {
+    for p in providers() {
+        let mut cfg = config(GdaMode::Soft);
+        cfg.soft_rx_credits = true;
+        cfg.gpu_staging = Some(false);
+        let pes = setup_with(&p, 2, 1 << 20, 64, 16, &cfg);
+        let q0 = pes[0].gda.soft_queue().unwrap();
+        let q1 = pes[1].gda.soft_queue().unwrap();
+        let (poster, seen) = observed(q0);
+        let receiver = HostPoster::new(q1).unwrap();
+        let rx = u64::from(receiver.view().rx_entries);
+        let credits = 128u64; // the queue's receive buffers
+        let total = rx + credits + 256;
+        let peer = pes[0].peer(1);
+        let posted = send_until_stalled(q1, &poster, &peer, total);
+        let st = q1.stats();
+        eprintln!(
+            "{p}: posted {posted} of {total}, sender done {}, receiver: {} in the ring, {} waiting, {} receives held",
+            poster.done(),
+            st.rx_produced,
+            st.rx_pending,
+            st.rx_receives_held
+        );
+        assert_eq!(st.rx_produced, rx, "the ring fills");
+        assert!(
+            st.rx_pending <= credits,
+            "{} completions wait in host memory, more than the {credits} receives",
+            st.rx_pending
+        );
+        assert_eq!(st.rx_receives_held, st.rx_pending);
+        assert_eq!(st.rx_pending, credits, "every receive is held");
+        // The receiver drains: every message arrives, in order, and every SEND completes well.
+        let mut got = Vec::new();
+        let mut posted = posted;
+        wait_until("every message", || {
+            receiver.poll_rx(64, &mut got);
+            if posted < total {
+                posted += send_step(&poster, &peer, posted, total);
+            }
+            poster.poll_cq();
+            got.len() as u64 == total && poster.done() == total
+        });
+        let imms: Vec<u32> = got.iter().map(|r| r.as_ref().unwrap().imm).collect();
+        assert_eq!(imms, (0..total as u32).collect::<Vec<_>>());
+        assert!(seen.lock().unwrap().values().all(|&s| s == 0));
+        assert_eq!(q1.stats().rx_receives_held, 0);
+    }
+}
+
+/// With the NIC's RX behaviour, a receiver that drains for a while and then stops: one entry past
+/// the ring overwrites the one it would read next, whose phase is now the next pass's, so its phase
+/// check sees nothing ready although a ring's worth of entries arrived (the device would wait
+/// there until it times out).
+#[test]
+fn a_receiver_that_stops_draining_finds_its_next_entry_overwritten() {
+    for p in providers() {
+        let mut cfg = config(GdaMode::Soft);
+        cfg.soft_rx_overwrite = true;
+        let pes = setup_with(&p, 1, 1 << 20, 64, 16, &cfg);
+        let q = pes[0].gda.soft_queue().unwrap();
+        let poster = HostPoster::new(q).unwrap();
+        let rx = u64::from(poster.view().rx_entries);
+        let peer = pes[0].peer(0);
+        let send = |from: u64, n: u64| {
+            let mut i = from;
+            while i < from + n {
+                let k = (from + n - i).min(16);
+                let ds: Vec<_> = (0..k)
+                    .map(|j| send_inline(&peer, b"y", Some((i + j) as u32)))
+                    .collect();
+                poster.post(&ds).unwrap();
+                i += k;
+            }
+            poster.quiet().unwrap();
+            wait_until("receive completions", || q.stats().rx_produced == from + n);
+        };
+        // Half a ring, drained as it comes.
+        let h = rx / 2;
+        send(0, h);
+        let mut got = Vec::new();
+        wait_until("the first half", || {
+            poster.poll_rx(64, &mut got);
+            got.len() as u64 == h
+        });
+        assert_eq!(q.stats().rx_overruns, 0, "a draining receiver lost nothing");
+        // The receiver stops; a ring's worth and one more arrive.
+        send(h, rx + 1);
+        assert_eq!(q.stats().rx_overruns, 1);
+        let mut after = Vec::new();
+        assert_eq!(
+            poster.poll_rx(64, &mut after),
+            0,
+            "the overwritten entry still looked ready: {after:?}"
+        );
     }
 }

@@ -151,6 +151,7 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     );
     c.sq_entry_size = cfg.sq_entry_size;
     c.rx_overwrite = cfg.soft_rx_overwrite;
+    c.rx_credits = cfg.soft_rx_credits;
     let info = domain.info();
     c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());
     c

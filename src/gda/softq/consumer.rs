@@ -14,7 +14,9 @@ pub(super) struct Consumer {
     pub(super) cached_rx_ci: u64,
     pub(super) rx_ci_checked: Option<Instant>,
     pub(super) rx_seq: u64,
-    pub(super) pending_rx: VecDeque<RxCqe>,
+    /// RX completions waiting for room in the RX ring, each with the receive buffer it holds
+    /// (receive credits only).
+    pub(super) pending_rx: VecDeque<(RxCqe, Option<usize>)>,
     pub(super) rx_pending_warned: bool,
     pub(super) stalled: Option<Pending>,
     pub(super) slots: Vec<Option<InFlight>>,

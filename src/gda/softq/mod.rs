@@ -45,7 +45,11 @@
 //! (extended EFA receive format) in the RX ring, with the phase convention of the CQ, and
 //! `host_ctrl.rx_produced` advances. A SEND carrying an AMO message is applied to the local heap
 //! first. The RX ring is never overrun: when `rx_produced - ctrl.rx_ci` reaches the ring size, new
-//! entries wait in host memory until the GPU consumes.
+//! entries wait in host memory until the GPU consumes. Two stricter models of the device:
+//! `rx_overwrite` writes over unconsumed entries as the NIC's RX CQ does; `rx_credits` keeps a
+//! receive unposted while its entry waits, as the hardware receive path does (at most
+//! `rx_buffers` entries wait; further messages wait in the provider, where on the device they wait
+//! at the sender).
 //!
 //! # Staged RDMA (GPU memory on software providers)
 //! libfabric's software providers (shm, tcp) copy GPU memory with `cudaMemcpy` on the legacy default
@@ -181,6 +185,14 @@ pub struct SoftQueueConfig {
     /// The RX ring behaves as the NIC's RX CQ: an entry the GPU has not consumed is overwritten
     /// (counted, logged) instead of new entries waiting in host memory.
     pub rx_overwrite: bool,
+    /// Receive credits as on the device (the hardware path's receive thread): the `rx_buffers`
+    /// receives are the only ones posted, and a receive whose completion waits for room in the RX
+    /// ring is not posted again until its entry is written, so a receiver that does not drain holds
+    /// at most `rx_buffers` entries in host memory and further SENDs wait at their sender (an SRD
+    /// QP retries a SEND that finds no receive without limit). Off: receives are reposted at once
+    /// and waiting entries are unbounded. Not applied to a queue that stages RDMA (staged messages
+    /// share the receive buffers, and RDMA on the device needs none).
+    pub rx_credits: bool,
     /// Receive buffers kept posted.
     pub rx_buffers: usize,
     /// Bounce buffers for SENDs.
@@ -237,6 +249,7 @@ impl SoftQueueConfig {
             sq_entry_size: WQE_SIZE as u32,
             rx_entries: sq_depth.clamp(256, 65536),
             rx_overwrite: false,
+            rx_credits: false,
             rx_buffers: 128,
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
@@ -266,6 +279,11 @@ impl SoftQueueConfig {
                 self.sq_entry_size
             )));
         }
+        if self.rx_credits && self.rx_overwrite {
+            return Err(GdaError::invalid(
+                "the RX ring cannot both overwrite (the NIC's CQ) and hold receives (credits)",
+            ));
+        }
         if self.rx_buffers == 0 || self.send_buffers == 0 {
             return Err(GdaError::invalid(
                 "the software queue needs receive and send buffers",
@@ -293,6 +311,8 @@ pub struct SoftQueueStats {
     pub rx_produced: u64,
     /// RX completions waiting for room in the RX ring.
     pub rx_pending: u64,
+    /// Receive buffers held with their waiting completion (`rx_credits` only): not posted.
+    pub rx_receives_held: u64,
     /// AMO messages applied to the local heap.
     pub amos_applied: u64,
 }
@@ -330,6 +350,8 @@ struct Inner {
     ahead_of_doorbell: AtomicU64,
     rx_overwrite: bool,
     rx_overruns: AtomicU64,
+    rx_credits: bool,
+    rx_receives_held: AtomicU64,
     cuda_ctx: usize,
     staging: Staging,
 }
@@ -404,9 +426,18 @@ impl SoftQueue {
             ahead_of_doorbell: AtomicU64::new(0),
             rx_overwrite: cfg.rx_overwrite,
             rx_overruns: AtomicU64::new(0),
+            rx_credits: cfg.rx_credits && cfg.staging == Staging::Off,
+            rx_receives_held: AtomicU64::new(0),
             cuda_ctx: cuda::current_context(),
             staging: cfg.staging,
         });
+        if cfg.rx_credits && cfg.staging != Staging::Off {
+            tracing::warn!(
+                "software queue: receive credits not modelled: this queue stages RDMA ({:?}), whose \
+                 messages share the receive buffers (on the device RDMA needs no receive)",
+                cfg.staging
+            );
+        }
         let mut consumer = Consumer::new(inner.clone());
         consumer.post_all_receives()?;
         let thread = std::thread::Builder::new()
@@ -679,6 +710,7 @@ impl SoftQueue {
             completed: i.completed.load(Ordering::Acquire),
             rx_produced: i.host_ctrl_word(HC_RX_PRODUCED).load(Ordering::Acquire),
             rx_pending: i.rx_pending.load(Ordering::Acquire),
+            rx_receives_held: i.rx_receives_held.load(Ordering::Acquire),
             amos_applied: i.amos_applied.load(Ordering::Acquire),
         }
     }

@@ -133,21 +133,29 @@ impl Consumer {
                     return;
                 }
                 let (ah, src_qp) = self.source(Some(h.src_pe));
-                self.push_rx(RxCqe {
-                    req_id: self.rx_seq as u16,
-                    status,
-                    phase: 0,
-                    op: OpType::Send,
-                    has_imm: h.imm.is_some(),
-                    unsolicited: false,
-                    qp_num: self.tables.my_qpn(),
-                    length: u32::from(h.len),
-                    ah,
-                    src_qp,
-                    imm: h.imm.unwrap_or(0),
-                    src_addr: None,
-                });
+                let hold = inner.rx_credits.then_some(idx);
+                let held = self.push_rx_holding(
+                    RxCqe {
+                        req_id: self.rx_seq as u16,
+                        status,
+                        phase: 0,
+                        op: OpType::Send,
+                        has_imm: h.imm.is_some(),
+                        unsolicited: false,
+                        qp_num: self.tables.my_qpn(),
+                        length: u32::from(h.len),
+                        ah,
+                        src_qp,
+                        imm: h.imm.unwrap_or(0),
+                        src_addr: None,
+                    },
+                    hold,
+                );
                 self.rx_seq += 1;
+                if held {
+                    // The receive stays unposted until the entry is in the ring (credits).
+                    return;
+                }
             }
         }
         if !inner.stop.load(Ordering::Acquire) {
@@ -178,6 +186,13 @@ impl Consumer {
     }
 
     pub(super) fn push_rx(&mut self, c: RxCqe) {
+        self.push_rx_holding(c, None);
+    }
+
+    /// Pushes an RX completion; `hold` names the receive buffer the completion came in, which (with
+    /// receive credits) stays unposted while the entry waits for ring room. Returns whether the
+    /// buffer was held (the caller then must not repost it; [`Consumer::flush_rx`] does).
+    pub(super) fn push_rx_holding(&mut self, c: RxCqe, hold: Option<usize>) -> bool {
         if self.inner.rx_overwrite {
             // As the NIC: it does not see the consumer index, so it writes the next entry whatever
             // the GPU has consumed. After two such wraps the phase check accepts stale entries.
@@ -195,16 +210,26 @@ impl Consumer {
                 }
             }
             self.write_rx(c);
-            return;
+            return false;
         }
         if self.pending_rx.is_empty() && self.rx_room() {
             self.write_rx(c);
-            return;
+            return false;
         }
-        self.pending_rx.push_back(c);
+        self.pending_rx.push_back((c, hold));
         self.inner
             .rx_pending
             .store(self.pending_rx.len() as u64, Ordering::Release);
+        if hold.is_some() {
+            let k = self.inner.rx_receives_held.fetch_add(1, Ordering::AcqRel) + 1;
+            if k == self.inner.rx_bufs.count as u64 {
+                tracing::warn!(
+                    "software queue: rule hit: all {k} receives are held by completions waiting for \
+                     RX ring room (the GPU is not draining); further SENDs wait at their senders, as \
+                     on the device (a SEND that finds no posted receive is retried by the NIC)"
+                );
+            }
+        }
         if !self.rx_pending_warned && self.pending_rx.len() > self.inner.rx_entries as usize {
             self.rx_pending_warned = true;
             tracing::warn!(
@@ -212,19 +237,35 @@ impl Consumer {
                 self.pending_rx.len()
             );
         }
+        hold.is_some()
     }
 
     pub(super) fn flush_rx(&mut self) -> usize {
         let mut n = 0;
+        let mut freed = Vec::new();
         while !self.pending_rx.is_empty() && self.rx_room() {
-            let c = self.pending_rx.pop_front().expect("non-empty");
+            let (c, hold) = self.pending_rx.pop_front().expect("non-empty");
             self.write_rx(c);
+            freed.extend(hold);
             n += 1;
         }
         if n > 0 {
             self.inner
                 .rx_pending
                 .store(self.pending_rx.len() as u64, Ordering::Release);
+        }
+        if !freed.is_empty() {
+            self.inner
+                .rx_receives_held
+                .fetch_sub(freed.len() as u64, Ordering::AcqRel);
+            // The entries are in the ring: their receives are posted again (credits return).
+            if !self.inner.stop.load(Ordering::Acquire) {
+                for idx in freed {
+                    if let Err(e) = self.post_receive(idx) {
+                        tracing::error!("software queue: cannot repost a receive buffer: {e}");
+                    }
+                }
+            }
         }
         n
     }
