@@ -314,18 +314,16 @@ mod tests {
             (e.var, e.expected),
             ("NVSHMEM_EFA_SQ_ENTRY_SIZE", "64 or 128")
         );
-        assert!(!cfg(&[]).unwrap().soft_rx_overwrite);
-        assert!(
-            cfg(&[("NVSHMEM_EFA_SOFT_RX_OVERWRITE", "1")])
-                .unwrap()
-                .soft_rx_overwrite
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_EFA_SOFT_RX_OVERWRITE", "maybe")])
-                .unwrap_err()
-                .var,
-            "NVSHMEM_EFA_SOFT_RX_OVERWRITE"
-        );
+        type Flag = fn(&Config) -> bool;
+        let flags: [(&str, Flag); 2] = [
+            ("NVSHMEM_EFA_SOFT_RX_OVERWRITE", |c| c.soft_rx_overwrite),
+            ("NVSHMEM_EFA_SOFT_RX_CREDITS", |c| c.soft_rx_credits),
+        ];
+        for (var, flag) in flags {
+            assert!(!flag(&cfg(&[]).unwrap()), "{var} defaults to off");
+            assert!(flag(&cfg(&[(var, "1")]).unwrap()), "{var}=1");
+            assert_eq!(cfg(&[(var, "maybe")]).unwrap_err().var, var);
+        }
     }
 
     #[test]
