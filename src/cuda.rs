@@ -215,6 +215,51 @@ impl Drop for ContextGuard {
     }
 }
 
+/// A driver object of one context (stream, event, IPC mapping), kept as a plain handle and
+/// released on drop with its context current. Handles of this process may be used from any thread;
+/// every call on one pushes its context first.
+#[derive(Debug)]
+struct ContextObject {
+    ctx: usize,
+    handle: usize,
+    release: unsafe fn(usize) -> sys::CUresult,
+}
+
+impl ContextObject {
+    /// Creates an object in context `ctx` (0: the current context) through `create`, which returns
+    /// the driver's answer and the handle it wrote; `api` names the driver call (checked for), `what`
+    /// the failure. `release` destroys the handle on drop.
+    fn create(
+        ctx: usize,
+        api: &str,
+        what: &str,
+        create: impl FnOnce() -> (sys::CUresult, usize),
+        release: unsafe fn(usize) -> sys::CUresult,
+    ) -> CudaResult<ContextObject> {
+        require(api)?;
+        let _g = ContextGuard::enter(ctx)?;
+        let (r, handle) = create();
+        check(r, || what.into())?;
+        Ok(ContextObject {
+            ctx: current_context(),
+            handle,
+            release,
+        })
+    }
+}
+
+impl Drop for ContextObject {
+    fn drop(&mut self) {
+        if let Ok(_g) = ContextGuard::enter(self.ctx) {
+            // SAFETY: the handle came from `create` in this context and is released once, here;
+            // `release` is the driver call that destroys handles of its kind.
+            unsafe {
+                let _ = (self.release)(self.handle);
+            }
+        }
+    }
+}
+
 /// Makes `ctx` (from `current_context`) current in this thread; no-op for 0.
 pub fn set_current_context(ctx: usize) -> CudaResult<()> {
     if ctx == 0 {
