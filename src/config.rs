@@ -375,30 +375,15 @@ mod tests {
 
     #[test]
     fn nvshmem_provider_names_and_extensions() {
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "efa")])
-                .unwrap()
-                .provider,
-            Some(Provider::Efa)
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "tcp")])
-                .unwrap()
-                .provider,
-            Some(Provider::Tcp)
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "shm")])
-                .unwrap()
-                .provider,
-            Some(Provider::Shm)
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "auto")])
-                .unwrap()
-                .provider,
-            None
-        );
+        for (name, want) in [
+            ("efa", Some(Provider::Efa)),
+            ("tcp", Some(Provider::Tcp)),
+            ("shm", Some(Provider::Shm)),
+            ("auto", None),
+        ] {
+            let got = cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", name)]).unwrap();
+            assert_eq!(got.provider, want, "{name}");
+        }
         let e = cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "bogus")]).unwrap_err();
         assert_eq!(e.var, "NVSHMEM_LIBFABRIC_PROVIDER");
     }

@@ -246,6 +246,25 @@ impl ContextObject {
             release,
         })
     }
+
+    /// [`ContextObject::create`] for a driver constructor of the form `create(&mut handle, flags)`.
+    fn create_flagged<H>(
+        ctx: usize,
+        api: &str,
+        what: &str,
+        create: unsafe fn(*mut *mut H, std::ffi::c_uint) -> sys::CUresult,
+        flags: u32,
+        release: unsafe fn(usize) -> sys::CUresult,
+    ) -> CudaResult<ContextObject> {
+        let make = || {
+            let mut h: *mut H = std::ptr::null_mut();
+            // SAFETY: a driver constructor writing one handle, called in the context just made
+            // current with flags its caller chose.
+            let r = unsafe { create(&mut h, flags) };
+            (r, h as usize)
+        };
+        ContextObject::create(ctx, api, what, make, release)
+    }
 }
 
 impl Drop for ContextObject {

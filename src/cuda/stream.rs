@@ -31,20 +31,10 @@ unsafe fn destroy_event(h: usize) -> sys::CUresult {
 impl CopyStream {
     /// A new non-blocking stream in context `ctx` (0: the current context).
     pub fn new(ctx: usize) -> CudaResult<CopyStream> {
-        let obj = ContextObject::create(
-            ctx,
-            "cuStreamCreate",
-            "cuStreamCreate(NON_BLOCKING)",
-            || {
-                let mut st: sys::CUstream = std::ptr::null_mut();
-                let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-                // SAFETY: creates a stream in the context just made current; writes one handle.
-                let r = unsafe { sys::cuStreamCreate(&mut st, flags) };
-                (r, st as usize)
-            },
-            destroy_stream,
-        )?;
-        Ok(CopyStream(obj))
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        let (api, what) = ("cuStreamCreate", "cuStreamCreate(NON_BLOCKING)");
+        ContextObject::create_flagged(ctx, api, what, sys::cuStreamCreate, flags, destroy_stream)
+            .map(CopyStream)
     }
 
     /// The context the stream belongs to.
@@ -91,20 +81,10 @@ pub struct Event(ContextObject);
 impl Event {
     /// A new event in context `ctx` (0: the current context).
     pub fn new(ctx: usize) -> CudaResult<Event> {
-        let obj = ContextObject::create(
-            ctx,
-            "cuEventCreate",
-            "cuEventCreate(DISABLE_TIMING)",
-            || {
-                let mut ev: sys::CUevent = std::ptr::null_mut();
-                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-                // SAFETY: writes one handle.
-                let r = unsafe { sys::cuEventCreate(&mut ev, flags) };
-                (r, ev as usize)
-            },
-            destroy_event,
-        )?;
-        Ok(Event(obj))
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let (api, what) = ("cuEventCreate", "cuEventCreate(DISABLE_TIMING)");
+        ContextObject::create_flagged(ctx, api, what, sys::cuEventCreate, flags, destroy_event)
+            .map(Event)
     }
 
     fn event(&self) -> sys::CUevent {

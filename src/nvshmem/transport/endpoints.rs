@@ -143,6 +143,16 @@ impl EpState {
         self.submitted.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Gives back a context taken for an operation tagged `tag` that was not posted: uncounted
+    /// for `TAG_OP` (see `Transport::alloc_for_post`), freed otherwise.
+    pub(super) fn release_unposted(&self, ctx: *mut c_void, tag: u64) {
+        if tag == TAG_OP {
+            self.uncount(ctx);
+        } else {
+            self.ctxs.free(ctx);
+        }
+    }
+
     /// The target PE of a counted context.
     pub(super) fn peer_of(&self, ctx: *mut c_void) -> Option<usize> {
         let s = self.ctxs.scratch(ctx)?;
@@ -657,6 +667,25 @@ impl Transport {
         Ok(ctx)
     }
 
+    /// Takes a context for an operation to `pe` tagged `tag`: counted as submitted for `TAG_OP`
+    /// (see [`Self::alloc_counted`]); refused when `pe` is gone. An operation that is not posted
+    /// gives it back with [`EpState::release_unposted`].
+    fn alloc_for_post(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        tag: u64,
+        data: u64,
+    ) -> TResult<*mut c_void> {
+        if tag == TAG_OP {
+            self.alloc_counted(c, ep, pe, tag, data)
+        } else {
+            self.check_peer(c, pe)?;
+            self.alloc_ctx(c, ep, tag, data)
+        }
+    }
+
     /// Posts an operation whose arguments stay valid until it completes. When the provider cannot
     /// take it now (EAGAIN), or earlier operations to the same peer wait, it joins the peer's
     /// backlog, which progress drains in order: a slow or stopped peer never holds up the caller
@@ -671,13 +700,7 @@ impl Transport {
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()> + 'static,
     ) -> TResult<*mut c_void> {
         let e = &c.eps[ep];
-        let counted = tag == TAG_OP;
-        let ctx = if counted {
-            self.alloc_counted(c, ep, pe, tag, data)?
-        } else {
-            self.check_peer(c, pe)?;
-            self.alloc_ctx(c, ep, tag, data)?
-        };
+        let ctx = self.alloc_for_post(c, ep, pe, tag, data)?;
         let a = &e.peer[pe];
         let mut q = a.backlog.lock();
         let r = if q.is_empty() {
@@ -698,11 +721,7 @@ impl Transport {
             }
             Err(err) => {
                 drop(q);
-                if counted {
-                    e.uncount(ctx);
-                } else {
-                    e.ctxs.free(ctx);
-                }
+                e.release_unposted(ctx, tag);
                 Err(err.into())
             }
         }
@@ -737,13 +756,7 @@ impl Transport {
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()>,
     ) -> TResult<*mut c_void> {
         let e = &c.eps[ep];
-        let counted = tag == TAG_OP;
-        let ctx = if counted {
-            self.alloc_counted(c, ep, pe, tag, data)?
-        } else {
-            self.check_peer(c, pe)?;
-            self.alloc_ctx(c, ep, tag, data)?
-        };
+        let ctx = self.alloc_for_post(c, ep, pe, tag, data)?;
         let a = &e.peer[pe];
         let attempt = || {
             if c.peers[pe].is_gone() {
@@ -766,11 +779,7 @@ impl Transport {
         }) {
             Ok(()) => Ok(ctx),
             Err(err) => {
-                if counted {
-                    e.uncount(ctx);
-                } else {
-                    e.ctxs.free(ctx);
-                }
+                e.release_unposted(ctx, tag);
                 Err(err)
             }
         }
