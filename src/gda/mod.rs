@@ -407,7 +407,12 @@ impl Gda {
                 ),
             });
         }
-        let peers = self.q_mut()?.connect(my_pe, n_pes, names, fi_addrs)?;
+        let peers = self.q_mut()?.connect(&queue::Roster {
+            my_pe,
+            n_pes,
+            names,
+            fi_addrs,
+        })?;
         self.my_pe = my_pe;
         self.n_pes = n_pes;
         self.names = names.to_vec();

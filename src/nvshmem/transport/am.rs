@@ -436,14 +436,8 @@ impl Transport {
     /// message the target applies with a copy on a non-blocking stream (puts) or answers with data
     /// (gets); the waiting context completes on the answer, so quiet covers it.
     pub(super) fn staged(&self, c: &Connected, t: &Transfer) -> TResult<()> {
-        let Transfer {
-            pe,
-            ep,
-            is_put,
-            laddr,
-            raddr,
-            len,
-        } = *t;
+        let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
+        let (laddr, raddr) = (t.local, t.remote);
         let e = &c.eps[ep];
         let dest = c.addr(pe, ep);
         let stats = self.mover.stats();

@@ -16,42 +16,34 @@ use crate::mover::Kind;
 
 pub(super) const BOUNCE_BYTES: usize = 4 << 20;
 
-/// One contiguous piece of an RMA with PE `pe` through endpoint `ep`: `len` bytes between the
-/// local descriptor `ld` and the remote one `rd`.
+/// One contiguous piece of an RMA with PE `pe` through endpoint `ep`: `len` bytes between `local`
+/// and `remote` (a put writes the remote side, a get reads it), named by NVSHMEM's descriptors
+/// ([`Contig`]) or, once resolved, by addresses ([`Transfer`]).
 #[derive(Clone, Copy)]
-pub(super) struct Contig {
+pub(super) struct Piece<A> {
     pub(super) pe: i32,
     pub(super) ep: usize,
     pub(super) is_put: bool,
-    pub(super) rd: RmaMemdesc,
-    pub(super) ld: RmaMemdesc,
+    pub(super) local: A,
+    pub(super) remote: A,
     pub(super) len: u64,
 }
+
+pub(super) type Contig = Piece<RmaMemdesc>;
+pub(super) type Transfer = Piece<u64>;
 
 impl Contig {
     /// The piece with its addresses resolved.
-    fn resolved(&self, laddr: u64, raddr: u64) -> Transfer {
-        Transfer {
+    fn resolved(&self, local: u64, remote: u64) -> Transfer {
+        Piece {
             pe: self.pe,
             ep: self.ep,
             is_put: self.is_put,
-            laddr,
-            raddr,
+            local,
+            remote,
             len: self.len,
         }
     }
-}
-
-/// A contiguous transfer resolved to addresses: `len` bytes between local `laddr` and remote
-/// `raddr` of PE `pe`, through endpoint `ep` (a put writes the remote side, a get reads it).
-#[derive(Clone, Copy)]
-pub(super) struct Transfer {
-    pub(super) pe: i32,
-    pub(super) ep: usize,
-    pub(super) is_put: bool,
-    pub(super) laddr: u64,
-    pub(super) raddr: u64,
-    pub(super) len: u64,
 }
 
 impl Transport {
@@ -223,8 +215,8 @@ impl Transport {
             pe,
             ep,
             is_put: p.is_put,
-            rd: p.rd,
-            ld: p.ld,
+            remote: p.rd,
+            local: p.ld,
             len: p.total,
         };
         if p.lstride == 1 && p.rstride == 1 {
@@ -234,8 +226,8 @@ impl Transport {
             self.rma_contig(
                 c,
                 &Contig {
-                    rd: shifted(&p.rd, i * p.rstride * p.elem),
-                    ld: shifted(&p.ld, i * p.lstride * p.elem),
+                    remote: shifted(&p.rd, i * p.rstride * p.elem),
+                    local: shifted(&p.ld, i * p.lstride * p.elem),
                     len: p.elem,
                     ..whole
                 },
@@ -245,14 +237,8 @@ impl Transport {
     }
 
     pub(super) fn rma_contig(&self, c: &Connected, x: &Contig) -> TResult<()> {
-        let Contig {
-            pe,
-            ep,
-            is_put,
-            len,
-            ..
-        } = *x;
-        let (rd, ld) = (&x.rd, &x.ld);
+        let (pe, ep, is_put, len) = (x.pe, x.ep, x.is_put, x.len);
+        let (rd, ld) = (&x.remote, &x.local);
         let what = if is_put { "put" } else { "get" };
         if self.ipc_rma(x, what)? {
             return Ok(());
@@ -274,8 +260,8 @@ impl Transport {
             while off < len {
                 let n = chunk.min(len - off);
                 let piece = Contig {
-                    rd: shifted(rd, off),
-                    ld: shifted(ld, off),
+                    remote: shifted(rd, off),
+                    local: shifted(ld, off),
                     len: n,
                     ..*x
                 };
@@ -325,14 +311,8 @@ impl Transport {
     /// means must carry it (peer elsewhere, no export, the export does not open here, NVSHMEM_EFA_IPC=0,
     /// or an unregistered local source too large to take at once).
     fn ipc_rma(&self, x: &Contig, what: &str) -> TResult<bool> {
-        let Contig {
-            pe,
-            ep,
-            is_put,
-            len,
-            ..
-        } = *x;
-        let (rd, ld) = (&x.rd, &x.ld);
+        let (pe, ep, is_put, len) = (x.pe, x.ep, x.is_put, x.len);
+        let (rd, ld) = (&x.remote, &x.local);
         if !self.mover.policy().ipc {
             return Ok(false);
         }
@@ -370,14 +350,8 @@ impl Transport {
     /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):
     /// small puts are injected; the rest goes through the endpoint's registered bounce buffer.
     pub(super) fn rma_unregistered(&self, c: &Connected, t: &Transfer, key: u64) -> TResult<()> {
-        let Transfer {
-            pe,
-            ep,
-            is_put,
-            laddr,
-            raddr,
-            len,
-        } = *t;
+        let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
+        let (laddr, raddr) = (t.local, t.remote);
         let dest = c.addr(pe, ep);
         let e = &c.eps[ep];
         let device = is_device(laddr as *const c_void);
