@@ -166,6 +166,18 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             .transpose()
     }
 
+    /// `var` as one of `choices` (see [`parse_choice`]), if set.
+    fn choice<T: Copy>(
+        &self,
+        var: &'static str,
+        choices: &[(&str, T)],
+        expected: &'static str,
+    ) -> Result<Option<T>, ConfigError> {
+        self.get(var)
+            .map(|v| parse_choice(var, &v, choices, expected))
+            .transpose()
+    }
+
     /// `var` as a boolean, if set.
     fn bool(&self, var: &'static str) -> Result<Option<bool>, ConfigError> {
         self.get(var).map(|v| parse_bool(var, &v)).transpose()
@@ -209,30 +221,25 @@ impl Config {
                 })?);
             }
         }
-        if let Some(v) = get("NVSHMEM_EFA_GDA") {
-            let modes = [
-                ("auto", GdaMode::Auto),
-                ("", GdaMode::Auto),
-                ("hw", GdaMode::Hw),
-                ("soft", GdaMode::Soft),
-                ("off", GdaMode::Off),
-                ("0", GdaMode::Off),
-            ];
-            c.gda = parse_choice("NVSHMEM_EFA_GDA", &v, &modes, "auto, hw, soft or off")?;
+        let modes = [
+            ("auto", GdaMode::Auto),
+            ("", GdaMode::Auto),
+            ("hw", GdaMode::Hw),
+            ("soft", GdaMode::Soft),
+            ("off", GdaMode::Off),
+            ("0", GdaMode::Off),
+        ];
+        if let Some(m) = vars.choice("NVSHMEM_EFA_GDA", &modes, "auto, hw, soft or off")? {
+            c.gda = m;
         }
-        if let Some(v) = get("NVSHMEM_EFA_ATOMICS") {
-            let paths = [
-                ("auto", AtomicsPath::Auto),
-                ("", AtomicsPath::Auto),
-                ("provider", AtomicsPath::Provider),
-                ("target", AtomicsPath::Target),
-            ];
-            c.atomics = parse_choice(
-                "NVSHMEM_EFA_ATOMICS",
-                &v,
-                &paths,
-                "auto, provider or target",
-            )?;
+        let paths = [
+            ("auto", AtomicsPath::Auto),
+            ("", AtomicsPath::Auto),
+            ("provider", AtomicsPath::Provider),
+            ("target", AtomicsPath::Target),
+        ];
+        if let Some(p) = vars.choice("NVSHMEM_EFA_ATOMICS", &paths, "auto, provider or target")? {
+            c.atomics = p;
         }
         if let Some(ms) = vars.u64(
             "NVSHMEM_EFA_QUIET_TIMEOUT_MS",

@@ -203,42 +203,33 @@ impl Gda {
             let ops = hw::open_ops(domain)?;
             HwQueue::open(domain, ops)
         };
-        let soft = |reason: String| -> Result<Gda> {
-            let q = SoftQueue::new(domain, &soft_config(cfg, opts, domain))?;
-            tracing::info!("GDA: software EFA queue on provider {provider}: {reason}");
-            Ok(Gda::empty(
-                MODE_SOFT,
+        // A context on this domain in `mode` with `queue`, chosen for `reason`.
+        let on_domain = |mode: u32, reason: String, queue: Option<Box<dyn GdaQueue>>| {
+            Gda::empty(
+                mode,
                 reason,
                 Some(domain.clone()),
                 domain.handle().id(),
-                Some(Box::new(q)),
-            ))
+                queue,
+            )
+        };
+        let soft = |reason: String| -> Result<Gda> {
+            let q = SoftQueue::new(domain, &soft_config(cfg, opts, domain))?;
+            tracing::info!("GDA: software EFA queue on provider {provider}: {reason}");
+            Ok(on_domain(MODE_SOFT, reason, Some(Box::new(q))))
+        };
+        let hw = |q: HwQueue, reason: &str| -> Result<Gda> {
+            tracing::info!("GDA: hardware EFA queues on provider {provider} ({reason})");
+            Ok(on_domain(MODE_HW, reason.into(), Some(Box::new(q))))
         };
         match cfg.gda {
             GdaMode::Off => {
                 tracing::info!("GDA: off (NVSHMEM_EFA_GDA=off)");
-                Ok(Gda::empty(
-                    MODE_OFF,
-                    "NVSHMEM_EFA_GDA=off".into(),
-                    Some(domain.clone()),
-                    domain.handle().id(),
-                    None,
-                ))
+                Ok(on_domain(MODE_OFF, "NVSHMEM_EFA_GDA=off".into(), None))
             }
             GdaMode::Soft => soft("NVSHMEM_EFA_GDA=soft".into()),
             GdaMode::Hw => match hw_attempt() {
-                Ok(q) => {
-                    tracing::info!(
-                        "GDA: hardware EFA queues on provider {provider} (NVSHMEM_EFA_GDA=hw)"
-                    );
-                    Ok(Gda::empty(
-                        MODE_HW,
-                        "NVSHMEM_EFA_GDA=hw".into(),
-                        Some(domain.clone()),
-                        domain.handle().id(),
-                        Some(Box::new(q)),
-                    ))
-                }
+                Ok(q) => hw(q, "NVSHMEM_EFA_GDA=hw"),
                 Err(e) => {
                     tracing::error!(
                         "GDA: NVSHMEM_EFA_GDA=hw but hardware queues are not available: {e}"
@@ -250,18 +241,7 @@ impl Gda {
                 }
             },
             GdaMode::Auto => match hw_attempt() {
-                Ok(q) => {
-                    tracing::info!(
-                        "GDA: hardware EFA queues on provider {provider} (GDA ops answer)"
-                    );
-                    Ok(Gda::empty(
-                        MODE_HW,
-                        "GDA ops answer".into(),
-                        Some(domain.clone()),
-                        domain.handle().id(),
-                        Some(Box::new(q)),
-                    ))
-                }
+                Ok(q) => hw(q, "GDA ops answer"),
                 Err(e) => soft(format!("no hardware queues: {e}")),
             },
         }

@@ -149,39 +149,17 @@ impl AmoMsg {
     pub fn encode(&self) -> [u8; AMO_MSG_SIZE] {
         let r = self.to_repr();
         let mut b = [0u8; AMO_MSG_SIZE];
-        let put = |b: &mut [u8; AMO_MSG_SIZE], at: usize, v: &[u8]| {
-            b[at..at + v.len()].copy_from_slice(v)
-        };
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, magic),
-            &r.magic.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, op),
-            &r.op.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, size),
-            &r.size.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, reserved),
-            &r.reserved.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, offset),
-            &r.offset.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, value),
-            &r.value.to_le_bytes(),
-        );
+        type M = NvshmemEfaGdaAmoMsg;
+        for (at, v) in [
+            (offset_of!(M, magic), &r.magic.to_le_bytes()[..]),
+            (offset_of!(M, op), &r.op.to_le_bytes()[..]),
+            (offset_of!(M, size), &r.size.to_le_bytes()[..]),
+            (offset_of!(M, reserved), &r.reserved.to_le_bytes()[..]),
+            (offset_of!(M, offset), &r.offset.to_le_bytes()[..]),
+            (offset_of!(M, value), &r.value.to_le_bytes()[..]),
+        ] {
+            b[at..at + v.len()].copy_from_slice(v);
+        }
         b
     }
 

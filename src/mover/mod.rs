@@ -172,36 +172,26 @@ pub type MResult<T> = Result<T, MoverError>;
 mod tests {
     use super::*;
 
-    const SOFT: Policy = Policy {
-        ipc: true,
-        staging: true,
-        stage_all: false,
-    };
-    const NIC: Policy = Policy {
-        ipc: true,
-        staging: false,
-        stage_all: false,
-    };
-    const REMOTE_HOST: Peer = Peer {
-        is_self: false,
-        same_host: false,
-        ipc_open: false,
-    };
-    const LOCAL_OPEN: Peer = Peer {
-        is_self: false,
-        same_host: true,
-        ipc_open: true,
-    };
-    const LOCAL_CLOSED: Peer = Peer {
-        is_self: false,
-        same_host: true,
-        ipc_open: false,
-    };
-    const ME: Peer = Peer {
-        is_self: true,
-        same_host: true,
-        ipc_open: false,
-    };
+    const fn policy(ipc: bool, staging: bool) -> Policy {
+        Policy {
+            ipc,
+            staging,
+            stage_all: false,
+        }
+    }
+    const fn peer(is_self: bool, same_host: bool, ipc_open: bool) -> Peer {
+        Peer {
+            is_self,
+            same_host,
+            ipc_open,
+        }
+    }
+    const SOFT: Policy = policy(true, true);
+    const NIC: Policy = policy(true, false);
+    const REMOTE_HOST: Peer = peer(false, false, false);
+    const LOCAL_OPEN: Peer = peer(false, true, true);
+    const LOCAL_CLOSED: Peer = peer(false, true, false);
+    const ME: Peer = peer(true, true, false);
     use Kind::{Device as D, Host as H};
 
     #[test]

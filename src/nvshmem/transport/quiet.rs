@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{internal, TResult, Transport};
+use super::{internal, Connected, TResult, Transport};
 use crate::mover::stats::Stage;
 
 impl Transport {
@@ -22,12 +22,10 @@ impl Transport {
         self.mover
             .quiet(ep, deadline)
             .map_err(|err| internal(format!("quiet on endpoint {ep}: {err}")))?;
-        let mut spins = 0u32;
         let mut warned = false;
         let started = Instant::now();
-        while e.completed.load(Ordering::Acquire) < target {
-            self.check_alive()?;
-            self.progress_ep(c, ep);
+        let completed = || e.completed.load(Ordering::Acquire);
+        let each_round = || {
             if !warned && started.elapsed() > Duration::from_secs(2) {
                 warned = true;
                 tracing::warn!(
@@ -38,18 +36,13 @@ impl Transport {
                     self.mover.stats().summary()
                 );
             }
-            if Instant::now() > deadline {
-                let outstanding = target.saturating_sub(e.completed.load(Ordering::Acquire));
-                return Err(internal(format!(
-                    "quiet: {outstanding} operation(s) on endpoint {ep} not complete after {:?} (peer gone?)",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            spins += 1;
-            if spins > 1000 {
-                std::thread::yield_now();
-            }
-        }
+        };
+        self.drive_until(c, ep, target, completed, deadline, each_round, |outstanding| {
+            format!(
+                "quiet: {outstanding} operation(s) on endpoint {ep} not complete after {:?} (peer gone?)",
+                self.cfg.quiet_timeout
+            )
+        })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
         let mut failed = None;
         for a in &e.peer {
@@ -89,22 +82,13 @@ impl Transport {
         self.mover
             .quiet(ep, deadline)
             .map_err(|err| internal(format!("quiet on endpoint {ep}: {err}")))?;
-        let mut spins = 0u32;
-        while a.completed.load(Ordering::Acquire) < target {
-            self.check_alive()?;
-            self.progress_ep(c, ep);
-            if Instant::now() > deadline {
-                let outstanding = target.saturating_sub(a.completed.load(Ordering::Acquire));
-                return Err(internal(format!(
-                    "quiet: {outstanding} operation(s) to PE {pe} on endpoint {ep} not complete after {:?} (peer stuck?)",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            spins += 1;
-            if spins > 1000 {
-                std::thread::yield_now();
-            }
-        }
+        let completed = || a.completed.load(Ordering::Acquire);
+        self.drive_until(c, ep, target, completed, deadline, || {}, |outstanding| {
+            format!(
+                "quiet: {outstanding} operation(s) to PE {pe} on endpoint {ep} not complete after {:?} (peer stuck?)",
+                self.cfg.quiet_timeout
+            )
+        })?;
         let mut failed = None;
         if a.errors.swap(0, Ordering::AcqRel) > 0 {
             failed = a.last_error.lock().take();
@@ -118,5 +102,35 @@ impl Transport {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// Drives endpoint `ep` until `completed()` reaches `target` (`each_round` runs after every
+    /// round of progress); past `deadline` fails with the error `late` words for the number of
+    /// operations still outstanding.
+    #[allow(clippy::too_many_arguments)]
+    fn drive_until(
+        &self,
+        c: &Connected,
+        ep: usize,
+        target: u64,
+        completed: impl Fn() -> u64,
+        deadline: Instant,
+        mut each_round: impl FnMut(),
+        late: impl Fn(u64) -> String,
+    ) -> TResult<()> {
+        let mut spins = 0u32;
+        while completed() < target {
+            self.check_alive()?;
+            self.progress_ep(c, ep);
+            each_round();
+            if Instant::now() > deadline {
+                return Err(internal(late(target.saturating_sub(completed()))));
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
     }
 }
