@@ -540,6 +540,21 @@ impl DeviceBuffer {
         self.ptr
     }
 
+    /// Copies `src` to the start of the buffer (stream-ordered, see [`memcpy`]); fails when it does
+    /// not fit.
+    pub fn upload<T: Copy>(&self, src: &[T]) -> CudaResult<()> {
+        let len = std::mem::size_of_val(src);
+        if len > self.len {
+            return Err(CudaError {
+                code: sys::CUresult::CUDA_ERROR_INVALID_VALUE as i32,
+                context: format!("upload of {len} bytes into a device buffer of {}", self.len),
+            });
+        }
+        // SAFETY: the destination is this live allocation, at least `len` bytes long; the source
+        // is a slice of exactly `len` bytes.
+        unsafe { memcpy(self.ptr as *mut c_void, src.as_ptr() as *const c_void, len) }
+    }
+
     /// Length.
     pub fn len(&self) -> usize {
         self.len

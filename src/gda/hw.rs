@@ -123,12 +123,25 @@ fn map_for_gpu(what: &str, addr: *mut u8, len: u64, kind: HostMapping) -> Result
     Ok(Mapped { _reg: reg, device })
 }
 
+/// [`map_for_gpu`] for a ring of `entries` entries of `entry_size` bytes.
+fn map_ring(
+    what: &str,
+    buffer: *mut u8,
+    entries: u32,
+    entry_size: u32,
+    kind: HostMapping,
+) -> Result<Mapped> {
+    let len = u64::from(entries) * u64::from(entry_size);
+    map_for_gpu(what, buffer, len, kind)
+}
+
 /// Maps a send queue's ring and doorbell (device registers) for the GPU.
 fn map_send_queue(sq: &FiEfaWqAttr) -> Result<(Mapped, Mapped)> {
-    let ring = map_for_gpu(
+    let ring = map_ring(
         "send queue ring",
         sq.buffer,
-        u64::from(sq.num_entries) * u64::from(sq.entry_size),
+        sq.num_entries,
+        sq.entry_size,
         HostMapping::Io,
     )?;
     let doorbell = map_for_gpu(
@@ -266,10 +279,11 @@ fn cq_view(a: FiEfaCqAttr) -> Result<CqView> {
     // READ_ONLY, which the driver requires for read-only CPU mappings where the GPU does not use
     // the host page tables (aws-ofi-nccl found a DEVICEMAP-only registration of it failing on
     // p5en). The GPU only reads completion rings.
-    let m = map_for_gpu(
+    let m = map_ring(
         "completion ring",
         a.buffer,
-        u64::from(a.num_entries) * u64::from(a.entry_size),
+        a.num_entries,
+        a.entry_size,
         HostMapping::ReadOnly,
     )?;
     let device = m.device;

@@ -41,7 +41,6 @@ pub mod state;
 /// cbindgen:ignore
 pub mod wire;
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::config::{Config, GdaMode};
@@ -597,24 +596,10 @@ impl Gda {
                 }
             };
             if let Some(p) = &peers_buf {
-                // SAFETY: copies the host peer table into a device buffer of exactly its size.
-                unsafe {
-                    cuda::memcpy(
-                        p.ptr() as *mut c_void,
-                        peers.as_ptr() as *const c_void,
-                        bytes,
-                    )?
-                };
+                p.upload(&peers)?;
             }
             if let Some(k) = &keys_buf {
-                // SAFETY: copies the host key table into a device buffer of exactly its size.
-                unsafe {
-                    cuda::memcpy(
-                        k.ptr() as *mut c_void,
-                        entries.as_ptr() as *const c_void,
-                        kbytes,
-                    )?
-                };
+                k.upload(&entries)?;
             }
             self.published = Published::Device {
                 state: state_buf,
@@ -623,14 +608,7 @@ impl Gda {
             };
             let st = self.device_state().expect("queue exists");
             if let Published::Device { state, .. } = &self.published {
-                // SAFETY: the device buffer holds one state struct.
-                unsafe {
-                    cuda::memcpy(
-                        state.ptr() as *mut c_void,
-                        &st as *const NvshmemEfaGdaDeviceState as *const c_void,
-                        std::mem::size_of::<NvshmemEfaGdaDeviceState>(),
-                    )?
-                };
+                state.upload(std::slice::from_ref(&st))?;
             }
         } else {
             let (state, keys) = match std::mem::replace(&mut self.published, Published::None) {

@@ -3,6 +3,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::endpoints::EpState;
+use super::peers::PeerAcct;
 use super::{internal, Connected, TResult, Transport};
 use crate::mover::stats::Stage;
 
@@ -44,16 +46,7 @@ impl Transport {
             )
         })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
-        let mut failed = None;
-        for a in &e.peer {
-            if a.errors.swap(0, Ordering::AcqRel) > 0 {
-                failed = a.last_error.lock().take().or(failed);
-            }
-        }
-        if e.errors.swap(0, Ordering::AcqRel) > 0 {
-            failed = e.last_error.lock().take().or(failed);
-        }
-        match failed {
+        match take_failure(e, &e.peer) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) failed on endpoint {ep}: {msg}"
             ))),
@@ -89,14 +82,7 @@ impl Transport {
                 self.cfg.quiet_timeout
             )
         })?;
-        let mut failed = None;
-        if a.errors.swap(0, Ordering::AcqRel) > 0 {
-            failed = a.last_error.lock().take();
-        }
-        if e.errors.swap(0, Ordering::AcqRel) > 0 {
-            failed = e.last_error.lock().take().or(failed);
-        }
-        match failed {
+        match take_failure(e, std::slice::from_ref(a)) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) to PE {pe} failed on endpoint {ep}: {msg}"
             ))),
@@ -133,4 +119,19 @@ impl Transport {
         }
         Ok(())
     }
+}
+
+/// Takes (and clears) the error counts of `peers` and of endpoint `e`: the endpoint's last error
+/// if it has one, else the last of the peers', or `None` when nothing failed.
+fn take_failure(e: &EpState, peers: &[PeerAcct]) -> Option<String> {
+    let mut failed = None;
+    for a in peers {
+        if a.errors.swap(0, Ordering::AcqRel) > 0 {
+            failed = a.last_error.lock().take().or(failed);
+        }
+    }
+    if e.errors.swap(0, Ordering::AcqRel) > 0 {
+        failed = e.last_error.lock().take().or(failed);
+    }
+    failed
 }
