@@ -416,26 +416,17 @@ mod tests {
         let mut bad = b;
         bad[4] = 9;
         assert_eq!(AmoMsg::parse(&bad, 4096), Some(Err(AmoError::BadOp(9))));
-        let m4 = AmoMsg {
-            op: AMO_OP_SET,
-            size: 4,
-            offset: 6,
-            value: 1,
+        let set = |size, offset| {
+            let m = AmoMsg {
+                op: AMO_OP_SET,
+                size,
+                offset,
+                value: 1,
+            };
+            AmoMsg::parse(&m.encode(), 4096)
         };
-        assert_eq!(
-            AmoMsg::parse(&m4.encode(), 4096),
-            Some(Err(AmoError::Misaligned(6)))
-        );
-        let m3 = AmoMsg {
-            op: AMO_OP_SET,
-            size: 3,
-            offset: 0,
-            value: 1,
-        };
-        assert_eq!(
-            AmoMsg::parse(&m3.encode(), 4096),
-            Some(Err(AmoError::BadSize(3)))
-        );
+        assert_eq!(set(4, 6), Some(Err(AmoError::Misaligned(6))));
+        assert_eq!(set(3, 0), Some(Err(AmoError::BadSize(3))));
         let mut r = m.encode();
         r[13] = 1;
         assert_eq!(AmoMsg::parse(&r, 4096), Some(Err(AmoError::Reserved)));

@@ -188,6 +188,11 @@ mod tests {
     }
     const SOFT: Policy = policy(true, true);
     const NIC: Policy = policy(true, false);
+    /// The testing knob on a software provider.
+    const STAGE_ALL: Policy = Policy {
+        stage_all: true,
+        ..SOFT
+    };
     const REMOTE_HOST: Peer = peer(false, false, false);
     const LOCAL_OPEN: Peer = peer(false, true, true);
     const LOCAL_CLOSED: Peer = peer(false, true, false);
@@ -201,10 +206,7 @@ mod tests {
             assert_eq!(choose(p, H, D, LOCAL_OPEN), Means::Ipc);
         }
         // Testing knob stage_all does not take GPU memory away from IPC.
-        let all = Policy {
-            stage_all: true,
-            ..SOFT
-        };
+        let all = STAGE_ALL;
         assert_eq!(choose(all, D, D, LOCAL_OPEN), Means::Ipc);
     }
 
@@ -239,10 +241,7 @@ mod tests {
 
     #[test]
     fn stage_all_stages_host_memory_too() {
-        let all = Policy {
-            stage_all: true,
-            ..SOFT
-        };
+        let all = STAGE_ALL;
         assert_eq!(choose(all, H, H, REMOTE_HOST), Means::Staged);
         assert_eq!(choose(all, H, H, LOCAL_OPEN), Means::Staged);
     }
