@@ -442,48 +442,67 @@ fn stream_for(ctx: usize) -> CudaResult<&'static StreamSlot> {
     Ok(slot)
 }
 
-/// Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP)`), zeroed. Freed on drop.
-pub struct MappedHostBuffer {
-    host: *mut u8,
-    device: u64,
+/// `len` bytes the driver allocated at `addr`, released on drop by `free`.
+struct DriverAlloc {
+    addr: u64,
     len: usize,
+    free: unsafe fn(u64) -> sys::CUresult,
 }
 
-// SAFETY: the buffer is plain memory shared with the GPU; access is coordinated by its users.
-unsafe impl Send for MappedHostBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for MappedHostBuffer {}
+impl Drop for DriverAlloc {
+    fn drop(&mut self) {
+        // SAFETY: `addr` came from the allocation call `free` belongs to and is released once.
+        unsafe {
+            let _ = (self.free)(self.addr);
+        }
+    }
+}
+
+/// Releases pinned host memory from `cuMemHostAlloc`.
+///
+/// # Safety
+/// `addr` must come from `cuMemHostAlloc` and be released once.
+unsafe fn free_host(addr: u64) -> sys::CUresult {
+    // SAFETY: per the contract.
+    unsafe { sys::cuMemFreeHost(addr as *mut c_void) }
+}
+
+/// Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP)`), zeroed. Freed on drop. The
+/// memory is plain memory shared with the GPU; access is coordinated by its users.
+pub struct MappedHostBuffer {
+    mem: DriverAlloc,
+    device: u64,
+}
 
 impl MappedHostBuffer {
     /// Allocates `len` bytes.
     pub fn new(len: usize) -> CudaResult<MappedHostBuffer> {
         require("cuMemHostAlloc")?;
         let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: allocation with valid flags; results written to locals.
-        unsafe {
-            check(
-                sys::cuMemHostAlloc(&mut host, len, sys::CU_MEMHOSTALLOC_DEVICEMAP),
-                || format!("cuMemHostAlloc({len} bytes, DEVICEMAP)"),
-            )?;
-            std::ptr::write_bytes(host as *mut u8, 0, len);
-            let mut dev: sys::CUdeviceptr = 0;
-            if let Err(e) = check(sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), || {
-                "cuMemHostGetDevicePointer".into()
-            }) {
-                let _ = sys::cuMemFreeHost(host);
-                return Err(e);
-            }
-            Ok(MappedHostBuffer {
-                host: host as *mut u8,
-                device: dev,
-                len,
-            })
-        }
+        // SAFETY: allocation with valid flags; the result written to a local.
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut host, len, sys::CU_MEMHOSTALLOC_DEVICEMAP) },
+            || format!("cuMemHostAlloc({len} bytes, DEVICEMAP)"),
+        )?;
+        let mem = DriverAlloc {
+            addr: host as u64,
+            len,
+            free: free_host,
+        };
+        // SAFETY: the new allocation is `len` bytes long.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: a live allocation of this process; the result written to a local.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) },
+            || "cuMemHostGetDevicePointer".into(),
+        )?;
+        Ok(MappedHostBuffer { mem, device })
     }
 
     /// Host address.
     pub fn host(&self) -> *mut u8 {
-        self.host
+        self.mem.addr as *mut u8
     }
 
     /// Device address of the same memory.
@@ -493,28 +512,18 @@ impl MappedHostBuffer {
 
     /// Length.
     pub fn len(&self) -> usize {
-        self.len
+        self.mem.len
     }
 
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for MappedHostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: host came from cuMemHostAlloc.
-        unsafe {
-            let _ = sys::cuMemFreeHost(self.host as *mut c_void);
-        }
+        self.mem.len == 0
     }
 }
 
 /// Device memory (`cuMemAlloc`), zeroed. Freed on drop.
 pub struct DeviceBuffer {
-    ptr: u64,
-    len: usize,
+    mem: DriverAlloc,
 }
 
 impl DeviceBuffer {
@@ -522,56 +531,59 @@ impl DeviceBuffer {
     pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
         require("cuMemAlloc")?;
         let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: allocation into a local; memset of the new allocation.
-        unsafe {
-            check(sys::cuMemAlloc_v2(&mut p, len), || {
-                format!("cuMemAlloc({len} bytes)")
-            })?;
-            if let Err(e) = check(sys::cuMemsetD8_v2(p, 0, len), || "cuMemsetD8".into()) {
-                let _ = sys::cuMemFree_v2(p);
-                return Err(e);
-            }
-        }
-        Ok(DeviceBuffer { ptr: p, len })
+        // SAFETY: allocation into a local.
+        check(unsafe { sys::cuMemAlloc_v2(&mut p, len) }, || {
+            format!("cuMemAlloc({len} bytes)")
+        })?;
+        let mem = DriverAlloc {
+            addr: p,
+            len,
+            free: sys::cuMemFree_v2,
+        };
+        // SAFETY: memset of the new allocation, `len` bytes long.
+        check(unsafe { sys::cuMemsetD8_v2(p, 0, len) }, || {
+            "cuMemsetD8".into()
+        })?;
+        Ok(DeviceBuffer { mem })
     }
 
     /// Device address.
     pub fn ptr(&self) -> u64 {
-        self.ptr
+        self.mem.addr
     }
 
     /// Copies `src` to the start of the buffer (stream-ordered, see [`memcpy`]); fails when it does
     /// not fit.
     pub fn upload<T: Copy>(&self, src: &[T]) -> CudaResult<()> {
         let len = std::mem::size_of_val(src);
-        if len > self.len {
+        if len > self.mem.len {
             return Err(CudaError {
                 code: sys::CUresult::CUDA_ERROR_INVALID_VALUE as i32,
-                context: format!("upload of {len} bytes into a device buffer of {}", self.len),
+                context: format!(
+                    "upload of {len} bytes into a device buffer of {}",
+                    self.mem.len
+                ),
             });
         }
         // SAFETY: the destination is this live allocation, at least `len` bytes long; the source
         // is a slice of exactly `len` bytes.
-        unsafe { memcpy(self.ptr as *mut c_void, src.as_ptr() as *const c_void, len) }
+        unsafe {
+            memcpy(
+                self.ptr() as *mut c_void,
+                src.as_ptr() as *const c_void,
+                len,
+            )
+        }
     }
 
     /// Length.
     pub fn len(&self) -> usize {
-        self.len
+        self.mem.len
     }
 
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        // SAFETY: ptr came from cuMemAlloc.
-        unsafe {
-            let _ = sys::cuMemFree_v2(self.ptr);
-        }
+        self.mem.len == 0
     }
 }
 
