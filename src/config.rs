@@ -130,21 +130,66 @@ fn parse_choice<T: Copy>(
         })
 }
 
+/// The number `v` holds if it lies in `min..=max` and passes `ok`; otherwise an error that says what
+/// was `expected`.
 fn parse_u64(
     var: &'static str,
     v: &str,
-    min: u64,
-    max: u64,
+    (min, max): (u64, u64),
+    ok: fn(u64) -> bool,
     expected: &'static str,
 ) -> Result<u64, ConfigError> {
     match v.trim().parse::<u64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        Ok(n) if (min..=max).contains(&n) && ok(n) => Ok(n),
         _ => Err(ConfigError {
             var,
             value: v.into(),
             expected,
         }),
     }
+}
+
+/// Reads variables by name and parses them, so that each variable is named once.
+struct Vars<F>(F);
+
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn get(&self, var: &str) -> Option<String> {
+        (self.0)(var)
+    }
+
+    /// `var` as a number in `range` (see [`parse_u64`]), if set.
+    fn u64(
+        &self,
+        var: &'static str,
+        range: (u64, u64),
+        ok: fn(u64) -> bool,
+        expected: &'static str,
+    ) -> Result<Option<u64>, ConfigError> {
+        self.get(var)
+            .map(|v| parse_u64(var, &v, range, ok, expected))
+            .transpose()
+    }
+
+    /// `var` as one of `choices` (see [`parse_choice`]), if set.
+    fn choice<T: Copy>(
+        &self,
+        var: &'static str,
+        choices: &[(&str, T)],
+        expected: &'static str,
+    ) -> Result<Option<T>, ConfigError> {
+        self.get(var)
+            .map(|v| parse_choice(var, &v, choices, expected))
+            .transpose()
+    }
+
+    /// `var` as a boolean, if set.
+    fn bool(&self, var: &'static str) -> Result<Option<bool>, ConfigError> {
+        self.get(var).map(|v| parse_bool(var, &v)).transpose()
+    }
+}
+
+fn any(_: u64) -> bool {
+    true
 }
 
 impl Config {
@@ -155,6 +200,7 @@ impl Config {
 
     /// Parses from any lookup function (tests pass a map).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let vars = Vars(&get);
         let mut c = Config {
             provider: None,
             gda: GdaMode::Auto,
@@ -180,66 +226,54 @@ impl Config {
                 })?);
             }
         }
-        if let Some(v) = get("NVSHMEM_EFA_GDA") {
-            let modes = [
-                ("auto", GdaMode::Auto),
-                ("", GdaMode::Auto),
-                ("hw", GdaMode::Hw),
-                ("soft", GdaMode::Soft),
-                ("off", GdaMode::Off),
-                ("0", GdaMode::Off),
-            ];
-            c.gda = parse_choice("NVSHMEM_EFA_GDA", &v, &modes, "auto, hw, soft or off")?;
+        let modes = [
+            ("auto", GdaMode::Auto),
+            ("", GdaMode::Auto),
+            ("hw", GdaMode::Hw),
+            ("soft", GdaMode::Soft),
+            ("off", GdaMode::Off),
+            ("0", GdaMode::Off),
+        ];
+        if let Some(m) = vars.choice("NVSHMEM_EFA_GDA", &modes, "auto, hw, soft or off")? {
+            c.gda = m;
         }
-        if let Some(v) = get("NVSHMEM_EFA_ATOMICS") {
-            let paths = [
-                ("auto", AtomicsPath::Auto),
-                ("", AtomicsPath::Auto),
-                ("provider", AtomicsPath::Provider),
-                ("target", AtomicsPath::Target),
-            ];
-            c.atomics = parse_choice(
-                "NVSHMEM_EFA_ATOMICS",
-                &v,
-                &paths,
-                "auto, provider or target",
-            )?;
+        let paths = [
+            ("auto", AtomicsPath::Auto),
+            ("", AtomicsPath::Auto),
+            ("provider", AtomicsPath::Provider),
+            ("target", AtomicsPath::Target),
+        ];
+        if let Some(p) = vars.choice("NVSHMEM_EFA_ATOMICS", &paths, "auto, provider or target")? {
+            c.atomics = p;
         }
-        if let Some(v) = get("NVSHMEM_EFA_QUIET_TIMEOUT_MS") {
-            let ms = parse_u64(
-                "NVSHMEM_EFA_QUIET_TIMEOUT_MS",
-                &v,
-                1,
-                86_400_000,
-                "milliseconds, 1 to 86400000",
-            )?;
+        if let Some(ms) = vars.u64(
+            "NVSHMEM_EFA_QUIET_TIMEOUT_MS",
+            (1, 86_400_000),
+            any,
+            "milliseconds, 1 to 86400000",
+        )? {
             c.quiet_timeout = Duration::from_millis(ms);
         }
-        if let Some(v) = get("NVSHMEM_EFA_PROGRESS_THREAD") {
-            c.progress_thread = parse_bool("NVSHMEM_EFA_PROGRESS_THREAD", &v)?;
+        if let Some(b) = vars.bool("NVSHMEM_EFA_PROGRESS_THREAD")? {
+            c.progress_thread = b;
         }
-        if let Some(v) = get("NVSHMEM_EFA_MAX_INFLIGHT") {
-            c.max_inflight =
-                parse_u64("NVSHMEM_EFA_MAX_INFLIGHT", &v, 16, 1 << 20, "16 to 1048576")? as usize;
+        if let Some(n) = vars.u64(
+            "NVSHMEM_EFA_MAX_INFLIGHT",
+            (16, 1 << 20),
+            any,
+            "16 to 1048576",
+        )? {
+            c.max_inflight = n as usize;
         }
-        if let Some(v) = get("NVSHMEM_EFA_ALLOW_VMM") {
-            c.allow_vmm = parse_bool("NVSHMEM_EFA_ALLOW_VMM", &v)?;
+        if let Some(b) = vars.bool("NVSHMEM_EFA_ALLOW_VMM")? {
+            c.allow_vmm = b;
         }
-        if let Some(v) = get("NVSHMEM_EFA_SQ_DEPTH") {
-            let d = parse_u64(
-                "NVSHMEM_EFA_SQ_DEPTH",
-                &v,
-                2,
-                32768,
-                "a power of two from 2 to 32768",
-            )?;
-            if !d.is_power_of_two() {
-                return Err(ConfigError {
-                    var: "NVSHMEM_EFA_SQ_DEPTH",
-                    value: v,
-                    expected: "a power of two from 2 to 32768",
-                });
-            }
+        if let Some(d) = vars.u64(
+            "NVSHMEM_EFA_SQ_DEPTH",
+            (2, 32768),
+            u64::is_power_of_two,
+            "a power of two from 2 to 32768",
+        )? {
             c.sq_depth = d as u32;
         }
         if let Some(v) = get("NVSHMEM_EFA_GPU_STAGING") {
@@ -261,11 +295,11 @@ impl Config {
                 expected: "auto or 0",
             })?;
         }
-        if let Some(v) = get("NVSHMEM_EFA_MAX_BATCH") {
-            c.max_batch = parse_u64("NVSHMEM_EFA_MAX_BATCH", &v, 1, 32768, "1 to 32768")? as u32;
+        if let Some(n) = vars.u64("NVSHMEM_EFA_MAX_BATCH", (1, 32768), any, "1 to 32768")? {
+            c.max_batch = n as u32;
         }
-        if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_OVERWRITE") {
-            c.soft_rx_overwrite = parse_bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE", &v)?;
+        if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE")? {
+            c.soft_rx_overwrite = b;
         }
         if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_CREDITS") {
             c.soft_rx_credits = parse_bool("NVSHMEM_EFA_SOFT_RX_CREDITS", &v)?;
@@ -354,30 +388,15 @@ mod tests {
 
     #[test]
     fn nvshmem_provider_names_and_extensions() {
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "efa")])
-                .unwrap()
-                .provider,
-            Some(Provider::Efa)
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "tcp")])
-                .unwrap()
-                .provider,
-            Some(Provider::Tcp)
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "shm")])
-                .unwrap()
-                .provider,
-            Some(Provider::Shm)
-        );
-        assert_eq!(
-            cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "auto")])
-                .unwrap()
-                .provider,
-            None
-        );
+        for (name, want) in [
+            ("efa", Some(Provider::Efa)),
+            ("tcp", Some(Provider::Tcp)),
+            ("shm", Some(Provider::Shm)),
+            ("auto", None),
+        ] {
+            let got = cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", name)]).unwrap();
+            assert_eq!(got.provider, want, "{name}");
+        }
         let e = cfg(&[("NVSHMEM_LIBFABRIC_PROVIDER", "bogus")]).unwrap_err();
         assert_eq!(e.var, "NVSHMEM_LIBFABRIC_PROVIDER");
     }

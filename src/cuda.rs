@@ -215,6 +215,70 @@ impl Drop for ContextGuard {
     }
 }
 
+/// A driver object of one context (stream, event, IPC mapping), kept as a plain handle and
+/// released on drop with its context current. Handles of this process may be used from any thread;
+/// every call on one pushes its context first.
+#[derive(Debug)]
+struct ContextObject {
+    ctx: usize,
+    handle: usize,
+    release: unsafe fn(usize) -> sys::CUresult,
+}
+
+impl ContextObject {
+    /// Creates an object in context `ctx` (0: the current context) through `create`, which returns
+    /// the driver's answer and the handle it wrote; `api` names the driver call (checked for), `what`
+    /// the failure. `release` destroys the handle on drop.
+    fn create(
+        ctx: usize,
+        api: &str,
+        what: &str,
+        create: impl FnOnce() -> (sys::CUresult, usize),
+        release: unsafe fn(usize) -> sys::CUresult,
+    ) -> CudaResult<ContextObject> {
+        require(api)?;
+        let _g = ContextGuard::enter(ctx)?;
+        let (r, handle) = create();
+        check(r, || what.into())?;
+        Ok(ContextObject {
+            ctx: current_context(),
+            handle,
+            release,
+        })
+    }
+
+    /// [`ContextObject::create`] for a driver constructor of the form `create(&mut handle, flags)`.
+    fn create_flagged<H>(
+        ctx: usize,
+        api: &str,
+        what: &str,
+        create: unsafe fn(*mut *mut H, std::ffi::c_uint) -> sys::CUresult,
+        flags: u32,
+        release: unsafe fn(usize) -> sys::CUresult,
+    ) -> CudaResult<ContextObject> {
+        let make = || {
+            let mut h: *mut H = std::ptr::null_mut();
+            // SAFETY: a driver constructor writing one handle, called in the context just made
+            // current with flags its caller chose.
+            let r = unsafe { create(&mut h, flags) };
+            (r, h as usize)
+        };
+        ContextObject::create(ctx, api, what, make, release)
+    }
+}
+
+impl Drop for ContextObject {
+    fn drop(&mut self) {
+        if let Ok(_g) = ContextGuard::enter(self.ctx) {
+            // SAFETY: the handle came from `create` in this context and is released once, here;
+            // `release` is the driver call that destroys handles of its kind.
+            unsafe {
+                let _ = (self.release)(self.handle);
+            }
+        }
+    }
+}
+
 /// Makes `ctx` (from `current_context`) current in this thread; no-op for 0.
 pub fn set_current_context(ctx: usize) -> CudaResult<()> {
     if ctx == 0 {
@@ -378,48 +442,67 @@ fn stream_for(ctx: usize) -> CudaResult<&'static StreamSlot> {
     Ok(slot)
 }
 
-/// Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP)`), zeroed. Freed on drop.
-pub struct MappedHostBuffer {
-    host: *mut u8,
-    device: u64,
+/// `len` bytes the driver allocated at `addr`, released on drop by `free`.
+struct DriverAlloc {
+    addr: u64,
     len: usize,
+    free: unsafe fn(u64) -> sys::CUresult,
 }
 
-// SAFETY: the buffer is plain memory shared with the GPU; access is coordinated by its users.
-unsafe impl Send for MappedHostBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for MappedHostBuffer {}
+impl Drop for DriverAlloc {
+    fn drop(&mut self) {
+        // SAFETY: `addr` came from the allocation call `free` belongs to and is released once.
+        unsafe {
+            let _ = (self.free)(self.addr);
+        }
+    }
+}
+
+/// Releases pinned host memory from `cuMemHostAlloc`.
+///
+/// # Safety
+/// `addr` must come from `cuMemHostAlloc` and be released once.
+unsafe fn free_host(addr: u64) -> sys::CUresult {
+    // SAFETY: per the contract.
+    unsafe { sys::cuMemFreeHost(addr as *mut c_void) }
+}
+
+/// Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP)`), zeroed. Freed on drop. The
+/// memory is plain memory shared with the GPU; access is coordinated by its users.
+pub struct MappedHostBuffer {
+    mem: DriverAlloc,
+    device: u64,
+}
 
 impl MappedHostBuffer {
     /// Allocates `len` bytes.
     pub fn new(len: usize) -> CudaResult<MappedHostBuffer> {
         require("cuMemHostAlloc")?;
         let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: allocation with valid flags; results written to locals.
-        unsafe {
-            check(
-                sys::cuMemHostAlloc(&mut host, len, sys::CU_MEMHOSTALLOC_DEVICEMAP),
-                || format!("cuMemHostAlloc({len} bytes, DEVICEMAP)"),
-            )?;
-            std::ptr::write_bytes(host as *mut u8, 0, len);
-            let mut dev: sys::CUdeviceptr = 0;
-            if let Err(e) = check(sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), || {
-                "cuMemHostGetDevicePointer".into()
-            }) {
-                let _ = sys::cuMemFreeHost(host);
-                return Err(e);
-            }
-            Ok(MappedHostBuffer {
-                host: host as *mut u8,
-                device: dev,
-                len,
-            })
-        }
+        // SAFETY: allocation with valid flags; the result written to a local.
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut host, len, sys::CU_MEMHOSTALLOC_DEVICEMAP) },
+            || format!("cuMemHostAlloc({len} bytes, DEVICEMAP)"),
+        )?;
+        let mem = DriverAlloc {
+            addr: host as u64,
+            len,
+            free: free_host,
+        };
+        // SAFETY: the new allocation is `len` bytes long.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: a live allocation of this process; the result written to a local.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) },
+            || "cuMemHostGetDevicePointer".into(),
+        )?;
+        Ok(MappedHostBuffer { mem, device })
     }
 
     /// Host address.
     pub fn host(&self) -> *mut u8 {
-        self.host
+        self.mem.addr as *mut u8
     }
 
     /// Device address of the same memory.
@@ -429,28 +512,18 @@ impl MappedHostBuffer {
 
     /// Length.
     pub fn len(&self) -> usize {
-        self.len
+        self.mem.len
     }
 
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for MappedHostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: host came from cuMemHostAlloc.
-        unsafe {
-            let _ = sys::cuMemFreeHost(self.host as *mut c_void);
-        }
+        self.mem.len == 0
     }
 }
 
 /// Device memory (`cuMemAlloc`), zeroed. Freed on drop.
 pub struct DeviceBuffer {
-    ptr: u64,
-    len: usize,
+    mem: DriverAlloc,
 }
 
 impl DeviceBuffer {
@@ -458,41 +531,59 @@ impl DeviceBuffer {
     pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
         require("cuMemAlloc")?;
         let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: allocation into a local; memset of the new allocation.
-        unsafe {
-            check(sys::cuMemAlloc_v2(&mut p, len), || {
-                format!("cuMemAlloc({len} bytes)")
-            })?;
-            if let Err(e) = check(sys::cuMemsetD8_v2(p, 0, len), || "cuMemsetD8".into()) {
-                let _ = sys::cuMemFree_v2(p);
-                return Err(e);
-            }
-        }
-        Ok(DeviceBuffer { ptr: p, len })
+        // SAFETY: allocation into a local.
+        check(unsafe { sys::cuMemAlloc_v2(&mut p, len) }, || {
+            format!("cuMemAlloc({len} bytes)")
+        })?;
+        let mem = DriverAlloc {
+            addr: p,
+            len,
+            free: sys::cuMemFree_v2,
+        };
+        // SAFETY: memset of the new allocation, `len` bytes long.
+        check(unsafe { sys::cuMemsetD8_v2(p, 0, len) }, || {
+            "cuMemsetD8".into()
+        })?;
+        Ok(DeviceBuffer { mem })
     }
 
     /// Device address.
     pub fn ptr(&self) -> u64 {
-        self.ptr
+        self.mem.addr
+    }
+
+    /// Copies `src` to the start of the buffer (stream-ordered, see [`memcpy`]); fails when it does
+    /// not fit.
+    pub fn upload<T: Copy>(&self, src: &[T]) -> CudaResult<()> {
+        let len = std::mem::size_of_val(src);
+        if len > self.mem.len {
+            return Err(CudaError {
+                code: sys::CUresult::CUDA_ERROR_INVALID_VALUE as i32,
+                context: format!(
+                    "upload of {len} bytes into a device buffer of {}",
+                    self.mem.len
+                ),
+            });
+        }
+        // SAFETY: the destination is this live allocation, at least `len` bytes long; the source
+        // is a slice of exactly `len` bytes.
+        unsafe {
+            memcpy(
+                self.ptr() as *mut c_void,
+                src.as_ptr() as *const c_void,
+                len,
+            )
+        }
     }
 
     /// Length.
     pub fn len(&self) -> usize {
-        self.len
+        self.mem.len
     }
 
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        // SAFETY: ptr came from cuMemAlloc.
-        unsafe {
-            let _ = sys::cuMemFree_v2(self.ptr);
-        }
+        self.mem.len == 0
     }
 }
 

@@ -23,10 +23,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nvshmem_efa_gda::fabric::Error as FabricError;
 use nvshmem_efa_gda::fabric::{
     flags, AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, Fabric, FiAddr, Info,
     InfoRequest, MemKind, MemoryRegion, OpContexts, Provider,
 };
+use std::ffi::c_void;
 
 /// Longest any single wait may take before the benchmark gives up.
 const WAIT: Duration = Duration::from_secs(60);
@@ -349,37 +351,48 @@ impl Side {
 
     /// Posts a write of `len` bytes from local `src` to the peer's receive area at `off`.
     fn write(&mut self, src: *const u8, len: usize, off: usize) -> Result<(), String> {
-        let deadline = Instant::now() + WAIT;
         let raddr = self.peer_base + (HEADER + off) as u64;
+        let deadline = Instant::now() + WAIT;
+        let flags = self.flags;
+        self.post(
+            0,
+            deadline,
+            |e| format!("{e} for {WAIT:?}"),
+            |b, ctx| {
+                let desc = b.mr.desc();
+                // SAFETY: `src` lies in the registered buffer, which outlives the operation; the
+                // context comes from our pool and returns to it when the completion is reaped.
+                unsafe {
+                    match flags {
+                        None => b.ep.write(src, len, desc, b.peer, raddr, b.peer_key, ctx),
+                        Some(f) => {
+                            b.ep.write_msg(src, len, desc, b.peer, raddr, b.peer_key, ctx, f)
+                        }
+                    }
+                }
+            },
+        )
+    }
+
+    /// Posts one operation through `post` with a context of the pool tagged `tag`, reaping
+    /// completions while no context is free or the provider answers `-FI_EAGAIN`; past `deadline`
+    /// gives up (`again` words the last EAGAIN). Counts the posted operation in flight.
+    fn post(
+        &mut self,
+        tag: u64,
+        deadline: Instant,
+        again: impl Fn(&FabricError) -> String,
+        post: impl Fn(&Self, *mut c_void) -> Result<(), FabricError>,
+    ) -> Result<(), String> {
         loop {
-            let Some(ctx) = self.ctxs.alloc(0, 0) else {
+            let Some(ctx) = self.ctxs.alloc(tag, 0) else {
                 self.poll()?;
                 if Instant::now() >= deadline {
                     return Err("no free operation context".into());
                 }
                 continue;
             };
-            // SAFETY: `src` lies in the registered buffer, which outlives the operation; the context
-            // comes from our pool and returns to it when the completion is reaped.
-            let (desc, ctx_ptr) = (self.mr.desc(), ctx);
-            let r = unsafe {
-                match self.flags {
-                    None => self
-                        .ep
-                        .write(src, len, desc, self.peer, raddr, self.peer_key, ctx_ptr),
-                    Some(f) => self.ep.write_msg(
-                        src,
-                        len,
-                        desc,
-                        self.peer,
-                        raddr,
-                        self.peer_key,
-                        ctx_ptr,
-                        f,
-                    ),
-                }
-            };
-            match r {
+            match post(self, ctx) {
                 Ok(()) => {
                     self.in_flight += 1;
                     return Ok(());
@@ -388,7 +401,7 @@ impl Side {
                     self.ctxs.free(ctx);
                     self.poll()?;
                     if Instant::now() >= deadline {
-                        return Err(format!("{e} for {WAIT:?}"));
+                        return Err(again(&e));
                     }
                 }
                 Err(e) => return Err(e.to_string()),
@@ -414,33 +427,27 @@ impl Side {
         unsafe { std::ptr::write_unaligned(src, seq) };
         let raddr = self.peer_base;
         let deadline = Instant::now() + WAIT;
-        loop {
-            let ctx = self.ctxs.alloc(1, 0).ok_or("no free operation context")?;
-            // SAFETY: as in `write`; the sync word is at offset 0 of the peer's registered buffer.
-            let r = unsafe {
-                self.ep.write(
-                    src as *const u8,
-                    8,
-                    self.mr.desc(),
-                    self.peer,
-                    raddr,
-                    self.peer_key,
-                    ctx,
-                )
-            };
-            match r {
-                Ok(()) => break,
-                Err(e) if e.is_again() => {
-                    self.ctxs.free(ctx);
-                    self.poll()?;
-                    if Instant::now() >= deadline {
-                        return Err(format!("sync: {e}"));
-                    }
+        // Nothing is in flight (drained above), so a context is always free.
+        self.post(
+            1,
+            deadline,
+            |e| format!("sync: {e}"),
+            |b, ctx| {
+                // SAFETY: as in `write`; the sync word is at offset 0 of the peer's registered
+                // buffer.
+                unsafe {
+                    b.ep.write(
+                        src as *const u8,
+                        8,
+                        b.mr.desc(),
+                        b.peer,
+                        raddr,
+                        b.peer_key,
+                        ctx,
+                    )
                 }
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        self.in_flight += 1;
+            },
+        )?;
         self.drain_to(0)?;
         let word = self.base() as *const u64;
         // SAFETY: offset 0 of our own buffer, aligned; the peer writes it remotely.

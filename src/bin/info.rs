@@ -68,42 +68,38 @@ impl J {
             J::N(n) => out.push_str(&n.to_string()),
             J::B(b) => out.push_str(if *b { "true" } else { "false" }),
             J::Null => out.push_str("null"),
-            J::A(v) => {
-                out.push('[');
-                for (i, x) in v.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    x.write(out);
-                }
-                out.push(']');
-            }
-            J::O(v) => {
-                out.push('{');
-                for (i, (k, x)) in v.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    J::s(*k).write(out);
-                    out.push_str(": ");
-                    x.write(out);
-                }
-                out.push('}');
-            }
-            J::M(v) => {
-                out.push('{');
-                for (i, (k, x)) in v.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    J::s(k.clone()).write(out);
-                    out.push_str(": ");
-                    J::s(x.clone()).write(out);
-                }
-                out.push('}');
-            }
+            J::A(v) => write_seq(out, '[', ']', v, |x, out| x.write(out)),
+            J::O(v) => write_seq(out, '{', '}', v, |(k, x), out| write_member(out, k, x)),
+            J::M(v) => write_seq(out, '{', '}', v, |(k, x), out| {
+                write_member(out, k, &J::s(x.clone()))
+            }),
         }
     }
+}
+
+/// Writes `items` between `open` and `close`, separated by commas, each through `each`.
+fn write_seq<T>(
+    out: &mut String,
+    open: char,
+    close: char,
+    items: &[T],
+    mut each: impl FnMut(&T, &mut String),
+) {
+    out.push(open);
+    for (i, x) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        each(x, out);
+    }
+    out.push(close);
+}
+
+/// Writes one object member `"key": value`.
+fn write_member(out: &mut String, key: &str, value: &J) {
+    J::s(key).write(out);
+    out.push_str(": ");
+    value.write(out);
 }
 
 /// NVSHMEM release -> transport ABI major (3.4 -> 3, 3.5 -> 4, 3.6 -> 5, 3.7 -> 6, 3.8 -> 7).

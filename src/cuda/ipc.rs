@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::{check, require, ContextGuard, CudaError, CudaResult};
+use super::{check, require, ContextObject, CudaError, CudaResult};
 
 /// Bytes of a legacy IPC handle (`CUipcMemHandle`).
 pub const HANDLE_BYTES: usize = 64;
@@ -130,59 +130,45 @@ pub fn export(ptr: u64, len: u64) -> Result<Export, ExportError> {
 /// A peer's allocation opened in this process (`cuIpcOpenMemHandle` with lazy peer access);
 /// closed on drop.
 #[derive(Debug)]
-pub struct Mapping {
-    ctx: usize,
-    base: u64,
-}
+pub struct Mapping(ContextObject);
 
-// SAFETY: a mapping is an address range of this process; closing it (drop) pushes its context.
-unsafe impl Send for Mapping {}
-// SAFETY: as above; the value is immutable.
-unsafe impl Sync for Mapping {}
+/// Closes a mapping `ContextObject::create` got from `cuIpcOpenMemHandle`.
+///
+/// # Safety
+/// Called once per mapping, with its context current.
+unsafe fn close_mapping(base: usize) -> sys::CUresult {
+    // SAFETY: per the contract.
+    unsafe { sys::cuIpcCloseMemHandle(base as sys::CUdeviceptr) }
+}
 
 impl Mapping {
     /// Opens `handle` in context `ctx` (0: the current one). A handle of this very process cannot be
     /// opened (the driver refuses); callers use their own addresses for themselves.
     pub fn open(ctx: usize, handle: &[u8; HANDLE_BYTES]) -> CudaResult<Mapping> {
-        require("cuIpcOpenMemHandle")?;
-        let _g = ContextGuard::enter(ctx)?;
-        // SAFETY: all-zero is a valid handle value to be overwritten.
-        let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
-        for (d, s) in h.reserved.iter_mut().zip(handle.iter()) {
-            *d = *s as libc::c_char;
-        }
-        let mut base: sys::CUdeviceptr = 0;
-        // SAFETY: writes one pointer; the driver validates the handle.
-        check(
-            unsafe {
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut base,
-                    h,
-                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                )
+        let obj = ContextObject::create(
+            ctx,
+            "cuIpcOpenMemHandle",
+            "cuIpcOpenMemHandle",
+            || {
+                // SAFETY: all-zero is a valid handle value to be overwritten.
+                let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+                for (d, s) in h.reserved.iter_mut().zip(handle.iter()) {
+                    *d = *s as libc::c_char;
+                }
+                let mut base: sys::CUdeviceptr = 0;
+                let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+                // SAFETY: writes one pointer; the driver validates the handle.
+                let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, flags) };
+                (r, base as usize)
             },
-            || "cuIpcOpenMemHandle".into(),
+            close_mapping,
         )?;
-        Ok(Mapping {
-            ctx: super::current_context(),
-            base,
-        })
+        Ok(Mapping(obj))
     }
 
     /// Where the peer's allocation starts in this process.
     pub fn base(&self) -> u64 {
-        self.base
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        if let Ok(_g) = ContextGuard::enter(self.ctx) {
-            // SAFETY: base came from cuIpcOpenMemHandle in this context and is closed once.
-            unsafe {
-                let _ = sys::cuIpcCloseMemHandle(self.base);
-            }
-        }
+        self.0.handle as u64
     }
 }
 

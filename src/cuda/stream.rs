@@ -3,43 +3,47 @@
 //! on the legacy default stream (which would wait for the application's running kernels).
 use cudarc::driver::sys;
 
-use super::{check, require, ContextGuard, CudaResult};
+use super::{check, ContextGuard, ContextObject, CudaResult};
 
-/// A non-blocking stream of one context, destroyed on drop.
+/// A non-blocking stream of one context, destroyed on drop (pending work still completes: driver
+/// rule). Callers serialise enqueues that must stay ordered.
 #[derive(Debug)]
-pub struct CopyStream {
-    ctx: usize,
-    stream: usize,
+pub struct CopyStream(ContextObject);
+
+/// Destroys a stream `ContextObject::create` got from `cuStreamCreate`.
+///
+/// # Safety
+/// Called once per stream, with its context current.
+unsafe fn destroy_stream(h: usize) -> sys::CUresult {
+    // SAFETY: per the contract.
+    unsafe { sys::cuStreamDestroy_v2(h as sys::CUstream) }
 }
 
-// SAFETY: driver stream handles may be used from any thread; every call pushes the stream's
-// context first. Callers serialise enqueues that must stay ordered.
-unsafe impl Send for CopyStream {}
-// SAFETY: as above.
-unsafe impl Sync for CopyStream {}
+/// Destroys an event `ContextObject::create` got from `cuEventCreate`.
+///
+/// # Safety
+/// Called once per event, with its context current.
+unsafe fn destroy_event(h: usize) -> sys::CUresult {
+    // SAFETY: per the contract.
+    unsafe { sys::cuEventDestroy_v2(h as sys::CUevent) }
+}
 
 impl CopyStream {
     /// A new non-blocking stream in context `ctx` (0: the current context).
     pub fn new(ctx: usize) -> CudaResult<CopyStream> {
-        require("cuStreamCreate")?;
-        let _g = ContextGuard::enter(ctx)?;
-        let mut st: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: creates a stream in the context just made current; writes one handle.
-        check(
-            unsafe {
-                sys::cuStreamCreate(&mut st, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-            },
-            || "cuStreamCreate(NON_BLOCKING)".into(),
-        )?;
-        Ok(CopyStream {
-            ctx: super::current_context(),
-            stream: st as usize,
-        })
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        let (api, what) = ("cuStreamCreate", "cuStreamCreate(NON_BLOCKING)");
+        ContextObject::create_flagged(ctx, api, what, sys::cuStreamCreate, flags, destroy_stream)
+            .map(CopyStream)
     }
 
     /// The context the stream belongs to.
     pub fn context(&self) -> usize {
-        self.ctx
+        self.0.ctx
+    }
+
+    fn stream(&self) -> sys::CUstream {
+        self.0.handle as sys::CUstream
     }
 
     /// Enqueues a copy of `len` bytes (unified addressing: host or device on either side). It has
@@ -51,88 +55,52 @@ impl CopyStream {
         if len == 0 {
             return Ok(());
         }
-        let _g = ContextGuard::enter(self.ctx)?;
+        let _g = ContextGuard::enter(self.0.ctx)?;
         // SAFETY: the caller guarantees the ranges; the stream belongs to the pushed context.
         check(
-            unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream as sys::CUstream) },
+            unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream()) },
             || format!("cuMemcpyAsync({dst:#x} <- {src:#x}, {len} bytes)"),
         )
     }
 
     /// Records `ev` after everything enqueued so far.
     pub fn record(&self, ev: &Event) -> CudaResult<()> {
-        let _g = ContextGuard::enter(self.ctx)?;
+        let _g = ContextGuard::enter(self.0.ctx)?;
         // SAFETY: both handles belong to this process and to the pushed context.
         check(
-            unsafe { sys::cuEventRecord(ev.ev as sys::CUevent, self.stream as sys::CUstream) },
+            unsafe { sys::cuEventRecord(ev.event(), self.stream()) },
             || "cuEventRecord".into(),
         )
     }
 }
 
-impl Drop for CopyStream {
-    fn drop(&mut self) {
-        if let Ok(_g) = ContextGuard::enter(self.ctx) {
-            // SAFETY: created by new(), destroyed once; pending work still completes (driver rule).
-            unsafe {
-                let _ = sys::cuStreamDestroy_v2(self.stream as sys::CUstream);
-            }
-        }
-    }
-}
-
 /// An event without timing (cheapest to record and query), destroyed on drop.
 #[derive(Debug)]
-pub struct Event {
-    ctx: usize,
-    ev: usize,
-}
-
-// SAFETY: event handles may be used from any thread; calls push the event's context.
-unsafe impl Send for Event {}
-// SAFETY: as above.
-unsafe impl Sync for Event {}
+pub struct Event(ContextObject);
 
 impl Event {
     /// A new event in context `ctx` (0: the current context).
     pub fn new(ctx: usize) -> CudaResult<Event> {
-        require("cuEventCreate")?;
-        let _g = ContextGuard::enter(ctx)?;
-        let mut ev: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: writes one handle.
-        check(
-            unsafe {
-                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-            },
-            || "cuEventCreate(DISABLE_TIMING)".into(),
-        )?;
-        Ok(Event {
-            ctx: super::current_context(),
-            ev: ev as usize,
-        })
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let (api, what) = ("cuEventCreate", "cuEventCreate(DISABLE_TIMING)");
+        ContextObject::create_flagged(ctx, api, what, sys::cuEventCreate, flags, destroy_event)
+            .map(Event)
+    }
+
+    fn event(&self) -> sys::CUevent {
+        self.0.handle as sys::CUevent
     }
 
     /// Whether the work before the last record has completed (never blocks). An event never
     /// recorded counts as complete (driver rule).
     pub fn done(&self) -> CudaResult<bool> {
-        let _g = ContextGuard::enter(self.ctx)?;
+        let _g = ContextGuard::enter(self.0.ctx)?;
         // SAFETY: a live event of this process.
-        let r = unsafe { sys::cuEventQuery(self.ev as sys::CUevent) };
+        let r = unsafe { sys::cuEventQuery(self.event()) };
         match r {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check(other, || "cuEventQuery".into()).map(|()| true),
-        }
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        if let Ok(_g) = ContextGuard::enter(self.ctx) {
-            // SAFETY: created by new(), destroyed once.
-            unsafe {
-                let _ = sys::cuEventDestroy_v2(self.ev as sys::CUevent);
-            }
         }
     }
 }

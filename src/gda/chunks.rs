@@ -11,7 +11,7 @@ use crate::fabric::{MemKind, MemoryRegion, MrHandle};
 use super::error::{GdaError, Result};
 use super::heap::{ceil_log2, HeapChunk, HeapTable, DEFAULT_LOG2_GRANULARITY};
 use super::mem;
-use super::queue::Registration;
+use super::queue::{self, Registration};
 use super::Gda;
 
 /// A local chunk: heap offsets `[start, end)` at `base` here.
@@ -175,7 +175,14 @@ impl Gda {
             .flatten();
         // SAFETY: reg describes [base, base+size), registered and allocated per the contract (or
         // by `own`, which the chunk keeps).
-        let (lkey, token) = unsafe { self.q()?.add_heap_chunk(start, end, base, &reg, log2)? };
+        let place = queue::LocalChunk {
+            start,
+            end,
+            base,
+            log2,
+        };
+        // SAFETY: as above.
+        let (lkey, token) = unsafe { self.q()?.add_heap_chunk(&place, &reg)? };
         if let Some(t) = self.chunks.table.as_mut() {
             t.add(row, HeapChunk { key: lkey, ..entry })?;
         }
@@ -278,9 +285,14 @@ impl Gda {
         if let Some(t) = self.chunks.table.as_ref() {
             t.clone().add(pe as usize, entry)?;
         }
-        let rkey = self
-            .q()?
-            .add_remote_chunk(pe, ordinal, start, c.addr, c.end - start, c.key)?;
+        let rkey = self.q()?.add_remote_chunk(&queue::PeerChunk {
+            pe,
+            ordinal,
+            start,
+            base: c.addr,
+            size: c.end - start,
+            key: c.key,
+        })?;
         if let Some(t) = self.chunks.table.as_mut() {
             t.add(pe as usize, HeapChunk { key: rkey, ..entry })?;
         }

@@ -12,35 +12,35 @@ pub struct GdaError {
     pub message: String,
 }
 
-impl GdaError {
+/// Constructors of errors with a fixed code: `name => code`.
+macro_rules! coded_errors {
+    ($($(#[$doc:meta])* $name:ident => $code:expr;)*) => {
+        impl GdaError {
+            $(
+                $(#[$doc])*
+                pub fn $name(m: impl Into<String>) -> GdaError {
+                    GdaError {
+                        code: $code,
+                        message: m.into(),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+coded_errors! {
     /// Bad argument (`-EINVAL`).
-    pub fn invalid(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::EINVAL,
-            message: m.into(),
-        }
-    }
+    invalid => -libc::EINVAL;
     /// Not supported here (`-EOPNOTSUPP`).
-    pub fn unsupported(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::EOPNOTSUPP,
-            message: m.into(),
-        }
-    }
+    unsupported => -libc::EOPNOTSUPP;
     /// Out of memory (`-ENOMEM`).
-    pub fn nomem(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::ENOMEM,
-            message: m.into(),
-        }
-    }
+    nomem => -libc::ENOMEM;
     /// I/O or driver failure (`-EIO`).
-    pub fn io(m: impl Into<String>) -> GdaError {
-        GdaError {
-            code: -libc::EIO,
-            message: m.into(),
-        }
-    }
+    io => -libc::EIO;
+}
+
+impl GdaError {
     /// Not initialised (`-ENODEV`).
     pub fn not_initialised() -> GdaError {
         GdaError {

@@ -17,20 +17,9 @@ static GDA: Mutex<Option<Gda>> = Mutex::new(None);
 /// same domain returns the mode chosen the first time). Returns `MODE_OFF`, `MODE_HW` or
 /// `MODE_SOFT`.
 pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
-    let mut g = GDA.lock();
-    if let Some(x) = g.as_ref() {
-        if x.same_domain(domain.handle()) {
-            return Ok(x.mode);
-        }
-        return Err(GdaError {
-            code: -libc::EALREADY,
-            message: "GDA is already initialised on another domain".into(),
-        });
-    }
-    let gda = Gda::new(domain, cfg, &GdaOptions::default())?;
-    let m = gda.mode;
-    *g = Some(gda);
-    Ok(m)
+    install(domain.handle(), || {
+        Gda::new(domain, cfg, &GdaOptions::default())
+    })
 }
 
 /// Initialises hardware GDA on an endpoint the caller owns (patched NVSHMEM). The configuration is
@@ -40,6 +29,13 @@ pub fn init_internal(domain: &Arc<Domain>, cfg: &Config) -> Result<u32> {
 /// As for [`Gda::on_external_ep`].
 pub unsafe fn init_on_external_ep(domain: DomainHandle, ep: EndpointHandle) -> Result<u32> {
     let cfg = Config::from_env().map_err(|e| GdaError::invalid(e.to_string()))?;
+    // SAFETY: forwarded contract.
+    install(domain, || unsafe { Gda::on_external_ep(domain, ep, &cfg) })
+}
+
+/// Makes the context `make` builds the global one unless one exists: then its mode when it is on
+/// `domain`, else `-EALREADY`.
+fn install(domain: DomainHandle, make: impl FnOnce() -> Result<Gda>) -> Result<u32> {
     let mut g = GDA.lock();
     if let Some(x) = g.as_ref() {
         if x.same_domain(domain) {
@@ -50,8 +46,7 @@ pub unsafe fn init_on_external_ep(domain: DomainHandle, ep: EndpointHandle) -> R
             message: "GDA is already initialised on another domain".into(),
         });
     }
-    // SAFETY: forwarded contract.
-    let gda = unsafe { Gda::on_external_ep(domain, ep, &cfg)? };
+    let gda = make()?;
     let m = gda.mode;
     *g = Some(gda);
     Ok(m)
@@ -62,19 +57,35 @@ fn with<T>(f: impl FnOnce(&mut Gda) -> Result<T>) -> Result<T> {
     f(g.as_mut().ok_or_else(GdaError::not_initialised)?)
 }
 
-/// Raw name of the GDA endpoint.
-pub fn address() -> Result<Vec<u8>> {
-    with(|g| g.address())
+/// Public functions that run a [`Gda`] method of the same name and arguments on the global context
+/// (`GdaError::not_initialised` without one).
+macro_rules! on_global {
+    ($($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) -> $ret {
+            with(|g| g.$name($($arg),*))
+        }
+    )*};
 }
 
-/// Builds the peer table (see [`Gda::connect`]).
-pub fn connect(my_pe: i32, n_pes: i32, names: &[u8], fi_addrs: Option<&[u64]>) -> Result<()> {
-    with(|g| g.connect(my_pe, n_pes, names, fi_addrs))
-}
-
-/// Sets the local heap (see [`Gda::set_local_heap`]). A given `mr` must stay open until [`fini`].
-pub fn set_local_heap(base: u64, size: u64, mr: Option<&MemoryRegion>) -> Result<()> {
-    with(|g| g.set_local_heap(base, size, mr))
+on_global! {
+    /// Raw name of the GDA endpoint.
+    pub fn address() -> Result<Vec<u8>>;
+    /// Builds the peer table (see [`Gda::connect`]).
+    pub fn connect(my_pe: i32, n_pes: i32, names: &[u8], fi_addrs: Option<&[u64]>) -> Result<()>;
+    /// Sets the local heap (see [`Gda::set_local_heap`]). A given `mr` must stay open until
+    /// [`fini`].
+    pub fn set_local_heap(base: u64, size: u64, mr: Option<&MemoryRegion>) -> Result<()>;
+    /// Forgets the heap chunk at heap offset `start` on every PE (see [`Gda::remove_heap_chunk`]).
+    pub fn remove_heap_chunk(start: u64) -> Result<bool>;
+    /// Records a chunk of PE `pe`'s heap (see [`Gda::add_remote_heap_chunk`]).
+    pub fn add_remote_heap_chunk(
+        pe: i32, start: u64, end: u64, addr: u64, key: u64, log2: u32
+    ) -> Result<()>;
+    /// Records a peer's heap (see [`Gda::set_remote_heap`]).
+    pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()>;
+    /// The key peers use for this PE's heap.
+    pub fn local_heap_key() -> Result<u64>;
 }
 
 /// [`set_local_heap`] with a raw registration.
@@ -126,23 +137,6 @@ pub fn heap_log2() -> Option<u32> {
     GDA.lock().as_ref().and_then(|g| g.heap_log2())
 }
 
-/// Forgets the heap chunk at heap offset `start` on every PE (see [`Gda::remove_heap_chunk`]).
-pub fn remove_heap_chunk(start: u64) -> Result<bool> {
-    with(|g| g.remove_heap_chunk(start))
-}
-
-/// Records a chunk of PE `pe`'s heap (see [`Gda::add_remote_heap_chunk`]).
-pub fn add_remote_heap_chunk(
-    pe: i32,
-    start: u64,
-    end: u64,
-    addr: u64,
-    key: u64,
-    log2: u32,
-) -> Result<()> {
-    with(|g| g.add_remote_heap_chunk(pe, start, end, addr, key, log2))
-}
-
 /// Forgets the heap chunk whose local registration starts at `base`, on every PE (see
 /// [`Gda::remove_heap_chunk`]); `Ok(false)` when no local chunk is there.
 pub fn remove_heap_chunk_at(base: u64) -> Result<bool> {
@@ -150,16 +144,6 @@ pub fn remove_heap_chunk_at(base: u64) -> Result<bool> {
         Some(start) => g.remove_heap_chunk(start),
         None => Ok(false),
     })
-}
-
-/// Records a peer's heap (see [`Gda::set_remote_heap`]).
-pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()> {
-    with(|g| g.set_remote_heap(pe, base, size, key))
-}
-
-/// The key peers use for this PE's heap.
-pub fn local_heap_key() -> Result<u64> {
-    with(|g| g.local_heap_key())
 }
 
 /// Names the transmit CQ of the caller's endpoint (hardware GDA on an external endpoint).

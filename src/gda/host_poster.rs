@@ -122,6 +122,32 @@ impl<'q> HostPoster<'q> {
         }
     }
 
+    /// Polls the CQ until `ready()`, backing off while nothing completes (then, with `alive`,
+    /// checking the queue has not failed); fails with [`Self::stuck`] for `what` once the poster's
+    /// timeout has passed since `start`.
+    fn wait(
+        &self,
+        start: Instant,
+        alive: bool,
+        what: &str,
+        ready: impl Fn() -> bool,
+    ) -> Result<()> {
+        let mut spins = 0u32;
+        while !ready() {
+            if self.poll_cq() == 0 {
+                if alive {
+                    self.check_alive()?;
+                }
+                spins = spins.saturating_add(1);
+                backoff(spins);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(self.stuck(what));
+            }
+        }
+        Ok(())
+    }
+
     fn stuck(&self, what: &str) -> GdaError {
         GdaError {
             code: -libc::ETIMEDOUT,
@@ -157,44 +183,22 @@ impl<'q> HostPoster<'q> {
         let end = base + k as u64;
         // 2. wait for free slots
         let start = Instant::now();
-        let mut spins = 0u32;
-        while end - self.word(OFF_DONE).load(Ordering::Acquire) > n {
-            if self.poll_cq() == 0 {
-                self.check_alive()?;
-                spins = spins.saturating_add(1);
-                backoff(spins);
-            }
-            if start.elapsed() > self.timeout {
-                return Err(self.stuck("free send-queue slots"));
-            }
-        }
+        self.wait(start, true, "free send-queue slots", || {
+            end - self.word(OFF_DONE).load(Ordering::Acquire) <= n
+        })?;
         // 2b. the doorbell window of the first B WQEs
         let b = u64::from(self.v.max_batch.max(1)).min(n);
         let first_end = (base + b).min(end);
-        let mut spins = 0u32;
-        while first_end - self.word(OFF_READY).load(Ordering::Acquire) > b {
-            if self.poll_cq() == 0 {
-                spins = spins.saturating_add(1);
-                backoff(spins);
-            }
-            if start.elapsed() > self.timeout {
-                return Err(self.stuck("the doorbell window (earlier posters' commits)"));
-            }
-        }
+        let window = "the doorbell window (earlier posters' commits)";
+        self.wait(start, false, window, || {
+            first_end - self.word(OFF_READY).load(Ordering::Acquire) <= b
+        })?;
         // 3. write the first B WQEs
         self.write_entries(base, first_end, &mut fill);
         // 4. ordered commit, then the rest B at a time while this poster holds the turn
-        let mut spins = 0u32;
-        while self.word(OFF_READY).load(Ordering::Acquire) != base {
-            if self.poll_cq() == 0 {
-                self.check_alive()?;
-                spins = spins.saturating_add(1);
-                backoff(spins);
-            }
-            if start.elapsed() > self.timeout {
-                return Err(self.stuck("the ordered commit of earlier posters"));
-            }
-        }
+        self.wait(start, true, "the ordered commit of earlier posters", || {
+            self.word(OFF_READY).load(Ordering::Acquire) == base
+        })?;
         let mut at = first_end;
         self.ring(at);
         while at < end {

@@ -123,6 +123,36 @@ fn map_for_gpu(what: &str, addr: *mut u8, len: u64, kind: HostMapping) -> Result
     Ok(Mapped { _reg: reg, device })
 }
 
+/// [`map_for_gpu`] for a ring of `entries` entries of `entry_size` bytes.
+fn map_ring(
+    what: &str,
+    buffer: *mut u8,
+    entries: u32,
+    entry_size: u32,
+    kind: HostMapping,
+) -> Result<Mapped> {
+    let len = u64::from(entries) * u64::from(entry_size);
+    map_for_gpu(what, buffer, len, kind)
+}
+
+/// Maps a send queue's ring and doorbell (device registers) for the GPU.
+fn map_send_queue(sq: &FiEfaWqAttr) -> Result<(Mapped, Mapped)> {
+    let ring = map_ring(
+        "send queue ring",
+        sq.buffer,
+        sq.num_entries,
+        sq.entry_size,
+        HostMapping::Io,
+    )?;
+    let doorbell = map_for_gpu(
+        "send queue doorbell",
+        sq.doorbell as *mut u8,
+        4,
+        HostMapping::Io,
+    )?;
+    Ok((ring, doorbell))
+}
+
 /// The GPU's view of one CQ ring.
 enum CqRing {
     /// The ring is GPU memory we own (cq_open_ext on a dmabuf).
@@ -249,10 +279,11 @@ fn cq_view(a: FiEfaCqAttr) -> Result<CqView> {
     // READ_ONLY, which the driver requires for read-only CPU mappings where the GPU does not use
     // the host page tables (aws-ofi-nccl found a DEVICEMAP-only registration of it failing on
     // p5en). The GPU only reads completion rings.
-    let m = map_for_gpu(
+    let m = map_ring(
         "completion ring",
         a.buffer,
-        u64::from(a.num_entries) * u64::from(a.entry_size),
+        a.num_entries,
+        a.entry_size,
         HostMapping::ReadOnly,
     )?;
     let device = m.device;
@@ -392,18 +423,7 @@ impl HwQueue {
         if sq.has_64_bit_req_id() {
             tracing::info!("GDA: the send queue carries 64-bit request ids; kernels write the low 16 bits only");
         }
-        let sq_map = map_for_gpu(
-            "send queue ring",
-            sq.buffer,
-            u64::from(sq.num_entries) * u64::from(sq.entry_size),
-            HostMapping::Io,
-        )?;
-        let db_map = map_for_gpu(
-            "send queue doorbell",
-            sq.doorbell as *mut u8,
-            4,
-            HostMapping::Io,
-        )?;
+        let (sq_map, db_map) = map_send_queue(&sq)?;
         let ctrl = Arc::new(CtrlMem::new(
             std::mem::size_of::<NvshmemEfaGdaQueueCtrl>() + 4 * sq.num_entries as usize,
             CtrlPlacement::Auto,
@@ -601,18 +621,7 @@ pub fn probe_endpoint(domain: &Arc<Domain>, ops: &GdaOps) -> Result<EndpointProb
     // SAFETY: as above.
     let cq_attr = unsafe { ops.query_cq(cq.handle()) }.map_err(GdaError::from);
     let mapping = mem::cuda_usable().then(|| {
-        let s = map_for_gpu(
-            "send queue ring",
-            sq.buffer,
-            u64::from(sq.num_entries) * u64::from(sq.entry_size),
-            HostMapping::Io,
-        )?;
-        let d = map_for_gpu(
-            "send queue doorbell",
-            sq.doorbell as *mut u8,
-            4,
-            HostMapping::Io,
-        )?;
+        let (s, d) = map_send_queue(&sq)?;
         Ok((s.device, d.device))
     });
     Ok(EndpointProbe {

@@ -705,28 +705,32 @@ mod tests {
     #[test]
     fn credit_arithmetic() {
         assert!(credits().check().is_ok());
-        let e = RxCredits {
-            cq_entries: 255,
-            ..credits()
-        }
-        .check()
-        .unwrap_err();
-        assert!(e.message.contains("overrun"), "{e}");
-        let e = RxCredits {
-            write_imm: WriteImmRx::Unsolicited,
-            cq_entries: 1 << 20,
-            ..credits()
-        }
-        .check()
-        .unwrap_err();
-        assert!(e.message.contains("FI_RX_CQ_DATA"), "{e}");
-        let e = RxCredits {
-            rq_entries: 128,
-            ..credits()
-        }
-        .check()
-        .unwrap_err();
-        assert!(e.message.contains("receive queue"), "{e}");
+        let refused = |c: RxCredits, why: &str| {
+            let e = c.check().unwrap_err();
+            assert!(e.message.contains(why), "{e}");
+        };
+        refused(
+            RxCredits {
+                cq_entries: 255,
+                ..credits()
+            },
+            "overrun",
+        );
+        refused(
+            RxCredits {
+                write_imm: WriteImmRx::Unsolicited,
+                cq_entries: 1 << 20,
+                ..credits()
+            },
+            "FI_RX_CQ_DATA",
+        );
+        refused(
+            RxCredits {
+                rq_entries: 128,
+                ..credits()
+            },
+            "receive queue",
+        );
         assert!(RxCredits {
             receives: 0,
             ..credits()

@@ -41,7 +41,6 @@ pub mod state;
 /// cbindgen:ignore
 pub mod wire;
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::config::{Config, GdaMode};
@@ -204,42 +203,33 @@ impl Gda {
             let ops = hw::open_ops(domain)?;
             HwQueue::open(domain, ops)
         };
-        let soft = |reason: String| -> Result<Gda> {
-            let q = SoftQueue::new(domain, &soft_config(cfg, opts, domain))?;
-            tracing::info!("GDA: software EFA queue on provider {provider}: {reason}");
-            Ok(Gda::empty(
-                MODE_SOFT,
+        // A context on this domain in `mode` with `queue`, chosen for `reason`.
+        let on_domain = |mode: u32, reason: String, queue: Option<Box<dyn GdaQueue>>| {
+            Gda::empty(
+                mode,
                 reason,
                 Some(domain.clone()),
                 domain.handle().id(),
-                Some(Box::new(q)),
-            ))
+                queue,
+            )
+        };
+        let soft = |reason: String| -> Result<Gda> {
+            let q = SoftQueue::new(domain, &soft_config(cfg, opts, domain))?;
+            tracing::info!("GDA: software EFA queue on provider {provider}: {reason}");
+            Ok(on_domain(MODE_SOFT, reason, Some(Box::new(q))))
+        };
+        let hw = |q: HwQueue, reason: &str| -> Result<Gda> {
+            tracing::info!("GDA: hardware EFA queues on provider {provider} ({reason})");
+            Ok(on_domain(MODE_HW, reason.into(), Some(Box::new(q))))
         };
         match cfg.gda {
             GdaMode::Off => {
                 tracing::info!("GDA: off (NVSHMEM_EFA_GDA=off)");
-                Ok(Gda::empty(
-                    MODE_OFF,
-                    "NVSHMEM_EFA_GDA=off".into(),
-                    Some(domain.clone()),
-                    domain.handle().id(),
-                    None,
-                ))
+                Ok(on_domain(MODE_OFF, "NVSHMEM_EFA_GDA=off".into(), None))
             }
             GdaMode::Soft => soft("NVSHMEM_EFA_GDA=soft".into()),
             GdaMode::Hw => match hw_attempt() {
-                Ok(q) => {
-                    tracing::info!(
-                        "GDA: hardware EFA queues on provider {provider} (NVSHMEM_EFA_GDA=hw)"
-                    );
-                    Ok(Gda::empty(
-                        MODE_HW,
-                        "NVSHMEM_EFA_GDA=hw".into(),
-                        Some(domain.clone()),
-                        domain.handle().id(),
-                        Some(Box::new(q)),
-                    ))
-                }
+                Ok(q) => hw(q, "NVSHMEM_EFA_GDA=hw"),
                 Err(e) => {
                     tracing::error!(
                         "GDA: NVSHMEM_EFA_GDA=hw but hardware queues are not available: {e}"
@@ -251,18 +241,7 @@ impl Gda {
                 }
             },
             GdaMode::Auto => match hw_attempt() {
-                Ok(q) => {
-                    tracing::info!(
-                        "GDA: hardware EFA queues on provider {provider} (GDA ops answer)"
-                    );
-                    Ok(Gda::empty(
-                        MODE_HW,
-                        "GDA ops answer".into(),
-                        Some(domain.clone()),
-                        domain.handle().id(),
-                        Some(Box::new(q)),
-                    ))
-                }
+                Ok(q) => hw(q, "GDA ops answer"),
                 Err(e) => soft(format!("no hardware queues: {e}")),
             },
         }
@@ -408,7 +387,12 @@ impl Gda {
                 ),
             });
         }
-        let peers = self.q_mut()?.connect(my_pe, n_pes, names, fi_addrs)?;
+        let peers = self.q_mut()?.connect(&queue::Roster {
+            my_pe,
+            n_pes,
+            names,
+            fi_addrs,
+        })?;
         self.my_pe = my_pe;
         self.n_pes = n_pes;
         self.names = names.to_vec();
@@ -613,24 +597,10 @@ impl Gda {
                 }
             };
             if let Some(p) = &peers_buf {
-                // SAFETY: copies the host peer table into a device buffer of exactly its size.
-                unsafe {
-                    cuda::memcpy(
-                        p.ptr() as *mut c_void,
-                        peers.as_ptr() as *const c_void,
-                        bytes,
-                    )?
-                };
+                p.upload(&peers)?;
             }
             if let Some(k) = &keys_buf {
-                // SAFETY: copies the host key table into a device buffer of exactly its size.
-                unsafe {
-                    cuda::memcpy(
-                        k.ptr() as *mut c_void,
-                        entries.as_ptr() as *const c_void,
-                        kbytes,
-                    )?
-                };
+                k.upload(&entries)?;
             }
             self.published = Published::Device {
                 state: state_buf,
@@ -639,14 +609,7 @@ impl Gda {
             };
             let st = self.device_state().expect("queue exists");
             if let Published::Device { state, .. } = &self.published {
-                // SAFETY: the device buffer holds one state struct.
-                unsafe {
-                    cuda::memcpy(
-                        state.ptr() as *mut c_void,
-                        &st as *const NvshmemEfaGdaDeviceState as *const c_void,
-                        std::mem::size_of::<NvshmemEfaGdaDeviceState>(),
-                    )?
-                };
+                state.upload(std::slice::from_ref(&st))?;
             }
         } else {
             let (state, keys) = match std::mem::replace(&mut self.published, Published::None) {

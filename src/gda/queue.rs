@@ -32,6 +32,48 @@ impl Registration {
     }
 }
 
+/// Whom a queue connects to: PE `my_pe` of `n_pes`, named by `names` (every PE's endpoint name
+/// back to back) or by `fi_addrs` of the caller's AV.
+#[derive(Clone, Copy, Debug)]
+pub struct Roster<'a> {
+    pub my_pe: i32,
+    pub n_pes: i32,
+    pub names: &'a [u8],
+    pub fi_addrs: Option<&'a [u64]>,
+}
+
+/// A local heap chunk: heap offsets `[start, end)` at address `base`, granularity `2^log2`.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalChunk {
+    pub start: u64,
+    pub end: u64,
+    pub base: u64,
+    pub log2: u32,
+}
+
+/// Chunk `ordinal` of PE `pe`'s heap: heap offsets `[start, start+size)` at `base`, libfabric
+/// key `key`.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerChunk {
+    pub pe: i32,
+    pub ordinal: u32,
+    pub start: u64,
+    pub base: u64,
+    pub size: u64,
+    pub key: u64,
+}
+
+/// A valid peer-table entry.
+fn valid_peer(ahn: u16, qpn: u16, qkey: u32) -> NvshmemEfaGdaPeer {
+    NvshmemEfaGdaPeer {
+        ahn,
+        qpn,
+        qkey,
+        flags: NVSHMEM_EFA_GDA_PEER_VALID,
+        ..Default::default()
+    }
+}
+
 /// A GDA queue, hardware or software: its endpoint, its peer table, how WQEs name local and remote
 /// memory, and the queue description kernels read.
 pub trait GdaQueue: Send + Sync {
@@ -44,15 +86,8 @@ pub trait GdaQueue: Send + Sync {
     /// The endpoint this library opened for the queue (registrations bind to it), if any.
     fn endpoint(&self) -> Option<&Endpoint>;
 
-    /// Connects to `n_pes` PEs (`names`: their endpoint names back to back, or `fi_addrs` of the
-    /// caller's AV) and returns the peer table kernels read.
-    fn connect(
-        &mut self,
-        my_pe: i32,
-        n_pes: i32,
-        names: &[u8],
-        fi_addrs: Option<&[u64]>,
-    ) -> Result<Vec<NvshmemEfaGdaPeer>>;
+    /// Connects to the PEs of `roster` and returns the peer table kernels read.
+    fn connect(&mut self, roster: &Roster) -> Result<Vec<NvshmemEfaGdaPeer>>;
 
     /// Whether the queue moves memory of `kind` itself (then it is not registered).
     fn stages(&self, _kind: MemKind) -> bool {
@@ -85,15 +120,20 @@ pub trait GdaQueue: Send + Sync {
     /// As for [`GdaQueue::add_local`].
     unsafe fn add_heap_chunk(
         &self,
-        start: u64,
-        end: u64,
-        base: u64,
+        chunk: &LocalChunk,
         reg: &Registration,
-        log2: u32,
     ) -> Result<(u32, Option<u32>)> {
-        let _ = (start, log2);
         // SAFETY: forwarded contract.
-        Ok((unsafe { self.add_local(base, end - start, reg)? }, None))
+        Ok((unsafe { self.add_chunk_local(chunk, reg)? }, None))
+    }
+
+    /// [`GdaQueue::add_local`] for the range of a heap chunk.
+    ///
+    /// # Safety
+    /// As for [`GdaQueue::add_local`].
+    unsafe fn add_chunk_local(&self, chunk: &LocalChunk, reg: &Registration) -> Result<u32> {
+        // SAFETY: forwarded contract.
+        unsafe { self.add_local(chunk.base, chunk.end - chunk.start, reg) }
     }
 
     /// Forgets the local heap chunk starting at `start` (`token`: what [`GdaQueue::add_heap_chunk`]
@@ -102,17 +142,8 @@ pub trait GdaQueue: Send + Sync {
         Ok(())
     }
 
-    /// Records chunk `ordinal` (heap offsets `[start, start+size)` at `base`, libfabric key `key`) of
-    /// PE `pe`'s heap; returns the rkey kernels put into WQEs for it.
-    fn add_remote_chunk(
-        &self,
-        pe: i32,
-        ordinal: u32,
-        start: u64,
-        base: u64,
-        size: u64,
-        key: u64,
-    ) -> Result<u32>;
+    /// Records a chunk of a peer's heap; returns the rkey kernels put into WQEs for it.
+    fn add_remote_chunk(&self, chunk: &PeerChunk) -> Result<u32>;
 
     /// Forgets chunk `ordinal` of PE `pe`'s heap.
     fn remove_remote_chunk(&self, _pe: i32, _ordinal: u32) -> Result<()> {
@@ -154,13 +185,13 @@ impl GdaQueue for SoftQueue {
         Some(SoftQueue::endpoint(self))
     }
 
-    fn connect(
-        &mut self,
-        my_pe: i32,
-        n_pes: i32,
-        names: &[u8],
-        _fi_addrs: Option<&[u64]>,
-    ) -> Result<Vec<NvshmemEfaGdaPeer>> {
+    fn connect(&mut self, roster: &Roster) -> Result<Vec<NvshmemEfaGdaPeer>> {
+        let Roster {
+            my_pe,
+            n_pes,
+            names,
+            ..
+        } = *roster;
         if names.is_empty() {
             return Err(GdaError::invalid(
                 "connect: the software queue needs every PE's GDA endpoint name",
@@ -176,13 +207,7 @@ impl GdaQueue for SoftQueue {
         let qkey = wire::soft_qkey(n_pes, names);
         self.set_peers(my_pe, qkey, &addrs)?;
         Ok((0..n_pes)
-            .map(|pe| NvshmemEfaGdaPeer {
-                ahn: pe as u16,
-                qpn: wire::soft_qpn(pe),
-                qkey,
-                flags: NVSHMEM_EFA_GDA_PEER_VALID,
-                ..Default::default()
-            })
+            .map(|pe| valid_peer(pe as u16, wire::soft_qpn(pe), qkey))
             .collect())
     }
 
@@ -204,14 +229,14 @@ impl GdaQueue for SoftQueue {
 
     unsafe fn add_heap_chunk(
         &self,
-        start: u64,
-        end: u64,
-        base: u64,
+        chunk: &LocalChunk,
         reg: &Registration,
-        log2: u32,
     ) -> Result<(u32, Option<u32>)> {
+        let LocalChunk {
+            start, end, log2, ..
+        } = *chunk;
         // SAFETY: forwarded contract.
-        let l = unsafe { GdaQueue::add_local(self, base, end - start, reg)? };
+        let l = unsafe { self.add_chunk_local(chunk, reg)? };
         if let Err(e) = SoftQueue::add_heap_chunk(self, start, end, l, log2) {
             let _ = self.remove_local(l);
             return Err(e);
@@ -227,17 +252,9 @@ impl GdaQueue for SoftQueue {
         }
     }
 
-    fn add_remote_chunk(
-        &self,
-        pe: i32,
-        ordinal: u32,
-        start: u64,
-        base: u64,
-        size: u64,
-        key: u64,
-    ) -> Result<u32> {
-        SoftQueue::add_remote_chunk(self, pe, ordinal, start, base, size, key)?;
-        Ok(wire::SOFT_RKEY_HEAP + ordinal)
+    fn add_remote_chunk(&self, c: &PeerChunk) -> Result<u32> {
+        SoftQueue::add_remote_chunk(self, c.pe, c.ordinal, c.start, c.base, c.size, c.key)?;
+        Ok(wire::SOFT_RKEY_HEAP + c.ordinal)
     }
 
     fn remove_remote_chunk(&self, pe: i32, ordinal: u32) -> Result<()> {
@@ -270,16 +287,10 @@ impl GdaQueue for HwQueue {
         HwQueue::endpoint(self)
     }
 
-    fn connect(
-        &mut self,
-        my_pe: i32,
-        n_pes: i32,
-        names: &[u8],
-        fi_addrs: Option<&[u64]>,
-    ) -> Result<Vec<NvshmemEfaGdaPeer>> {
-        let addrs = match (fi_addrs, names.is_empty()) {
+    fn connect(&mut self, roster: &Roster) -> Result<Vec<NvshmemEfaGdaPeer>> {
+        let addrs = match (roster.fi_addrs, roster.names.is_empty()) {
             (Some(a), _) => a.to_vec(),
-            (None, false) => self.insert_names(names, n_pes as usize)?,
+            (None, false) => self.insert_names(roster.names, roster.n_pes as usize)?,
             (None, true) => {
                 return Err(GdaError::invalid(
                     "connect: neither endpoint names nor fi_addr values",
@@ -287,15 +298,9 @@ impl GdaQueue for HwQueue {
             }
         };
         Ok(self
-            .query_peers(&addrs, my_pe as usize)?
+            .query_peers(&addrs, roster.my_pe as usize)?
             .into_iter()
-            .map(|(ahn, qpn, qkey)| NvshmemEfaGdaPeer {
-                ahn,
-                qpn,
-                qkey,
-                flags: NVSHMEM_EFA_GDA_PEER_VALID,
-                ..Default::default()
-            })
+            .map(|(ahn, qpn, qkey)| valid_peer(ahn, qpn, qkey))
             .collect())
     }
 
@@ -306,16 +311,16 @@ impl GdaQueue for HwQueue {
 
     unsafe fn add_heap_chunk(
         &self,
-        start: u64,
-        end: u64,
-        base: u64,
+        chunk: &LocalChunk,
         reg: &Registration,
-        _log2: u32,
     ) -> Result<(u32, Option<u32>)> {
         // SAFETY: forwarded contract.
-        let lkey = unsafe { GdaQueue::add_local(self, base, end - start, reg)? };
+        let lkey = unsafe { self.add_chunk_local(chunk, reg)? };
         // AMO messages to this chunk are applied by the receive path.
         if let Some(rx) = self.receive_path() {
+            let LocalChunk {
+                start, end, base, ..
+            } = *chunk;
             rx.add_heap_chunk(start, end, base, reg.kind.is_device())?;
         }
         Ok((lkey, None))
@@ -337,17 +342,9 @@ impl GdaQueue for HwQueue {
         Ok(())
     }
 
-    fn add_remote_chunk(
-        &self,
-        pe: i32,
-        _ordinal: u32,
-        _start: u64,
-        _base: u64,
-        _size: u64,
-        key: u64,
-    ) -> Result<u32> {
-        self.check_remote_key(pe, key)?;
-        Ok(key as u32)
+    fn add_remote_chunk(&self, c: &PeerChunk) -> Result<u32> {
+        self.check_remote_key(c.pe, c.key)?;
+        Ok(c.key as u32)
     }
 
     unsafe fn set_cq(&mut self, cq: CqHandle) -> Result<()> {

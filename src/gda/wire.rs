@@ -149,39 +149,17 @@ impl AmoMsg {
     pub fn encode(&self) -> [u8; AMO_MSG_SIZE] {
         let r = self.to_repr();
         let mut b = [0u8; AMO_MSG_SIZE];
-        let put = |b: &mut [u8; AMO_MSG_SIZE], at: usize, v: &[u8]| {
-            b[at..at + v.len()].copy_from_slice(v)
-        };
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, magic),
-            &r.magic.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, op),
-            &r.op.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, size),
-            &r.size.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, reserved),
-            &r.reserved.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, offset),
-            &r.offset.to_le_bytes(),
-        );
-        put(
-            &mut b,
-            offset_of!(NvshmemEfaGdaAmoMsg, value),
-            &r.value.to_le_bytes(),
-        );
+        type M = NvshmemEfaGdaAmoMsg;
+        for (at, v) in [
+            (offset_of!(M, magic), &r.magic.to_le_bytes()[..]),
+            (offset_of!(M, op), &r.op.to_le_bytes()[..]),
+            (offset_of!(M, size), &r.size.to_le_bytes()[..]),
+            (offset_of!(M, reserved), &r.reserved.to_le_bytes()[..]),
+            (offset_of!(M, offset), &r.offset.to_le_bytes()[..]),
+            (offset_of!(M, value), &r.value.to_le_bytes()[..]),
+        ] {
+            b[at..at + v.len()].copy_from_slice(v);
+        }
         b
     }
 
@@ -438,26 +416,17 @@ mod tests {
         let mut bad = b;
         bad[4] = 9;
         assert_eq!(AmoMsg::parse(&bad, 4096), Some(Err(AmoError::BadOp(9))));
-        let m4 = AmoMsg {
-            op: AMO_OP_SET,
-            size: 4,
-            offset: 6,
-            value: 1,
+        let set = |size, offset| {
+            let m = AmoMsg {
+                op: AMO_OP_SET,
+                size,
+                offset,
+                value: 1,
+            };
+            AmoMsg::parse(&m.encode(), 4096)
         };
-        assert_eq!(
-            AmoMsg::parse(&m4.encode(), 4096),
-            Some(Err(AmoError::Misaligned(6)))
-        );
-        let m3 = AmoMsg {
-            op: AMO_OP_SET,
-            size: 3,
-            offset: 0,
-            value: 1,
-        };
-        assert_eq!(
-            AmoMsg::parse(&m3.encode(), 4096),
-            Some(Err(AmoError::BadSize(3)))
-        );
+        assert_eq!(set(4, 6), Some(Err(AmoError::Misaligned(6))));
+        assert_eq!(set(3, 0), Some(Err(AmoError::BadSize(3))));
         let mut r = m.encode();
         r[13] = 1;
         assert_eq!(AmoMsg::parse(&r, 4096), Some(Err(AmoError::Reserved)));

@@ -37,6 +37,16 @@ fn policy() -> Policy {
     }
 }
 
+/// A mover on the current context and a device buffer of `LEN` bytes, when CUDA is usable.
+fn mover_and_buffer() -> Option<(Mover, DeviceBuffer)> {
+    if !cuda_context() {
+        return None;
+    }
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    Some((m, DeviceBuffer::new(LEN).unwrap()))
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
@@ -79,12 +89,9 @@ fn copy_queue_on_the_copy_engine() {
 
 #[test]
 fn registration_decides_kind_and_exports_device_memory() {
-    if !cuda_context() {
+    let Some((m, buf)) = mover_and_buffer() else {
         return;
-    }
-    let m = Mover::new(policy(), 2);
-    m.set_context(cuda::current_context());
-    let buf = DeviceBuffer::new(LEN).unwrap();
+    };
     let r = m.register(buf.ptr() + OFF, 1 << 20);
     assert_eq!(r.kind, Kind::Device);
     let d = r.ipc.unwrap_or_else(|| panic!("no export: {:?}", r.no_ipc));
@@ -101,12 +108,9 @@ fn registration_decides_kind_and_exports_device_memory() {
 /// out of it, puts another pattern into it and reports its bandwidth; then checks the put.
 #[test]
 fn second_process_moves_data_through_ipc() {
-    if !cuda_context() {
+    let Some((m, buf)) = mover_and_buffer() else {
         return;
-    }
-    let m = Mover::new(policy(), 2);
-    m.set_context(cuda::current_context());
-    let buf = DeviceBuffer::new(LEN).unwrap();
+    };
     let region = (LEN as u64 - 2 * OFF) as usize;
     h2d(buf.ptr() + OFF, &pattern(1, region));
     let d = m

@@ -172,36 +172,31 @@ pub type MResult<T> = Result<T, MoverError>;
 mod tests {
     use super::*;
 
-    const SOFT: Policy = Policy {
-        ipc: true,
-        staging: true,
-        stage_all: false,
+    const fn policy(ipc: bool, staging: bool) -> Policy {
+        Policy {
+            ipc,
+            staging,
+            stage_all: false,
+        }
+    }
+    const fn peer(is_self: bool, same_host: bool, ipc_open: bool) -> Peer {
+        Peer {
+            is_self,
+            same_host,
+            ipc_open,
+        }
+    }
+    const SOFT: Policy = policy(true, true);
+    const NIC: Policy = policy(true, false);
+    /// The testing knob on a software provider.
+    const STAGE_ALL: Policy = Policy {
+        stage_all: true,
+        ..SOFT
     };
-    const NIC: Policy = Policy {
-        ipc: true,
-        staging: false,
-        stage_all: false,
-    };
-    const REMOTE_HOST: Peer = Peer {
-        is_self: false,
-        same_host: false,
-        ipc_open: false,
-    };
-    const LOCAL_OPEN: Peer = Peer {
-        is_self: false,
-        same_host: true,
-        ipc_open: true,
-    };
-    const LOCAL_CLOSED: Peer = Peer {
-        is_self: false,
-        same_host: true,
-        ipc_open: false,
-    };
-    const ME: Peer = Peer {
-        is_self: true,
-        same_host: true,
-        ipc_open: false,
-    };
+    const REMOTE_HOST: Peer = peer(false, false, false);
+    const LOCAL_OPEN: Peer = peer(false, true, true);
+    const LOCAL_CLOSED: Peer = peer(false, true, false);
+    const ME: Peer = peer(true, true, false);
     use Kind::{Device as D, Host as H};
 
     #[test]
@@ -211,10 +206,7 @@ mod tests {
             assert_eq!(choose(p, H, D, LOCAL_OPEN), Means::Ipc);
         }
         // Testing knob stage_all does not take GPU memory away from IPC.
-        let all = Policy {
-            stage_all: true,
-            ..SOFT
-        };
+        let all = STAGE_ALL;
         assert_eq!(choose(all, D, D, LOCAL_OPEN), Means::Ipc);
     }
 
@@ -249,10 +241,7 @@ mod tests {
 
     #[test]
     fn stage_all_stages_host_memory_too() {
-        let all = Policy {
-            stage_all: true,
-            ..SOFT
-        };
+        let all = STAGE_ALL;
         assert_eq!(choose(all, H, H, REMOTE_HOST), Means::Staged);
         assert_eq!(choose(all, H, H, LOCAL_OPEN), Means::Staged);
     }

@@ -327,6 +327,16 @@ mod tests {
         ring: Vec<u8>,
     }
 
+    /// A queue on a gate engine whose marks up to `release` may complete, and that count.
+    fn gated(release: u64) -> (Arc<AtomicU64>, CopyQueue<Gate>) {
+        let release = Arc::new(AtomicU64::new(release));
+        let q = CopyQueue::new(Gate {
+            release: release.clone(),
+            ..Default::default()
+        });
+        (release, q)
+    }
+
     impl CopyEngine for Gate {
         unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
             if self.fail_submit {
@@ -386,11 +396,7 @@ mod tests {
 
     #[test]
     fn many_copies_share_few_marks() {
-        let release = Arc::new(AtomicU64::new(u64::MAX));
-        let mut q = CopyQueue::new(Gate {
-            release,
-            ..Default::default()
-        });
+        let (_, mut q) = gated(u64::MAX);
         for i in 0..100u64 {
             // SAFETY: the gate engine never touches memory.
             unsafe { q.submit(i, i, 8).unwrap() };
@@ -404,11 +410,7 @@ mod tests {
 
     #[test]
     fn poll_counts_completed_groups_in_order() {
-        let release = Arc::new(AtomicU64::new(0));
-        let mut q = CopyQueue::new(Gate {
-            release: release.clone(),
-            ..Default::default()
-        });
+        let (release, mut q) = gated(0);
         for i in 0..40u64 {
             // SAFETY: the gate engine never touches memory.
             unsafe { q.submit(i, i, 8).unwrap() };
@@ -492,11 +494,7 @@ mod tests {
 
     #[test]
     fn inline_slots_are_reused_only_after_completion() {
-        let release = Arc::new(AtomicU64::new(0));
-        let mut q = CopyQueue::new(Gate {
-            release: release.clone(),
-            ..Default::default()
-        });
+        let (release, mut q) = gated(0);
         let soon = || Instant::now() + Duration::from_millis(30);
         for i in 0..INLINE_SLOTS as u64 {
             // SAFETY: the gate engine never touches memory.

@@ -40,12 +40,9 @@ pub fn fabric_error_status(code: i32) -> CqStatus {
     }
 }
 
+/// An AMO check's failure as an EFA status (the mapping the hardware receive path uses).
 pub(super) fn amo_error_status(e: &AmoError) -> CqStatus {
-    match e {
-        AmoError::BadOp(_) => CqStatus::LocalUnsupportedOp,
-        AmoError::BadSize(_) | AmoError::Reserved => CqStatus::LocalBadLength,
-        AmoError::Misaligned(_) | AmoError::OutOfRange(_) => CqStatus::RemoteBadAddress,
-    }
+    crate::gda::apply::amo_status(e)
 }
 
 impl Consumer {

@@ -5,6 +5,7 @@ use std::ffi::c_void;
 
 use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
 use super::memory::{copy_any, write_any};
+use super::rma::Transfer;
 use super::{abi, internal, Connected, TResult, Transport};
 use crate::fabric::FiAddr;
 use crate::mover::stats::Stage;
@@ -434,17 +435,9 @@ impl Transport {
     /// Staged put or get of `len` bytes: GPU memory never reaches the provider. Each chunk is a
     /// message the target applies with a copy on a non-blocking stream (puts) or answers with data
     /// (gets); the waiting context completes on the answer, so quiet covers it.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn staged(
-        &self,
-        c: &Connected,
-        pe: i32,
-        is_put: bool,
-        laddr: u64,
-        raddr: u64,
-        len: u64,
-        ep: usize,
-    ) -> TResult<()> {
+    pub(super) fn staged(&self, c: &Connected, t: &Transfer) -> TResult<()> {
+        let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
+        let (laddr, raddr) = (t.local, t.remote);
         let e = &c.eps[ep];
         let dest = c.addr(pe, ep);
         let stats = self.mover.stats();
@@ -453,7 +446,7 @@ impl Transport {
         while off < len {
             let n = (STAGE_CHUNK as u64).min(len - off);
             let wait_data = if is_put { 0 } else { laddr + off };
-            let wait = self.alloc_counted(c, ep, pe as usize, TAG_AM_WAIT, wait_data)?;
+            let wait = self.alloc_for_peer(c, ep, pe as usize, TAG_AM_WAIT, wait_data)?;
             let hdr = AmMsg {
                 magic: AM_MAGIC,
                 kind: if is_put { AM_PUT } else { AM_GET },

@@ -214,7 +214,7 @@ impl Transport {
         } else {
             0
         };
-        let wait = self.alloc_counted(c, ep, pe as usize, TAG_AM_WAIT, retptr)?;
+        let wait = self.alloc_for_peer(c, ep, pe as usize, TAG_AM_WAIT, retptr)?;
         // SAFETY: own context; scratch[0] keeps the operand size for the response handler.
         unsafe { *e.ctxs.scratch(wait).expect("own context") = size };
         let msg = AmMsg {

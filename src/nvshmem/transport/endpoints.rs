@@ -31,6 +31,12 @@ pub(super) const TAG_SLOT_SEND: u64 = 5;
 /// A lane probe, sent from the receiving endpoint itself (see `lanes`).
 pub(super) const TAG_PROBE: u64 = 6;
 
+/// Whether an operation of context tag `tag` is one quiet waits for (counted as submitted from
+/// the moment its context is taken): an RMA or AMO, or the waiting side of an active message.
+pub(super) fn counted(tag: u64) -> bool {
+    tag == TAG_OP || tag == TAG_AM_WAIT
+}
+
 /// One endpoint with its completion bookkeeping.
 pub(super) struct EpState {
     /// Page-locks of the host slabs below for the driver's copies (dropped before them).
@@ -130,7 +136,7 @@ impl EpState {
         }
     }
 
-    /// Gives back a context taken with `Transport::alloc_counted` whose operation was not posted.
+    /// Gives back a counted context (see [`counted`]) whose operation was not posted.
     pub(super) fn uncount(&self, ctx: *mut c_void) {
         if let Some(g) = self.take_group(ctx) {
             g.pending.fetch_sub(1, Ordering::AcqRel);
@@ -141,6 +147,16 @@ impl EpState {
         }
         self.ctxs.free(ctx);
         self.submitted.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Gives back a context taken with `Transport::alloc_for_peer` for an operation tagged `tag`
+    /// that was not posted.
+    pub(super) fn release_unposted(&self, ctx: *mut c_void, tag: u64) {
+        if counted(tag) {
+            self.uncount(ctx);
+        } else {
+            self.ctxs.free(ctx);
+        }
     }
 
     /// The target PE of a counted context.
@@ -640,9 +656,10 @@ impl Transport {
         )
     }
 
-    /// Takes a context for an operation that quiet waits for (counted as submitted; give it
-    /// back with [`EpState::uncount`] if the operation is not posted).
-    pub(super) fn alloc_counted(
+    /// Takes a context for an operation to `pe` tagged `tag`; refused when `pe` is gone. One that
+    /// quiet waits for (see [`counted`]) is counted as submitted; an operation that is not posted
+    /// gives its context back with [`EpState::release_unposted`].
+    pub(super) fn alloc_for_peer(
         &self,
         c: &Connected,
         ep: usize,
@@ -652,8 +669,10 @@ impl Transport {
     ) -> TResult<*mut c_void> {
         self.check_peer(c, pe)?;
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
-        c.eps[ep].attach(ctx, pe);
-        c.eps[ep].submitted.fetch_add(1, Ordering::AcqRel);
+        if counted(tag) {
+            c.eps[ep].attach(ctx, pe);
+            c.eps[ep].submitted.fetch_add(1, Ordering::AcqRel);
+        }
         Ok(ctx)
     }
 
@@ -671,13 +690,7 @@ impl Transport {
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()> + 'static,
     ) -> TResult<*mut c_void> {
         let e = &c.eps[ep];
-        let counted = tag == TAG_OP;
-        let ctx = if counted {
-            self.alloc_counted(c, ep, pe, tag, data)?
-        } else {
-            self.check_peer(c, pe)?;
-            self.alloc_ctx(c, ep, tag, data)?
-        };
+        let ctx = self.alloc_for_peer(c, ep, pe, tag, data)?;
         let a = &e.peer[pe];
         let mut q = a.backlog.lock();
         let r = if q.is_empty() {
@@ -698,11 +711,7 @@ impl Transport {
             }
             Err(err) => {
                 drop(q);
-                if counted {
-                    e.uncount(ctx);
-                } else {
-                    e.ctxs.free(ctx);
-                }
+                e.release_unposted(ctx, tag);
                 Err(err.into())
             }
         }
@@ -737,13 +746,7 @@ impl Transport {
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()>,
     ) -> TResult<*mut c_void> {
         let e = &c.eps[ep];
-        let counted = tag == TAG_OP;
-        let ctx = if counted {
-            self.alloc_counted(c, ep, pe, tag, data)?
-        } else {
-            self.check_peer(c, pe)?;
-            self.alloc_ctx(c, ep, tag, data)?
-        };
+        let ctx = self.alloc_for_peer(c, ep, pe, tag, data)?;
         let a = &e.peer[pe];
         let attempt = || {
             if c.peers[pe].is_gone() {
@@ -766,11 +769,7 @@ impl Transport {
         }) {
             Ok(()) => Ok(ctx),
             Err(err) => {
-                if counted {
-                    e.uncount(ctx);
-                } else {
-                    e.ctxs.free(ctx);
-                }
+                e.release_unposted(ctx, tag);
                 Err(err)
             }
         }

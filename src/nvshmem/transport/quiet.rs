@@ -3,7 +3,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{internal, TResult, Transport};
+use super::endpoints::EpState;
+use super::peers::PeerAcct;
+use super::{internal, Connected, TResult, Transport};
 use crate::mover::stats::Stage;
 
 impl Transport {
@@ -22,12 +24,10 @@ impl Transport {
         self.mover
             .quiet(ep, deadline)
             .map_err(|err| internal(format!("quiet on endpoint {ep}: {err}")))?;
-        let mut spins = 0u32;
         let mut warned = false;
         let started = Instant::now();
-        while e.completed.load(Ordering::Acquire) < target {
-            self.check_alive()?;
-            self.progress_ep(c, ep);
+        let completed = || e.completed.load(Ordering::Acquire);
+        let each_round = || {
             if !warned && started.elapsed() > Duration::from_secs(2) {
                 warned = true;
                 tracing::warn!(
@@ -38,29 +38,15 @@ impl Transport {
                     self.mover.stats().summary()
                 );
             }
-            if Instant::now() > deadline {
-                let outstanding = target.saturating_sub(e.completed.load(Ordering::Acquire));
-                return Err(internal(format!(
-                    "quiet: {outstanding} operation(s) on endpoint {ep} not complete after {:?} (peer gone?)",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            spins += 1;
-            if spins > 1000 {
-                std::thread::yield_now();
-            }
-        }
+        };
+        self.drive_until(c, ep, target, completed, deadline, each_round, |outstanding| {
+            format!(
+                "quiet: {outstanding} operation(s) on endpoint {ep} not complete after {:?} (peer gone?)",
+                self.cfg.quiet_timeout
+            )
+        })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
-        let mut failed = None;
-        for a in &e.peer {
-            if a.errors.swap(0, Ordering::AcqRel) > 0 {
-                failed = a.last_error.lock().take().or(failed);
-            }
-        }
-        if e.errors.swap(0, Ordering::AcqRel) > 0 {
-            failed = e.last_error.lock().take().or(failed);
-        }
-        match failed {
+        match take_failure(e, &e.peer) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) failed on endpoint {ep}: {msg}"
             ))),
@@ -89,34 +75,63 @@ impl Transport {
         self.mover
             .quiet(ep, deadline)
             .map_err(|err| internal(format!("quiet on endpoint {ep}: {err}")))?;
-        let mut spins = 0u32;
-        while a.completed.load(Ordering::Acquire) < target {
-            self.check_alive()?;
-            self.progress_ep(c, ep);
-            if Instant::now() > deadline {
-                let outstanding = target.saturating_sub(a.completed.load(Ordering::Acquire));
-                return Err(internal(format!(
-                    "quiet: {outstanding} operation(s) to PE {pe} on endpoint {ep} not complete after {:?} (peer stuck?)",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            spins += 1;
-            if spins > 1000 {
-                std::thread::yield_now();
-            }
-        }
-        let mut failed = None;
-        if a.errors.swap(0, Ordering::AcqRel) > 0 {
-            failed = a.last_error.lock().take();
-        }
-        if e.errors.swap(0, Ordering::AcqRel) > 0 {
-            failed = e.last_error.lock().take().or(failed);
-        }
-        match failed {
+        let completed = || a.completed.load(Ordering::Acquire);
+        self.drive_until(c, ep, target, completed, deadline, || {}, |outstanding| {
+            format!(
+                "quiet: {outstanding} operation(s) to PE {pe} on endpoint {ep} not complete after {:?} (peer stuck?)",
+                self.cfg.quiet_timeout
+            )
+        })?;
+        match take_failure(e, std::slice::from_ref(a)) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) to PE {pe} failed on endpoint {ep}: {msg}"
             ))),
             None => Ok(()),
         }
     }
+
+    /// Drives endpoint `ep` until `completed()` reaches `target` (`each_round` runs after every
+    /// round of progress); past `deadline` fails with the error `late` words for the number of
+    /// operations still outstanding.
+    #[allow(clippy::too_many_arguments)]
+    fn drive_until(
+        &self,
+        c: &Connected,
+        ep: usize,
+        target: u64,
+        completed: impl Fn() -> u64,
+        deadline: Instant,
+        mut each_round: impl FnMut(),
+        late: impl Fn(u64) -> String,
+    ) -> TResult<()> {
+        let mut spins = 0u32;
+        while completed() < target {
+            self.check_alive()?;
+            self.progress_ep(c, ep);
+            each_round();
+            if Instant::now() > deadline {
+                return Err(internal(late(target.saturating_sub(completed()))));
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Takes (and clears) the error counts of `peers` and of endpoint `e`: the endpoint's last error
+/// if it has one, else the last of the peers', or `None` when nothing failed.
+fn take_failure(e: &EpState, peers: &[PeerAcct]) -> Option<String> {
+    let mut failed = None;
+    for a in peers {
+        if a.errors.swap(0, Ordering::AcqRel) > 0 {
+            failed = a.last_error.lock().take().or(failed);
+        }
+    }
+    if e.errors.swap(0, Ordering::AcqRel) > 0 {
+        failed = e.last_error.lock().take().or(failed);
+    }
+    failed
 }

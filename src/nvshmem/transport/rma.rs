@@ -16,6 +16,36 @@ use crate::mover::Kind;
 
 pub(super) const BOUNCE_BYTES: usize = 4 << 20;
 
+/// One contiguous piece of an RMA with PE `pe` through endpoint `ep`: `len` bytes between `local`
+/// and `remote` (a put writes the remote side, a get reads it), named by NVSHMEM's descriptors
+/// ([`Contig`]) or, once resolved, by addresses ([`Transfer`]).
+#[derive(Clone, Copy)]
+pub(super) struct Piece<A> {
+    pub(super) pe: i32,
+    pub(super) ep: usize,
+    pub(super) is_put: bool,
+    pub(super) local: A,
+    pub(super) remote: A,
+    pub(super) len: u64,
+}
+
+pub(super) type Contig = Piece<RmaMemdesc>;
+pub(super) type Transfer = Piece<u64>;
+
+impl Contig {
+    /// The piece with its addresses resolved.
+    fn resolved(&self, local: u64, remote: u64) -> Transfer {
+        Piece {
+            pe: self.pe,
+            ep: self.ep,
+            is_put: self.is_put,
+            local,
+            remote,
+            len: self.len,
+        }
+    }
+}
+
 impl Transport {
     /// `rma`: put, get, P, G (strided by element), blocking or not.
     ///
@@ -181,30 +211,36 @@ impl Transport {
 
     /// Posts a checked request (offsets cannot overflow: `rma_check` bounded the extents).
     fn rma_exec(&self, c: &Connected, pe: i32, p: &RmaPlan, ep: usize) -> TResult<()> {
+        let whole = Contig {
+            pe,
+            ep,
+            is_put: p.is_put,
+            remote: p.rd,
+            local: p.ld,
+            len: p.total,
+        };
         if p.lstride == 1 && p.rstride == 1 {
-            return self.rma_contig(c, pe, p.is_put, &p.rd, &p.ld, p.total, ep);
+            return self.rma_contig(c, &whole);
         }
         for i in 0..p.nelems {
-            let r = shifted(&p.rd, i * p.rstride * p.elem);
-            let l = shifted(&p.ld, i * p.lstride * p.elem);
-            self.rma_contig(c, pe, p.is_put, &r, &l, p.elem, ep)?;
+            self.rma_contig(
+                c,
+                &Contig {
+                    remote: shifted(&p.rd, i * p.rstride * p.elem),
+                    local: shifted(&p.ld, i * p.lstride * p.elem),
+                    len: p.elem,
+                    ..whole
+                },
+            )?;
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rma_contig(
-        &self,
-        c: &Connected,
-        pe: i32,
-        is_put: bool,
-        rd: &RmaMemdesc,
-        ld: &RmaMemdesc,
-        len: u64,
-        ep: usize,
-    ) -> TResult<()> {
+    pub(super) fn rma_contig(&self, c: &Connected, x: &Contig) -> TResult<()> {
+        let (pe, ep, is_put, len) = (x.pe, x.ep, x.is_put, x.len);
+        let (rd, ld) = (&x.remote, &x.local);
         let what = if is_put { "put" } else { "get" };
-        if self.ipc_rma(pe, is_put, rd, ld, len, ep, what)? {
+        if self.ipc_rma(x, what)? {
             return Ok(());
         }
         if self.staging {
@@ -213,7 +249,8 @@ impl Transport {
             let local_dev = is_device(ld.ptr);
             let stage_all = self.cfg.gpu_staging == Some(true);
             if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
-                return self.staged(c, pe, is_put, ld.ptr as u64, raddr, len, ep);
+                let laddr = ld.ptr as u64;
+                return self.staged(c, &x.resolved(laddr, raddr));
             }
         }
         if len as usize > self.info.max_msg_size() {
@@ -222,7 +259,13 @@ impl Transport {
             let mut off = 0;
             while off < len {
                 let n = chunk.min(len - off);
-                self.rma_contig(c, pe, is_put, &shifted(rd, off), &shifted(ld, off), n, ep)?;
+                let piece = Contig {
+                    remote: shifted(rd, off),
+                    local: shifted(ld, off),
+                    len: n,
+                    ..*x
+                };
+                self.rma_contig(c, &piece)?;
                 off += n;
             }
             return Ok(());
@@ -259,7 +302,7 @@ impl Transport {
                 })?;
                 Ok(())
             }
-            None => self.rma_unregistered(c, pe, is_put, laddr, raddr, key, len, ep),
+            None => self.rma_unregistered(c, &x.resolved(laddr, raddr), key),
         }
     }
 
@@ -267,17 +310,9 @@ impl Transport {
     /// `true` when done that way (complete at the endpoint's next quiet), `false` when another
     /// means must carry it (peer elsewhere, no export, the export does not open here, NVSHMEM_EFA_IPC=0,
     /// or an unregistered local source too large to take at once).
-    #[allow(clippy::too_many_arguments)]
-    fn ipc_rma(
-        &self,
-        pe: i32,
-        is_put: bool,
-        rd: &RmaMemdesc,
-        ld: &RmaMemdesc,
-        len: u64,
-        ep: usize,
-        what: &str,
-    ) -> TResult<bool> {
+    fn ipc_rma(&self, x: &Contig, what: &str) -> TResult<bool> {
+        let (pe, ep, is_put, len) = (x.pe, x.ep, x.is_put, x.len);
+        let (rd, ld) = (&x.remote, &x.local);
         if !self.mover.policy().ipc {
             return Ok(false);
         }
@@ -314,18 +349,9 @@ impl Transport {
 
     /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):
     /// small puts are injected; the rest goes through the endpoint's registered bounce buffer.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rma_unregistered(
-        &self,
-        c: &Connected,
-        pe: i32,
-        is_put: bool,
-        laddr: u64,
-        raddr: u64,
-        key: u64,
-        len: u64,
-        ep: usize,
-    ) -> TResult<()> {
+    pub(super) fn rma_unregistered(&self, c: &Connected, t: &Transfer, key: u64) -> TResult<()> {
+        let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
+        let (laddr, raddr) = (t.local, t.remote);
         let dest = c.addr(pe, ep);
         let e = &c.eps[ep];
         let device = is_device(laddr as *const c_void);
