@@ -40,11 +40,6 @@ pub fn fabric_error_status(code: i32) -> CqStatus {
     }
 }
 
-/// An AMO check's failure as an EFA status (the mapping the hardware receive path uses).
-pub(super) fn amo_error_status(e: &AmoError) -> CqStatus {
-    crate::gda::apply::amo_status(e)
-}
-
 impl Consumer {
     /// Whether an RDMA transfer from or to `reg` is staged.
     pub(super) fn stages(&self, reg: &LocalReg) -> bool {

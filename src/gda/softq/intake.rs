@@ -497,7 +497,7 @@ impl Consumer {
                     match AmoMsg::parse(&data[..n], peer.heap_extent()) {
                         Some(Err(e)) => {
                             return Err((
-                                amo_error_status(&e),
+                                crate::gda::apply::amo_status(&e),
                                 format!("AMO message to PE {}: {e}", d.ah),
                             ))
                         }

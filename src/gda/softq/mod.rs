@@ -134,8 +134,8 @@ use super::state::{
     NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_SOFT,
 };
 use super::wire::{
-    self, AmoError, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_SEND_MAX, STAGE_CHUNK,
-    STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE, STAGE_WRITE_ACK,
+    self, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_SEND_MAX, STAGE_CHUNK, STAGE_HDR_SIZE,
+    STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE, STAGE_WRITE_ACK,
 };
 
 use self::consumer::Consumer;
