@@ -7,10 +7,9 @@
 //! reads the RX ring by phase and advances `ctrl.rx_ci`, as `poll_rx` does.
 mod softq_common;
 
-use std::io::Write;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::efa::cqe::{self, CqStatus, RxCqe, RX_CQE_EX_SIZE};
@@ -24,41 +23,7 @@ use nvshmem_efa_gda::gda::mem::{atomic_u64, CtrlMem, CtrlPlacement};
 use nvshmem_efa_gda::gda::state::{NvshmemEfaGdaPeer, NvshmemEfaGdaQueueCtrl};
 use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_OP_ADD, AMO_OP_SET};
 
-use softq_common::{providers, send_inline, HostBuf};
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-fn capture() -> &'static Capture {
-    static LOG: OnceLock<Capture> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let c = Capture::default();
-        let c2 = c.clone();
-        let sub = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || c2.clone())
-            .finish();
-        tracing::subscriber::set_global_default(sub).expect("first subscriber of this test binary");
-        c
-    })
-}
+use softq_common::{capture, providers, send_inline, HostBuf};
 
 /// The receiving PE: its endpoint (opened as `HwQueue::open` opens the GDA endpoint), its control
 /// block in host memory, its heap (two chunks in separate allocations) and the receive path.

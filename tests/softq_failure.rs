@@ -4,36 +4,14 @@
 //! panic), well inside the quiet timeout.
 mod softq_common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
 use softq_common::*;
 
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn consumer_panic_fails_the_queue_at_once() {
-    let log = Capture::default();
-    let writer = log.clone();
-    let sub = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(sub).expect("the only subscriber of this binary");
+    let log = capture();
 
     let quiet_timeout = Duration::from_secs(60);
     for p in providers() {
@@ -89,7 +67,7 @@ fn consumer_panic_fails_the_queue_at_once() {
             .and_then(|_| poster.quiet())
             .is_err());
         assert!(t.elapsed() < Duration::from_secs(5));
-        let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
+        let text = log.text();
         assert!(
             text.contains(
                 "software queue consumer thread panicked: injected fault: consumer panic at WQE 1"

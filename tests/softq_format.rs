@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::efa::cqe::{self, CqStatus, QueueType, TX_CQE_SIZE};
-use nvshmem_efa_gda::efa::wqe::{self, OpType};
+use nvshmem_efa_gda::efa::wqe::OpType;
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
 use nvshmem_efa_gda::gda::wire;
 use softq_common::*;
@@ -215,23 +215,7 @@ fn bogus_doorbell_and_completion_bound_are_enforced() {
             unsafe { std::sync::atomic::AtomicU32::from_ptr(v.doorbell) }
                 .store(val, Ordering::Release)
         };
-        let put = |pc: u64| {
-            let mut d = write(
-                &peer,
-                pe.heap.addr(),
-                pe.heap_lkey(),
-                pe.heap.addr() + 4096 + 64 * (pc % 16),
-                64,
-                None,
-            );
-            d.req_id = pc & 0xffff;
-            d.phase = wqe::phase_for(pc, v.sq_entries);
-            let b = wqe::encode(&d);
-            // SAFETY: slot inside the SQ ring; the consumer has not been told about it yet.
-            unsafe {
-                std::ptr::copy_nonoverlapping(b.as_ptr(), v.sq.add((pc % n) as usize * 64), 64)
-            };
-        };
+        let put = |pc: u64| place_write_wqe(&v, pe, &peer, pc);
         // A doorbell announcing more than the ring holds is ignored.
         db((n + 3) as u32);
         std::thread::sleep(Duration::from_millis(50));

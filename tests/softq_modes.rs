@@ -4,8 +4,6 @@
 mod softq_common;
 
 use std::ffi::c_void;
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 
 use nvshmem_efa_gda::capi::gda::*;
 use nvshmem_efa_gda::config::GdaMode;
@@ -14,45 +12,6 @@ use nvshmem_efa_gda::gda::hw::{self, NO_GDA_OPS};
 use nvshmem_efa_gda::gda::state::NvshmemEfaGdaDeviceState;
 use nvshmem_efa_gda::gda::{self, Gda, GdaOptions, MODE_OFF, MODE_SOFT};
 use softq_common::*;
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-    fn text_from(&self, at: usize) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()[at..]).into_owned()
-    }
-}
-
-/// The process-wide log capture, installed as the global subscriber before anything logs (every test
-/// calls it first), so no test's events depend on another's subscriber.
-fn capture() -> &'static Capture {
-    static LOG: OnceLock<Capture> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let c = Capture::default();
-        let c2 = c.clone();
-        let sub = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || c2.clone())
-            .finish();
-        tracing::subscriber::set_global_default(sub).expect("first subscriber of this test binary");
-        c
-    })
-}
 
 /// Runs `f` and returns what was logged meanwhile (by any thread).
 fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {

@@ -98,24 +98,9 @@ fn written_ahead_of_the_doorbell_is_refused() {
 
         // A poster that breaks it: 3 * max_batch WQEs written before the doorbell moves.
         let v = *poster.view();
-        let n = u64::from(v.sq_entries);
         let count = 3 * u64::from(MAX_BATCH);
         for pc in base..base + count {
-            let mut d = write(
-                &peer,
-                pe.heap.addr(),
-                pe.heap_lkey(),
-                pe.heap.addr() + 4096 + 64 * (pc % 16),
-                64,
-                None,
-            );
-            d.req_id = pc & 0xffff;
-            d.phase = wqe::phase_for(pc, v.sq_entries);
-            let b = wqe::encode(&d);
-            // SAFETY: a slot of the SQ ring the consumer has not been told about.
-            unsafe {
-                std::ptr::copy_nonoverlapping(b.as_ptr(), v.sq.add((pc % n) as usize * 64), 64)
-            };
+            place_write_wqe(&v, pe, &peer, pc);
         }
         // The consumer looks past the window while the doorbell stands still.
         wait_until("the written-ahead WQEs to be noticed", || {

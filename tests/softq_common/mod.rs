@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use nvshmem_efa_gda::config::{Config, GdaMode};
 use nvshmem_efa_gda::efa::wqe::{LocalBuf, RemoteBuf, SendPayload, WqeDesc, WqeOp};
@@ -333,4 +334,74 @@ pub unsafe fn check_from(p: *const u8, len: usize, seed: u64, start: usize) -> O
         }
     }
     None
+}
+
+/// Everything the library logs at info level and above, kept as text (the global subscriber of a
+/// test binary, see [`capture`]).
+#[derive(Clone, Default)]
+pub struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    pub fn text(&self) -> String {
+        self.text_from(0)
+    }
+    pub fn text_from(&self, at: usize) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()[at..]).into_owned()
+    }
+}
+
+/// The process-wide log capture, installed as the global subscriber on first use (a test that reads
+/// logs calls it before anything logs, so no test's events depend on another's subscriber).
+pub fn capture() -> &'static Capture {
+    static LOG: OnceLock<Capture> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let c = Capture::default();
+        let c2 = c.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || c2.clone())
+            .finish();
+        tracing::subscriber::set_global_default(sub).expect("first subscriber of this test binary");
+        c
+    })
+}
+
+/// Writes a well-formed 64-byte write WQE (64 bytes from the start of `pe`'s heap to one of 16 slots
+/// at heap + 4096) for producer count `pc` into its SQ slot, without ringing the doorbell: what a
+/// GPU poster does before it commits.
+pub fn place_write_wqe(
+    v: &nvshmem_efa_gda::gda::softq::HostView,
+    pe: &Pe,
+    peer: &NvshmemEfaGdaPeer,
+    pc: u64,
+) {
+    let n = u64::from(v.sq_entries);
+    let mut d = write(
+        peer,
+        pe.heap.addr(),
+        pe.heap_lkey(),
+        pe.heap.addr() + 4096 + 64 * (pc % 16),
+        64,
+        None,
+    );
+    d.req_id = pc & 0xffff;
+    d.phase = nvshmem_efa_gda::efa::wqe::phase_for(pc, v.sq_entries);
+    let b = nvshmem_efa_gda::efa::wqe::encode(&d);
+    // SAFETY: a slot inside the SQ ring of a live queue (64-byte entries); the consumer has not been
+    // told about it yet.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), v.sq.add((pc % n) as usize * 64), 64) };
 }
