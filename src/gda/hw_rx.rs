@@ -50,7 +50,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -60,15 +60,13 @@ use crate::fabric::{flags, CqEntry, CqError, Endpoint, FiAddr, MemKind, MemoryRe
 
 use super::apply::{self, HeapChunks, Outcome};
 use super::error::{GdaError, Result};
-use super::mem::{self, CtrlMem, SharedMem};
+use super::mem::{self, ConsumerIndex, CtrlMem, SharedMem};
 use super::state::NvshmemEfaGdaQueueCtrl;
 
 const OFF_RX_CI: usize = offset_of!(NvshmemEfaGdaQueueCtrl, rx_ci);
 const TAG_RX: u64 = 2;
 /// Completions read per poll.
 const POLL_BATCH: usize = 32;
-/// Minimum interval between reads of a device-memory consumer index while the ring is full.
-const CI_REFRESH: Duration = Duration::from_micros(50);
 /// Refusals logged at warn level before switching to debug.
 const WARN_REJECTS: u64 = 16;
 
@@ -412,8 +410,8 @@ struct Waiting {
 struct Thread {
     inner: Arc<Inner>,
     rx_pc: u64,
-    cached_ci: u64,
-    ci_read: Option<Instant>,
+    /// The GPU's consumer index of the RX ring, as last read.
+    ci: ConsumerIndex,
     waiting: VecDeque<Waiting>,
     retry: Vec<usize>,
     rx_seq: u16,
@@ -424,8 +422,7 @@ impl Thread {
         Thread {
             inner,
             rx_pc: 0,
-            cached_ci: 0,
-            ci_read: None,
+            ci: Default::default(),
             waiting: VecDeque::new(),
             retry: Vec::new(),
             rx_seq: 0,
@@ -660,21 +657,14 @@ impl Thread {
     }
 
     fn room(&mut self) -> bool {
-        let n = u64::from(self.inner.ring_entries);
-        if self.rx_pc - self.cached_ci < n {
-            return true;
-        }
-        if let Some(t) = self.ci_read {
-            if self.inner.ctrl.host().is_none() && t.elapsed() < CI_REFRESH {
-                return false;
-            }
-        }
-        self.ci_read = Some(Instant::now());
-        match self.inner.ctrl.read_u64(OFF_RX_CI) {
-            Ok(ci) => self.cached_ci = ci.min(self.rx_pc),
-            Err(e) => tracing::warn!("GDA receive path: {e}"),
-        }
-        self.rx_pc - self.cached_ci < n
+        let entries = u64::from(self.inner.ring_entries);
+        self.ci.room(
+            &self.inner.ctrl,
+            OFF_RX_CI,
+            self.rx_pc,
+            entries,
+            "GDA receive path",
+        )
     }
 
     fn write(&mut self, mut c: RxCqe) {

@@ -15,6 +15,7 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::cuda::{self, DeviceBuffer, MappedHostBuffer};
 use crate::fabric::MemKind;
@@ -292,5 +293,51 @@ mod tests {
         // SAFETY: aligned, in bounds.
         unsafe { atomic_u64(h.add(16)).store(0xdead_beef, Ordering::Release) };
         assert_eq!(c.read_u64(16).unwrap(), 0xdead_beef);
+    }
+}
+
+/// How often a ring's consumer index in device memory is read back while the ring looks full (each
+/// read is a copy from the GPU); in host memory it is read every time.
+const CI_REFRESH: Duration = Duration::from_micros(50);
+
+/// The host's view of the consumer index a GPU advances as it drains a ring the host produces into
+/// (the RX ring of both queues): the last value read, and when.
+#[derive(Debug, Default)]
+pub struct ConsumerIndex {
+    cached: u64,
+    read_at: Option<Instant>,
+}
+
+impl ConsumerIndex {
+    /// The last consumer index read (never past `produced` when it was read).
+    pub fn cached(&self) -> u64 {
+        self.cached
+    }
+
+    /// Whether a ring of `entries` slots with `produced` entries written has room for one more,
+    /// reading the consumer index at `off` of `ctrl` when the cached value says the ring is full.
+    /// `who` names the ring's owner in the warning of a failed read.
+    pub fn room(
+        &mut self,
+        ctrl: &CtrlMem,
+        off: usize,
+        produced: u64,
+        entries: u64,
+        who: &str,
+    ) -> bool {
+        if produced - self.cached < entries {
+            return true;
+        }
+        if let Some(t) = self.read_at {
+            if ctrl.host().is_none() && t.elapsed() < CI_REFRESH {
+                return false;
+            }
+        }
+        self.read_at = Some(Instant::now());
+        match ctrl.read_u64(off) {
+            Ok(ci) => self.cached = ci.min(produced),
+            Err(e) => tracing::warn!("{who}: {e}"),
+        }
+        produced - self.cached < entries
     }
 }

@@ -11,8 +11,8 @@ pub(super) struct Consumer {
     pub(super) done_checked: Option<Instant>,
     pub(super) cq_pc: u64,
     pub(super) rx_pc: u64,
-    pub(super) cached_rx_ci: u64,
-    pub(super) rx_ci_checked: Option<Instant>,
+    /// The GPU's consumer index of the RX ring, as last read.
+    pub(super) rx_ci: crate::gda::mem::ConsumerIndex,
     pub(super) rx_seq: u64,
     /// RX completions waiting for room in the RX ring, each with the receive buffer it holds
     /// (receive credits only).
@@ -77,8 +77,7 @@ impl Consumer {
             done_checked: None,
             cq_pc: 0,
             rx_pc: 0,
-            cached_rx_ci: 0,
-            rx_ci_checked: None,
+            rx_ci: Default::default(),
             rx_seq: 0,
             pending_rx: VecDeque::new(),
             rx_pending_warned: false,

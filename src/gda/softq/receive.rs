@@ -168,21 +168,14 @@ impl Consumer {
     // ---- RX ring ----
 
     pub(super) fn rx_room(&mut self) -> bool {
-        let n = u64::from(self.inner.rx_entries);
-        if self.rx_pc - self.cached_rx_ci < n {
-            return true;
-        }
-        if let Some(t) = self.rx_ci_checked {
-            if self.inner.ctrl.host().is_none() && t.elapsed() < CTRL_REFRESH {
-                return false;
-            }
-        }
-        self.rx_ci_checked = Some(Instant::now());
-        match self.inner.ctrl.read_u64(OFF_RX_CI) {
-            Ok(ci) => self.cached_rx_ci = ci.min(self.rx_pc),
-            Err(e) => tracing::warn!("software queue: {e}"),
-        }
-        self.rx_pc - self.cached_rx_ci < n
+        let entries = u64::from(self.inner.rx_entries);
+        self.rx_ci.room(
+            &self.inner.ctrl,
+            OFF_RX_CI,
+            self.rx_pc,
+            entries,
+            "software queue",
+        )
     }
 
     pub(super) fn push_rx(&mut self, c: RxCqe) {
@@ -205,7 +198,7 @@ impl Consumer {
                          index, so receivers must drain it (or senders hold credits) before it wraps",
                         self.rx_pc,
                         self.rx_pc - u64::from(self.inner.rx_entries),
-                        self.cached_rx_ci
+                        self.rx_ci.cached()
                     );
                 }
             }
