@@ -698,7 +698,11 @@ pub mod module_loading {
     static CONN_AT_LOAD: AtomicU8 = AtomicU8::new(0);
 
     /// Work queues asked for when `CUDA_DEVICE_MAX_CONNECTIONS` is unset (the driver's maximum).
-    pub const MAX_CONNECTIONS: &str = "32";
+    pub const MAX_CONNECTIONS: u32 = 32;
+    /// [`MAX_CONNECTIONS`] as the hook writes it into the environment.
+    const MAX_CONNECTIONS_TEXT: &std::ffi::CStr = c"32";
+    /// The driver's number of work queues when `CUDA_DEVICE_MAX_CONNECTIONS` is unset.
+    const DEFAULT_CONNECTIONS: u32 = 8;
 
     /// Whether the variable `name` is set to `keep` (any case).
     ///
@@ -771,7 +775,7 @@ pub mod module_loading {
             CONN_AT_LOAD.store(
                 set_if_unset(
                     c"CUDA_DEVICE_MAX_CONNECTIONS",
-                    c"32",
+                    MAX_CONNECTIONS_TEXT,
                     c"NVSHMEM_EFA_CUDA_MAX_CONNECTIONS",
                     cuda_loaded,
                 ),
@@ -820,14 +824,14 @@ pub mod module_loading {
         let conns = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok());
-        if staged && conns.unwrap_or(8) < 32 {
+        if staged && conns.unwrap_or(DEFAULT_CONNECTIONS) < MAX_CONNECTIONS {
             tracing::warn!(
                 "CUDA_DEVICE_MAX_CONNECTIONS is {} and this transport copies GPU memory through the \
                  CUDA driver on this provider: its copies can queue behind an application kernel that \
                  waits for them (a hang; seen with DeepEP under CUDA MPS). Run with \
                  CUDA_DEVICE_MAX_CONNECTIONS={MAX_CONNECTIONS} (the library sets it itself when it \
                  is preloaded and the variable is unset)",
-                conns.map_or("unset (8)".to_string(), |c| c.to_string())
+                conns.map_or(format!("unset ({DEFAULT_CONNECTIONS})"), |c| c.to_string())
             );
         }
         if staged && lazy() == Some(true) {
@@ -837,6 +841,21 @@ pub mod module_loading {
                  nvshmemx_quiet_on_stream) can deadlock while a kernel waits for the proxy. Run with \
                  CUDA_MODULE_LOADING=EAGER (the library sets it itself when it is preloaded and the \
                  variable is unset)"
+            );
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn the_value_written_is_the_value_checked() {
+            assert_eq!(
+                super::MAX_CONNECTIONS_TEXT
+                    .to_str()
+                    .unwrap()
+                    .parse::<u32>()
+                    .unwrap(),
+                super::MAX_CONNECTIONS
             );
         }
     }
