@@ -27,6 +27,8 @@ usage: tests/gpu/run.sh [options]
   --out DIR           log directory (default: $OUT, else ./gpu-out)
   --cases LIST        comma-separated test cases (default: all; see nvshmem_tests --list)
   --no-bench          skip the benchmark
+  --no-fabtests       skip the raw-libfabric reference of the benchmark (fabtests -D cuda,
+                      tests/gpu/fabtests_cuda.sh)
   --no-tests          skip the test run through the library (e.g. to run only the benchmark)
   --no-p2p-tests      skip the reference run of the tests on NVSHMEM's P2P path
   --debug             NVSHMEM_DEBUG=INFO and NVSHMEM_INFO=1 (default NVSHMEM_DEBUG=WARN)
@@ -43,6 +45,7 @@ compile_only=0
 debug=0
 cases=""
 do_bench=1
+do_fabtests=1
 do_p2p_tests=1
 do_tests=1
 bin_dir=""
@@ -53,6 +56,7 @@ while [ $# -gt 0 ]; do
     --debug) debug=1 ;;
     --cases) cases=${2:?--cases needs a value}; shift ;;
     --no-bench) do_bench=0 ;;
+    --no-fabtests) do_fabtests=0 ;;
     --no-p2p-tests) do_p2p_tests=0 ;;
     --no-tests) do_tests=0 ;;
     --plugin-dir) PLUGIN_DIR=${2:?--plugin-dir needs a value}; shift ;;
@@ -341,7 +345,7 @@ BENCH=$work/nvshmem_bench
 common_env=(
     NVSHMEM_DISABLE_NVLS=1
     NVSHMEM_DISABLE_NCCL=1
-    NVSHMEM_DISABLE_CUDA_VMM=1
+    "NVSHMEM_DISABLE_CUDA_VMM=${NVSHMEM_DISABLE_CUDA_VMM:-1}"
     "NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}"
     "NVSHMEM_DEBUG=$dbg_level"
     "NVSHMEM_BOOTSTRAP_MPI_PLUGIN=$NVSHMEM/lib/nvshmem_bootstrap_mpi.so.3"
@@ -525,9 +529,23 @@ fi
 if [ $do_bench = 1 ]; then
     run_bench bench-library lib_env 90
     run_bench bench-p2p p2p_env 60
+    fab_csvs=()
+    if [ $do_fabtests = 1 ]; then
+        # Raw libfabric on GPU memory (fi_rma_bw / fi_rma_pingpong -D cuda), same provider.
+        if LIBFABRIC_HOME=$LIBFABRIC_HOME RUN_TIMEOUT=30 bash "$here/fabtests_cuda.sh" "$OUT" "$provider" \
+            >"$OUT/fabtests-cuda.out" 2>&1; then
+            sed 's/^/    /' "$OUT/fabtests-cuda.out"
+            fab_csvs=("$OUT/fabtests-cuda-bw.csv")
+            [ "$(wc -l <"$OUT/fabtests-cuda-lat.csv")" -gt 1 ] && fab_csvs+=("$OUT/fabtests-cuda-lat.csv")
+            record "bench-fabtests-cuda" ok "$OUT/fabtests-cuda-bw.csv"
+        else
+            tail -n 20 "$OUT/fabtests-cuda.out" | sed 's/^/    /'
+            record "bench-fabtests-cuda" FAILED "$OUT/fabtests-cuda.out, $OUT/fabtests-cuda.log"
+        fi
+    fi
     if [ -s "$OUT/bench-library.csv" ] && [ -s "$OUT/bench-p2p.csv" ]; then
         if python3 "$here/compare.py" "$OUT/bench-library.csv" "$OUT/bench-p2p.csv" \
-            "$OUT/bench-compare.csv" >"$OUT/bench-compare.log" 2>&1; then
+            "$OUT/bench-compare.csv" "${fab_csvs[@]}" >"$OUT/bench-compare.log" 2>&1; then
             sed 's/^/    /' "$OUT/bench-compare.log"
             record "bench-compare" ok "$OUT/bench-compare.csv"
         else
