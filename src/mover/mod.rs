@@ -26,6 +26,7 @@
 //!
 //! [`stats`] counts the stages of the staged path and of IPC copies for the debug timeline.
 pub mod engine;
+pub mod fdshare;
 pub mod handle;
 pub mod queue;
 pub mod stats;
