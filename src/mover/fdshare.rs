@@ -178,7 +178,10 @@ impl FdServer {
         if pieces.is_empty() || pieces.len() > MAX_PIECES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("an export has 1 to {MAX_PIECES} pieces, not {}", pieces.len()),
+                format!(
+                    "an export has 1 to {MAX_PIECES} pieces, not {}",
+                    pieces.len()
+                ),
             ));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -214,7 +217,10 @@ impl FdServer {
             tracing::warn!("fd server thread ended with a panic");
         }
         self.shared.exports.lock().clear();
-        tracing::debug!("fd server @{} stopped", socket_name(self.pid, self.cookie()));
+        tracing::debug!(
+            "fd server @{} stopped",
+            socket_name(self.pid, self.cookie())
+        );
     }
 }
 
@@ -360,7 +366,10 @@ fn serve(mut s: UnixStream, shared: &Shared) -> io::Result<()> {
         let req = decode_request(&b).filter(|r| r.cookie == shared.cookie);
         let Some(req) = req else {
             send_with_fds(&s, &reply_header(Status::BadRequest, 0, 0, 0), &[])?;
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "malformed request"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "malformed request",
+            ));
         };
         let pieces = shared.exports.lock().get(&req.export).cloned();
         let Some(pieces) = pieces else {

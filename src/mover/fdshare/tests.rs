@@ -152,11 +152,18 @@ fn malformed_requests_get_a_refusal_and_the_connection_closes() {
             ..good
         }),
     ));
-    cases.push(("piece past the end", encode_request(&Request { start: 2, ..good })));
+    cases.push((
+        "piece past the end",
+        encode_request(&Request { start: 2, ..good }),
+    ));
     for (what, req) in cases {
         let mut s = raw_connect(&srv);
         s.write_all(&req).unwrap();
-        assert_eq!(read_status(&mut s), Some(Status::BadRequest as u32), "{what}");
+        assert_eq!(
+            read_status(&mut s),
+            Some(Status::BadRequest as u32),
+            "{what}"
+        );
         assert!(closed(&mut s), "{what}: connection left open");
     }
     // A short request followed by a close: nothing to answer; the server carries on.
@@ -191,7 +198,10 @@ fn a_fetch_gives_up_at_its_own_deadline() {
     let t = Instant::now();
     let e = fetch(std::process::id(), cookie, 1, Duration::from_millis(200)).unwrap_err();
     assert!(
-        matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
+        matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ),
         "{e}"
     );
     assert!(t.elapsed() < Duration::from_secs(3));

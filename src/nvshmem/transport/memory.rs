@@ -254,6 +254,10 @@ impl Transport {
         let reg = self.regs.write().remove(&b.reg_id);
         match reg {
             Some(r) => {
+                if r.device {
+                    // Its VMM export (if any) is withdrawn and the exported descriptors closed.
+                    self.mover.unregister(r.base, r.len);
+                }
                 // A heap chunk GDA knows goes from GDA (every PE's row: the release is collective)
                 // before its registration closes.
                 if crate::gda::mode() > 0 {
