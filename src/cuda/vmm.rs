@@ -234,16 +234,6 @@ impl VmmMapping {
     pub fn base(&self) -> u64 {
         self.base
     }
-
-    /// Length of the reserved range.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Whether the range is empty (never, once imported).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Drop for VmmMapping {
@@ -261,15 +251,16 @@ impl Drop for VmmMapping {
 }
 
 /// VMM device memory of this process, for tests: `pieces` allocations of `piece_len` bytes each
-/// (rounded up to the granularity), created shareable as POSIX descriptors and mapped back to back,
-/// read/write for the current device.
+/// (rounded up to the granularity), created shareable as POSIX descriptors (unless `shareable` is
+/// false: then with no shareable handle type) and mapped back to back, read/write for the current
+/// device.
 #[cfg(test)]
 pub struct VmmBuffer(VmmMapping);
 
 #[cfg(test)]
 impl VmmBuffer {
     /// Allocates and maps the buffer in the current context.
-    pub fn new(piece_len: usize, pieces: usize) -> CudaResult<VmmBuffer> {
+    pub fn new(piece_len: usize, pieces: usize, shareable: bool) -> CudaResult<VmmBuffer> {
         require("cuMemCreate")?;
         let dev = current_device()?;
         // SAFETY: all-zero is a valid property block to fill in.
@@ -277,8 +268,11 @@ impl VmmBuffer {
         prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = dev;
-        prop.requestedHandleTypes =
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.requestedHandleTypes = if shareable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        };
         let mut gran = 0usize;
         // SAFETY: writes one size; prop is filled in.
         check(
@@ -329,8 +323,8 @@ impl VmmBuffer {
         self.0.base
     }
 
-    /// Its length (pieces times the rounded piece length).
-    pub fn len(&self) -> u64 {
+    /// Its size in bytes (pieces times the rounded piece length).
+    pub fn size(&self) -> u64 {
         self.0.len
     }
 }
