@@ -173,6 +173,14 @@ pub fn check_layout(len: u64, pieces: &[(u64, u64)]) -> Result<(), String> {
     Ok(())
 }
 
+/// The alignment for a reservation that must take `pieces` at their offsets: the largest power of
+/// two that divides every offset and length (the exporter's mapping granularity, at least), at
+/// most 1 GiB.
+pub fn reserve_alignment(pieces: &[(u64, u64)]) -> u64 {
+    let bits = pieces.iter().fold(1u64 << 30, |a, &(o, l)| a | o | l);
+    1u64 << bits.trailing_zeros()
+}
+
 impl VmmMapping {
     /// Maps a peer's range of `len` bytes, given as `(offset, length, descriptor)` pieces, in
     /// context `ctx` (0: the current one). The descriptors stay the caller's (close them after).
@@ -189,11 +197,12 @@ impl VmmMapping {
         })?;
         let _g = ContextGuard::enter(ctx)?;
         let dev = current_device()?;
+        let align = reserve_alignment(&layout);
         let mut base: sys::CUdeviceptr = 0;
-        // SAFETY: writes one address; reserves `len` bytes anywhere, default alignment.
+        // SAFETY: writes one address; reserves `len` bytes anywhere, aligned to a power of two.
         check(
-            unsafe { sys::cuMemAddressReserve(&mut base, len as usize, 0, 0, 0) },
-            || format!("cuMemAddressReserve({len})"),
+            unsafe { sys::cuMemAddressReserve(&mut base, len as usize, align as usize, 0, 0) },
+            || format!("cuMemAddressReserve({len}, alignment {align})"),
         )?;
         // From here on, drop undoes what was done.
         let mut m = VmmMapping {
@@ -349,6 +358,18 @@ mod tests {
             check_layout(u64::MAX, &[(u64::MAX, 2)]).is_err(),
             "overflow"
         );
+    }
+
+    #[test]
+    fn reservations_keep_the_pieces_granularity() {
+        const MB2: u64 = 2 << 20;
+        assert_eq!(reserve_alignment(&[(0, MB2), (MB2, MB2)]), MB2);
+        assert_eq!(
+            reserve_alignment(&[(0, 4 * MB2), (4 * MB2, 2 * MB2)]),
+            2 * MB2
+        );
+        assert_eq!(reserve_alignment(&[(0, 1 << 34)]), 1 << 30, "capped");
+        assert_eq!(reserve_alignment(&[(0, 4096 + MB2)]), 4096);
     }
 
     #[test]

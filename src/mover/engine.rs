@@ -139,7 +139,7 @@ impl Mover {
 
     /// Classifies `[base, base + len)` once and, for GPU memory with IPC on, exports it.
     pub fn register(&self, base: u64, len: u64) -> Registered {
-        let ordinal = match cuda::pointer_kind(base as *const std::ffi::c_void) {
+        let (ordinal, legacy_ipc) = match cuda::pointer_kind(base as *const std::ffi::c_void) {
             PtrKind::Host => {
                 return Registered {
                     kind: Kind::Host,
@@ -147,7 +147,10 @@ impl Mover {
                     no_ipc: None,
                 }
             }
-            PtrKind::Device { ordinal, .. } => ordinal,
+            PtrKind::Device {
+                ordinal,
+                legacy_ipc,
+            } => (ordinal, legacy_ipc),
         };
         let mut r = Registered {
             kind: Kind::Device,
@@ -165,7 +168,8 @@ impl Mover {
                 return r;
             }
         };
-        let exported = if ipc::is_vmm(base) {
+        // Device memory that legacy IPC cannot export is CUDA VMM memory (see ipc::is_vmm).
+        let exported = if !legacy_ipc {
             self.export_vmm(base, len)
         } else {
             ipc::export(base, len).map(|x| {

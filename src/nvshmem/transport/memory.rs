@@ -231,6 +231,7 @@ impl Transport {
         blob.write(h);
         if let Err(e) = mhandle::write_section(&mut h.reserved, ipc.as_ref()) {
             self.regs.write().remove(&reg_id);
+            self.mover.unregister(buf as u64, size as u64);
             return Err(internal(format!("get_mem_handle: {e}")));
         }
         tracing::debug!(
