@@ -9,6 +9,7 @@ use cudarc::driver::sys;
 
 pub mod ipc;
 pub mod stream;
+pub mod vmm;
 
 /// A CUDA driver error with context.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,7 +3,8 @@
 //!
 //! Legacy IPC (`cuIpcGetMemHandle`) exports memory from `cuMemAlloc`/`cudaMalloc` only. CUDA VMM
 //! allocations (`cuMemCreate` + `cuMemMap`, which NVSHMEM 3.4.5 uses for its heap unless
-//! `NVSHMEM_DISABLE_CUDA_VMM=1`) are refused; [`export`] tells them apart and says what to do.
+//! `NVSHMEM_DISABLE_CUDA_VMM=1`) are refused here; [`export`] tells them apart, and the mover
+//! exports them through [`super::vmm`] instead.
 //! A handle names a whole allocation: it is exported at the allocation's base and opened to that
 //! base, so a registered region inside an allocation is reached at `mapping + (addr - alloc_base)`.
 use std::ffi::c_void;
@@ -40,6 +41,9 @@ pub enum ExportError {
         /// Its length.
         alloc_len: u64,
     },
+    /// A CUDA VMM allocation that cannot be exported as a POSIX file descriptor (created without
+    /// that handle type, e.g. only as a fabric handle).
+    NotShareable(CudaError),
     /// The driver refused.
     Cuda(CudaError),
 }
@@ -57,6 +61,12 @@ impl std::fmt::Display for ExportError {
             } => write!(
                 f,
                 "the region runs past its allocation {alloc_base:#x}+{alloc_len} (spans allocations)"
+            ),
+            ExportError::NotShareable(e) => write!(
+                f,
+                "CUDA VMM memory that cannot be shared as a POSIX file descriptor ({e}); run \
+                 NVSHMEM with NVSHMEM_CUMEM_HANDLE_TYPE=FILE_DESCRIPTOR, or with \
+                 NVSHMEM_DISABLE_CUDA_VMM=1, for same-host GPU copies"
             ),
             ExportError::Cuda(e) => e.fmt(f),
         }

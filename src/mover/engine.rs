@@ -1,5 +1,6 @@
-//! The mover itself: registration (memory kind decided once, IPC export), peers' regions opened
-//! lazily and cached, copies submitted per endpoint queue, polled and waited for with a deadline.
+//! The mover itself: registration (memory kind decided once, IPC export: legacy CUDA IPC, or CUDA
+//! VMM through this process's fd server), peers' regions opened lazily and cached, copies submitted
+//! per endpoint queue, polled and waited for with a deadline.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -7,11 +8,12 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::handle::{HostId, IpcDesc};
+use super::fdshare::{self, FdServer};
+use super::handle::{Export, HostId, IpcDesc};
 use super::queue::{CopyQueue, CudaEngine, INLINE_BYTES};
 use super::stats::{Stage, Stats};
 use super::{choose, Kind, MResult, Means, MoverError, Peer, Policy};
-use crate::cuda::{self, ipc, PtrKind};
+use crate::cuda::{self, ipc, vmm, PtrKind};
 
 /// What registration decided about a local region.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +26,34 @@ pub struct Registered {
     pub no_ipc: Option<String>,
 }
 
-/// A peer's allocation: open, or known not to open (not retried).
-type MapSlot = Option<Arc<ipc::Mapping>>;
+/// A peer's allocation opened in this process.
+#[derive(Debug)]
+enum Opened {
+    /// Through legacy CUDA IPC.
+    Legacy(ipc::Mapping),
+    /// CUDA VMM allocations imported from the peer's fd server and mapped here.
+    Vmm(vmm::VmmMapping),
+}
+
+impl Opened {
+    fn base(&self) -> u64 {
+        match self {
+            Opened::Legacy(m) => m.base(),
+            Opened::Vmm(m) => m.base(),
+        }
+    }
+}
+
+/// A peer's allocation: open (with the registered regions resolved in it, for [`Mover::lookup`]),
+/// or known not to open (not retried).
+#[derive(Debug)]
+struct MapSlot {
+    open: Option<Arc<Opened>>,
+    /// The allocation's base in the peer's address space.
+    alloc_base: u64,
+    /// The peer's registered regions (base, length) resolved through this slot.
+    regions: Vec<(u64, u64)>,
+}
 
 /// The data mover of one transport.
 pub struct Mover {
@@ -34,9 +62,14 @@ pub struct Mover {
     ctx: AtomicUsize,
     my_pe: AtomicUsize,
     hosts: RwLock<Vec<HostId>>,
-    /// Opened peer allocations by (peer, IPC handle): the driver gives a new allocation a new
-    /// handle even at a reused address, so a freed and reallocated heap is opened afresh.
-    maps: Mutex<HashMap<(i32, [u8; ipc::HANDLE_BYTES]), MapSlot>>,
+    /// Opened peer allocations by (peer, export): the driver gives a new allocation a new legacy
+    /// handle even at a reused address, and every VMM registration gets a new export id, so a freed
+    /// and reallocated heap is opened afresh.
+    maps: Mutex<HashMap<(i32, Export), MapSlot>>,
+    /// This process's fd server, started at the first VMM export; stopped by `close_peers`.
+    fds: Mutex<Option<FdServer>>,
+    /// VMM exports of this process by registered (base, length), for `unregister`.
+    vmm_exports: Mutex<HashMap<(u64, u64), u64>>,
     /// One copy queue per endpoint (created at first use: needs the context).
     queues: Vec<Mutex<Option<CopyQueue<CudaEngine>>>>,
     stats: Arc<Stats>,
@@ -53,6 +86,8 @@ impl Mover {
             my_pe: AtomicUsize::new(usize::MAX),
             hosts: RwLock::new(Vec::new()),
             maps: Mutex::new(HashMap::new()),
+            fds: Mutex::new(None),
+            vmm_exports: Mutex::new(HashMap::new()),
             queues: (0..queues).map(|_| Mutex::new(None)).collect(),
             stats: Arc::new(Stats::default()),
             timeout: std::time::Duration::from_secs(60),
@@ -104,7 +139,7 @@ impl Mover {
 
     /// Classifies `[base, base + len)` once and, for GPU memory with IPC on, exports it.
     pub fn register(&self, base: u64, len: u64) -> Registered {
-        let ordinal = match cuda::pointer_kind(base as *const std::ffi::c_void) {
+        let (ordinal, legacy_ipc) = match cuda::pointer_kind(base as *const std::ffi::c_void) {
             PtrKind::Host => {
                 return Registered {
                     kind: Kind::Host,
@@ -112,7 +147,10 @@ impl Mover {
                     no_ipc: None,
                 }
             }
-            PtrKind::Device { ordinal, .. } => ordinal,
+            PtrKind::Device {
+                ordinal,
+                legacy_ipc,
+            } => (ordinal, legacy_ipc),
         };
         let mut r = Registered {
             kind: Kind::Device,
@@ -130,27 +168,43 @@ impl Mover {
                 return r;
             }
         };
-        match ipc::export(base, len) {
-            Ok(x) => {
+        // Device memory that legacy IPC cannot export is CUDA VMM memory (see ipc::is_vmm).
+        let exported = if !legacy_ipc {
+            self.export_vmm(base, len)
+        } else {
+            ipc::export(base, len).map(|x| {
+                (
+                    x.alloc_base,
+                    x.alloc_len,
+                    Export::Legacy { handle: x.handle },
+                )
+            })
+        };
+        match exported {
+            Ok((alloc_base, alloc_len, export)) => {
                 r.ipc = Some(IpcDesc {
                     host: HostId::local(),
                     pid: std::process::id(),
                     ordinal,
-                    alloc_base: x.alloc_base,
-                    alloc_len: x.alloc_len,
+                    alloc_base,
+                    alloc_len,
                     region_base: base,
                     region_len: len,
-                    handle: x.handle,
+                    export,
                 });
+                let how = match export {
+                    Export::Legacy { .. } => "CUDA IPC".to_string(),
+                    Export::Vmm { pieces, .. } => {
+                        format!("CUDA VMM, {pieces} allocation(s) through the fd server")
+                    }
+                };
                 tracing::debug!(
-                    "{base:#x}+{len}: exported for CUDA IPC (allocation {:#x}+{})",
-                    x.alloc_base,
-                    x.alloc_len
+                    "{base:#x}+{len}: exported for same-host copies ({how}; allocation {alloc_base:#x}+{alloc_len})"
                 );
             }
             Err(e) => {
                 let msg = format!("{base:#x}+{len}: no same-host GPU copies: {e}");
-                if matches!(e, ipc::ExportError::Vmm) {
+                if matches!(e, ipc::ExportError::Vmm | ipc::ExportError::NotShareable(_)) {
                     tracing::warn!("{msg}");
                 } else {
                     tracing::info!("{msg}");
@@ -159,6 +213,59 @@ impl Mover {
             }
         }
         r
+    }
+
+    /// Exports VMM memory `[base, base + len)`: its allocations' descriptors go to this process's fd
+    /// server (started on first use). Returns the run of mappings and the export.
+    fn export_vmm(&self, base: u64, len: u64) -> Result<(u64, u64, Export), ipc::ExportError> {
+        let x = vmm::export(base, len, fdshare::MAX_PIECES)?;
+        let n = x.pieces.len();
+        let pieces = x
+            .pieces
+            .into_iter()
+            .map(|p| fdshare::Piece {
+                offset: p.offset,
+                len: p.len,
+                fd: p.fd,
+            })
+            .collect();
+        let server_err = |e: std::io::Error| {
+            ipc::ExportError::Cuda(cuda::CudaError {
+                code: 0,
+                context: format!("fd server: {e}"),
+            })
+        };
+        let mut fds = self.fds.lock();
+        if fds.is_none() {
+            *fds = Some(FdServer::start().map_err(server_err)?);
+        }
+        let server = fds.as_ref().expect("started above");
+        let export_id = server.add(pieces).map_err(server_err)?;
+        if let Some(old) = self.vmm_exports.lock().insert((base, len), export_id) {
+            // Registered again without a release: the old export goes.
+            server.remove(old);
+        }
+        Ok((
+            x.alloc_base,
+            x.alloc_len,
+            Export::Vmm {
+                cookie: server.cookie(),
+                export_id,
+                pieces: n as u32,
+            },
+        ))
+    }
+
+    /// The registration of `[base, base + len)` ends: its VMM export (if any) is withdrawn and its
+    /// descriptors closed. Peers that opened it keep their mappings until they close them.
+    pub fn unregister(&self, base: u64, len: u64) {
+        let Some(id) = self.vmm_exports.lock().remove(&(base, len)) else {
+            return;
+        };
+        if let Some(s) = self.fds.lock().as_ref() {
+            s.remove(id);
+            tracing::debug!("{base:#x}+{len}: VMM export {id} withdrawn");
+        }
     }
 
     /// Where the peer's `[addr, addr + len)` (described by `desc`, read from its memory handle) is
@@ -180,43 +287,88 @@ impl Mover {
             // This process's own memory (a PE talking to itself): no mapping needed.
             return Ok(Some(addr));
         }
-        let key = (pe, desc.handle);
-        let slot = {
-            let mut maps = self.maps.lock();
-            match maps.get(&key) {
-                Some(s) => s.clone(),
-                None => {
-                    let t = Instant::now();
-                    let s = match ipc::Mapping::open(self.ctx.load(Ordering::Relaxed), &desc.handle)
-                    {
-                        Ok(m) => {
-                            tracing::info!(
-                                "PE {pe}: GPU memory opened for same-host copies (CUDA IPC): \
-                                 allocation {:#x}+{} at {:#x} in {:?}",
-                                desc.alloc_base,
-                                desc.alloc_len,
-                                m.base(),
-                                t.elapsed()
-                            );
-                            Some(Arc::new(m))
-                        }
-                        Err(e) => {
-                            tracing::warn!(
-                                "PE {pe}: cannot open its GPU memory through CUDA IPC ({e}); \
-                                 transfers to it take the staged path"
-                            );
-                            None
-                        }
-                    };
-                    maps.insert(key, s.clone());
-                    s
-                }
-            }
+        let key = (pe, desc.export);
+        let mut maps = self.maps.lock();
+        let slot = match maps.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(MapSlot {
+                open: self.open(pe, desc),
+                alloc_base: desc.alloc_base,
+                regions: Vec::new(),
+            }),
         };
-        match slot {
-            Some(m) => desc.translate(m.base(), addr, len).map(Some),
-            None => Ok(None),
+        let Some(m) = slot.open.clone() else {
+            return Ok(None);
+        };
+        let region = (desc.region_base, desc.region_len);
+        if !slot.regions.contains(&region) {
+            slot.regions.push(region);
         }
+        drop(maps);
+        desc.translate(m.base(), addr, len).map(Some)
+    }
+
+    /// Opens a peer's allocation (legacy IPC handle, or VMM export fetched from its fd server);
+    /// `None` (logged) when it does not open.
+    fn open(&self, pe: i32, desc: &IpcDesc) -> Option<Arc<Opened>> {
+        let t = Instant::now();
+        let ctx = self.ctx.load(Ordering::Relaxed);
+        let (opened, how) = match desc.export {
+            Export::Legacy { handle } => (
+                ipc::Mapping::open(ctx, &handle)
+                    .map(Opened::Legacy)
+                    .map_err(|e| e.to_string()),
+                "CUDA IPC",
+            ),
+            Export::Vmm {
+                cookie,
+                export_id,
+                pieces,
+            } => (
+                open_vmm(ctx, desc, cookie, export_id, pieces).map(Opened::Vmm),
+                "CUDA VMM",
+            ),
+        };
+        match opened {
+            Ok(m) => {
+                tracing::info!(
+                    "PE {pe}: GPU memory opened for same-host copies ({how}): allocation {:#x}+{} \
+                     at {:#x} in {:?}",
+                    desc.alloc_base,
+                    desc.alloc_len,
+                    m.base(),
+                    t.elapsed()
+                );
+                Some(Arc::new(m))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "PE {pe}: cannot open its GPU memory through {how} ({e}); transfers to it \
+                     take the staged path"
+                );
+                None
+            }
+        }
+    }
+
+    /// The local address of PE `pe`'s `[addr, addr + len)` when it lies inside a registered region
+    /// of that peer already opened here (legacy IPC or VMM); opens nothing.
+    pub fn lookup(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
+        let end = addr.checked_add(len)?;
+        let maps = self.maps.lock();
+        maps.iter()
+            .filter(|((p, _), _)| *p == pe)
+            .find_map(|(_, slot)| {
+                let m = slot.open.as_ref()?;
+                let inside = slot
+                    .regions
+                    .iter()
+                    .any(|&(b, l)| addr >= b && b.checked_add(l).is_some_and(|e| end <= e));
+                if !inside {
+                    return None;
+                }
+                m.base().checked_add(addr.checked_sub(slot.alloc_base)?)
+            })
     }
 
     /// The means for one transfer (see [`super::choose`]).
@@ -369,10 +521,39 @@ impl Mover {
         r
     }
 
-    /// Closes every opened peer allocation (finalize). Copies must be complete.
+    /// Closes every opened peer allocation and stops this process's fd server, closing its
+    /// exported descriptors (finalize). Copies must be complete.
     pub fn close_peers(&self) {
         self.maps.lock().clear();
+        self.vmm_exports.lock().clear();
+        if let Some(s) = self.fds.lock().take() {
+            s.shutdown();
+        }
     }
+}
+
+/// Fetches VMM export `export_id` of `desc`'s process from its fd server and maps it.
+fn open_vmm(
+    ctx: usize,
+    desc: &IpcDesc,
+    cookie: u64,
+    export_id: u64,
+    pieces: u32,
+) -> Result<vmm::VmmMapping, String> {
+    let got = fdshare::fetch(desc.pid, cookie, export_id, fdshare::IO_TIMEOUT)
+        .map_err(|e| format!("fd server @{}: {e}", fdshare::socket_name(desc.pid, cookie)))?;
+    if got.len() != pieces as usize {
+        return Err(format!(
+            "the fd server gave {} piece(s), the handle says {pieces}",
+            got.len()
+        ));
+    }
+    let parts: Vec<_> = got
+        .iter()
+        .map(|p| (p.offset, p.len, std::os::fd::AsFd::as_fd(&p.fd)))
+        .collect();
+    // The descriptors close when `got` drops; the mappings keep the memory.
+    vmm::VmmMapping::import(ctx, desc.alloc_len, &parts).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -397,7 +578,9 @@ mod tests {
             alloc_len: 1 << 20,
             region_base: 0x10_0000,
             region_len: 1 << 20,
-            handle: [7; HANDLE_BYTES],
+            export: Export::Legacy {
+                handle: [7; HANDLE_BYTES],
+            },
         }
     }
 
@@ -452,6 +635,41 @@ mod tests {
         assert_eq!(m.resolve(1, &d, 0x10_0100, 8), Ok(None));
         assert_eq!(m.maps.lock().len(), 1);
         assert_eq!(m.means(1, Kind::Device, Kind::Device, false), Means::Staged);
+    }
+
+    #[test]
+    fn a_vmm_export_whose_server_is_gone_falls_back_and_lookup_finds_nothing() {
+        let m = Mover::new(policy(), 2);
+        m.set_peers(0, vec![HostId::local(), HostId::local()]);
+        // A server that existed once: its socket name is free again.
+        let srv = FdServer::start().unwrap();
+        let cookie = srv.cookie();
+        drop(srv);
+        let d = IpcDesc {
+            export: Export::Vmm {
+                cookie,
+                export_id: 1,
+                pieces: 1,
+            },
+            ..desc(HostId::local(), std::process::id())
+        };
+        // Its own process resolves to itself without the server (and records nothing).
+        assert_eq!(m.resolve(1, &d, 0x10_0000, 8), Ok(Some(0x10_0000)));
+        assert_eq!(m.lookup(1, 0x10_0000, 8), None);
+        let d = IpcDesc {
+            pid: std::process::id().wrapping_add(1),
+            ..d
+        };
+        assert_eq!(m.resolve(1, &d, 0x10_0000, 8), Ok(None));
+        assert_eq!(m.maps.lock().len(), 1, "the failure is cached");
+        assert_eq!(m.resolve(1, &d, 0x10_0100, 8), Ok(None));
+        assert_eq!(m.maps.lock().len(), 1);
+        assert_eq!(m.lookup(1, 0x10_0000, 8), None, "not open: nothing to find");
+        assert_eq!(m.lookup(1, u64::MAX, 2), None, "overflowing range");
+        // Finalize with nothing exported.
+        m.unregister(0x10_0000, 1 << 20);
+        m.close_peers();
+        assert!(m.maps.lock().is_empty());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The mover on a real GPU: copy-engine queue, legacy IPC export, and a second process that opens
-//! the export and moves data both ways (the same-host path, without NVSHMEM or a provider). On
+//! The mover on a real GPU: copy-engine queue, legacy IPC and CUDA VMM exports, and a second
+//! process that opens the export (a VMM one through the fd server) and moves data both ways (the
+//! same-host path, without NVSHMEM or a provider). On
 //! machines without a CUDA device each test says so and checks nothing else; on a GPU host run
 //! `cargo test --release --lib mover::gpu_tests -- --test-threads=1 --nocapture` (under MPS when
 //! PEs share the GPU, as the GPU runners do).
@@ -8,9 +9,11 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use super::engine::Mover;
-use super::handle::{HostId, IpcDesc};
+use super::fdshare;
+use super::handle::{Export, HostId, IpcDesc};
 use super::queue::{CopyQueue, CudaEngine};
 use super::{Kind, Means, Policy};
+use crate::cuda::vmm::VmmBuffer;
 use crate::cuda::{self, DeviceBuffer};
 
 const CHILD_ENV: &str = "NVSHMEM_EFA_MOVER_TEST_CHILD";
@@ -104,19 +107,8 @@ fn registration_decides_kind_and_exports_device_memory() {
     assert_eq!(m.register(host.as_ptr() as u64, 4096).kind, Kind::Host);
 }
 
-/// The parent: exports a device buffer, starts a second process that opens it, gets a pattern
-/// out of it, puts another pattern into it and reports its bandwidth; then checks the put.
-#[test]
-fn second_process_moves_data_through_ipc() {
-    let Some((m, buf)) = mover_and_buffer() else {
-        return;
-    };
-    let region = (LEN as u64 - 2 * OFF) as usize;
-    h2d(buf.ptr() + OFF, &pattern(1, region));
-    let d = m
-        .register(buf.ptr() + OFF, region as u64)
-        .ipc
-        .expect("export");
+/// Starts the second process ([`ipc_child`]) on descriptor `d` and waits for it to succeed.
+fn run_child(d: &IpcDesc) {
     let hex: String = d.encode().iter().map(|b| format!("{b:02x}")).collect();
     let exe = std::env::current_exe().unwrap();
     let mut child = std::process::Command::new(exe)
@@ -142,6 +134,23 @@ fn second_process_moves_data_through_ipc() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "second process failed: {status}");
+}
+
+/// The parent: exports a device buffer, starts a second process that opens it, gets a pattern
+/// out of it, puts another pattern into it and reports its bandwidth; then checks the put.
+#[test]
+fn second_process_moves_data_through_ipc() {
+    let Some((m, buf)) = mover_and_buffer() else {
+        return;
+    };
+    let region = (LEN as u64 - 2 * OFF) as usize;
+    h2d(buf.ptr() + OFF, &pattern(1, region));
+    let d = m
+        .register(buf.ptr() + OFF, region as u64)
+        .ipc
+        .expect("export");
+    assert!(matches!(d.export, Export::Legacy { .. }), "{d:?}");
+    run_child(&d);
     assert!(
         d2h(buf.ptr() + OFF, region) == pattern(2, region),
         "the second process's put did not land"
@@ -150,12 +159,85 @@ fn second_process_moves_data_through_ipc() {
     assert!(d2h(buf.ptr(), OFF as usize).iter().all(|&b| b == 0));
 }
 
-/// The second process of [`second_process_moves_data_through_ipc`] (ignored unless started by it).
+/// VMM memory (NVSHMEM's default heap): four allocations mapped back to back, created shareable
+/// as POSIX descriptors; the region starts in the first and ends in the last. The second process
+/// fetches the descriptors from this process's fd server, maps them, and moves data both ways.
+#[test]
+fn second_process_moves_data_through_vmm() {
+    if !cuda_context() {
+        return;
+    }
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    let buf = VmmBuffer::new(LEN / 4, 4, true).unwrap();
+    let total = buf.size() as usize;
+    // Zero the whole buffer (cuMemCreate memory is not zeroed).
+    h2d(buf.ptr(), &vec![0u8; total]);
+    let region = total - 2 * OFF as usize;
+    h2d(buf.ptr() + OFF, &pattern(1, region));
+    let r = m.register(buf.ptr() + OFF, region as u64);
+    assert_eq!(r.kind, Kind::Device);
+    let d = r.ipc.unwrap_or_else(|| panic!("no export: {:?}", r.no_ipc));
+    let Export::Vmm {
+        cookie,
+        export_id,
+        pieces,
+    } = d.export
+    else {
+        panic!("VMM memory exported as {:?}", d.export);
+    };
+    assert_eq!(pieces, 4, "one piece per mapped allocation");
+    assert_eq!((d.alloc_base, d.alloc_len), (buf.ptr(), buf.size()));
+    assert_eq!(IpcDesc::decode(&d.encode()), Ok(Some(d)));
+    run_child(&d);
+    assert!(
+        d2h(buf.ptr() + OFF, region) == pattern(2, region),
+        "the second process's put did not land in the VMM region"
+    );
+    assert!(d2h(buf.ptr(), OFF as usize).iter().all(|&b| b == 0));
+    assert!(d2h(buf.ptr() + (total as u64 - OFF), OFF as usize)
+        .iter()
+        .all(|&b| b == 0));
+    // Released: the export is withdrawn (its descriptors closed).
+    let pid = std::process::id();
+    assert_eq!(
+        fdshare::fetch(pid, cookie, export_id, Duration::from_secs(5))
+            .map(|p| p.len())
+            .unwrap(),
+        4
+    );
+    m.unregister(buf.ptr() + OFF, region as u64);
+    let e = fdshare::fetch(pid, cookie, export_id, Duration::from_secs(5)).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    // Finalize stops the server.
+    m.close_peers();
+    assert!(fdshare::fetch(pid, cookie, export_id, Duration::from_secs(5)).is_err());
+}
+
+/// VMM memory created without a shareable handle type cannot be exported: registration says so and
+/// peers take the staged path.
+#[test]
+fn vmm_memory_without_posix_descriptors_falls_back() {
+    if !cuda_context() {
+        return;
+    }
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    let buf = VmmBuffer::new(LEN, 1, false).unwrap();
+    let r = m.register(buf.ptr(), buf.size());
+    assert_eq!(r.kind, Kind::Device);
+    assert_eq!(r.ipc, None);
+    let why = r.no_ipc.expect("a reason");
+    assert!(why.contains("POSIX file descriptor"), "{why}");
+}
+
+/// The second process of [`second_process_moves_data_through_ipc`] and
+/// [`second_process_moves_data_through_vmm`] (ignored unless started by one).
 #[test]
 #[ignore = "started by second_process_moves_data_through_ipc"]
 fn ipc_child() {
     let Ok(hex) = std::env::var(CHILD_ENV) else {
-        panic!("run by second_process_moves_data_through_ipc only");
+        panic!("run by second_process_moves_data_through_ipc or _vmm only");
     };
     assert!(cuda_context(), "the child needs the GPU its parent used");
     let bytes: Vec<u8> = (0..hex.len() / 2)
@@ -174,11 +256,15 @@ fn ipc_child() {
         .expect("the parent's export opens here");
     let open_time = t.elapsed();
     assert_eq!(m.means(1, Kind::Device, Kind::Device, true), Means::Ipc);
-    // A second resolve reuses the mapping.
+    // A second resolve reuses the mapping; lookup finds it without opening anything.
     assert_eq!(
         m.resolve(1, &d, d.region_base + 64, 64).unwrap(),
         Some(remote + 64)
     );
+    assert_eq!(m.lookup(1, d.region_base + 64, 64), Some(remote + 64));
+    assert_eq!(m.lookup(1, d.region_base, d.region_len), Some(remote));
+    assert_eq!(m.lookup(1, d.region_base + d.region_len, 8), None);
+    assert_eq!(m.lookup(0, d.region_base, 8), None, "another PE");
     let local = DeviceBuffer::new(region).unwrap();
     let deadline = || Instant::now() + Duration::from_secs(10);
     // Get: remote -> local.
@@ -234,7 +320,11 @@ fn ipc_child() {
     m.quiet(1, deadline()).unwrap();
     let _ = writeln!(
         std::io::stderr(),
-        "IPC open {open_time:?}; same-host copies through the mover:\n{report}{}",
+        "{} open {open_time:?}; same-host copies through the mover:\n{report}{}",
+        match d.export {
+            Export::Legacy { .. } => "CUDA IPC",
+            Export::Vmm { .. } => "CUDA VMM",
+        },
         m.stats().summary()
     );
     m.close_peers();

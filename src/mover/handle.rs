@@ -10,8 +10,21 @@
 //! | 128..256 | [`IpcDesc`] when the region is exportable GPU memory; zero otherwise |
 //! | 256..512 | zero |
 //!
+//! Descriptor layout (128 bytes):
+//!
+//! | bytes | what |
+//! |---|---|
+//! | 0..8 | magic `EFAIPC\0\x01` |
+//! | 8..12 | version (2) |
+//! | 12..16 | kind: 1 legacy CUDA IPC, 2 CUDA VMM through the exporter's fd server |
+//! | 16..64 | host id, pid, device ordinal, allocation base/length, region base/length |
+//! | 64..128 | legacy: the 64-byte `CUipcMemHandle`. VMM: magic `EFAVMMFD`, the fd server's cookie, the export id, the piece count (u32), zeros |
+//!
 //! All integers little-endian. A descriptor is only trusted after [`IpcDesc::decode`] checked its
-//! magic, version and internal consistency; a zero section means "no IPC" (not an error).
+//! magic, version, kind and internal consistency; a zero section means "no IPC" (not an error). A
+//! descriptor of one kind never decodes as the other: a VMM payload must carry its own magic and
+//! zero tail, and a legacy handle that begins with that magic is refused.
+use super::fdshare::MAX_PIECES;
 use super::{MResult, MoverError};
 use crate::cuda::ipc::HANDLE_BYTES;
 
@@ -20,7 +33,10 @@ pub const IPC_DESC_OFFSET: usize = 128;
 /// Size of the encoded descriptor.
 pub const IPC_DESC_BYTES: usize = 128;
 const IPC_MAGIC: u64 = u64::from_le_bytes(*b"EFAIPC\0\x01");
-const IPC_VERSION: u32 = 1;
+const IPC_VERSION: u32 = 2;
+const KIND_LEGACY: u32 = 1;
+const KIND_VMM: u32 = 2;
+const VMM_MAGIC: u64 = u64::from_le_bytes(*b"EFAVMMFD");
 
 /// The identity of a host: same value means the same kernel boot (`/proc/sys/kernel/random/boot_id`)
 /// and the same host name. 0 means unknown and never matches.
@@ -101,6 +117,26 @@ impl Fnv {
     }
 }
 
+/// How the allocation is exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Export {
+    /// Legacy CUDA IPC (`cuIpcGetMemHandle`) of the allocation.
+    Legacy {
+        /// The IPC handle.
+        handle: [u8; HANDLE_BYTES],
+    },
+    /// CUDA VMM: the allocations' POSIX descriptors, handed out by the exporter's fd server
+    /// ([`super::fdshare`], socket named by the exporter's pid and `cookie`).
+    Vmm {
+        /// The fd server's cookie (part of its socket name; checked in every request).
+        cookie: u64,
+        /// The export's id at that server.
+        export_id: u64,
+        /// How many pieces (physical allocations) the export has.
+        pieces: u32,
+    },
+}
+
 /// A registered GPU region as its owner exported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IpcDesc {
@@ -118,13 +154,26 @@ pub struct IpcDesc {
     pub region_base: u64,
     /// The region's length.
     pub region_len: u64,
-    /// The legacy IPC handle of the allocation.
-    pub handle: [u8; HANDLE_BYTES],
+    /// How to open it.
+    pub export: Export,
 }
 
 impl IpcDesc {
-    /// Checks the descriptor's own consistency: a non-empty region inside a non-empty allocation.
+    /// Checks the descriptor's own consistency: a non-empty region inside a non-empty allocation;
+    /// for VMM a cookie, an export id and 1 to [`MAX_PIECES`] pieces.
     pub fn validate(&self) -> MResult<()> {
+        if let Export::Vmm {
+            cookie,
+            export_id,
+            pieces,
+        } = self.export
+        {
+            if cookie == 0 || export_id == 0 || pieces == 0 || pieces as usize > MAX_PIECES {
+                return Err(MoverError::Invalid(format!(
+                    "IPC descriptor: VMM export {export_id} of {pieces} piece(s), cookie {cookie:#x}"
+                )));
+            }
+        }
         let alloc_end = self.alloc_base.checked_add(self.alloc_len);
         let region_end = self.region_base.checked_add(self.region_len);
         match (alloc_end, region_end) {
@@ -148,7 +197,11 @@ impl IpcDesc {
         let mut b = [0u8; IPC_DESC_BYTES];
         b[0..8].copy_from_slice(&IPC_MAGIC.to_le_bytes());
         b[8..12].copy_from_slice(&IPC_VERSION.to_le_bytes());
-        // 12..16: flags, none defined.
+        let kind = match self.export {
+            Export::Legacy { .. } => KIND_LEGACY,
+            Export::Vmm { .. } => KIND_VMM,
+        };
+        b[12..16].copy_from_slice(&kind.to_le_bytes());
         b[16..24].copy_from_slice(&self.host.0.to_le_bytes());
         b[24..28].copy_from_slice(&self.pid.to_le_bytes());
         b[28..32].copy_from_slice(&self.ordinal.to_le_bytes());
@@ -156,7 +209,19 @@ impl IpcDesc {
         b[40..48].copy_from_slice(&self.alloc_len.to_le_bytes());
         b[48..56].copy_from_slice(&self.region_base.to_le_bytes());
         b[56..64].copy_from_slice(&self.region_len.to_le_bytes());
-        b[64..128].copy_from_slice(&self.handle);
+        match self.export {
+            Export::Legacy { handle } => b[64..128].copy_from_slice(&handle),
+            Export::Vmm {
+                cookie,
+                export_id,
+                pieces,
+            } => {
+                b[64..72].copy_from_slice(&VMM_MAGIC.to_le_bytes());
+                b[72..80].copy_from_slice(&cookie.to_le_bytes());
+                b[80..88].copy_from_slice(&export_id.to_le_bytes());
+                b[88..92].copy_from_slice(&pieces.to_le_bytes());
+            }
+        }
         b
     }
 
@@ -180,13 +245,29 @@ impl IpcDesc {
                 "IPC descriptor: bad magic (handle of another library or version?)".into(),
             ));
         }
-        if u32_at(8) != IPC_VERSION || u32_at(12) != 0 {
+        if u32_at(8) != IPC_VERSION {
             return Err(MoverError::Invalid(format!(
-                "IPC descriptor: version {} flags {:#x} (this library writes version {IPC_VERSION}, no flags)",
-                u32_at(8),
-                u32_at(12)
+                "IPC descriptor: version {} (this library writes version {IPC_VERSION})",
+                u32_at(8)
             )));
         }
+        let export = match u32_at(12) {
+            KIND_LEGACY if u64_at(64) != VMM_MAGIC => Export::Legacy {
+                handle: b[64..128].try_into().expect("64 bytes"),
+            },
+            KIND_VMM if u64_at(64) == VMM_MAGIC && b[92..128].iter().all(|&x| x == 0) => {
+                Export::Vmm {
+                    cookie: u64_at(72),
+                    export_id: u64_at(80),
+                    pieces: u32_at(88),
+                }
+            }
+            k => {
+                return Err(MoverError::Invalid(format!(
+                    "IPC descriptor: kind {k} with a payload that does not match it"
+                )))
+            }
+        };
         let d = IpcDesc {
             host: HostId(u64_at(16)),
             pid: u32_at(24),
@@ -195,7 +276,7 @@ impl IpcDesc {
             alloc_len: u64_at(40),
             region_base: u64_at(48),
             region_len: u64_at(56),
-            handle: b[64..128].try_into().expect("64 bytes"),
+            export,
         };
         d.validate()?;
         Ok(Some(d))
@@ -266,7 +347,18 @@ mod tests {
             alloc_len: 1 << 30,
             region_base: 0x7f00_0010_0000,
             region_len: 256 << 20,
-            handle,
+            export: Export::Legacy { handle },
+        }
+    }
+
+    fn vmm_desc() -> IpcDesc {
+        IpcDesc {
+            export: Export::Vmm {
+                cookie: 0xfeed_beef_0123_4567,
+                export_id: 42,
+                pieces: 3,
+            },
+            ..desc()
         }
     }
 
@@ -279,7 +371,11 @@ mod tests {
             u64::from_le_bytes(b[32..40].try_into().unwrap()),
             d.alloc_base
         );
-        assert_eq!(&b[64..128], &d.handle[..]);
+        let Export::Legacy { handle } = d.export else {
+            unreachable!()
+        };
+        assert_eq!(u32::from_le_bytes(b[12..16].try_into().unwrap()), 1);
+        assert_eq!(&b[64..128], &handle[..]);
         assert_eq!(IpcDesc::decode(&b), Ok(Some(d)));
         // A longer slice (the rest of the memory handle) decodes the same.
         let mut h = [0u8; 512];
@@ -318,13 +414,82 @@ mod tests {
         b[0] ^= 1;
         assert!(matches!(IpcDesc::decode(&b), Err(MoverError::Invalid(m)) if m.contains("magic")));
         let mut b = desc().encode();
-        b[8] = 2;
+        b[8] = 1; // the layout before kinds
         assert!(
             matches!(IpcDesc::decode(&b), Err(MoverError::Invalid(m)) if m.contains("version"))
         );
         let mut b = desc().encode();
+        b[12] = 3;
+        assert!(matches!(IpcDesc::decode(&b), Err(MoverError::Invalid(m)) if m.contains("kind")));
+    }
+
+    #[test]
+    fn vmm_descriptor_round_trips_at_fixed_offsets() {
+        let d = vmm_desc();
+        let b = d.encode();
+        assert_eq!(u32::from_le_bytes(b[12..16].try_into().unwrap()), 2);
+        assert_eq!(&b[64..72], b"EFAVMMFD");
+        assert_eq!(
+            u64::from_le_bytes(b[72..80].try_into().unwrap()),
+            0xfeed_beef_0123_4567
+        );
+        assert_eq!(u64::from_le_bytes(b[80..88].try_into().unwrap()), 42);
+        assert_eq!(u32::from_le_bytes(b[88..92].try_into().unwrap()), 3);
+        assert!(b[92..].iter().all(|&x| x == 0));
+        assert_eq!(IpcDesc::decode(&b), Ok(Some(d)));
+        let mut h = [0xeeu8; 512];
+        write_section(&mut h, Some(&d)).unwrap();
+        assert_eq!(read_section(&h), Ok(Some(d)));
+    }
+
+    #[test]
+    fn a_descriptor_of_one_kind_never_decodes_as_the_other() {
+        // VMM bytes relabelled legacy: the payload's magic gives it away.
+        let mut b = vmm_desc().encode();
         b[12] = 1;
         assert!(IpcDesc::decode(&b).is_err());
+        // Legacy bytes relabelled VMM: no VMM magic.
+        let mut b = desc().encode();
+        b[12] = 2;
+        assert!(IpcDesc::decode(&b).is_err());
+        // VMM with something in its zero tail, or without its magic.
+        let mut b = vmm_desc().encode();
+        b[127] = 1;
+        assert!(IpcDesc::decode(&b).is_err());
+        let mut b = vmm_desc().encode();
+        b[64] ^= 1;
+        assert!(IpcDesc::decode(&b).is_err());
+        // Kind 0 (the old "no flags" layout) is neither.
+        let mut b = desc().encode();
+        b[12] = 0;
+        assert!(IpcDesc::decode(&b).is_err());
+    }
+
+    #[test]
+    fn vmm_descriptors_need_cookie_id_and_a_sane_piece_count() {
+        let with = |cookie, export_id, pieces| IpcDesc {
+            export: Export::Vmm {
+                cookie,
+                export_id,
+                pieces,
+            },
+            ..desc()
+        };
+        assert!(with(1, 1, 1).validate().is_ok());
+        assert!(with(1, 1, MAX_PIECES as u32).validate().is_ok());
+        for bad in [
+            with(0, 1, 1),
+            with(1, 0, 1),
+            with(1, 1, 0),
+            with(1, 1, MAX_PIECES as u32 + 1),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+            assert!(IpcDesc::decode(&bad.encode()).is_err(), "{bad:?}");
+        }
+        // The region checks apply to VMM descriptors too.
+        let mut d = vmm_desc();
+        d.region_len = 0;
+        assert!(IpcDesc::decode(&d.encode()).is_err());
     }
 
     #[test]

@@ -4,16 +4,30 @@
 //! | local | remote | peer | means |
 //! |---|---|---|---|
 //! | any | any | this PE | [`Means::Local`]: `memcpy` host to host, else a copy-engine copy |
-//! | any | GPU, IPC-opened | same host | [`Means::Ipc`]: copy engine into/out of the peer's heap |
+//! | any | GPU, IPC-opened (legacy or VMM) | same host | [`Means::Ipc`]: copy engine into/out of the peer's heap |
 //! | GPU on either side | | software provider | [`Means::Staged`]: the transport's staged messages |
 //! | otherwise | | | [`Means::Provider`]: the provider moves it (host memory, or FI_HMEM NICs) |
 //!
 //! Same-host GPU memory goes through CUDA IPC of the registered heap: each registration exports
 //! its allocation ([`handle::IpcDesc`], 128 bytes carried in the transport's 512-byte memory handle
-//! at [`handle::IPC_DESC_OFFSET`]); a peer opens it lazily, once per (peer, allocation)
-//! ([`engine::Mover::resolve`]), and copies run on a non-blocking stream of the transport's context,
-//! many per synchronisation, completion polled through events ([`queue::CopyQueue`]). No host bounce,
-//! never the legacy default stream, and a quiet with a deadline that fails instead of hanging.
+//! at [`handle::IPC_DESC_OFFSET`]); a peer opens it lazily, once per (peer, export)
+//! ([`engine::Mover::resolve`]; [`engine::Mover::lookup`] answers for what is already open), and
+//! copies run on a non-blocking stream of the transport's context, many per synchronisation,
+//! completion polled through events ([`queue::CopyQueue`]). No host bounce, never the legacy default
+//! stream, and a quiet with a deadline that fails instead of hanging.
+//!
+//! The export has one of two kinds:
+//!
+//! | memory | export (at registration) | open (at the peer) |
+//! |---|---|---|
+//! | `cuMemAlloc`/`cudaMalloc` | legacy handle of the allocation (`cuIpcGetMemHandle`), in the descriptor | `cuIpcOpenMemHandle` |
+//! | CUDA VMM (`cuMemCreate`; NVSHMEM's default heap) | per mapping in the region: `cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle` (POSIX fd); the fds go to this process's [`fdshare::FdServer`], the descriptor carries its cookie and the export id | fetch the fds over the server's abstract unix socket (`SCM_RIGHTS`), `cuMemImportFromShareableHandle` each, one `cuMemAddressReserve` for the run of mappings, `cuMemMap` each at its offset, `cuMemSetAccess` read/write |
+//!
+//! VMM allocations created without the POSIX-fd handle type (e.g. fabric handles only) do not
+//! export: registration logs one warning and peers use the staged path. The fd server starts with
+//! the first VMM export; `release_mem_handle` withdraws a region's export (closing its fds) and
+//! finalize ([`engine::Mover::close_peers`]) stops the server. Peers keep what they mapped until
+//! their own finalize.
 //!
 //! Ordering: the copies of one endpoint's queue run on one stream, so they complete in submission
 //! order (a fence between two IPC copies costs nothing); against operations carried by other means
@@ -21,11 +35,12 @@
 //! the transport's fence and quiet wait for the queue first.
 //!
 //! Same host means the same kernel boot and host name ([`handle::HostId`]); PEs exchange it in the
-//! transport's address allgather. An IPC handle that does not open (GPU not visible, another
-//! container, VMM memory) sends that peer's region down the staged path, logged once.
+//! transport's address allgather. An export that does not open (GPU not visible, another
+//! container or user, fd server gone) sends that peer's region down the staged path, logged once.
 //!
 //! [`stats`] counts the stages of the staged path and of IPC copies for the debug timeline.
 pub mod engine;
+pub mod fdshare;
 pub mod handle;
 pub mod queue;
 pub mod stats;
@@ -71,7 +86,7 @@ impl fmt::Display for Means {
 /// `NVSHMEM_EFA_IPC`: whether same-host GPU memory moves through CUDA IPC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IpcMode {
-    /// Where peers share a host and the heap exports (legacy IPC), else staged/provider.
+    /// Where peers share a host and the heap exports (legacy IPC or VMM), else staged/provider.
     Auto,
     /// Never (the staged or provider path for every peer).
     Off,

@@ -231,6 +231,7 @@ impl Transport {
         blob.write(h);
         if let Err(e) = mhandle::write_section(&mut h.reserved, ipc.as_ref()) {
             self.regs.write().remove(&reg_id);
+            self.mover.unregister(buf as u64, size as u64);
             return Err(internal(format!("get_mem_handle: {e}")));
         }
         tracing::debug!(
@@ -254,6 +255,10 @@ impl Transport {
         let reg = self.regs.write().remove(&b.reg_id);
         match reg {
             Some(r) => {
+                if r.device {
+                    // Its VMM export (if any) is withdrawn and the exported descriptors closed.
+                    self.mover.unregister(r.base, r.len);
+                }
                 // A heap chunk GDA knows goes from GDA (every PE's row: the release is collective)
                 // before its registration closes.
                 if crate::gda::mode() > 0 {
