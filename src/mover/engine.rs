@@ -37,6 +37,8 @@ pub struct Mover {
     /// Opened peer allocations by (peer, IPC handle): the driver gives a new allocation a new
     /// handle even at a reused address, so a freed and reallocated heap is opened afresh.
     maps: Mutex<HashMap<(i32, [u8; ipc::HANDLE_BYTES]), MapSlot>>,
+    /// The regions of `maps` that opened, with where each allocation is mapped (for `lookup`).
+    opened: RwLock<Vec<(i32, IpcDesc, u64)>>,
     /// One copy queue per endpoint (created at first use: needs the context).
     queues: Vec<Mutex<Option<CopyQueue<CudaEngine>>>>,
     stats: Arc<Stats>,
@@ -53,6 +55,7 @@ impl Mover {
             my_pe: AtomicUsize::new(usize::MAX),
             hosts: RwLock::new(Vec::new()),
             maps: Mutex::new(HashMap::new()),
+            opened: RwLock::new(Vec::new()),
             queues: (0..queues).map(|_| Mutex::new(None)).collect(),
             stats: Arc::new(Stats::default()),
             timeout: std::time::Duration::from_secs(60),
@@ -190,6 +193,7 @@ impl Mover {
                     let s = match ipc::Mapping::open(self.ctx.load(Ordering::Relaxed), &desc.handle)
                     {
                         Ok(m) => {
+                            self.opened.write().push((pe, *desc, m.base()));
                             tracing::info!(
                                 "PE {pe}: GPU memory opened for same-host copies (CUDA IPC): \
                                  allocation {:#x}+{} at {:#x} in {:?}",
@@ -371,7 +375,22 @@ impl Mover {
 
     /// Closes every opened peer allocation (finalize). Copies must be complete.
     pub fn close_peers(&self) {
+        self.opened.write().clear();
         self.maps.lock().clear();
+    }
+
+    /// Where PE `pe`'s `[addr, addr + len)` is reachable in this process, from the peer regions
+    /// already opened (nothing is opened here): this process's own memory for `pe` = this PE, the
+    /// mapped address when an opened region of `pe` holds the whole range, else `None`.
+    pub fn lookup(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
+        if pe >= 0 && pe as usize == self.my_pe.load(Ordering::Relaxed) {
+            return Some(addr);
+        }
+        self.opened
+            .read()
+            .iter()
+            .filter(|(p, d, _)| *p == pe && d.contains(addr, len))
+            .find_map(|(_, d, base)| d.translate(*base, addr, len).ok())
     }
 }
 

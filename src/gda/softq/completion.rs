@@ -42,6 +42,7 @@ impl Consumer {
     }
 
     pub(super) fn flush_in_flight(&mut self) {
+        self.drop_copy_waits();
         let mut n = 0;
         for s in 0..self.slots.len() {
             if self.slots[s].is_some() {

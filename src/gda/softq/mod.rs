@@ -102,6 +102,7 @@ mod completion;
 mod consumer;
 mod exec;
 mod intake;
+mod ipc;
 mod layout;
 mod receive;
 mod staging;
@@ -141,6 +142,8 @@ use super::wire::{
 use self::consumer::Consumer;
 use self::exec::*;
 use self::intake::*;
+use self::ipc::*;
+pub use self::ipc::{ipc_route, PeerMap, PeerMemory};
 pub use self::layout::HostView;
 use self::layout::*;
 use self::staging::*;
@@ -201,6 +204,13 @@ pub struct SoftQueueConfig {
     pub ctrl: CtrlPlacement,
     /// Which RDMA transfers move by staged messages.
     pub staging: Staging,
+    /// RDMA writes (without immediate) and reads whose peer range is mapped in this process (see
+    /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue
+    /// (`NVSHMEM_EFA_SOFT_IPC`, default on).
+    pub ipc: bool,
+    /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
+    /// id and phase checks, nothing else is validated or executed.
+    pub null_consumer: bool,
 }
 
 /// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
@@ -254,6 +264,8 @@ impl SoftQueueConfig {
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
             staging: Staging::Off,
+            ipc: true,
+            null_consumer: false,
         }
     }
 
@@ -315,6 +327,8 @@ pub struct SoftQueueStats {
     pub rx_receives_held: u64,
     /// AMO messages applied to the local heap.
     pub amos_applied: u64,
+    /// RDMA WQEs executed as copies into or out of a mapped peer heap.
+    pub ipc_copies: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -354,6 +368,9 @@ struct Inner {
     rx_receives_held: AtomicU64,
     cuda_ctx: usize,
     staging: Staging,
+    ipc: bool,
+    null_consumer: bool,
+    ipc_copies: AtomicU64,
 }
 
 impl Inner {
@@ -430,7 +447,15 @@ impl SoftQueue {
             rx_receives_held: AtomicU64::new(0),
             cuda_ctx: cuda::current_context(),
             staging: cfg.staging,
+            ipc: cfg.ipc,
+            null_consumer: cfg.null_consumer,
+            ipc_copies: AtomicU64::new(0),
         });
+        if cfg.null_consumer {
+            tracing::warn!(
+                "software queue: NULL CONSUMER (NVSHMEM_EFA_SOFT_NULL=1, benchmarks only): WQEs are                  completed with success after the request id and phase checks; NO DATA MOVES and                  nothing else is validated"
+            );
+        }
         if cfg.rx_credits && cfg.staging != Staging::Off {
             tracing::warn!(
                 "software queue: receive credits not modelled: this queue stages RDMA ({:?}), whose \
@@ -538,6 +563,16 @@ impl SoftQueue {
                 key,
                 start,
             });
+            Ok(())
+        })
+    }
+
+    /// Names where peers' heaps are mapped in this process (the transport's same-host mappings);
+    /// RDMA WQEs whose peer range it maps then run as copies (unless the queue was created with
+    /// `ipc` off). `None` forgets it.
+    pub fn set_peer_memory(&self, pm: Option<Arc<dyn PeerMemory>>) -> Result<()> {
+        self.update(|t| {
+            t.peer_memory = pm.map(PeerMap);
             Ok(())
         })
     }
@@ -712,6 +747,7 @@ impl SoftQueue {
             rx_pending: i.rx_pending.load(Ordering::Acquire),
             rx_receives_held: i.rx_receives_held.load(Ordering::Acquire),
             amos_applied: i.amos_applied.load(Ordering::Acquire),
+            ipc_copies: i.ipc_copies.load(Ordering::Acquire),
         }
     }
 
