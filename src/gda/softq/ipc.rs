@@ -244,8 +244,8 @@ impl Consumer {
         batch.clear();
         for pc in self.ci..self.ci + take {
             let slot = (pc & (sq - 1)) as usize;
-            // SAFETY: the first 4 bytes of a slot inside the SQ ring.
-            let head: [u8; 4] =
+            // SAFETY: the first 8 bytes of a slot inside the SQ ring (8-byte aligned).
+            let head: [u8; 8] =
                 unsafe { mem::read_shared(self.inner.ring(self.inner.layout.sq + slot * es)) };
             let op = OpType::from_raw(head[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
             let req_id = u16::from_le_bytes([head[0], head[1]]);
