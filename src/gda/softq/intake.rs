@@ -348,14 +348,17 @@ impl Consumer {
                 format!("qkey {:#x} where the job's is {:#x}", d.qkey, t.qkey),
             ));
         }
+        let lkey_reg = |lkey: u32| -> std::result::Result<&LocalReg, Reject> {
+            t.local(lkey).ok_or_else(|| {
+                (
+                    CqStatus::LocalInvalidLkey,
+                    format!("lkey {lkey} is not registered"),
+                )
+            })
+        };
         let local =
             |addr: u64, lkey: u32, len: u64| -> std::result::Result<(LocalReg, u64), Reject> {
-                let reg = t.local(lkey).ok_or_else(|| {
-                    (
-                        CqStatus::LocalInvalidLkey,
-                        format!("lkey {lkey} is not registered"),
-                    )
-                })?;
+                let reg = lkey_reg(lkey)?;
                 let host = reg.translate(addr, len).ok_or_else(|| {
                     (
                         CqStatus::LocalInvalidLkey,
@@ -413,12 +416,7 @@ impl Consumer {
             } => {
                 let len = u64::from(l.len);
                 let (reg, host) = if len == 0 {
-                    let reg = t.local(l.lkey).ok_or_else(|| {
-                        (
-                            CqStatus::LocalInvalidLkey,
-                            format!("lkey {} is not registered", l.lkey),
-                        )
-                    })?;
+                    let reg = lkey_reg(l.lkey)?;
                     (*reg, reg.host_base)
                 } else {
                     local(l.addr, l.lkey, len)?

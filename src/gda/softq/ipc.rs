@@ -283,24 +283,11 @@ impl Consumer {
     /// Writes the TX completions of a batch, in order: every entry's other bytes first, one release
     /// fence, then the flags bytes (what a poller polls), so the batch costs one fence.
     pub(super) fn push_tx_cqes(&mut self, batch: &[(u16, CqStatus, OpType)]) {
-        let n = self.inner.cq_entries;
-        let qpn = self.tables.my_qpn();
-        let at = |pc: u64| {
-            self.inner
-                .ring(self.inner.layout.cq + (pc & u64::from(n - 1)) as usize * TX_CQE_SIZE)
-        };
         let mut flags = Vec::with_capacity(batch.len());
         for (i, &(req_id, status, op)) in batch.iter().enumerate() {
             let pc = self.cq_pc + i as u64;
-            let bytes = cqe::encode_tx(&TxCqe {
-                req_id: u64::from(req_id),
-                req_id_64: false,
-                status,
-                phase: cqe::cq_expected_phase(pc, n),
-                op,
-                qp_num: qpn,
-            });
-            let p = at(pc);
+            let bytes = self.tx_cqe_bytes(pc, req_id, status, op);
+            let p = self.cq_slot(pc);
             // SAFETY: the slot lies inside the CQ ring; the flags byte (3) is written below.
             unsafe {
                 mem::write_shared(p, &bytes[..3]);
@@ -313,11 +300,7 @@ impl Consumer {
             // SAFETY: the flags byte of a slot inside the CQ ring.
             unsafe { mem::atomic_u8(p.add(3)) }.store(f, Ordering::Relaxed);
         }
-        self.cq_pc += batch.len() as u64;
-        self.completed += batch.len() as u64;
-        self.inner
-            .completed
-            .store(self.completed, Ordering::Release);
+        self.advance_cq(batch.len() as u64);
     }
 }
 
