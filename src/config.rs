@@ -66,6 +66,13 @@ pub struct Config {
     /// for RX ring room, as the hardware receive path does (senders then wait), instead of
     /// buffering completions without bound.
     pub soft_rx_credits: bool,
+    /// `NVSHMEM_EFA_SOFT_IPC`: the software queue executes RDMA writes (without immediate) and reads
+    /// whose peer range is mapped in this process (same-host peers, CUDA IPC) as copy-engine copies
+    /// (default on; `0`: they take the message path, for comparison).
+    pub soft_ipc: bool,
+    /// `NVSHMEM_EFA_SOFT_NULL`: benchmark mode of the software queue: WQEs are completed with success
+    /// after the request id and phase checks, without moving data (the GPU's post rate).
+    pub soft_null: bool,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
@@ -214,6 +221,8 @@ impl Config {
             sq_entry_size: 64,
             soft_rx_overwrite: false,
             soft_rx_credits: false,
+            soft_ipc: true,
+            soft_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
         };
@@ -304,6 +313,12 @@ impl Config {
         if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_CREDITS") {
             c.soft_rx_credits = parse_bool("NVSHMEM_EFA_SOFT_RX_CREDITS", &v)?;
         }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_IPC")? {
+            c.soft_ipc = b;
+        }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_NULL")? {
+            c.soft_null = b;
+        }
         if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
             c.sq_entry_size = match v.trim() {
                 "64" => 64,
@@ -349,15 +364,29 @@ mod tests {
             ("NVSHMEM_EFA_SQ_ENTRY_SIZE", "64 or 128")
         );
         type Flag = fn(&Config) -> bool;
-        let flags: [(&str, Flag); 2] = [
+        let flags: [(&str, Flag); 3] = [
             ("NVSHMEM_EFA_SOFT_RX_OVERWRITE", |c| c.soft_rx_overwrite),
             ("NVSHMEM_EFA_SOFT_RX_CREDITS", |c| c.soft_rx_credits),
+            ("NVSHMEM_EFA_SOFT_NULL", |c| c.soft_null),
         ];
         for (var, flag) in flags {
             assert!(!flag(&cfg(&[]).unwrap()), "{var} defaults to off");
             assert!(flag(&cfg(&[(var, "1")]).unwrap()), "{var}=1");
             assert_eq!(cfg(&[(var, "maybe")]).unwrap_err().var, var);
         }
+    }
+
+    #[test]
+    fn soft_ipc_switch() {
+        assert!(cfg(&[]).unwrap().soft_ipc, "on by default");
+        assert!(!cfg(&[("NVSHMEM_EFA_SOFT_IPC", "0")]).unwrap().soft_ipc);
+        assert!(cfg(&[("NVSHMEM_EFA_SOFT_IPC", "1")]).unwrap().soft_ipc);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SOFT_IPC", "sometimes")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_SOFT_IPC"
+        );
     }
 
     #[test]

@@ -15,12 +15,28 @@ use nvshmem_efa_gda::gda::{Gda, GdaOptions};
 
 const USAGE: &str = "\
 usage: softq-bench [--csv PATH] [--provider tcp|shm] [--sizes 8,64,...] [--threads 1,2,4]
-                   [--depth N] [--batch N] [--seconds S] [--help]
+                   [--depth N] [--batch N] [--seconds S] [--mode provider|copy|null] [--help]
 
 Measures WQEs per second of the software EFA queue: RDMA writes of each size from PE 0 to PE 1
 (two PEs as threads of this process), posted by 1..n CPU threads that follow the GPU posting
 protocol. Defaults: provider shm then tcp (the first that opens), sizes 8 B to 64 KiB, threads
-1,2,4, depth 1024, batch 16, 1.5 s per point.";
+1,2,4, depth 1024, batch 16, 1.5 s per point. Modes: provider (default: the writes go through
+the provider), copy (PE 1's heap is lent to PE 0's queue as mapped peer memory: the copy route,
+memcpy here), null (the null consumer: no data moves; the host-side cost of taking and completing
+WQEs).";
+
+/// Maps PE 1's heap at the same addresses (both PEs are threads of this process).
+struct SameProcess {
+    base: u64,
+    len: u64,
+}
+
+impl nvshmem_efa_gda::gda::PeerMemory for SameProcess {
+    fn local_addr(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
+        let inside = addr >= self.base && len <= self.len && addr - self.base <= self.len - len;
+        (pe == 1 && inside).then_some(addr)
+    }
+}
 
 struct Args {
     csv: Option<String>,
@@ -30,6 +46,7 @@ struct Args {
     depth: u32,
     batch: usize,
     seconds: f64,
+    mode: String,
 }
 
 fn list<T: std::str::FromStr>(v: &str) -> Option<Vec<T>> {
@@ -45,6 +62,7 @@ fn parse() -> Result<Args, String> {
         depth: 1024,
         batch: 16,
         seconds: 1.5,
+        mode: "provider".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -79,6 +97,12 @@ fn parse() -> Result<Args, String> {
                     .filter(|b| *b >= 1)
                     .ok_or("batch: at least 1")?
             }
+            "--mode" => {
+                a.mode = v.clone();
+                if !["provider", "copy", "null"].contains(&a.mode.as_str()) {
+                    return Err("mode: provider, copy or null".into());
+                }
+            }
             "--seconds" => {
                 a.seconds = v
                     .parse()
@@ -111,9 +135,10 @@ struct Pe {
     heap: SharedMem,
 }
 
-fn setup(p: &Provider, depth: u32, batch: u32, heap: usize) -> Result<Vec<Pe>, String> {
+fn setup(p: &Provider, depth: u32, batch: u32, heap: usize, mode: &str) -> Result<Vec<Pe>, String> {
     let mut cfg = Config::from_lookup(|_| None).map_err(|e| e.to_string())?;
     cfg.gda = GdaMode::Soft;
+    cfg.soft_null = mode == "null";
     let opts = GdaOptions {
         ctrl: CtrlPlacement::Host,
         sq_depth: Some(depth),
@@ -168,6 +193,16 @@ fn setup(p: &Provider, depth: u32, batch: u32, heap: usize) -> Result<Vec<Pe>, S
                 .set_remote_heap(j as i32, h.0, h.1, h.2)
                 .map_err(|e| e.to_string())?;
         }
+    }
+    if mode == "copy" {
+        let pm = Arc::new(SameProcess {
+            base: pes[1].heap.host() as u64,
+            len: pes[1].heap.len() as u64,
+        });
+        pes[0]
+            .gda
+            .set_peer_memory(Some(pm))
+            .map_err(|e| e.to_string())?;
     }
     Ok(pes)
 }
@@ -278,7 +313,13 @@ fn main() -> ExitCode {
         eprintln!("no software provider (shm, tcp) opens here");
         return ExitCode::from(1);
     };
-    let pes = match setup(&provider, args.depth, args.batch as u32, 16 * 65536) {
+    let pes = match setup(
+        &provider,
+        args.depth,
+        args.batch as u32,
+        16 * 65536,
+        &args.mode,
+    ) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("setup failed: {e}");

@@ -410,6 +410,27 @@ pub struct RxCqe {
     pub src_addr: Option<[u8; 16]>,
 }
 
+impl RxCqe {
+    /// The completion of an RDMA write with immediate `imm` of `length` bytes that landed on queue
+    /// pair `qp_num`, from address handle `ah`, queue pair `src_qp` (phase 0: the writer sets it).
+    pub fn write_imm(qp_num: u16, length: u32, ah: u16, src_qp: u16, imm: u32) -> RxCqe {
+        RxCqe {
+            req_id: 0,
+            status: CqStatus::Ok,
+            phase: 0,
+            op: OpType::RdmaWrite,
+            has_imm: true,
+            unsolicited: true,
+            qp_num,
+            length,
+            ah,
+            src_qp,
+            imm,
+            src_addr: None,
+        }
+    }
+}
+
 /// Why a completion entry (bytes or description) is not acceptable.
 ///
 /// Decoders report the first failing check in the order the variants are listed.
@@ -809,20 +830,7 @@ mod tests {
 
     #[test]
     fn rx_ex_write_imm_long_length() {
-        let c = RxCqe {
-            req_id: 0,
-            status: CqStatus::Ok,
-            phase: 0,
-            op: OpType::RdmaWrite,
-            has_imm: true,
-            unsolicited: true,
-            qp_num: 7,
-            length: 0x0012_3456,
-            ah: 3,
-            src_qp: 9,
-            imm: 0xCAFE_F00D,
-            src_addr: None,
-        };
+        let c = RxCqe::write_imm(7, 0x0012_3456, 3, 9, 0xCAFE_F00D);
         assert_eq!(validate_rx(&c, true), Ok(()));
         assert_eq!(
             validate_rx(&c, false),

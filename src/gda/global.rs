@@ -86,6 +86,8 @@ on_global! {
     pub fn set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> Result<()>;
     /// The key peers use for this PE's heap.
     pub fn local_heap_key() -> Result<u64>;
+    /// Names where peers' heaps are mapped here (see [`Gda::set_peer_memory`]).
+    pub fn set_peer_memory(pm: Option<Arc<dyn super::PeerMemory>>) -> Result<()>;
 }
 
 /// [`set_local_heap`] with a raw registration.

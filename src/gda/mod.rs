@@ -52,11 +52,12 @@ pub use self::global::{
     add_local_heap_chunk, add_local_heap_chunk_raw, add_remote_heap_chunk, address, connect,
     device_state, device_state_device_ptr, fini, heap_log2, init_internal, init_on_external_ep,
     local_heap_key, mode, remove_heap_chunk, remove_heap_chunk_at, set_cq, set_local_heap,
-    set_local_heap_raw, set_remote_heap,
+    set_local_heap_raw, set_peer_memory, set_remote_heap,
 };
 use self::hw::HwQueue;
 use self::mem::CtrlPlacement;
 use self::queue::{GdaQueue, Registration};
+pub use self::softq::PeerMemory;
 use self::softq::{SoftQueue, SoftQueueConfig, Staging};
 use self::state::{
     NvshmemEfaGdaDeviceState, NvshmemEfaGdaHeapKey, NvshmemEfaGdaPeer, NvshmemEfaGdaQueue,
@@ -151,6 +152,8 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.sq_entry_size = cfg.sq_entry_size;
     c.rx_overwrite = cfg.soft_rx_overwrite;
     c.rx_credits = cfg.soft_rx_credits;
+    c.ipc = cfg.soft_ipc;
+    c.null_consumer = cfg.soft_null;
     let info = domain.info();
     c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());
     c
@@ -325,6 +328,15 @@ impl Gda {
     /// The software queue, in software mode.
     pub fn soft_queue(&self) -> Option<&SoftQueue> {
         self.queue.as_deref().and_then(|q| q.as_soft())
+    }
+
+    /// Names where peers' heaps are mapped in this process, for the software queue's copy route
+    /// (other modes have no use for it: `Ok`).
+    pub fn set_peer_memory(&mut self, pm: Option<Arc<dyn PeerMemory>>) -> Result<()> {
+        match self.soft_queue() {
+            Some(q) => q.set_peer_memory(pm),
+            None => Ok(()),
+        }
     }
 
     /// The queue; an error when GDA is off.

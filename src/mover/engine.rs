@@ -351,10 +351,14 @@ impl Mover {
         }
     }
 
-    /// The local address of PE `pe`'s `[addr, addr + len)` when it lies inside a registered region
-    /// of that peer already opened here (legacy IPC or VMM); opens nothing.
+    /// The local address of PE `pe`'s `[addr, addr + len)`: the address itself when `pe` is this
+    /// PE (its heap is this process's memory), else the mapped address when the range lies inside
+    /// a registered region of that peer already opened here (legacy IPC or VMM); opens nothing.
     pub fn lookup(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
         let end = addr.checked_add(len)?;
+        if pe >= 0 && pe as usize == self.my_pe.load(Ordering::Relaxed) {
+            return Some(addr);
+        }
         let maps = self.maps.lock();
         maps.iter()
             .filter(|((p, _), _)| *p == pe)
@@ -524,6 +528,7 @@ impl Mover {
     /// Closes every opened peer allocation and stops this process's fd server, closing its
     /// exported descriptors (finalize). Copies must be complete.
     pub fn close_peers(&self) {
+        self.opened.write().clear();
         self.maps.lock().clear();
         self.vmm_exports.lock().clear();
         if let Some(s) = self.fds.lock().take() {

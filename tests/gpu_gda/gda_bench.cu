@@ -13,9 +13,16 @@
 // per size adapts to a time target after a warm-up, and the whole sweep stops at a budget, so the
 // run is bounded. After each measurement PE 1 verifies every byte of the window that was written.
 //
+// Null-consumer mode: with NVSHMEM_EFA_SOFT_NULL=1 in the environment the software queue completes
+// every WQE without moving data, so path gda (reported as gda-null) measures the GPU's WQE post
+// rate: no verification, up to 1M messages per measurement, and the wqe_rate_mwps column is the
+// number of WQEs the kernel posted (the queue's reservation counter, read before and after) per
+// microsecond. The column is filled for every gda row (0 for proxy and p2p rows).
+//
 // Usage: gda_bench CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S]
 //                  [--blocks B] [--warps W]
-// CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s   (usec = whole measurement)
+// CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps
+//              (usec = whole measurement)
 #include "gda_common.cuh"
 
 #include <string>
@@ -67,6 +74,13 @@ __global__ void nvshmem_put_kernel(uint8_t *dst, const uint8_t *src, size_t size
     if (threadIdx.x % 32 == 0) nvshmem_quiet();
 }
 
+// The software queue's reservation counter (WQE slots reserved by posters so far).
+__global__ void resv_kernel(unsigned long long *out) {
+    const NvshmemEfaGdaQueueCtrl *c =
+        reinterpret_cast<const NvshmemEfaGdaQueueCtrl *>(nvshmem_efa_gda_state_d.queue.ctrl);
+    *out = c == nullptr ? 0ull : *reinterpret_cast<const volatile unsigned long long *>(&c->resv);
+}
+
 __global__ void check_kernel(const uint8_t *buf, size_t len, uint32_t seed, unsigned long long *bad) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride)
@@ -78,12 +92,14 @@ struct Row {
     size_t size;
     int msgs;
     double usec;
+    unsigned long long wqes;
 };
 
 void usage(const char *argv0) {
     printf("usage: %s CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S] [--blocks B] "
            "[--warps W]\n"
-           "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s\n",
+           "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n"
+           "NVSHMEM_EFA_SOFT_NULL=1: path gda measures the WQE post rate (no data moves)\n",
            argv0);
 }
 
@@ -135,6 +151,9 @@ int main(int argc, char **argv) {
         return 2;
     }
 
+    const char *null_env = getenv("NVSHMEM_EFA_SOFT_NULL");
+    const bool null_mode = null_env != nullptr && std::string(null_env) == "1";
+
     job_init(&argc, &argv, 120);
     const int me = g_job.pe, npes = g_job.npes;
     if (npes != 2) fatal(__FILE__, __LINE__, "gda_bench needs exactly 2 PEs (got %d)", npes);
@@ -145,9 +164,10 @@ int main(int argc, char **argv) {
     const uint32_t seed = make_seed(0, 77);
     fill_pattern(src, kWindow, seed);
     KStatus *kst = nullptr;
-    unsigned long long *dbad = nullptr;
+    unsigned long long *dbad = nullptr, *dresv = nullptr;
     CK(cudaMalloc(&kst, sizeof *kst));
     CK(cudaMalloc(&dbad, sizeof *dbad));
+    CK(cudaMalloc(&dresv, sizeof *dresv));
     CK(cudaDeviceSynchronize());
     const bool p2p_mapped = nvshmem_ptr(dst, peer) != nullptr;
     bool need_gda = false;
@@ -160,6 +180,10 @@ int main(int argc, char **argv) {
         printf("gda_bench: paths %s, %d blocks x %d warps, 8 B .. %zu B, budget %.0f s, peer %s\n",
                paths_arg.c_str(), blocks, warps, max_bytes, budget_s,
                p2p_mapped ? "mapped (P2P)" : "not mapped (remote transport)");
+        if (null_mode)
+            printf("gda_bench: NULL-CONSUMER MODE (NVSHMEM_EFA_SOFT_NULL=1): path gda posts WQEs that the "
+                   "software queue completes without moving data; its rows measure the WQE post rate and are "
+                   "not verified\n");
         for (const std::string &p : paths) {
             if (p == "p2p" && !p2p_mapped) {
                 printf("FAIL: path p2p requested but NVSHMEM does not map the peer (P2P disabled?)\n");
@@ -196,14 +220,26 @@ int main(int argc, char **argv) {
     const int nwarps = blocks * warps;
 
     // Runs one measurement on PE 0 (PE 1 only takes part in the barriers) and verifies it on PE 1.
-    auto measure = [&](const std::string &path, size_t size, int msgs, double *usec) {
+    // The queue's reservation counter on this PE (0 without a GDA queue).
+    auto resv_now = [&]() -> unsigned long long {
+        resv_kernel<<<1, 1>>>(dresv);
+        CK_LAUNCH();
+        unsigned long long v = 0;
+        CK(cudaMemcpy(&v, dresv, sizeof v, cudaMemcpyDeviceToHost));
+        return v;
+    };
+    auto measure = [&](const std::string &path, size_t size, int msgs, double *usec,
+                       unsigned long long *wqes) {
+        const bool verify = !(null_mode && path == "gda");
         const int slots = (int)std::max<size_t>(1, std::min<size_t>(kWindow / size, (size_t)msgs));
         CK(cudaMemset(dst, 0, (size_t)slots * size));
         CK(cudaMemset(kst, 0, sizeof *kst));
         CK(cudaDeviceSynchronize());
         job_barrier();
         float ms = 0.f;
+        unsigned long long posted = 0;
         if (me == 0) {
+            const unsigned long long resv0 = path == "gda" ? resv_now() : 0ull;
             CK(cudaEventRecord(e0));
             if (path == "gda")
                 gda_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, kst);
@@ -213,6 +249,7 @@ int main(int argc, char **argv) {
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
             CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (path == "gda") posted = resv_now() - resv0;
             KStatus h;
             CK(cudaMemcpy(&h, kst, sizeof h, cudaMemcpyDeviceToHost));
             if (h.bad) {
@@ -221,7 +258,7 @@ int main(int argc, char **argv) {
             }
         }
         job_barrier();  // PE 0's puts are complete (quiet) before PE 1 looks
-        if (me == 1) {
+        if (me == 1 && verify) {
             CK(cudaMemset(dbad, 0, sizeof *dbad));
             check_kernel<<<grid_for((size_t)slots * size, 256, 4096), 256>>>(dst, (size_t)slots * size,
                                                                             seed, dbad);
@@ -238,6 +275,9 @@ int main(int argc, char **argv) {
         std::vector<double> all(2);
         job_allgather(&us, all.data(), sizeof us);
         *usec = all[0];
+        std::vector<unsigned long long> wall(2);
+        job_allgather(&posted, wall.data(), sizeof posted);
+        *wqes = wall[0];
     };
 
     for (const std::string &path : paths) {
@@ -247,23 +287,34 @@ int main(int argc, char **argv) {
             watchdog_arm(step, 60);
             // Warm-up with a few messages per warp, then aim at ~60 ms per measurement.
             double warm_us = 0;
+            unsigned long long warm_wqes = 0;
             const int warm = nwarps * 4;
-            measure(path, size, warm, &warm_us);
+            measure(path, size, warm, &warm_us, &warm_wqes);
             const double per_msg = std::max(warm_us / warm, 0.01);
-            int msgs = (int)std::min(4096.0, std::max((double)nwarps * 4, 60000.0 / per_msg));
+            // The null consumer keeps up with far more messages per measurement (the launch and the
+            // quiet would dominate 4096).
+            const double cap = null_mode && path == "gda" ? 1048576.0 : 4096.0;
+            int msgs = (int)std::min(cap, std::max((double)nwarps * 4, 60000.0 / per_msg));
             msgs = std::min<int>(msgs, (int)std::max<size_t>((size_t)nwarps, (512ull << 20) / size));
             msgs = (msgs + nwarps - 1) / nwarps * nwarps;
             double best = 0;
+            unsigned long long best_wqes = 0;
             for (int rep = 0; rep < 3; ++rep) {
                 double us = 0;
-                measure(path, size, msgs, &us);
-                if (rep == 0 || us < best) best = us;
+                unsigned long long wqes = 0;
+                measure(path, size, msgs, &us, &wqes);
+                if (rep == 0 || us < best) {
+                    best = us;
+                    best_wqes = wqes;
+                }
             }
             watchdog_disarm();
-            rows.push_back({path, size, msgs, best});
+            const std::string name = null_mode && path == "gda" ? "gda-null" : path;
+            rows.push_back({name, size, msgs, best, best_wqes});
             if (me == 0)
-                printf("  %-6s %10zu B %6d msgs %12.1f us %10.4f Mmsg/s %9.3f GB/s\n", path.c_str(), size,
-                       msgs, best, msgs / best, (double)msgs * (double)size / best / 1e3);
+                printf("  %-8s %10zu B %7d msgs %12.1f us %10.4f Mmsg/s %9.3f GB/s %9.3f MWQE/s\n",
+                       name.c_str(), size, msgs, best, msgs / best, (double)msgs * (double)size / best / 1e3,
+                       best_wqes / best);
             // Both PEs decide together (PE 0's clock) whether the budget allows another size.
             int stop = (now_s() - t_start) > budget_s ? 1 : 0;
             std::vector<int> st(2);
@@ -280,14 +331,16 @@ int main(int argc, char **argv) {
     if (me == 0) {
         FILE *f = fopen(csv_path.c_str(), "w");
         if (f == nullptr) fatal(__FILE__, __LINE__, "cannot write %s", csv_path.c_str());
-        fprintf(f, "path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s\n");
+        fprintf(f, "path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n");
         for (const Row &r : rows)
-            fprintf(f, "%s,%zu,%d,%.3f,%.6f,%.6f\n", r.path.c_str(), r.size, r.msgs, r.usec,
-                    r.msgs / r.usec, (double)r.msgs * (double)r.size / r.usec / 1e3);
+            fprintf(f, "%s,%zu,%d,%.3f,%.6f,%.6f,%llu,%.6f\n", r.path.c_str(), r.size, r.msgs, r.usec,
+                    r.msgs / r.usec, (double)r.msgs * (double)r.size / r.usec / 1e3, r.wqes,
+                    r.wqes / r.usec);
         fclose(f);
         printf("gda_bench: %zu rows -> %s%s%s\n", rows.size(), csv_path.c_str(),
                budget_hit ? " (stopped at the time budget)" : "", vf_all ? "; VERIFY FAILED" : "");
     }
+    CK(cudaFree(dresv));
     nvshmem_free(dst);
     nvshmem_free(src);
     job_finalize(60);

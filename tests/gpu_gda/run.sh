@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the GDA device-API tests (gda_tests), compute-sanitizer memcheck and racecheck on
 # the reduced run, and the put benchmark (gda_bench: GDA software queue, NVSHMEM's proxy path through
-# this library, NVSHMEM's P2P path) with its plot, on one node with 2 GPUs. See cuda/README.md.
+# this library, NVSHMEM's P2P path) with its plot, and the WQE post rate of the software queue's
+# null consumer (NVSHMEM_EFA_SOFT_NULL=1, rows gda-null), on one node with 2 GPUs. See cuda/README.md.
 #
 #   PLUGIN_DIR=<dir with libnvshmem_efa_gda.so and nvshmem_transport_libfabric.so.3> \
 #   LIBFABRIC_HOME=<libfabric prefix> OUT=<log dir> bash tests/gpu_gda/run.sh [options]
@@ -441,7 +442,7 @@ lib_env=(
 [ -d "$fabric_lib/libfabric" ] && lib_env+=("FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-$fabric_lib/libfabric}")
 for name in $(compgen -e); do
     case "$name" in
-    FI_LOG_LEVEL | FI_PROVIDER_PATH | NVSHMEM_EFA_GDA | NVSHMEM_EFA_SQ_DEPTH) ;;
+    FI_LOG_LEVEL | FI_PROVIDER_PATH | NVSHMEM_EFA_GDA | NVSHMEM_EFA_SQ_DEPTH | NVSHMEM_EFA_SOFT_NULL) ;;
     NVSHMEM_EFA_* | FI_*) lib_env+=("$name=${!name-}") ;;
     esac
 done
@@ -566,7 +567,7 @@ if [ $do_bench = 1 ]; then
         rm -f "$csv"
         run_mpi "$name" "$log" "$tmo" "$envname" -- "$BENCH" "$csv" --paths "$paths"
         rc=$?
-        grep -E '^gda_bench|^  [a-z0-9]+ +[0-9]+ B|FAIL|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
+        grep -E '^gda_bench|^  [a-z0-9-]+ +[0-9]+ B|FAIL|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
         [ $rc != 0 ] && { echo "    --- last lines of $log:"; tail -n 20 "$log" | sed 's/^/    /'; }
         rows=0
         [ -f "$csv" ] && rows=$(($(wc -l <"$csv") - 1))
@@ -574,6 +575,10 @@ if [ $do_bench = 1 ]; then
     }
     bench_one bench-gda-proxy bench_env 120 gda,proxy
     bench_one bench-p2p p2p_env 90 p2p
+    # The GPU's WQE post rate: the software queue's null consumer completes WQEs without moving data
+    # (rows gda-null, column wqe_rate_mwps; not plotted: their bandwidth is not a transfer's).
+    null_env=("${bench_env[@]}" NVSHMEM_EFA_SOFT_NULL=1)
+    bench_one bench-null null_env 90 gda
     inputs=()
     for f in "$OUT/bench-gda-proxy.csv" "$OUT/bench-p2p.csv"; do [ -s "$f" ] && inputs+=("$f"); done
     if [ ${#inputs[@]} -gt 0 ] && python3 "$here/plot.py" "$OUT/bench" "${inputs[@]}" >"$OUT/plot.log" 2>&1; then

@@ -2,30 +2,44 @@
 use super::*;
 
 impl Consumer {
-    pub(super) fn push_tx_cqe(&mut self, req_id: u16, status: CqStatus, op: OpType) {
-        let n = self.inner.cq_entries;
-        let slot = (self.cq_pc & u64::from(n - 1)) as usize;
-        let c = TxCqe {
+    /// The bytes of the TX completion for CQ producer count `pc`.
+    pub(super) fn tx_cqe_bytes(
+        &self,
+        pc: u64,
+        req_id: u16,
+        status: CqStatus,
+        op: OpType,
+    ) -> [u8; TX_CQE_SIZE] {
+        cqe::encode_tx(&TxCqe {
             req_id: u64::from(req_id),
             req_id_64: false,
             status,
-            phase: cqe::cq_expected_phase(self.cq_pc, n),
+            phase: cqe::cq_expected_phase(pc, self.inner.cq_entries),
             op,
             qp_num: self.tables.my_qpn(),
-        };
-        let bytes = cqe::encode_tx(&c);
-        // SAFETY: the slot lies inside the CQ ring.
-        unsafe {
-            mem::publish_cqe(
-                self.inner.ring(self.inner.layout.cq + slot * TX_CQE_SIZE),
-                &bytes,
-            )
-        };
-        self.cq_pc += 1;
-        self.completed += 1;
+        })
+    }
+
+    /// The CQ slot of producer count `pc`.
+    pub(super) fn cq_slot(&self, pc: u64) -> *mut u8 {
+        let slot = (pc & u64::from(self.inner.cq_entries - 1)) as usize;
+        self.inner.ring(self.inner.layout.cq + slot * TX_CQE_SIZE)
+    }
+
+    /// Counts `n` completions written.
+    pub(super) fn advance_cq(&mut self, n: u64) {
+        self.cq_pc += n;
+        self.completed += n;
         self.inner
             .completed
             .store(self.completed, Ordering::Release);
+    }
+
+    pub(super) fn push_tx_cqe(&mut self, req_id: u16, status: CqStatus, op: OpType) {
+        let bytes = self.tx_cqe_bytes(self.cq_pc, req_id, status, op);
+        // SAFETY: the slot lies inside the CQ ring.
+        unsafe { mem::publish_cqe(self.cq_slot(self.cq_pc), &bytes) };
+        self.advance_cq(1);
     }
 
     pub(super) fn complete_tx(&mut self, slot: u64, status: CqStatus) {
@@ -42,6 +56,7 @@ impl Consumer {
     }
 
     pub(super) fn flush_in_flight(&mut self) {
+        self.drop_copy_waits();
         let mut n = 0;
         for s in 0..self.slots.len() {
             if self.slots[s].is_some() {

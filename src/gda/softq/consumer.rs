@@ -44,6 +44,16 @@ pub(super) struct Consumer {
     pub(super) rx_batch: Vec<(StageHdr, usize)>,
     /// What the staged path did, for the stall report.
     pub(super) stats: StageStats,
+    /// The queue's own copy queue (the copy route), created at first need.
+    pub(super) copyq: Option<crate::mover::queue::CopyQueue<Engine>>,
+    /// Creating the copy queue failed: the copy route is off.
+    pub(super) copyq_failed: bool,
+    /// Copy WQEs waiting for their copy, in submission order.
+    pub(super) copy_waits: VecDeque<CopyWait>,
+    /// WQEs executed as copies.
+    pub(super) ipc_copies: u64,
+    /// The null consumer's batch of completions (kept for its allocation).
+    pub(super) null_batch: Vec<(u16, CqStatus, OpType)>,
 }
 
 /// Counts of the staged path, printed by [`Consumer::report`]: they tell a queue that waits on the
@@ -98,6 +108,11 @@ impl Consumer {
             copies: None,
             rx_batch: Vec::new(),
             stats: StageStats::default(),
+            copyq: None,
+            copyq_failed: false,
+            copy_waits: VecDeque::new(),
+            ipc_copies: 0,
+            null_batch: Vec::new(),
             inner,
         }
     }
@@ -136,6 +151,7 @@ impl Consumer {
                 .store(self.heartbeat, Ordering::Relaxed);
             self.refresh_tables();
             let mut work = self.poll_cq();
+            work += self.poll_copies();
             work += self.flush_rx();
             work += self.pump_outbox();
             if self.inner.stop.load(Ordering::Acquire) {
@@ -150,6 +166,8 @@ impl Consumer {
                 if self.stalled.is_some() {
                     work += self.retry_stalled();
                 }
+            } else if self.inner.null_consumer {
+                work += self.consume_null();
             } else {
                 work += self.consume();
             }

@@ -76,6 +76,10 @@ impl Consumer {
             self.start_staged(p, item);
             return Ok(());
         }
+        if let Action::Copy { dst, src, len } = p.action {
+            self.post_copy(p, dst, src, len);
+            return Ok(());
+        }
         if let Action::Send { hdr, payload, .. } = &p.action {
             if p.bounce.is_none() {
                 let Some(b) = self.free_bounce.pop() else {
@@ -145,7 +149,8 @@ impl Consumer {
     ) -> crate::fabric::Result<()> {
         let ep = &inner.ep;
         match p.action {
-            Action::Write {
+            Action::Rdma {
+                write,
                 local,
                 len,
                 desc,
@@ -154,14 +159,15 @@ impl Consumer {
                 key,
                 data,
             } => {
-                let mut flags = self.delivery_flags;
+                // Reads take the provider's default completion (their data is here when it comes).
+                let mut flags = if write { self.delivery_flags } else { 0 };
                 if data.is_some() {
                     flags |= flags::REMOTE_CQ_DATA;
                 }
                 // SAFETY: forwarded contract.
                 unsafe {
                     ep.rma_msg(
-                        true,
+                        write,
                         local as *mut u8,
                         len,
                         desc as *mut c_void,
@@ -174,32 +180,8 @@ impl Consumer {
                     )
                 }
             }
-            Action::Read {
-                local,
-                len,
-                desc,
-                dest,
-                raddr,
-                key,
-            } => {
-                // SAFETY: forwarded contract.
-                unsafe {
-                    ep.rma_msg(
-                        false,
-                        local as *mut u8,
-                        len,
-                        desc as *mut c_void,
-                        dest,
-                        raddr,
-                        key,
-                        ctx,
-                        0,
-                        0,
-                    )
-                }
-            }
-            Action::StagedWrite { .. } | Action::StagedRead { .. } => {
-                unreachable!("staged WQEs go through the outbox")
+            Action::Staged { .. } | Action::Copy { .. } => {
+                unreachable!("staged WQEs go through the outbox, copies through the copy queue")
             }
             Action::Send { dest, hdr, .. } => {
                 let b = p.bounce.expect("bounce buffer taken before issue") as usize;

@@ -5,7 +5,9 @@ use super::*;
 /// A validated WQE, ready to post.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Action {
-    Write {
+    /// RDMA write (`write`, with remote CQ data `data`) or read through the provider.
+    Rdma {
+        write: bool,
         local: u64,
         len: usize,
         desc: usize,
@@ -14,21 +16,15 @@ pub(super) enum Action {
         key: u64,
         data: Option<u64>,
     },
-    Read {
-        local: u64,
-        len: usize,
-        desc: usize,
-        dest: FiAddr,
-        raddr: u64,
-        key: u64,
-    },
     Send {
         dest: FiAddr,
         hdr: SendHdr,
         payload: Payload,
     },
-    /// RDMA write (with immediate) by staged messages: `off` is the offset in the target's heap.
-    StagedWrite {
+    /// RDMA write (with immediate) or read by staged messages: `off` is the offset in the target's
+    /// heap.
+    Staged {
+        write: bool,
         local: u64,
         len: usize,
         device: bool,
@@ -36,14 +32,19 @@ pub(super) enum Action {
         off: u64,
         imm: Option<u32>,
     },
-    /// RDMA read by staged messages.
-    StagedRead {
-        local: u64,
-        len: usize,
-        device: bool,
-        dest: FiAddr,
-        off: u64,
-    },
+    /// RDMA write or read as a copy between the local range and the peer's range mapped in this
+    /// process (the copy route).
+    Copy { dst: u64, src: u64, len: usize },
+}
+
+/// Where a WQE's remote range is: the address (or offset) the provider takes, the provider key,
+/// the offset in the peer's heap and the address in the peer's address space.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RemoteRange {
+    pub(super) raddr: u64,
+    pub(super) key: u64,
+    pub(super) off: u64,
+    pub(super) peer_addr: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -183,6 +184,7 @@ impl Consumer {
         // Tables changed before the doorbell (a heap chunk recorded, then a WQE into it) must be
         // seen by these WQEs: the doorbell was read after the generation the loop last checked.
         self.refresh_tables();
+        self.copy_route_ready();
         if avail > self.inner.sq_entries {
             if self.bad_doorbell != Some(db) {
                 tracing::error!(
@@ -346,14 +348,17 @@ impl Consumer {
                 format!("qkey {:#x} where the job's is {:#x}", d.qkey, t.qkey),
             ));
         }
+        let lkey_reg = |lkey: u32| -> std::result::Result<&LocalReg, Reject> {
+            t.local(lkey).ok_or_else(|| {
+                (
+                    CqStatus::LocalInvalidLkey,
+                    format!("lkey {lkey} is not registered"),
+                )
+            })
+        };
         let local =
             |addr: u64, lkey: u32, len: u64| -> std::result::Result<(LocalReg, u64), Reject> {
-                let reg = t.local(lkey).ok_or_else(|| {
-                    (
-                        CqStatus::LocalInvalidLkey,
-                        format!("lkey {lkey} is not registered"),
-                    )
-                })?;
+                let reg = lkey_reg(lkey)?;
                 let host = reg.translate(addr, len).ok_or_else(|| {
                     (
                         CqStatus::LocalInvalidLkey,
@@ -368,7 +373,7 @@ impl Consumer {
         let remote = |raddr: u64,
                       rkey: u32,
                       len: u64|
-         -> std::result::Result<(u64, u64, u64), Reject> {
+         -> std::result::Result<RemoteRange, Reject> {
             // The rkey names one chunk of the peer's heap (O(1)); the range must lie in it.
             let h = peer.chunk(rkey).ok_or_else(|| {
                 (
@@ -388,16 +393,16 @@ impl Consumer {
                             ),
                         )
                     })?;
-            let off = h.start + in_chunk;
-            Ok((
-                if self.inner.virt_addr {
+            Ok(RemoteRange {
+                raddr: if self.inner.virt_addr {
                     raddr
                 } else {
                     in_chunk
                 },
-                h.key,
-                off,
-            ))
+                key: h.key,
+                off: h.start + in_chunk,
+                peer_addr: h.base + in_chunk,
+            })
         };
         match d.op {
             WqeOp::RdmaWrite {
@@ -411,39 +416,13 @@ impl Consumer {
             } => {
                 let len = u64::from(l.len);
                 let (reg, host) = if len == 0 {
-                    let reg = t.local(l.lkey).ok_or_else(|| {
-                        (
-                            CqStatus::LocalInvalidLkey,
-                            format!("lkey {} is not registered", l.lkey),
-                        )
-                    })?;
+                    let reg = lkey_reg(l.lkey)?;
                     (*reg, reg.host_base)
                 } else {
                     local(l.addr, l.lkey, len)?
                 };
-                let (raddr, key, off) = remote(r.addr, r.rkey, len)?;
-                if self.stages(&reg) {
-                    return Ok(Action::StagedWrite {
-                        local: host,
-                        len: len as usize,
-                        device: reg.device,
-                        dest: peer.fi_addr,
-                        off,
-                        imm: d.op.imm(),
-                    });
-                }
-                let data =
-                    d.op.imm()
-                        .map(|imm| wire::write_imm_data(imm, t.my_pe, self.inner.cq_data_wide));
-                Ok(Action::Write {
-                    local: host,
-                    len: len as usize,
-                    desc: reg.desc,
-                    dest: peer.fi_addr,
-                    raddr,
-                    key,
-                    data,
-                })
+                let rr = remote(r.addr, r.rkey, len)?;
+                Ok(self.rdma_action(true, &reg, host, len, d.ah, peer, rr, d.op.imm()))
             }
             WqeOp::RdmaRead {
                 remote: r,
@@ -451,24 +430,8 @@ impl Consumer {
             } => {
                 let len = u64::from(l.len);
                 let (reg, host) = local(l.addr, l.lkey, len)?;
-                let (raddr, key, off) = remote(r.addr, r.rkey, len)?;
-                if self.stages(&reg) {
-                    return Ok(Action::StagedRead {
-                        local: host,
-                        len: len as usize,
-                        device: reg.device,
-                        dest: peer.fi_addr,
-                        off,
-                    });
-                }
-                Ok(Action::Read {
-                    local: host,
-                    len: len as usize,
-                    desc: reg.desc,
-                    dest: peer.fi_addr,
-                    raddr,
-                    key,
-                })
+                let rr = remote(r.addr, r.rkey, len)?;
+                Ok(self.rdma_action(false, &reg, host, len, d.ah, peer, rr, None))
             }
             WqeOp::Send { payload, imm } => {
                 let (payload, len) = match payload {
@@ -524,6 +487,66 @@ impl Consumer {
                     payload,
                 })
             }
+        }
+    }
+
+    /// How an RDMA write (`write`) or read of `len` bytes at local `host` (in `reg`) with PE `pe`'s
+    /// range `rr` executes: as a copy when the peer's range is mapped here (and no immediate rides
+    /// along), by staged messages when the queue stages the memory, else through the provider.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rdma_action(
+        &self,
+        write: bool,
+        reg: &LocalReg,
+        host: u64,
+        len: u64,
+        pe: u16,
+        peer: &Peer,
+        rr: RemoteRange,
+        imm: Option<u32>,
+    ) -> Action {
+        let pm = self.tables.peer_memory.as_ref().map(|m| &*m.0);
+        let route = ipc_route(
+            self.copyq.is_some(),
+            pm,
+            i32::from(pe),
+            rr.peer_addr,
+            len,
+            imm.is_some(),
+        );
+        if let Some(mapped) = route {
+            let (dst, src) = if write {
+                (mapped, host)
+            } else {
+                (host, mapped)
+            };
+            return Action::Copy {
+                dst,
+                src,
+                len: len as usize,
+            };
+        }
+        if self.stages(reg) {
+            return Action::Staged {
+                write,
+                local: host,
+                len: len as usize,
+                device: reg.device,
+                dest: peer.fi_addr,
+                off: rr.off,
+                imm,
+            };
+        }
+        Action::Rdma {
+            write,
+            local: host,
+            len: len as usize,
+            desc: reg.desc,
+            dest: peer.fi_addr,
+            raddr: rr.raddr,
+            key: rr.key,
+            data: imm
+                .map(|imm| wire::write_imm_data(imm, self.tables.my_pe, self.inner.cq_data_wide)),
         }
     }
 }

@@ -39,6 +39,25 @@
 //! Every WQE yields exactly one completion. The `comp_req` bit is not needed (the posting protocol
 //! retires slots through completions, so each WQE is completed).
 //!
+//! # Copy route (same-host peers)
+//! Where the transport lends the queue a [`PeerMemory`] ([`SoftQueue::set_peer_memory`]: its data
+//! mover's CUDA IPC mappings of same-host peers' heaps) and `NVSHMEM_EFA_SOFT_IPC` is on (default),
+//! an RDMA write without immediate or an RDMA read whose peer range is mapped in this process runs
+//! as a copy (`cuMemcpyAsync` on the queue's own non-blocking stream in its context; `memcpy` where
+//! CUDA is not usable) instead of going through the provider or staging. The copies of one doorbell
+//! batch share one event (a mark every 32 copies and at the end of the batch); the consumer polls
+//! the events without blocking and writes each WQE's completion once its copy is done (an error of
+//! the copy engine completes the WQEs it covers with `LOCAL_QP_INTERNAL_ERROR`). A write with
+//! immediate keeps the message path: the immediate must reach the peer's RX ring, which only the
+//! peer's consumer writes, and after the data. No ordering between WQEs is implied (as on SRD).
+//!
+//! # Null consumer (benchmarks)
+//! `NVSHMEM_EFA_SOFT_NULL=1` (logged as a warning at creation): the consumer takes every WQE the
+//! doorbell and the flow control allow, checks only the request id and the phase (a mismatch gets
+//! `LOCAL_QP_INTERNAL_ERROR`, as above) and completes each with success without reading the rest or
+//! moving data; the completions of a batch are written together (one release fence, then the flags
+//! bytes). This measures the GPU's WQE post rate, the upper bound of hardware GDA.
+//!
 //! # Receive side
 //! The same thread polls the endpoint's CQ for remote CQ data (RDMA write with immediate arriving)
 //! and for received SENDs (receive buffers stay posted). Each becomes a 32-byte RX completion
@@ -96,12 +115,14 @@
 //! * `consumer`: the consumer thread's state, loop and idle policy;
 //! * `intake`: doorbell, flow control, request id/phase and semantic checks of each WQE;
 //! * `exec`: posting on the private endpoint; `completion`: TX completions and the CQ;
-//! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA.
+//! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA;
+//! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk.
 
 mod completion;
 mod consumer;
 mod exec;
 mod intake;
+mod ipc;
 mod layout;
 mod receive;
 mod staging;
@@ -141,6 +162,8 @@ use super::wire::{
 use self::consumer::Consumer;
 use self::exec::*;
 use self::intake::*;
+use self::ipc::*;
+pub use self::ipc::{ipc_route, PeerMap, PeerMemory};
 pub use self::layout::HostView;
 use self::layout::*;
 use self::staging::*;
@@ -201,6 +224,13 @@ pub struct SoftQueueConfig {
     pub ctrl: CtrlPlacement,
     /// Which RDMA transfers move by staged messages.
     pub staging: Staging,
+    /// RDMA writes (without immediate) and reads whose peer range is mapped in this process (see
+    /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue
+    /// (`NVSHMEM_EFA_SOFT_IPC`, default on).
+    pub ipc: bool,
+    /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
+    /// id and phase checks, nothing else is validated or executed.
+    pub null_consumer: bool,
 }
 
 /// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
@@ -254,6 +284,8 @@ impl SoftQueueConfig {
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
             staging: Staging::Off,
+            ipc: true,
+            null_consumer: false,
         }
     }
 
@@ -315,6 +347,8 @@ pub struct SoftQueueStats {
     pub rx_receives_held: u64,
     /// AMO messages applied to the local heap.
     pub amos_applied: u64,
+    /// RDMA WQEs executed as copies into or out of a mapped peer heap.
+    pub ipc_copies: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -354,6 +388,9 @@ struct Inner {
     rx_receives_held: AtomicU64,
     cuda_ctx: usize,
     staging: Staging,
+    ipc: bool,
+    null_consumer: bool,
+    ipc_copies: AtomicU64,
 }
 
 impl Inner {
@@ -430,7 +467,15 @@ impl SoftQueue {
             rx_receives_held: AtomicU64::new(0),
             cuda_ctx: cuda::current_context(),
             staging: cfg.staging,
+            ipc: cfg.ipc,
+            null_consumer: cfg.null_consumer,
+            ipc_copies: AtomicU64::new(0),
         });
+        if cfg.null_consumer {
+            tracing::warn!(
+                "software queue: NULL CONSUMER (NVSHMEM_EFA_SOFT_NULL=1, benchmarks only): WQEs are                  completed with success after the request id and phase checks; NO DATA MOVES and                  nothing else is validated"
+            );
+        }
         if cfg.rx_credits && cfg.staging != Staging::Off {
             tracing::warn!(
                 "software queue: receive credits not modelled: this queue stages RDMA ({:?}), whose \
@@ -538,6 +583,16 @@ impl SoftQueue {
                 key,
                 start,
             });
+            Ok(())
+        })
+    }
+
+    /// Names where peers' heaps are mapped in this process (the transport's same-host mappings);
+    /// RDMA WQEs whose peer range it maps then run as copies (unless the queue was created with
+    /// `ipc` off). `None` forgets it.
+    pub fn set_peer_memory(&self, pm: Option<Arc<dyn PeerMemory>>) -> Result<()> {
+        self.update(|t| {
+            t.peer_memory = pm.map(PeerMap);
             Ok(())
         })
     }
@@ -712,6 +767,7 @@ impl SoftQueue {
             rx_pending: i.rx_pending.load(Ordering::Acquire),
             rx_receives_held: i.rx_receives_held.load(Ordering::Acquire),
             amos_applied: i.amos_applied.load(Ordering::Acquire),
+            ipc_copies: i.ipc_copies.load(Ordering::Acquire),
         }
     }
 
@@ -832,37 +888,23 @@ mod tests {
 
     #[test]
     fn status_mapping() {
-        assert_eq!(
-            fabric_error_status(-(errno::ECANCELED as i32)),
-            CqStatus::Flushed
-        );
-        assert_eq!(
-            fabric_error_status(-(errno::EINVAL as i32)),
-            CqStatus::RemoteBadAddress
-        );
-        assert_eq!(
-            fabric_error_status(errno::ETRUNC as i32),
-            CqStatus::RemoteBadLength
-        );
-        assert_eq!(
-            fabric_error_status(-(errno::ENOTCONN as i32)),
-            CqStatus::LocalUnreachableRemote
-        );
-        assert_eq!(
-            fabric_error_status(-(errno::EIO as i32)),
-            CqStatus::RemoteBadStatus
-        );
-        assert_eq!(
-            wqe_error_status(&WqeError::MissingMetaDesc),
-            CqStatus::LocalQpInternalError
-        );
-        assert_eq!(
-            wqe_error_status(&WqeError::UnknownOpType(7)),
-            CqStatus::LocalUnsupportedOp
-        );
-        assert_eq!(
-            wqe_error_status(&WqeError::ZeroLength { index: 0 }),
-            CqStatus::LocalBadLength
-        );
+        let fabric = [
+            (-(errno::ECANCELED as i32), CqStatus::Flushed),
+            (-(errno::EINVAL as i32), CqStatus::RemoteBadAddress),
+            (errno::ETRUNC as i32, CqStatus::RemoteBadLength),
+            (-(errno::ENOTCONN as i32), CqStatus::LocalUnreachableRemote),
+            (-(errno::EIO as i32), CqStatus::RemoteBadStatus),
+        ];
+        for (code, status) in fabric {
+            assert_eq!(fabric_error_status(code), status, "errno {code}");
+        }
+        let wqe = [
+            (WqeError::MissingMetaDesc, CqStatus::LocalQpInternalError),
+            (WqeError::UnknownOpType(7), CqStatus::LocalUnsupportedOp),
+            (WqeError::ZeroLength { index: 0 }, CqStatus::LocalBadLength),
+        ];
+        for (e, status) in wqe {
+            assert_eq!(wqe_error_status(&e), status, "{e}");
+        }
     }
 }

@@ -59,20 +59,8 @@ impl Consumer {
     /// The receive completion of an RDMA write with immediate from `pe` that has landed here.
     pub(super) fn push_write_imm_rx(&mut self, imm: u32, pe: Option<u32>, len: u32) {
         let (ah, src_qp) = self.source(pe);
-        self.push_rx(RxCqe {
-            req_id: 0,
-            status: CqStatus::Ok,
-            phase: 0,
-            op: OpType::RdmaWrite,
-            has_imm: true,
-            unsolicited: true,
-            qp_num: self.tables.my_qpn(),
-            length: len,
-            ah,
-            src_qp,
-            imm,
-            src_addr: None,
-        });
+        let qpn = self.tables.my_qpn();
+        self.push_rx(RxCqe::write_imm(qpn, len, ah, src_qp, imm));
     }
 
     pub(super) fn on_recv(&mut self, idx: usize, len: usize) {

@@ -75,7 +75,8 @@ impl Consumer {
             prepared: None,
         };
         match p.action {
-            Action::StagedWrite {
+            Action::Staged {
+                write: true,
                 local,
                 len,
                 device,
@@ -83,9 +84,13 @@ impl Consumer {
                 off,
                 imm,
             } => Some(item(dest, STAGE_WRITE, local, device, off, len, imm)),
-            Action::StagedRead { len, dest, off, .. } => {
-                Some(item(dest, STAGE_READ_REQ, 0, false, off, len, None))
-            }
+            Action::Staged {
+                write: false,
+                len,
+                dest,
+                off,
+                ..
+            } => Some(item(dest, STAGE_READ_REQ, 0, false, off, len, None)),
             _ => None,
         }
     }
@@ -94,8 +99,12 @@ impl Consumer {
     pub(super) fn start_staged(&mut self, p: Pending, item: OutItem) {
         let slot = p.slot.expect("slot taken before staging");
         let (read_dst, read_device, read_left) = match p.action {
-            Action::StagedRead {
-                local, len, device, ..
+            Action::Staged {
+                write: false,
+                local,
+                len,
+                device,
+                ..
             } => (local, device, len as u64),
             _ => (0, false, 0),
         };

@@ -90,6 +90,8 @@ pub(super) struct Tables {
     pub(super) granules: Vec<u32>,
     /// log2 of the granularity `granules` is indexed with.
     pub(super) log2: u32,
+    /// Where peers' heaps are mapped in this process (the copy route).
+    pub(super) peer_memory: Option<PeerMap>,
 }
 
 impl Tables {

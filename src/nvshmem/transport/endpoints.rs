@@ -549,6 +549,10 @@ impl Transport {
         let local = match crate::gda::init_internal(&self.domain, &self.cfg) {
             Ok(mode) => {
                 tracing::info!("GDA initialised on its own endpoint (mode {mode})");
+                let pm = super::gda_link::peer_memory(&self.mover);
+                if let Err(e) = crate::gda::set_peer_memory(Some(pm)) {
+                    tracing::warn!("GDA: same-host copies not available to the queue: {e}");
+                }
                 crate::gda::address().unwrap_or_default()
             }
             Err(e) => {

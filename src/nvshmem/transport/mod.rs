@@ -37,6 +37,7 @@ mod am;
 mod amo;
 mod endpoints;
 mod error;
+mod gda_link;
 mod group;
 mod lanes;
 mod memory;
@@ -142,7 +143,7 @@ pub struct Transport {
     progress_thread: Mutex<Option<JoinHandle<()>>>,
     cuda_ctx: AtomicU64,
     /// Same-host GPU copies through CUDA IPC, and the per-stage counters of every data path.
-    mover: Mover,
+    mover: Arc<Mover>,
 }
 
 fn provider_request(p: &Provider) -> InfoRequest {
@@ -259,7 +260,7 @@ impl Transport {
             inject_panic: Arc::new(AtomicBool::new(false)),
             progress_thread: Mutex::new(None),
             cuda_ctx: AtomicU64::new(0),
-            mover,
+            mover: Arc::new(mover),
         })
     }
 
