@@ -528,7 +528,6 @@ impl Mover {
     /// Closes every opened peer allocation and stops this process's fd server, closing its
     /// exported descriptors (finalize). Copies must be complete.
     pub fn close_peers(&self) {
-        self.opened.write().clear();
         self.maps.lock().clear();
         self.vmm_exports.lock().clear();
         if let Some(s) = self.fds.lock().take() {
