@@ -264,7 +264,11 @@ fn ipc_child() {
     assert_eq!(m.lookup(1, d.region_base + 64, 64), Some(remote + 64));
     assert_eq!(m.lookup(1, d.region_base, d.region_len), Some(remote));
     assert_eq!(m.lookup(1, d.region_base + d.region_len, 8), None);
-    assert_eq!(m.lookup(0, d.region_base, 8), Some(d.region_base), "this PE: its own address");
+    assert_eq!(
+        m.lookup(0, d.region_base, 8),
+        Some(d.region_base),
+        "this PE: its own address"
+    );
     let local = DeviceBuffer::new(region).unwrap();
     let deadline = || Instant::now() + Duration::from_secs(10);
     // Get: remote -> local.

@@ -7,7 +7,7 @@ Input columns: path,size_bytes,iters,usec_per_op,gbytes_per_s
 Output columns: size_bytes,lib_usec_per_op,p2p_usec_per_op,lib_gbytes_per_s,p2p_gbytes_per_s,
                 bw_ratio_lib_over_p2p,latency_ratio_lib_over_p2p,fabtests_gbytes_per_s,
                 fabtests_lat_usec
-The optional fabtests CSVs (tests/gpu/fabtests_cuda.sh: raw libfabric fi_rma_bw / fi_rma_pingpong
+The optional fabtests CSVs (tests/gpu/fabtests_cuda.sh: raw libfabric fi_rma_bw, window 64 and window 1
 on GPU memory) add the last two columns. A size measured by only one side is kept with the other
 side left empty. With matplotlib importable, OUT_CSV's name with .png is drawn too (bandwidth and
 latency against size); without it a line says so.
@@ -86,10 +86,10 @@ def main(argv):
           % (lib_label, p2p_label))
     if fab_label:
         print("reference: %s (raw libfabric fi_rma_bw, window 64)%s" % (
-            fab_label, "; latency: %s (one-way)" % fabl_label if fabl_label else ""))
+            fab_label, "; time per op: %s (window 1)" % fabl_label if fabl_label else ""))
     head = "%10s | %12s %12s | %10s %10s | %9s %9s | %10s %10s" % (
         "size", "lib us/op", "p2p us/op", "lib GB/s", "p2p GB/s", "bw ratio", "lat ratio",
-        "fab GB/s", "fab lat us")
+        "fab GB/s", "fab W1 us")
     print(head)
     print("-" * len(head))
     for size, lu, pu, lg, pg, br, lr, fg, fl in out_rows:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Raw libfabric on GPU memory, the reference column of the GPU put benchmark: fabtests' fi_rma_bw
-# (RMA write bandwidth, window 64) and fi_rma_pingpong (RMA write ping-pong, one-way latency) with
-# both buffers in CUDA memory (-D cuda), server and client on this host (device 0 and device 1 when
+# with both buffers in CUDA memory (-D cuda): window 64 for bandwidth, and window 1 (one write,
+# then its completion: what a put + quiet costs; fi_rma_pingpong refuses -D cuda) for time per
+# operation, server and client on this host (device 0 and device 1 when
 # there are 2 GPUs, both on device 0 otherwise, sharing it under CUDA MPS as the PEs do).
 #
 #   LIBFABRIC_HOME=<prefix with bin/fi_rma_bw> bash tests/gpu/fabtests_cuda.sh OUT_DIR [PROVIDER]
@@ -20,9 +21,7 @@ out=${1:?usage: fabtests_cuda.sh OUT_DIR [PROVIDER]}
 prov=${2:-${NVSHMEM_LIBFABRIC_PROVIDER:-shm}}
 : "${LIBFABRIC_HOME:?LIBFABRIC_HOME must name the libfabric prefix with bin/fi_rma_bw}"
 FT_BIN=$LIBFABRIC_HOME/bin
-for t in fi_rma_bw fi_rma_pingpong; do
-    [ -x "$FT_BIN/$t" ] || { echo "fabtests_cuda.sh: missing $FT_BIN/$t" >&2; exit 2; }
-done
+[ -x "$FT_BIN/fi_rma_bw" ] || { echo "fabtests_cuda.sh: missing $FT_BIN/fi_rma_bw" >&2; exit 2; }
 fabric_lib=$LIBFABRIC_HOME/lib
 [ -e "$fabric_lib/libfabric.so.1" ] || fabric_lib=$LIBFABRIC_HOME/lib64
 mkdir -p "$out"
@@ -56,15 +55,15 @@ fi
 envs=(env LD_LIBRARY_PATH="$fabric_lib:${LD_LIBRARY_PATH:-}" "${GPU_ENV[@]}")
 echo "fabtests -D $HMEM, provider $prov, $GPU_LAYOUT, server device $srv_dev, client device $cli_dev" | tee -a "$LOG"
 
-# one TOOL SIZE ITERS [extra]: prints "usec MBps" of the client's line, nothing on failure.
+# one WINDOW SIZE ITERS: prints "usec MBps" of the client's line, nothing on failure.
 one() {
-    local tool=$1 size=$2 iters=$3
+    local tool=fi_rma_bw window=$1 size=$2 iters=$3
     OOB_PORT=$((40000 + RANDOM % 20000))
-    local common=(-p "$(ft_prov "$prov")" -E="$OOB_PORT" -o write -S "$size" -I "$iters" -m "${hmem_args[@]}")
-    [ "$tool" = fi_rma_bw ] && common+=(-w 10 -W 64)
+    local common=(-p "$(ft_prov "$prov")" -E="$OOB_PORT" -o write -S "$size" -I "$iters" -m "${hmem_args[@]}"
+        -w 10 -W "$window")
     local dev_s=() dev_c=()
     [ "$HMEM" = cuda ] && dev_s=(-i "$srv_dev") && dev_c=(-i "$cli_dev")
-    run_pair "$tool $size" "${envs[@]}" "$FT_BIN/$tool" "${common[@]}" "${dev_s[@]}" -- \
+    run_pair "$tool -W $window $size" "${envs[@]}" "$FT_BIN/$tool" "${common[@]}" "${dev_s[@]}" -- \
         "${envs[@]}" "$FT_BIN/$tool" "${common[@]}" "${dev_c[@]}" 127.0.0.1 |
         sed -n "s/.*xfer_size: $size,.* MB\/sec: \([0-9.]*\), usec\/xfer: \([0-9.]*\),.*/\2 \1/p" | tail -n 1
 }
@@ -72,16 +71,16 @@ one() {
 echo "path,size_bytes,iters,usec_per_op,gbytes_per_s" >"$BW_CSV"
 echo "path,size_bytes,iters,usec_per_op,gbytes_per_s" >"$LAT_CSV"
 n=0
-printf '%10s | %14s %10s | %14s\n' size "bw usec/xfer" "GB/s" "lat usec (1-way)"
+printf '%10s | %14s %10s | %14s\n' size "bw usec/xfer" "GB/s" "usec/op (W 1)"
 for s in $SIZES; do
     iters=$((BW_BYTES / s)); ((iters > 10000)) && iters=10000; ((iters < 50)) && iters=50
-    r=$(one fi_rma_bw "$s" "$iters")
+    r=$(one 64 "$s" "$iters")
     lat=""
     if [[ " $LAT_SIZES " == *" $s "* ]]; then
-        l=$(one fi_rma_pingpong "$s" 1000)
+        l=$(one 1 "$s" 1000)
         if [ -n "$l" ]; then
             lat=${l% *}
-            echo "fabtests-$HMEM-$prov-pingpong,$s,1000,$lat,$(awk -v m="${l#* }" 'BEGIN{printf "%.4f", m/1000}')" >>"$LAT_CSV"
+            echo "fabtests-$HMEM-$prov-w1,$s,1000,$lat,$(awk -v m="${l#* }" 'BEGIN{printf "%.4f", m/1000}')" >>"$LAT_CSV"
         fi
     fi
     if [ -n "$r" ]; then

@@ -1,7 +1,6 @@
 //! Atomics: provider atomics and target-applied AMOs (requests applied in the target's progress path).
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use super::abi::{self, amo, AmoMemdesc};
 use super::am::{AmMsg, AM_MAGIC, AM_REQ};
@@ -63,11 +62,7 @@ impl Transport {
         let (raddr, key) = self.remote_target(&t.remote, size, ep, "amo")?;
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
         // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
-        if self.mover.outstanding(ep) > 0 {
-            self.mover
-                .quiet(ep, Instant::now() + self.cfg.quiet_timeout)
-                .map_err(|e| internal(format!("amo: earlier same-host copies: {e}")))?;
-        }
+        self.wait_copies(ep, "amo: earlier puts")?;
         let val = match verb.op {
             amo::INC | amo::FETCH_INC => 1,
             _ => t.val,

@@ -9,6 +9,7 @@ use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, EpState, TAG_OP};
 use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::group::{Group, GroupScope};
 use super::{internal, invalid, Connected, TResult, Transport};
@@ -82,7 +83,11 @@ impl Transport {
                 let _scope = GroupScope::enter(&g);
                 self.rma_exec(c, pe, &plan, ep)
             };
-            let waited = self.wait_group(c, ep, &g, if plan.is_put { "put" } else { "get" });
+            let what = if plan.is_put { "put" } else { "get" };
+            let waited = self.wait_group(c, ep, &g, what);
+            // Same-host copies are not part of the group: a blocking put or get also waits for the
+            // endpoint's copy queue (its data is in place, or read out, on return).
+            let waited = waited.and_then(|()| self.wait_copies(ep, what));
             match posted.and(waited) {
                 Err(e)
                     if retries < BROKEN_RETRIES
@@ -103,6 +108,16 @@ impl Transport {
                 r => return r,
             }
         }
+    }
+
+    /// Waits, up to the quiet timeout, for the same-host copies enqueued on endpoint `ep`.
+    pub(super) fn wait_copies(&self, ep: usize, what: &str) -> TResult<()> {
+        if self.mover.outstanding(ep) == 0 {
+            return Ok(());
+        }
+        self.mover
+            .quiet(ep, Instant::now() + self.cfg.quiet_timeout)
+            .map_err(|e| internal(format!("{what}: same-host copies on endpoint {ep}: {e}")))
     }
 
     /// Every check of an RMA request, before anything is posted: PE, op, lengths, strides, and the
