@@ -797,7 +797,20 @@ fn transport_child() {
     }
     common::write_atomic(&env.dir, &format!("checked{me}"), "done=1\n");
     mp_gather(&env, "checked");
+    // The transport owns its context; the C API reaches it while the transport has it, and not
+    // after its finalize.
+    use nvshmem_efa_gda::capi::gda::nvshmemt_efa_gda_mode;
+    assert_eq!(
+        nvshmemt_efa_gda_mode(),
+        2,
+        "the transport's context is the C API's"
+    );
     t.shutdown();
+    assert!(
+        nvshmemt_efa_gda_mode() < 0,
+        "finalize dropped the transport's context"
+    );
+    assert!(nvshmem_efa_gda::gda::device_state().is_none());
     println!("{}", common::ok_marker(me));
 }
 

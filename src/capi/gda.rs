@@ -324,7 +324,9 @@ pub extern "C" fn nvshmemt_efa_gda_remove_heap_chunk(start: u64) -> i32 {
 /// 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
 #[no_mangle]
 pub extern "C" fn nvshmemt_efa_gda_mode() -> i32 {
-    ffi_guard("nvshmemt_efa_gda_mode", -libc::EIO, gda::mode)
+    ffi_guard("nvshmemt_efa_gda_mode", -libc::EIO, || {
+        gda::mode().map_or(-libc::ENODEV, |m| m as i32)
+    })
 }
 
 /// Copies the device state (host copy; the addresses inside are device addresses) into `out`.
@@ -347,7 +349,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
                 0
             }
             None => {
-                let e = if gda::mode() < 0 {
+                let e = if gda::mode().is_none() {
                     GdaError::not_initialised()
                 } else {
                     GdaError::unsupported("GDA is off: there is no device state")

@@ -546,10 +546,10 @@ impl Transport {
         }
         // Every PE takes part in the exchange even if its own GDA init failed (empty name), so the
         // collective never hangs; a PE then simply has no GDA.
-        let local = match crate::gda::init_internal(&self.domain, &self.cfg) {
+        let local = match self.gda.init(&self.domain, &self.cfg) {
             Ok(mode) => {
                 tracing::info!("GDA initialised on its own endpoint (mode {mode})");
-                crate::gda::address().unwrap_or_default()
+                self.gda.with(|g| g.address()).unwrap_or_default()
             }
             Err(e) => {
                 if self.cfg.gda == GdaMode::Hw {
@@ -580,12 +580,12 @@ impl Transport {
         let mut all = vec![0u8; max * n_pes as usize];
         if allgather(&mine, &mut all).is_err() || min != max {
             tracing::warn!("GDA address exchange failed or some PE has no GDA: GDA disabled");
-            crate::gda::fini();
+            self.gda.shutdown();
             return;
         }
-        if let Err(e) = crate::gda::connect(my_pe, n_pes, &all, None) {
+        if let Err(e) = self.gda.with(|g| g.connect(my_pe, n_pes, &all, None)) {
             tracing::warn!("GDA connect failed: {e}");
-            crate::gda::fini();
+            self.gda.shutdown();
         }
     }
 
