@@ -24,6 +24,28 @@ use crate::mover::handle::HostId;
 
 // Context tags.
 pub(super) const TAG_OP: u64 = 1;
+
+/// Where an operation goes and how its completion is recognised: endpoint `ep` of PE `pe`, the
+/// context's tag and its data.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpRoute {
+    pub ep: usize,
+    pub pe: usize,
+    pub tag: u64,
+    pub data: u64,
+}
+
+impl OpRoute {
+    /// An operation tagged `tag` with `data`, on endpoint `ep` to PE `pe`.
+    pub(super) fn new(ep: usize, pe: usize, tag: u64, data: u64) -> OpRoute {
+        OpRoute { ep, pe, tag, data }
+    }
+
+    /// A plain operation (`TAG_OP`, no data) on endpoint `ep` to PE `pe`.
+    pub(super) fn op(ep: usize, pe: usize) -> OpRoute {
+        OpRoute::new(ep, pe, TAG_OP, 0)
+    }
+}
 pub(super) const TAG_AM_SEND: u64 = 2;
 pub(super) const TAG_AM_RECV: u64 = 3;
 pub(super) const TAG_AM_WAIT: u64 = 4;
@@ -659,14 +681,8 @@ impl Transport {
     /// Takes a context for an operation to `pe` tagged `tag`; refused when `pe` is gone. One that
     /// quiet waits for (see [`counted`]) is counted as submitted; an operation that is not posted
     /// gives its context back with [`EpState::release_unposted`].
-    pub(super) fn alloc_for_peer(
-        &self,
-        c: &Connected,
-        ep: usize,
-        pe: usize,
-        tag: u64,
-        data: u64,
-    ) -> TResult<*mut c_void> {
+    pub(super) fn alloc_for_peer(&self, c: &Connected, r: OpRoute) -> TResult<*mut c_void> {
+        let OpRoute { ep, pe, tag, data } = r;
         self.check_peer(c, pe)?;
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
         if counted(tag) {
@@ -683,14 +699,12 @@ impl Transport {
     pub(super) fn post_deferrable(
         &self,
         c: &Connected,
-        ep: usize,
-        pe: usize,
-        tag: u64,
-        data: u64,
+        r: OpRoute,
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()> + 'static,
     ) -> TResult<*mut c_void> {
+        let OpRoute { ep, pe, tag, .. } = r;
         let e = &c.eps[ep];
-        let ctx = self.alloc_for_peer(c, ep, pe, tag, data)?;
+        let ctx = self.alloc_for_peer(c, r)?;
         let a = &e.peer[pe];
         let mut q = a.backlog.lock();
         let r = if q.is_empty() {
@@ -739,14 +753,12 @@ impl Transport {
     pub(super) fn post(
         &self,
         c: &Connected,
-        ep: usize,
-        pe: usize,
-        tag: u64,
-        data: u64,
+        r: OpRoute,
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()>,
     ) -> TResult<*mut c_void> {
+        let OpRoute { ep, pe, tag, .. } = r;
         let e = &c.eps[ep];
-        let ctx = self.alloc_for_peer(c, ep, pe, tag, data)?;
+        let ctx = self.alloc_for_peer(c, r)?;
         let a = &e.peer[pe];
         let attempt = || {
             if c.peers[pe].is_gone() {
