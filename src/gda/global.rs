@@ -79,6 +79,11 @@ impl GdaHandle {
         self.peek(|g| g.mode)
     }
 
+    /// Whether the slot holds a context with a queue (hardware or software, not off).
+    pub fn active(&self) -> bool {
+        self.mode().is_some_and(|m| m != super::MODE_OFF)
+    }
+
     /// The heap granularity (log2) in use, once a chunk named it.
     pub fn heap_log2(&self) -> Option<u32> {
         self.peek(|g| g.heap_log2()).flatten()
@@ -307,6 +312,7 @@ mod tests {
     fn an_empty_handle_has_no_context() {
         let h = GdaHandle::new();
         assert_eq!(h.mode(), None);
+        assert!(!h.active());
         assert_eq!(h.heap_log2(), None);
         assert_eq!(
             h.remove_heap_chunk_at(0x1000).unwrap_err(),

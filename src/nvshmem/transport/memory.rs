@@ -256,7 +256,7 @@ impl Transport {
             Some(r) => {
                 // A heap chunk GDA knows goes from GDA (every PE's row: the release is collective)
                 // before its registration closes.
-                if self.gda.mode().is_some_and(|m| m > 0) {
+                if self.gda.active() {
                     match self.gda.remove_heap_chunk_at(r.base) {
                         Ok(true) => tracing::debug!("GDA: heap chunk at {:#x} released", r.base),
                         Ok(false) => {}
@@ -321,7 +321,7 @@ impl Transport {
                 }
             }
         }
-        if !self.gda.mode().is_some_and(|m| m > 0) {
+        if !self.gda.active() {
             return Ok(());
         }
         let refuse = |m: String| {
