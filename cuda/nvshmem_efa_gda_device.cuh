@@ -139,7 +139,9 @@ typedef struct NvshmemEfaGdaDeviceLocal {
 
 // Host side (defined in nvshmem_efa_gda_state.cu).
 // Loads the library's device state into this application's nvshmem_efa_gda_state_d (and resets the
-// fail-fast flag). Returns NVSHMEM_EFA_GDA_LOAD_OK when kernels may post on the GDA queue.
+// fail-fast flag). Returns NVSHMEM_EFA_GDA_LOAD_OK when kernels may post on the GDA queue. These
+// NVSHMEM_EFA_GDA_LOAD_* codes (like NVSHMEM_EFA_GDA_ERR_* above) belong to the device API of these
+// headers; the library's host C API returns the NVSHMEM_EFA_ERROR_* codes of nvshmem_efa_gda.h.
 #define NVSHMEM_EFA_GDA_LOAD_OK 0
 #define NVSHMEM_EFA_GDA_LOAD_NOT_READY 1   /* copied, but the library has no usable GDA queue */
 #define NVSHMEM_EFA_GDA_LOAD_EGET (-1)     /* nvshmemt_efa_gda_get_device_state failed */

@@ -28,9 +28,12 @@ __device__ NvshmemEfaGdaDeviceLocal nvshmem_efa_gda_local_d = {1, 1, 0u, 0u};
 
 #ifndef NVSHMEM_EFA_GDA_HAVE_GET_DEVICE_STATE_DECL
 // Exported by libnvshmem_efa_gda.so (the library NVSHMEM loads as its libfabric transport): copies the
-// library's current device state into *out. Returns 0 on success.
+// library's current device state into *out. Returns 0 on success, else a positive
+// NVSHMEM_EFA_ERROR_* code of the host C API (nvshmem_efa_gda.h).
 extern "C" int nvshmemt_efa_gda_get_device_state(NvshmemEfaGdaDeviceState *out);
 #endif
+// Exported by the same library: the text of this thread's last failed nvshmemt_efa_gda_* call.
+extern "C" const char *nvshmem_efa_gda_last_error(void);
 
 static bool is_pow2(uint32_t x) { return x != 0u && (x & (x - 1u)) == 0u; }
 
@@ -80,8 +83,9 @@ extern "C" int nvshmem_efa_gda_load_device_state(cudaStream_t stream) {
     memset(&s, 0, sizeof s);
     int rc = nvshmemt_efa_gda_get_device_state(&s);
     if (rc != 0) {
-        fprintf(stderr, "nvshmem_efa_gda_load_device_state: nvshmemt_efa_gda_get_device_state -> %d\n",
-                rc);
+        fprintf(stderr,
+                "nvshmem_efa_gda_load_device_state: nvshmemt_efa_gda_get_device_state -> %d (%s)\n",
+                rc, nvshmem_efa_gda_last_error());
         memset(&s, 0, sizeof s);
         rc = NVSHMEM_EFA_GDA_LOAD_EGET;
     } else if (s.version != NVSHMEM_EFA_GDA_STATE_VERSION) {

@@ -13,13 +13,46 @@ struct fid_ep;
 struct fid_mr;
 struct fid_cq;
 
-// Generic failure (NVSHMEMX_ERROR_INTERNAL in NVSHMEM's numbering). Every NVSHMEM host op and
-// `nvshmemt_init` returns 0, this or [`NVSHMEM_EFA_ERROR_INVALID_VALUE`]; nothing else. (The GDA C
-// API, `nvshmemt_efa_gda_*`, keeps its documented negative errno values.)
-#define NVSHMEM_EFA_ERROR_INTERNAL 7
+// Success (NVSHMEMX_SUCCESS).
+//
+// One error vocabulary at the C boundary: every function of this header that returns a status (the
+// NVSHMEM host ops and `nvshmemt_init`, and the GDA C API `nvshmemt_efa_gda_*`) returns 0 or one of
+// the positive `NVSHMEM_EFA_ERROR_*` codes, never an errno. A code NVSHMEM has carries NVSHMEM's own
+// number (`enum nvshmemx_status` in NVSHMEM's `non_abi/nvshmemx_error.h`: INVALID_VALUE 1,
+// OUT_OF_MEMORY 2, NOT_SUPPORTED 3, INTERNAL 7); the library's own codes start at 100, above
+// NVSHMEM's range. `nvshmem_efa_gda_last_error()` gives the text of this thread's last GDA failure.
+// Not statuses: `nvshmemt_efa_gda_mode()` returns the mode (0, 1, 2) or -1 without a context.
+// The device API of `cuda/` has codes of its own (`NVSHMEM_EFA_GDA_ERR_*` of device functions,
+// `NVSHMEM_EFA_GDA_LOAD_*`, `NVSHMEM_EFA_GDA_IBGDA_SETUP_*`), a separate vocabulary.
+#define NVSHMEM_EFA_SUCCESS 0
 
 // Bad argument (NVSHMEMX_ERROR_INVALID_VALUE).
-#define NVSHMEM_EFA_ERROR_INVALID_VALUE 2
+#define NVSHMEM_EFA_ERROR_INVALID_VALUE 1
+
+// Memory could not be allocated (NVSHMEMX_ERROR_OUT_OF_MEMORY).
+#define NVSHMEM_EFA_ERROR_OUT_OF_MEMORY 2
+
+// Not available here: GDA is off, the provider has no GDA ops, the software queue on an endpoint
+// the caller owns (NVSHMEMX_ERROR_NOT_SUPPORTED).
+#define NVSHMEM_EFA_ERROR_NOT_SUPPORTED 3
+
+// Generic failure: a libfabric, CUDA or driver call failed, or a panic was caught
+// (NVSHMEMX_ERROR_INTERNAL). Every NVSHMEM host op and `nvshmemt_init` returns 0, this or
+// [`NVSHMEM_EFA_ERROR_INVALID_VALUE`]; nothing else.
+#define NVSHMEM_EFA_ERROR_INTERNAL 7
+
+// (This library's own, no NVSHMEM counterpart.) GDA is not initialised: no context is current.
+#define NVSHMEM_EFA_ERROR_NOT_INITIALIZED 100
+
+// (This library's own.) Already set up differently: GDA initialised on another domain, or
+// connected with another PE numbering.
+#define NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED 101
+
+// (This library's own.) The caller's buffer is too small; the size needed was returned.
+#define NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL 102
+
+// (This library's own.) Nothing to act on: no heap chunk starts at the given offset.
+#define NVSHMEM_EFA_ERROR_NOT_FOUND 103
 
 // Queue is backed by the provider's hardware queues (efa-direct GDA ops).
 #define NVSHMEM_EFA_GDA_MODE_HW 1
@@ -214,6 +247,11 @@ typedef struct NvshmemEfaGdaHeapKey {
 extern "C" {
 #endif // __cplusplus
 
+// The text of this thread's last failed `nvshmemt_efa_gda_*` call ("" when none failed yet): what
+// failed and why, the message the library also logs. The pointer stays valid until the next
+// failing GDA call on this thread; copy the text to keep it.
+const char *nvshmem_efa_gda_last_error(void);
+
 // The library's version string (static, NUL-terminated).
 const char *nvshmem_efa_gda_version(void);
 
@@ -222,9 +260,11 @@ const char *nvshmem_efa_gda_version(void);
 // The endpoint must be enabled, belong to `domain`, and be dedicated to GDA from now on (libfabric
 // must not post sends on it); both stay open until `nvshmemt_efa_gda_fini`. Its transmit CQ is named
 // afterwards with `nvshmemt_efa_gda_set_cq`. The software queue cannot run on an external endpoint:
-// with `NVSHMEM_EFA_GDA=soft`, or `auto` without GDA ops, this returns `-EOPNOTSUPP` and logs that
-// the library must be used as NVSHMEM's transport instead. With `NVSHMEM_EFA_GDA=off` it returns 0
-// and GDA stays off. Idempotent for the same domain.
+// with `NVSHMEM_EFA_GDA=soft`, or `auto` without GDA ops, this returns
+// `NVSHMEM_EFA_ERROR_NOT_SUPPORTED` and logs that the library must be used as NVSHMEM's transport
+// instead. With `NVSHMEM_EFA_GDA=off` it returns 0 and GDA stays off. Idempotent for the same
+// domain; `NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED` while a context on another domain is current.
+// The context belongs to the library until `nvshmemt_efa_gda_fini`.
 //
 // # Safety
 // `domain` and `ep` must be open libfabric objects as described above (or null, rejected).
@@ -239,12 +279,13 @@ int32_t nvshmemt_efa_gda_init_on_ep(struct fid_domain *domain,
 // `cq` must be the open CQ bound to that endpoint for transmit completions, open until fini.
 int32_t nvshmemt_efa_gda_set_cq(struct fid_cq *cq);
 
-// Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent; call it before
-// closing the endpoint, domain and fabric.
+// Shuts the current GDA context down (stops the software queue, unmaps the hardware queue), also
+// one this library's transport created (the transport then runs without GDA). Idempotent; call it
+// before closing the endpoint, domain and fabric.
 void nvshmemt_efa_gda_fini(void);
 
 // Copies the raw name of the GDA endpoint into `buf` (`*len` bytes of room) and sets `*len` to its
-// length. With `buf` null only the length is returned. `-ENOSPC` (and the length) when the buffer is
+// length. With `buf` null only the length is returned. `NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL` (and the length) when the buffer is
 // too small.
 //
 // # Safety
@@ -304,10 +345,11 @@ int32_t nvshmemt_efa_gda_add_remote_heap_chunk(int32_t pe,
                                                uint32_t log2_granularity);
 
 // Forgets the heap chunk at heap offset `start`, local and every PE's (the collective release of a
-// chunk). Returns 0, or `-ENOENT` when no local chunk starts there.
+// chunk). Returns 0, or `NVSHMEM_EFA_ERROR_NOT_FOUND` when no local chunk starts there.
 int32_t nvshmemt_efa_gda_remove_heap_chunk(uint64_t start);
 
-// 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
+// The mode of the current GDA context, not a status: 0 off, 1 hardware queues, 2 software queue;
+// -1 when GDA is not initialised (no context is current).
 int32_t nvshmemt_efa_gda_mode(void);
 
 // Copies the device state (host copy; the addresses inside are device addresses) into `out`.

@@ -626,7 +626,10 @@ fn c_api_chunk_calls_check_their_input() {
         nvshmemt_efa_gda_add_local_heap_chunk, nvshmemt_efa_gda_add_remote_heap_chunk,
         nvshmemt_efa_gda_remove_heap_chunk,
     };
-    let einval = -libc::EINVAL;
+    use nvshmem_efa_gda::capi::{
+        NVSHMEM_EFA_ERROR_INVALID_VALUE, NVSHMEM_EFA_ERROR_NOT_INITIALIZED,
+    };
+    let einval = NVSHMEM_EFA_ERROR_INVALID_VALUE;
     // SAFETY: null base: refused before anything is touched.
     let rc = unsafe {
         nvshmemt_efa_gda_add_local_heap_chunk(
@@ -663,12 +666,19 @@ fn c_api_chunk_calls_check_their_input() {
         einval
     );
     // Well-formed, but GDA is not initialised in this process.
-    let enodev = -libc::ENODEV;
+    let enodev = NVSHMEM_EFA_ERROR_NOT_INITIALIZED;
     assert_eq!(
         nvshmemt_efa_gda_add_remote_heap_chunk(0, 0, G, 0x1000, 1, LOG2),
         enodev
     );
     assert_eq!(nvshmemt_efa_gda_remove_heap_chunk(0), enodev);
+    // SAFETY: this thread's NUL-terminated text, read before the next failing call.
+    let text =
+        unsafe { std::ffi::CStr::from_ptr(nvshmem_efa_gda::capi::nvshmem_efa_gda_last_error()) };
+    assert_eq!(
+        text.to_str().unwrap(),
+        "nvshmemt_efa_gda_remove_heap_chunk: GDA is not initialised (-19)"
+    );
     // SAFETY: a live buffer; refused (not initialised) without being registered.
     let rc = unsafe {
         nvshmemt_efa_gda_add_local_heap_chunk(
@@ -797,7 +807,24 @@ fn transport_child() {
     }
     common::write_atomic(&env.dir, &format!("checked{me}"), "done=1\n");
     mp_gather(&env, "checked");
+    // The transport owns its context; the C API reaches it while the transport has it, and not
+    // after its finalize.
+    use nvshmem_efa_gda::capi::gda::{nvshmemt_efa_gda_mode, nvshmemt_efa_gda_remove_heap_chunk};
+    assert_eq!(
+        nvshmemt_efa_gda_mode(),
+        2,
+        "the transport's context is the C API's"
+    );
+    assert_eq!(
+        nvshmemt_efa_gda_remove_heap_chunk(1 << 40),
+        nvshmem_efa_gda::capi::NVSHMEM_EFA_ERROR_NOT_FOUND
+    );
     t.shutdown();
+    assert!(
+        nvshmemt_efa_gda_mode() < 0,
+        "finalize dropped the transport's context"
+    );
+    assert!(nvshmem_efa_gda::gda::device_state().is_none());
     println!("{}", common::ok_marker(me));
 }
 

@@ -6,6 +6,11 @@ mod softq_common;
 use std::ffi::c_void;
 
 use nvshmem_efa_gda::capi::gda::*;
+use nvshmem_efa_gda::capi::{
+    NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED, NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL,
+    NVSHMEM_EFA_ERROR_INVALID_VALUE, NVSHMEM_EFA_ERROR_NOT_INITIALIZED,
+    NVSHMEM_EFA_ERROR_NOT_SUPPORTED,
+};
 use nvshmem_efa_gda::config::GdaMode;
 use nvshmem_efa_gda::fabric::{AddressVector, CompletionQueue, Endpoint};
 use nvshmem_efa_gda::gda::hw::{self, NO_GDA_OPS};
@@ -127,8 +132,8 @@ fn c_state() -> Option<NvshmemEfaGdaDeviceState> {
 fn c_api_lifecycle_and_argument_checks() {
     capture();
     let p = providers().remove(0);
-    let enodev = -libc::ENODEV;
-    let einval = -libc::EINVAL;
+    let enodev = NVSHMEM_EFA_ERROR_NOT_INITIALIZED;
+    let einval = NVSHMEM_EFA_ERROR_INVALID_VALUE;
     assert!(nvshmemt_efa_gda_mode() < 0);
     let mut len = 0usize;
     // SAFETY: valid pointers (or deliberate nulls) throughout.
@@ -198,7 +203,7 @@ fn c_api_lifecycle_and_argument_checks() {
         let mut small = len - 1;
         assert_eq!(
             nvshmemt_efa_gda_get_address(buf.as_mut_ptr() as *mut c_void, &mut small),
-            -libc::ENOSPC
+            NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL
         );
         assert_eq!(small, len);
         assert_eq!(
@@ -277,7 +282,7 @@ fn c_api_lifecycle_and_argument_checks() {
     let r = unsafe {
         nvshmemt_efa_gda_init_on_ep(d2.as_ptr() as *mut FidDomain, ep.as_ptr() as *mut FidEp)
     };
-    assert_eq!(r, -libc::EALREADY);
+    assert_eq!(r, NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED);
 
     nvshmemt_efa_gda_fini();
     nvshmemt_efa_gda_fini();
@@ -298,7 +303,7 @@ fn c_api_lifecycle_and_argument_checks() {
                 )
             }
         });
-        assert_eq!(r, -libc::EOPNOTSUPP, "NVSHMEM_EFA_GDA={env}");
+        assert_eq!(r, NVSHMEM_EFA_ERROR_NOT_SUPPORTED, "NVSHMEM_EFA_GDA={env}");
         assert!(nvshmemt_efa_gda_mode() < 0);
         if env != "hw" {
             assert!(

@@ -1,14 +1,40 @@
 //! C API of GPU Direct Async (`nvshmemt_efa_gda_*`), for a patched NVSHMEM and for C/C++ programs.
 //!
-//! Every function returns 0 or a negative errno-style code (`-EINVAL` bad argument, `-ENODEV` not
-//! initialised, `-EOPNOTSUPP` not available here, `-EALREADY` already set up differently, `-ENOSPC`
-//! buffer too small, `-EIO` driver failure), logs every failure with its cause, is thread-safe, and
-//! never lets a panic cross into C.
+//! Every function that returns a status returns 0 or a published positive code (`super`'s
+//! `NVSHMEM_EFA_ERROR_*`, NVSHMEM's numbering where NVSHMEM has the code): INVALID_VALUE bad
+//! argument, NOT_INITIALIZED no GDA context, NOT_SUPPORTED not available here, ALREADY_INITIALIZED
+//! already set up differently, BUFFER_TOO_SMALL, NOT_FOUND, OUT_OF_MEMORY, INTERNAL driver or
+//! libfabric failure (or a caught panic). Every failure is logged with its cause and its text kept
+//! for `nvshmem_efa_gda_last_error()`; every function is thread-safe and never lets a panic cross
+//! into C. Inside the library GDA errors carry errno-style codes ([`GdaError`]); [`status_of`] is
+//! the one translation.
 use std::ffi::c_void;
 
-use super::ffi_guard;
+use super::{
+    ffi_guard, set_last_error, NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED,
+    NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL, NVSHMEM_EFA_ERROR_INTERNAL,
+    NVSHMEM_EFA_ERROR_INVALID_VALUE, NVSHMEM_EFA_ERROR_NOT_FOUND,
+    NVSHMEM_EFA_ERROR_NOT_INITIALIZED, NVSHMEM_EFA_ERROR_NOT_SUPPORTED,
+    NVSHMEM_EFA_ERROR_OUT_OF_MEMORY,
+};
 use crate::fabric::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
 use crate::gda::{self, state::NvshmemEfaGdaDeviceState, GdaError};
+
+/// What a panic inside a status-returning call returns.
+const ON_PANIC: i32 = NVSHMEM_EFA_ERROR_INTERNAL;
+
+/// The published code of a GDA error: the errno-style codes the GDA layer uses map onto their
+/// published names; every other code (a libfabric, CUDA or driver failure) is INTERNAL.
+pub fn status_of(e: &GdaError) -> i32 {
+    match -e.code {
+        libc::EINVAL => NVSHMEM_EFA_ERROR_INVALID_VALUE,
+        libc::ENOMEM => NVSHMEM_EFA_ERROR_OUT_OF_MEMORY,
+        libc::EOPNOTSUPP | libc::ENOSYS => NVSHMEM_EFA_ERROR_NOT_SUPPORTED,
+        libc::ENODEV => NVSHMEM_EFA_ERROR_NOT_INITIALIZED,
+        libc::EALREADY => NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED,
+        _ => NVSHMEM_EFA_ERROR_INTERNAL,
+    }
+}
 
 /// Opaque `struct fid_domain` (libfabric); only pointers to it cross the C API.
 pub struct FidDomain {
@@ -30,9 +56,15 @@ pub struct FidCq {
     _p: [u8; 0],
 }
 
+/// Logs a failure, keeps its text for `nvshmem_efa_gda_last_error()` and returns `code`.
+fn refuse(name: &str, code: i32, message: &str) -> i32 {
+    tracing::error!("{name}: {message}");
+    set_last_error(&format!("{name}: {message}"));
+    code
+}
+
 fn fail(name: &str, e: GdaError) -> i32 {
-    tracing::error!("{name}: {e}");
-    e.code
+    refuse(name, status_of(&e), &e.to_string())
 }
 
 fn invalid(name: &str, what: &str) -> i32 {
@@ -44,9 +76,11 @@ fn invalid(name: &str, what: &str) -> i32 {
 /// The endpoint must be enabled, belong to `domain`, and be dedicated to GDA from now on (libfabric
 /// must not post sends on it); both stay open until `nvshmemt_efa_gda_fini`. Its transmit CQ is named
 /// afterwards with `nvshmemt_efa_gda_set_cq`. The software queue cannot run on an external endpoint:
-/// with `NVSHMEM_EFA_GDA=soft`, or `auto` without GDA ops, this returns `-EOPNOTSUPP` and logs that
-/// the library must be used as NVSHMEM's transport instead. With `NVSHMEM_EFA_GDA=off` it returns 0
-/// and GDA stays off. Idempotent for the same domain.
+/// with `NVSHMEM_EFA_GDA=soft`, or `auto` without GDA ops, this returns
+/// `NVSHMEM_EFA_ERROR_NOT_SUPPORTED` and logs that the library must be used as NVSHMEM's transport
+/// instead. With `NVSHMEM_EFA_GDA=off` it returns 0 and GDA stays off. Idempotent for the same
+/// domain; `NVSHMEM_EFA_ERROR_ALREADY_INITIALIZED` while a context on another domain is current.
+/// The context belongs to the library until `nvshmemt_efa_gda_fini`.
 ///
 /// # Safety
 /// `domain` and `ep` must be open libfabric objects as described above (or null, rejected).
@@ -56,7 +90,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_init_on_ep(
     ep: *mut FidEp,
 ) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_init_on_ep";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if domain.is_null() || ep.is_null() {
             return invalid(NAME, "null domain or endpoint");
         }
@@ -87,7 +121,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_init_on_ep(
 #[no_mangle]
 pub unsafe extern "C" fn nvshmemt_efa_gda_set_cq(cq: *mut FidCq) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_set_cq";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if cq.is_null() {
             return invalid(NAME, "null CQ");
         }
@@ -103,15 +137,16 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_set_cq(cq: *mut FidCq) -> i32 {
     })
 }
 
-/// Shuts GDA down (stops the software queue, unmaps the hardware queue). Idempotent; call it before
-/// closing the endpoint, domain and fabric.
+/// Shuts the current GDA context down (stops the software queue, unmaps the hardware queue), also
+/// one this library's transport created (the transport then runs without GDA). Idempotent; call it
+/// before closing the endpoint, domain and fabric.
 #[no_mangle]
 pub extern "C" fn nvshmemt_efa_gda_fini() {
     ffi_guard("nvshmemt_efa_gda_fini", (), gda::fini)
 }
 
 /// Copies the raw name of the GDA endpoint into `buf` (`*len` bytes of room) and sets `*len` to its
-/// length. With `buf` null only the length is returned. `-ENOSPC` (and the length) when the buffer is
+/// length. With `buf` null only the length is returned. `NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL` (and the length) when the buffer is
 /// too small.
 ///
 /// # Safety
@@ -119,7 +154,7 @@ pub extern "C" fn nvshmemt_efa_gda_fini() {
 #[no_mangle]
 pub unsafe extern "C" fn nvshmemt_efa_gda_get_address(buf: *mut c_void, len: *mut usize) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_get_address";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if len.is_null() {
             return invalid(NAME, "null length pointer");
         }
@@ -135,12 +170,10 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_get_address(buf: *mut c_void, len: *mu
             return 0;
         }
         if room < name.len() {
-            return fail(
+            return refuse(
                 NAME,
-                GdaError {
-                    code: -libc::ENOSPC,
-                    message: format!("buffer of {room} bytes for a {}-byte name", name.len()),
-                },
+                NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL,
+                &format!("buffer of {room} bytes for a {}-byte name", name.len()),
             );
         }
         // SAFETY: buf has room for `room` >= name.len() bytes.
@@ -166,7 +199,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_connect(
     fi_addrs: *const u64,
 ) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_connect";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if n_pes <= 0 || my_pe < 0 || my_pe >= n_pes {
             return invalid(NAME, &format!("PE {my_pe} of {n_pes}"));
         }
@@ -221,7 +254,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_set_local_heap(
     mr: *mut FidMr,
 ) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_set_local_heap";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if base.is_null() || size == 0 {
             return invalid(NAME, &format!("empty heap {base:p}+{size}"));
         }
@@ -239,7 +272,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_set_local_heap(
 #[no_mangle]
 pub extern "C" fn nvshmemt_efa_gda_set_remote_heap(pe: i32, base: u64, size: u64, key: u64) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_set_remote_heap";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if pe < 0 || base == 0 || size == 0 {
             return invalid(NAME, &format!("PE {pe}, heap {base:#x}+{size}"));
         }
@@ -267,7 +300,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_add_local_heap_chunk(
     log2_granularity: u32,
 ) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_add_local_heap_chunk";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if base.is_null() || end <= start {
             return invalid(NAME, &format!("chunk [{start:#x}, {end:#x}) at {base:p}"));
         }
@@ -295,7 +328,7 @@ pub extern "C" fn nvshmemt_efa_gda_add_remote_heap_chunk(
     log2_granularity: u32,
 ) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_add_remote_heap_chunk";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if pe < 0 || addr == 0 || end <= start {
             return invalid(
                 NAME,
@@ -310,21 +343,28 @@ pub extern "C" fn nvshmemt_efa_gda_add_remote_heap_chunk(
 }
 
 /// Forgets the heap chunk at heap offset `start`, local and every PE's (the collective release of a
-/// chunk). Returns 0, or `-ENOENT` when no local chunk starts there.
+/// chunk). Returns 0, or `NVSHMEM_EFA_ERROR_NOT_FOUND` when no local chunk starts there.
 #[no_mangle]
 pub extern "C" fn nvshmemt_efa_gda_remove_heap_chunk(start: u64) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_remove_heap_chunk";
-    ffi_guard(NAME, -libc::EIO, || match gda::remove_heap_chunk(start) {
+    ffi_guard(NAME, ON_PANIC, || match gda::remove_heap_chunk(start) {
         Ok(true) => 0,
-        Ok(false) => -libc::ENOENT,
+        Ok(false) => refuse(
+            NAME,
+            NVSHMEM_EFA_ERROR_NOT_FOUND,
+            &format!("no local heap chunk starts at heap offset {start:#x}"),
+        ),
         Err(e) => fail(NAME, e),
     })
 }
 
-/// 0 off, 1 hardware queues, 2 software queue, negative (`-ENODEV`) when not initialised.
+/// The mode of the current GDA context, not a status: 0 off, 1 hardware queues, 2 software queue;
+/// -1 when GDA is not initialised (no context is current).
 #[no_mangle]
 pub extern "C" fn nvshmemt_efa_gda_mode() -> i32 {
-    ffi_guard("nvshmemt_efa_gda_mode", -libc::EIO, gda::mode)
+    ffi_guard("nvshmemt_efa_gda_mode", -1, || {
+        gda::mode().map_or(-1, |m| m as i32)
+    })
 }
 
 /// Copies the device state (host copy; the addresses inside are device addresses) into `out`.
@@ -336,7 +376,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
     out: *mut NvshmemEfaGdaDeviceState,
 ) -> i32 {
     const NAME: &str = "nvshmemt_efa_gda_get_device_state";
-    ffi_guard(NAME, -libc::EIO, || {
+    ffi_guard(NAME, ON_PANIC, || {
         if out.is_null() {
             return invalid(NAME, "null output pointer");
         }
@@ -347,7 +387,7 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
                 0
             }
             None => {
-                let e = if gda::mode() < 0 {
+                let e = if gda::mode().is_none() {
                     GdaError::not_initialised()
                 } else {
                     GdaError::unsupported("GDA is off: there is no device state")

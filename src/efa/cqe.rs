@@ -56,118 +56,57 @@ pub const FLAG_OP_TYPE_SHIFT: u32 = 4;
 /// flags bit 7: no matching receive request (RDMA write with immediate, receive only).
 pub const FLAG_UNSOLICITED: u8 = 1 << 7;
 
-/// Which queue of the QP a completion belongs to (flags bits 2:1).
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QueueType {
-    /// Send queue.
-    Send = 1,
-    /// Receive queue.
-    Recv = 2,
-}
-
-impl QueueType {
-    /// Maps a raw queue-type value; `None` for 0 and 3.
-    pub const fn from_raw(raw: u8) -> Option<Self> {
-        match raw {
-            1 => Some(QueueType::Send),
-            2 => Some(QueueType::Recv),
-            _ => None,
-        }
+raw_u8_enum! {
+    /// Which queue of the QP a completion belongs to (flags bits 2:1); 0 and 3 are not defined.
+    pub enum QueueType {
+        /// Send queue.
+        Send = 1,
+        /// Receive queue.
+        Recv = 2,
     }
 }
 
-/// Completion status (byte 2), as the device reports it.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CqStatus {
-    /// 0: success.
-    Ok = 0,
-    /// 1: flushed while the QP was destroyed.
-    Flushed = 1,
-    /// 2: local QP internal error.
-    LocalQpInternalError = 2,
-    /// 3: unsupported operation type.
-    LocalUnsupportedOp = 3,
-    /// 4: invalid address handle (local).
-    LocalInvalidAh = 4,
-    /// 5: local memory registration invalid, lacking access rights or not matching the address.
-    LocalInvalidLkey = 5,
-    /// 6: message too long.
-    LocalBadLength = 6,
-    /// 7: remote memory registration invalid, lacking access rights or not matching the address.
-    RemoteBadAddress = 7,
-    /// 8: connection reset by the remote peer.
-    RemoteAbort = 8,
-    /// 9: bad destination QP number (missing or in error state).
-    RemoteBadDestQpn = 9,
-    /// 10: receiver not ready (no receive buffer posted).
-    RemoteRnr = 10,
-    /// 11: remote scatter list too short.
-    RemoteBadLength = 11,
-    /// 12: unexpected status returned by the responder.
-    RemoteBadStatus = 12,
-    /// 13: remote stopped responding after having responded before (a local error code).
-    LocalUnresponsiveRemote = 13,
-    /// 14: the remote side has no address handle for us (required for RDMA).
-    RemoteUnknownPeer = 14,
-    /// 15: remote never responded (a local error code).
-    LocalUnreachableRemote = 15,
-    /// 18: remote feature mismatch.
-    RemoteFeatureMismatch = 18,
+raw_u8_enum! {
+    /// Completion status (byte 2), as the device reports it; 16, 17 and 19-255 are not defined.
+    pub enum CqStatus {
+        /// 0: success.
+        Ok = 0,
+        /// 1: flushed while the QP was destroyed.
+        Flushed = 1,
+        /// 2: local QP internal error.
+        LocalQpInternalError = 2,
+        /// 3: unsupported operation type.
+        LocalUnsupportedOp = 3,
+        /// 4: invalid address handle (local).
+        LocalInvalidAh = 4,
+        /// 5: local memory registration invalid, lacking access rights or not matching the address.
+        LocalInvalidLkey = 5,
+        /// 6: message too long.
+        LocalBadLength = 6,
+        /// 7: remote memory registration invalid, lacking access rights or not matching the address.
+        RemoteBadAddress = 7,
+        /// 8: connection reset by the remote peer.
+        RemoteAbort = 8,
+        /// 9: bad destination QP number (missing or in error state).
+        RemoteBadDestQpn = 9,
+        /// 10: receiver not ready (no receive buffer posted).
+        RemoteRnr = 10,
+        /// 11: remote scatter list too short.
+        RemoteBadLength = 11,
+        /// 12: unexpected status returned by the responder.
+        RemoteBadStatus = 12,
+        /// 13: remote stopped responding after having responded before (a local error code).
+        LocalUnresponsiveRemote = 13,
+        /// 14: the remote side has no address handle for us (required for RDMA).
+        RemoteUnknownPeer = 14,
+        /// 15: remote never responded (a local error code).
+        LocalUnreachableRemote = 15,
+        /// 18: remote feature mismatch.
+        RemoteFeatureMismatch = 18,
+    }
 }
 
 impl CqStatus {
-    /// Every defined status, in code order.
-    pub const ALL: [CqStatus; 17] = [
-        CqStatus::Ok,
-        CqStatus::Flushed,
-        CqStatus::LocalQpInternalError,
-        CqStatus::LocalUnsupportedOp,
-        CqStatus::LocalInvalidAh,
-        CqStatus::LocalInvalidLkey,
-        CqStatus::LocalBadLength,
-        CqStatus::RemoteBadAddress,
-        CqStatus::RemoteAbort,
-        CqStatus::RemoteBadDestQpn,
-        CqStatus::RemoteRnr,
-        CqStatus::RemoteBadLength,
-        CqStatus::RemoteBadStatus,
-        CqStatus::LocalUnresponsiveRemote,
-        CqStatus::RemoteUnknownPeer,
-        CqStatus::LocalUnreachableRemote,
-        CqStatus::RemoteFeatureMismatch,
-    ];
-
-    /// Maps a raw status byte; `None` for codes the device does not define (16, 17, 19-255).
-    pub const fn from_raw(raw: u8) -> Option<Self> {
-        Some(match raw {
-            0 => CqStatus::Ok,
-            1 => CqStatus::Flushed,
-            2 => CqStatus::LocalQpInternalError,
-            3 => CqStatus::LocalUnsupportedOp,
-            4 => CqStatus::LocalInvalidAh,
-            5 => CqStatus::LocalInvalidLkey,
-            6 => CqStatus::LocalBadLength,
-            7 => CqStatus::RemoteBadAddress,
-            8 => CqStatus::RemoteAbort,
-            9 => CqStatus::RemoteBadDestQpn,
-            10 => CqStatus::RemoteRnr,
-            11 => CqStatus::RemoteBadLength,
-            12 => CqStatus::RemoteBadStatus,
-            13 => CqStatus::LocalUnresponsiveRemote,
-            14 => CqStatus::RemoteUnknownPeer,
-            15 => CqStatus::LocalUnreachableRemote,
-            18 => CqStatus::RemoteFeatureMismatch,
-            _ => return None,
-        })
-    }
-
-    /// The raw status byte.
-    pub const fn raw(self) -> u8 {
-        self as u8
-    }
-
     /// True for [`CqStatus::Ok`].
     pub const fn is_ok(self) -> bool {
         matches!(self, CqStatus::Ok)

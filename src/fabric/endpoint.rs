@@ -392,6 +392,30 @@ impl Endpoint {
     }
 }
 
+/// The iovec of `len` bytes at `buf`.
+fn iovec(buf: *mut u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: buf as *mut c_void,
+        iov_len: len,
+    }
+}
+
+/// A libfabric message struct (`fi_msg`, `fi_msg_rma`) naming one local segment (`iov`, a
+/// `&libc::iovec`, and `desc`, a `&mut` to its descriptor), the peer `dest` and the context `ctx`;
+/// every other field zero. The caller keeps what the pointers name alive until the call returns.
+macro_rules! one_segment_msg {
+    ($ty:ty, $iov:expr, $desc:expr, $dest:expr, $ctx:expr) => {{
+        // SAFETY: an all-zero libfabric message struct is valid (null pointers, zero counts).
+        let mut msg: $ty = unsafe { std::mem::zeroed() };
+        msg.msg_iov = $iov as *const libc::iovec as *const _;
+        msg.desc = $desc;
+        msg.iov_count = 1;
+        msg.addr = $dest;
+        msg.context = $ctx;
+        msg
+    }};
+}
+
 impl Endpoint {
     /// `fi_writemsg` (`write`) or `fi_readmsg` with one local and one remote segment, remote CQ data
     /// `data` (sent when `flags` holds [`flags::REMOTE_CQ_DATA`](super::flags::REMOTE_CQ_DATA)) and
@@ -414,21 +438,13 @@ impl Endpoint {
         data: u64,
         flags: u64,
     ) -> Result<()> {
-        let iov = libc::iovec {
-            iov_base: buf as *mut c_void,
-            iov_len: len,
-        };
+        let iov = iovec(buf, len);
         let mut d = desc;
         let riov = fi::fi_rma_iov { addr, len, key };
-        // SAFETY: an all-zero fi_msg_rma is valid; every pointer set below outlives the call.
-        let mut msg: fi::fi_msg_rma = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &iov as *const libc::iovec as *const _;
-        msg.desc = &mut d;
-        msg.iov_count = 1;
-        msg.addr = dest;
+        // Every pointer the message holds (iov, d, riov) outlives the call.
+        let mut msg = one_segment_msg!(fi::fi_msg_rma, &iov, &mut d, dest, ctx);
         msg.rma_iov = &riov;
         msg.rma_iov_count = 1;
-        msg.context = ctx;
         msg.data = data;
         // SAFETY: open endpoint; the buffers and context per the contract.
         let ret = unsafe {
@@ -457,18 +473,10 @@ impl Endpoint {
         ctx: *mut c_void,
         flags: u64,
     ) -> Result<()> {
-        let iov = libc::iovec {
-            iov_base: buf as *mut c_void,
-            iov_len: len,
-        };
+        let iov = iovec(buf, len);
         let mut d = desc;
-        // SAFETY: an all-zero fi_msg is valid; every pointer set below outlives the call.
-        let mut msg: fi::fi_msg = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &iov as *const libc::iovec as *const _;
-        msg.desc = &mut d;
-        msg.iov_count = 1;
-        msg.addr = dest;
-        msg.context = ctx;
+        // Every pointer the message holds (iov, d) outlives the call.
+        let msg = one_segment_msg!(fi::fi_msg, &iov, &mut d, dest, ctx);
         // SAFETY: open endpoint; the buffer and context per the contract.
         let ret = unsafe { fi::fi_sendmsg(self.raw, &msg, flags) };
         check(ret as i64, || {

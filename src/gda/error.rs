@@ -1,4 +1,6 @@
-//! Errors of the GDA layer: a negative errno-style code and a message that says what and why.
+//! Errors of the GDA layer: a negative errno-style code and a message that says what and why. Inside
+//! the library only: the C API returns the published `NVSHMEM_EFA_ERROR_*` codes
+//! (`capi::gda::status_of` translates).
 use std::fmt;
 
 use crate::cuda;

@@ -27,10 +27,16 @@ int main() {
 
     check(nvshmemt_efa_gda_mode() < 0, "nvshmemt_efa_gda_mode() is negative before init");
 
-    // Bad arguments give an error code, not a crash; the library stays uninitialised.
-    check(nvshmemt_efa_gda_init_on_ep(nullptr, nullptr) < 0,
-          "nvshmemt_efa_gda_init_on_ep(NULL, NULL) fails");
+    // Bad arguments give a published error code, not a crash; the library stays uninitialised.
+    check(nvshmemt_efa_gda_init_on_ep(nullptr, nullptr) == NVSHMEM_EFA_ERROR_INVALID_VALUE,
+          "nvshmemt_efa_gda_init_on_ep(NULL, NULL) returns NVSHMEM_EFA_ERROR_INVALID_VALUE");
+    const char *why = nvshmem_efa_gda_last_error();
+    check(why != nullptr && std::strstr(why, "nvshmemt_efa_gda_init_on_ep") != nullptr,
+          "nvshmem_efa_gda_last_error() names the failed call");
     check(nvshmemt_efa_gda_mode() < 0, "nvshmemt_efa_gda_mode() still negative");
+    check(nvshmemt_efa_gda_remove_heap_chunk(0) == NVSHMEM_EFA_ERROR_NOT_INITIALIZED,
+          "nvshmemt_efa_gda_remove_heap_chunk() before init returns "
+          "NVSHMEM_EFA_ERROR_NOT_INITIALIZED");
 
     std::printf("%s\n", failures == 0 ? "PASS" : "FAILED");
     return failures == 0 ? 0 : 1;

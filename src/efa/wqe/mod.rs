@@ -97,32 +97,15 @@ pub const PROCESSING_HINT_HIGH_PPS: u8 = 1;
 /// Byte offset of the data area (buffer descriptors, inline payload or RDMA request).
 pub const DATA_OFFSET: usize = 32;
 
-/// Operation type carried in `ctrl1` bits 3:0 (and in CQE flags bits 6:4).
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OpType {
-    /// Two-sided send; consumes a receive buffer at the target.
-    Send = 0,
-    /// One-sided RDMA read from remote memory into a local buffer.
-    RdmaRead = 1,
-    /// One-sided RDMA write from a local buffer into remote memory.
-    RdmaWrite = 2,
-}
-
-impl OpType {
-    /// Maps a raw op-type value to the enum; `None` for values the device does not define.
-    pub const fn from_raw(raw: u8) -> Option<Self> {
-        match raw {
-            0 => Some(OpType::Send),
-            1 => Some(OpType::RdmaRead),
-            2 => Some(OpType::RdmaWrite),
-            _ => None,
-        }
-    }
-
-    /// The raw value written into the WQE or CQE.
-    pub const fn raw(self) -> u8 {
-        self as u8
+raw_u8_enum! {
+    /// Operation type carried in `ctrl1` bits 3:0 (and in CQE flags bits 6:4).
+    pub enum OpType {
+        /// Two-sided send; consumes a receive buffer at the target.
+        Send = 0,
+        /// One-sided RDMA read from remote memory into a local buffer.
+        RdmaRead = 1,
+        /// One-sided RDMA write from a local buffer into remote memory.
+        RdmaWrite = 2,
     }
 }
 

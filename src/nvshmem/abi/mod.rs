@@ -343,11 +343,14 @@ pub mod lib_code {
     pub const GPUNETIO: i32 = 2;
 }
 
-/// NVSHMEM error codes the ops return.
+/// NVSHMEM error codes the ops return (`enum nvshmemx_status`, NVSHMEM's `non_abi/nvshmemx_error.h`:
+/// SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_SUPPORTED, SYMMETRY, GPU_NOT_SELECTED,
+/// COLLECTIVE_LAUNCH_FAILED, INTERNAL, numbered from 0).
 pub mod status {
     pub const SUCCESS: i32 = 0;
-    pub const INVALID_VALUE: i32 = 2;
-    pub const OUT_OF_MEMORY: i32 = 3;
+    pub const INVALID_VALUE: i32 = 1;
+    pub const OUT_OF_MEMORY: i32 = 2;
+    pub const NOT_SUPPORTED: i32 = 3;
     pub const INTERNAL: i32 = 7;
 }
 

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 
-use super::endpoints::{EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
+use super::endpoints::{EpState, OpRoute, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
 use super::memory::{copy_any, write_any};
 use super::rma::Transfer;
 use super::{abi, internal, Connected, TResult, Transport};
@@ -446,7 +446,8 @@ impl Transport {
         while off < len {
             let n = (STAGE_CHUNK as u64).min(len - off);
             let wait_data = if is_put { 0 } else { laddr + off };
-            let wait = self.alloc_for_peer(c, ep, pe as usize, TAG_AM_WAIT, wait_data)?;
+            let wait =
+                self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, wait_data))?;
             let hdr = AmMsg {
                 magic: AM_MAGIC,
                 kind: if is_put { AM_PUT } else { AM_GET },

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::{self, amo, AmoMemdesc};
 use super::am::{AmMsg, AM_MAGIC, AM_REQ};
-use super::endpoints::{EpState, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP};
+use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
 use super::{internal, invalid, Connected, TResult, Transport};
@@ -132,7 +132,7 @@ impl Transport {
         let ep_addr = e as *const EpState as usize;
         let (res_ptr, res_desc) = (res_ptr as usize, res_desc as usize);
         let cmpv = t.cmp;
-        self.post_deferrable(c, ep, pe as usize, TAG_OP, 0, move |ctx| {
+        self.post_deferrable(c, OpRoute::op(ep, pe as usize), move |ctx| {
             // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
             // outlives every call.
             let e = unsafe { &*(ep_addr as *const EpState) };
@@ -209,7 +209,7 @@ impl Transport {
         } else {
             0
         };
-        let wait = self.alloc_for_peer(c, ep, pe as usize, TAG_AM_WAIT, retptr)?;
+        let wait = self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, retptr))?;
         // SAFETY: own context; scratch[0] keeps the operand size for the response handler.
         unsafe { *e.ctxs.scratch(wait).expect("own context") = size };
         let msg = AmMsg {
@@ -227,11 +227,15 @@ impl Transport {
         };
         let dest = c.addr(pe, ep);
         let ep_addr = e as *const EpState as usize;
-        let r = self.post_deferrable(c, ep, pe as usize, TAG_AM_SEND, wait as u64, move |ctx| {
-            // SAFETY: the endpoint state owns the backlog this closure may wait in.
-            let e = unsafe { &*(ep_addr as *const EpState) };
-            e.send_from_scratch(ctx, pe as usize, dest, msg)
-        });
+        let r = self.post_deferrable(
+            c,
+            OpRoute::new(ep, pe as usize, TAG_AM_SEND, wait as u64),
+            move |ctx| {
+                // SAFETY: the endpoint state owns the backlog this closure may wait in.
+                let e = unsafe { &*(ep_addr as *const EpState) };
+                e.send_from_scratch(ctx, pe as usize, dest, msg)
+            },
+        );
         if let Err(err) = r {
             e.uncount(wait);
             return Err(err);

@@ -24,6 +24,28 @@ use crate::mover::handle::HostId;
 
 // Context tags.
 pub(super) const TAG_OP: u64 = 1;
+
+/// Where an operation goes and how its completion is recognised: endpoint `ep` of PE `pe`, the
+/// context's tag and its data.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpRoute {
+    pub ep: usize,
+    pub pe: usize,
+    pub tag: u64,
+    pub data: u64,
+}
+
+impl OpRoute {
+    /// An operation tagged `tag` with `data`, on endpoint `ep` to PE `pe`.
+    pub(super) fn new(ep: usize, pe: usize, tag: u64, data: u64) -> OpRoute {
+        OpRoute { ep, pe, tag, data }
+    }
+
+    /// A plain operation (`TAG_OP`, no data) on endpoint `ep` to PE `pe`.
+    pub(super) fn op(ep: usize, pe: usize) -> OpRoute {
+        OpRoute::new(ep, pe, TAG_OP, 0)
+    }
+}
 pub(super) const TAG_AM_SEND: u64 = 2;
 pub(super) const TAG_AM_RECV: u64 = 3;
 pub(super) const TAG_AM_WAIT: u64 = 4;
@@ -546,14 +568,14 @@ impl Transport {
         }
         // Every PE takes part in the exchange even if its own GDA init failed (empty name), so the
         // collective never hangs; a PE then simply has no GDA.
-        let local = match crate::gda::init_internal(&self.domain, &self.cfg) {
+        let local = match self.gda.init(&self.domain, &self.cfg) {
             Ok(mode) => {
                 tracing::info!("GDA initialised on its own endpoint (mode {mode})");
                 let pm = super::gda_link::peer_memory(&self.mover);
-                if let Err(e) = crate::gda::set_peer_memory(Some(pm)) {
+                if let Err(e) = self.gda.with(|g| g.set_peer_memory(Some(pm))) {
                     tracing::warn!("GDA: same-host copies not available to the queue: {e}");
                 }
-                crate::gda::address().unwrap_or_default()
+                self.gda.with(|g| g.address()).unwrap_or_default()
             }
             Err(e) => {
                 if self.cfg.gda == GdaMode::Hw {
@@ -584,12 +606,12 @@ impl Transport {
         let mut all = vec![0u8; max * n_pes as usize];
         if allgather(&mine, &mut all).is_err() || min != max {
             tracing::warn!("GDA address exchange failed or some PE has no GDA: GDA disabled");
-            crate::gda::fini();
+            self.gda.shutdown();
             return;
         }
-        if let Err(e) = crate::gda::connect(my_pe, n_pes, &all, None) {
+        if let Err(e) = self.gda.with(|g| g.connect(my_pe, n_pes, &all, None)) {
             tracing::warn!("GDA connect failed: {e}");
-            crate::gda::fini();
+            self.gda.shutdown();
         }
     }
 
@@ -663,14 +685,8 @@ impl Transport {
     /// Takes a context for an operation to `pe` tagged `tag`; refused when `pe` is gone. One that
     /// quiet waits for (see [`counted`]) is counted as submitted; an operation that is not posted
     /// gives its context back with [`EpState::release_unposted`].
-    pub(super) fn alloc_for_peer(
-        &self,
-        c: &Connected,
-        ep: usize,
-        pe: usize,
-        tag: u64,
-        data: u64,
-    ) -> TResult<*mut c_void> {
+    pub(super) fn alloc_for_peer(&self, c: &Connected, r: OpRoute) -> TResult<*mut c_void> {
+        let OpRoute { ep, pe, tag, data } = r;
         self.check_peer(c, pe)?;
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
         if counted(tag) {
@@ -687,14 +703,12 @@ impl Transport {
     pub(super) fn post_deferrable(
         &self,
         c: &Connected,
-        ep: usize,
-        pe: usize,
-        tag: u64,
-        data: u64,
+        r: OpRoute,
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()> + 'static,
     ) -> TResult<*mut c_void> {
+        let OpRoute { ep, pe, tag, .. } = r;
         let e = &c.eps[ep];
-        let ctx = self.alloc_for_peer(c, ep, pe, tag, data)?;
+        let ctx = self.alloc_for_peer(c, r)?;
         let a = &e.peer[pe];
         let mut q = a.backlog.lock();
         let r = if q.is_empty() {
@@ -743,14 +757,12 @@ impl Transport {
     pub(super) fn post(
         &self,
         c: &Connected,
-        ep: usize,
-        pe: usize,
-        tag: u64,
-        data: u64,
+        r: OpRoute,
         f: impl Fn(*mut c_void) -> crate::fabric::Result<()>,
     ) -> TResult<*mut c_void> {
+        let OpRoute { ep, pe, tag, .. } = r;
         let e = &c.eps[ep];
-        let ctx = self.alloc_for_peer(c, ep, pe, tag, data)?;
+        let ctx = self.alloc_for_peer(c, r)?;
         let a = &e.peer[pe];
         let attempt = || {
             if c.peers[pe].is_gone() {

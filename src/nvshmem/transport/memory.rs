@@ -261,8 +261,8 @@ impl Transport {
                 }
                 // A heap chunk GDA knows goes from GDA (every PE's row: the release is collective)
                 // before its registration closes.
-                if crate::gda::mode() > 0 {
-                    match crate::gda::remove_heap_chunk_at(r.base) {
+                if self.gda.active() {
+                    match self.gda.remove_heap_chunk_at(r.base) {
                         Ok(true) => tracing::debug!("GDA: heap chunk at {:#x} released", r.base),
                         Ok(false) => {}
                         Err(e) => tracing::warn!("GDA: releasing heap chunk at {:#x}: {e}", r.base),
@@ -326,7 +326,7 @@ impl Transport {
                 }
             }
         }
-        if crate::gda::mode() <= 0 {
+        if !self.gda.active() {
             return Ok(());
         }
         let refuse = |m: String| {
@@ -341,7 +341,7 @@ impl Transport {
         // granularity already in use serves, else one granule covering this chunk.
         let log2_granularity = match log2_granularity {
             0 => {
-                let l = crate::gda::heap_log2().unwrap_or_else(|| {
+                let l = self.gda.heap_log2().unwrap_or_else(|| {
                     crate::gda::heap::ceil_log2(end).max(crate::gda::heap::DEFAULT_LOG2_GRANULARITY)
                 });
                 tracing::info!(
@@ -406,7 +406,7 @@ impl Transport {
         // SAFETY: the registration stays open and the memory allocated until release_mem_handle,
         // which removes the chunk from GDA first.
         unsafe {
-            crate::gda::add_local_heap_chunk(
+            self.gda.add_local_heap_chunk(
                 heap_offset,
                 end,
                 mine.base,
@@ -416,15 +416,18 @@ impl Transport {
         }
         .map_err(|e| refuse(format!("local chunk {heap_offset:#x}+{size}: {e}")))?;
         for (pe, b) in blobs.iter().enumerate() {
-            crate::gda::add_remote_heap_chunk(
-                pe as i32,
-                heap_offset,
-                end,
-                b.base,
-                b.keys[0],
-                log2_granularity,
-            )
-            .map_err(|e| refuse(format!("chunk {heap_offset:#x}+{size} of PE {pe}: {e}")))?;
+            self.gda
+                .with(|g| {
+                    g.add_remote_heap_chunk(
+                        pe as i32,
+                        heap_offset,
+                        end,
+                        b.base,
+                        b.keys[0],
+                        log2_granularity,
+                    )
+                })
+                .map_err(|e| refuse(format!("chunk {heap_offset:#x}+{size} of PE {pe}: {e}")))?;
         }
         tracing::info!(
             "GDA: heap chunk [{heap_offset:#x}, {end:#x}) of {} PEs recorded",

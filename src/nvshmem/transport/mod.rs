@@ -3,7 +3,8 @@
 //!
 //! Endpoints: index 0 serves host-initiated operations, index 1 NVSHMEM's proxy thread (device-
 //! initiated operations). Peer `pe`'s endpoint `i` is `fi_addr = pe * 2 + i` in the AV. The GPU's own
-//! queue (GDA) lives on a third, private endpoint owned by `crate::gda`. On shm those endpoints
+//! queue (GDA) lives on a third, private endpoint of the transport's own GDA context (`gda`, a
+//! [`GdaHandle`] the C API finds through `crate::gda`'s registry while the transport lives). On shm those endpoints
 //! only receive: every operation to PE `p` leaves through a transmit endpoint ("lane") of this PE
 //! for `p`, so an operation shm never answers (dead peer, released key) holds up only its lane
 //! (see `lanes`).
@@ -57,6 +58,7 @@ use parking_lot::{Mutex, RwLock};
 use super::abi;
 use crate::config::{AtomicsPath, Config};
 use crate::fabric::{AddressVector, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
+use crate::gda::GdaHandle;
 use crate::mover::engine::Mover;
 use crate::mover::{IpcMode, Policy};
 
@@ -144,6 +146,9 @@ pub struct Transport {
     cuda_ctx: AtomicU64,
     /// Same-host GPU copies through CUDA IPC, and the per-stage counters of every data path.
     mover: Arc<Mover>,
+    /// This transport's GDA context: created at connect, registered (weakly) for the C API, dropped
+    /// at finalize or with the transport.
+    gda: GdaHandle,
 }
 
 fn provider_request(p: &Provider) -> InfoRequest {
@@ -260,6 +265,7 @@ impl Transport {
             inject_panic: Arc::new(AtomicBool::new(false)),
             progress_thread: Mutex::new(None),
             cuda_ctx: AtomicU64::new(0),
+            gda: GdaHandle::new(),
             mover: Arc::new(mover),
         })
     }
@@ -343,7 +349,10 @@ impl Transport {
                 );
             }
         }
-        s += &format!("\n  GDA mode {}", crate::gda::mode());
+        match self.gda.mode() {
+            Some(m) => s += &format!("\n  GDA mode {m}"),
+            None => s += "\n  GDA not initialised",
+        }
         s
     }
 
@@ -353,7 +362,7 @@ impl Transport {
         if let Some(h) = self.progress_thread.lock().take() {
             let _ = h.join();
         }
-        crate::gda::fini();
+        self.gda.shutdown();
         if let Some(c) = self.conn.get() {
             self.say_goodbye(c);
             for ep in 0..NUM_EPS {

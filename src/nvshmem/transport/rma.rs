@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
-use super::endpoints::{host_slab, EpState, TAG_OP};
+use super::endpoints::{host_slab, EpState, OpRoute};
 use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
 use std::sync::Arc;
 use std::time::Instant;
@@ -292,7 +292,7 @@ impl Transport {
         match self.local_desc(ld.handle, laddr, len, ep) {
             Some((_reg, desc)) => {
                 let desc = desc as usize;
-                self.post_deferrable(c, ep, pe as usize, TAG_OP, 0, move |ctx| {
+                self.post_deferrable(c, OpRoute::op(ep, pe as usize), move |ctx| {
                     // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
                     // outlives every call.
                     let e = unsafe { &*(ep_addr as *const EpState) };
@@ -371,7 +371,7 @@ impl Transport {
         let e = &c.eps[ep];
         let device = is_device(laddr as *const c_void);
         if is_put && !device && (len as usize) <= self.info.inject_size() {
-            self.post(c, ep, pe as usize, TAG_OP, 0, |ctx| {
+            self.post(c, OpRoute::op(ep, pe as usize), |ctx| {
                 // SAFETY: FI_INJECT: the provider copies the source before returning.
                 e.transmit(pe as usize, ctx, |ep| unsafe {
                     ep.write_msg(
@@ -405,7 +405,7 @@ impl Transport {
             let g = Arc::new(Group::default());
             let posted = {
                 let _scope = GroupScope::enter(&g);
-                self.post(c, ep, pe as usize, TAG_OP, 0, |ctx| {
+                self.post(c, OpRoute::op(ep, pe as usize), |ctx| {
                     // SAFETY: bounce buffer registered and held (locked) until the chunk completes.
                     e.transmit(pe as usize, ctx, |ep| unsafe {
                         if is_put {
