@@ -75,6 +75,20 @@ fn require(context: &str) -> CudaResult<()> {
     }
 }
 
+/// The CUDA driver version (`cuDriverGetVersion`, e.g. 13000 for CUDA 13.0), `None` when libcuda
+/// cannot be loaded or does not answer. Does not initialise CUDA.
+pub fn driver_version() -> Option<i32> {
+    // SAFETY: is_culib_present only tries to load libcuda; cuDriverGetVersion needs no cuInit and
+    // writes one int into a valid local.
+    unsafe {
+        if !sys::is_culib_present() {
+            return None;
+        }
+        let mut v: std::ffi::c_int = 0;
+        (sys::cuDriverGetVersion(&mut v) == sys::CUresult::CUDA_SUCCESS && v > 0).then_some(v)
+    }
+}
+
 /// True when libcuda could be loaded and `cuInit` succeeded (cached).
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();

@@ -2,8 +2,6 @@
 //! which NVSHMEM transport ABI majors this library serves and which CUDA driver is installed.
 use std::ffi::c_int;
 
-use cudarc::driver::sys;
-
 use super::ffi_guard;
 use crate::nvshmem::abi::SERVED_MAJORS;
 
@@ -39,15 +37,7 @@ pub extern "C" fn nvshmem_efa_gda_cuda_driver_version() -> c_int {
 
 /// The CUDA driver version, `None` when libcuda cannot be loaded or does not answer.
 pub fn cuda_driver_version() -> Option<i32> {
-    // SAFETY: is_culib_present only tries to load libcuda; cuDriverGetVersion needs no cuInit and
-    // writes one int into a valid local.
-    unsafe {
-        if !sys::is_culib_present() {
-            return None;
-        }
-        let mut v: c_int = 0;
-        (sys::cuDriverGetVersion(&mut v) == sys::CUresult::CUDA_SUCCESS && v > 0).then_some(v)
-    }
+    crate::cuda::driver_version()
 }
 
 #[cfg(test)]

@@ -28,6 +28,69 @@ unsafe fn destroy_event(h: usize) -> sys::CUresult {
     unsafe { sys::cuEventDestroy_v2(h as sys::CUevent) }
 }
 
+/// Whether copies use the batch API with the overlap hint: the driver has it (12.8+) and
+/// `NVSHMEM_EFA_COPY_OVERLAP` is not `0`; cleared when the driver refuses a batch call.
+static OVERLAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+fn overlap_copies() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let supported = *SUPPORTED.get_or_init(|| {
+        let off = std::env::var("NVSHMEM_EFA_COPY_OVERLAP").is_ok_and(|v| v.trim() == "0");
+        let v = super::driver_version().unwrap_or(0);
+        tracing::debug!(
+            "copies: driver {v}, batch copies with the overlap hint {}",
+            if off {
+                "off (NVSHMEM_EFA_COPY_OVERLAP=0)"
+            } else if v >= BATCH_API_DRIVER {
+                "on"
+            } else {
+                "not available"
+            }
+        );
+        !off && v >= BATCH_API_DRIVER
+    });
+    supported && OVERLAP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The first driver with `cuMemcpyBatchAsync` (CUDA 12.8).
+const BATCH_API_DRIVER: i32 = 12080;
+
+/// One copy through `cuMemcpyBatchAsync` (stream-ordered source, overlap-with-compute hint).
+///
+/// # Safety
+/// Both ranges valid for `len` bytes until the copy completes; `stream` belongs to the current
+/// context; the driver has the batch API.
+unsafe fn batch_copy(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> CudaResult<()> {
+    let mut dsts = [dst as sys::CUdeviceptr];
+    let mut srcs = [src as sys::CUdeviceptr];
+    let mut sizes = [len];
+    // SAFETY: a plain C struct of enums and ints, for which all-zero is valid (location type
+    // INVALID: no hint; the hints only matter for managed memory).
+    let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    attr.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
+    let mut idx = [0usize];
+    let mut fail_idx = usize::MAX;
+    // SAFETY: every array holds `count` (1) or `numAttrs` (1) entries and outlives the call; the
+    // caller guarantees the ranges, the stream and the symbol.
+    check(
+        unsafe {
+            sys::cuMemcpyBatchAsync(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                1,
+                &mut attr,
+                idx.as_mut_ptr(),
+                1,
+                &mut fail_idx,
+                stream,
+            )
+        },
+        || format!("cuMemcpyBatchAsync({dst:#x} <- {src:#x}, {len} bytes)"),
+    )
+}
+
 impl CopyStream {
     /// A new non-blocking stream in context `ctx` (0: the current context).
     pub fn new(ctx: usize) -> CudaResult<CopyStream> {
@@ -49,6 +112,12 @@ impl CopyStream {
     /// Enqueues a copy of `len` bytes (unified addressing: host or device on either side). It has
     /// landed once an event recorded after it reports done.
     ///
+    /// Where the driver has the batch copy API (CUDA 12.8 and later), the copy is a one-entry
+    /// `cuMemcpyBatchAsync` with `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: a device-to-device
+    /// copy may otherwise run as a copy kernel, which cannot start while a kernel that waits for
+    /// this very copy holds every SM (a persistent GDA kernel waiting for its completions).
+    /// Elsewhere, or when the driver refuses the batch call, `cuMemcpyAsync` (logged once).
+    ///
     /// # Safety
     /// Both ranges must be valid for `len` bytes until the copy has completed.
     pub unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> CudaResult<()> {
@@ -56,6 +125,19 @@ impl CopyStream {
             return Ok(());
         }
         let _g = ContextGuard::enter(self.0.ctx)?;
+        if overlap_copies() {
+            // SAFETY: the caller guarantees the ranges; the stream belongs to the pushed context.
+            match unsafe { batch_copy(dst, src, len, self.stream()) } {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    OVERLAP.store(false, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(
+                        "{e}: copies go through cuMemcpyAsync from now on (a device-to-device copy \
+                         may then wait for running kernels)"
+                    );
+                }
+            }
+        }
         // SAFETY: the caller guarantees the ranges; the stream belongs to the pushed context.
         check(
             unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream()) },
