@@ -88,10 +88,10 @@ fn unknown_and_removed_exports_are_not_found() {
     assert!(srv.add(Vec::new()).is_err());
 }
 
-#[test]
-fn removing_an_export_closes_its_descriptors() {
-    let srv = FdServer::start().unwrap();
-    let (mut rd, wr) = std::io::pipe().unwrap();
+/// An export of one piece whose descriptor is the only write end of a pipe: the read end, and the
+/// export's id.
+fn pipe_export(srv: &FdServer) -> (std::io::PipeReader, u64) {
+    let (rd, wr) = std::io::pipe().unwrap();
     let id = srv
         .add(vec![Piece {
             offset: 0,
@@ -99,6 +99,13 @@ fn removing_an_export_closes_its_descriptors() {
             fd: OwnedFd::from(wr),
         }])
         .unwrap();
+    (rd, id)
+}
+
+#[test]
+fn removing_an_export_closes_its_descriptors() {
+    let srv = FdServer::start().unwrap();
+    let (mut rd, id) = pipe_export(&srv);
     assert!(srv.remove(id));
     // The only write end was the server's: the read end sees end of file.
     let mut b = Vec::new();
@@ -211,14 +218,7 @@ fn a_fetch_gives_up_at_its_own_deadline() {
 #[test]
 fn a_stopped_server_refuses_and_closes_every_export() {
     let srv = FdServer::start().unwrap();
-    let (mut rd, wr) = std::io::pipe().unwrap();
-    let id = srv
-        .add(vec![Piece {
-            offset: 0,
-            len: 1,
-            fd: OwnedFd::from(wr),
-        }])
-        .unwrap();
+    let (mut rd, id) = pipe_export(&srv);
     let (pid, cookie) = (srv.pid(), srv.cookie());
     let t = Instant::now();
     srv.shutdown();
