@@ -163,7 +163,9 @@ use self::consumer::Consumer;
 use self::exec::*;
 use self::intake::*;
 use self::ipc::*;
-pub use self::ipc::{ipc_route, PeerMap, PeerMemory};
+pub use self::ipc::{
+    ipc_route, CopyRoute, PeerMap, PeerMemory, DEFAULT_BOUNCE_BYTES, MIN_BOUNCE_BYTES,
+};
 pub use self::layout::HostView;
 use self::layout::*;
 use self::staging::*;
@@ -225,9 +227,12 @@ pub struct SoftQueueConfig {
     /// Which RDMA transfers move by staged messages.
     pub staging: Staging,
     /// RDMA writes (without immediate) and reads whose peer range is mapped in this process (see
-    /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue
-    /// (`NVSHMEM_EFA_SOFT_IPC`, default on).
-    pub ipc: bool,
+    /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue, and how
+    /// (`NVSHMEM_EFA_SOFT_IPC`, default [`CopyRoute::Host`]).
+    pub ipc: CopyRoute,
+    /// Bytes of the bounce ring of [`CopyRoute::Host`] (`NVSHMEM_EFA_SOFT_IPC_BOUNCE`); a copy WQE
+    /// larger than the ring takes the message path.
+    pub ipc_bounce: usize,
     /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
     /// id and phase checks, nothing else is validated or executed.
     pub null_consumer: bool,
@@ -284,7 +289,8 @@ impl SoftQueueConfig {
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
             staging: Staging::Off,
-            ipc: true,
+            ipc: CopyRoute::Host,
+            ipc_bounce: DEFAULT_BOUNCE_BYTES,
             null_consumer: false,
         }
     }
@@ -300,6 +306,12 @@ impl SoftQueueConfig {
             return Err(GdaError::invalid(format!(
                 "RX ring depth {} is not a power of two",
                 self.rx_entries
+            )));
+        }
+        if self.ipc == CopyRoute::Host && self.ipc_bounce < MIN_BOUNCE_BYTES {
+            return Err(GdaError::invalid(format!(
+                "bounce ring of {} bytes (at least {MIN_BOUNCE_BYTES})",
+                self.ipc_bounce
             )));
         }
         if self.max_batch == 0 {
@@ -349,6 +361,8 @@ pub struct SoftQueueStats {
     pub amos_applied: u64,
     /// RDMA WQEs executed as copies into or out of a mapped peer heap.
     pub ipc_copies: u64,
+    /// Copy WQEs that waited for room in the bounce ring ([`CopyRoute::Host`]).
+    pub ipc_ring_waits: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -388,9 +402,11 @@ struct Inner {
     rx_receives_held: AtomicU64,
     cuda_ctx: usize,
     staging: Staging,
-    ipc: bool,
+    ipc: CopyRoute,
+    ipc_bounce: usize,
     null_consumer: bool,
     ipc_copies: AtomicU64,
+    ipc_ring_waits: AtomicU64,
 }
 
 impl Inner {
@@ -468,8 +484,10 @@ impl SoftQueue {
             cuda_ctx: cuda::current_context(),
             staging: cfg.staging,
             ipc: cfg.ipc,
+            ipc_bounce: cfg.ipc_bounce,
             null_consumer: cfg.null_consumer,
             ipc_copies: AtomicU64::new(0),
+            ipc_ring_waits: AtomicU64::new(0),
         });
         if cfg.null_consumer {
             tracing::warn!(
@@ -768,6 +786,7 @@ impl SoftQueue {
             rx_receives_held: i.rx_receives_held.load(Ordering::Acquire),
             amos_applied: i.amos_applied.load(Ordering::Acquire),
             ipc_copies: i.ipc_copies.load(Ordering::Acquire),
+            ipc_ring_waits: i.ipc_ring_waits.load(Ordering::Acquire),
         }
     }
 
