@@ -124,6 +124,12 @@ impl BounceRing {
         if need > self.cap {
             return None;
         }
+        if self.head == self.tail {
+            // Empty: start over at the ring's first byte, so that any reservation up to the
+            // ring's size fits.
+            self.head = self.head.next_multiple_of(self.cap);
+            self.tail = self.head;
+        }
         let off = self.head % self.cap;
         let pad = if off + need > self.cap {
             self.cap - off
