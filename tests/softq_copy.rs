@@ -375,7 +375,11 @@ fn the_bounce_ring_wraps_waits_and_sends_larger_transfers_by_message() {
         bytes(&pe1.heap, 192 << 10, ring),
         bytes(&pe0.heap, 8 << 10, ring)
     );
-    assert_eq!(q.stats().ipc_copies, before + 1, "only the ring-sized one copied");
+    assert_eq!(
+        q.stats().ipc_copies,
+        before + 1,
+        "only the ring-sized one copied"
+    );
     let s = seen.lock().unwrap();
     assert!((base..base + 3).all(|pc| s[&pc].0 == 0), "{s:?}");
 }

@@ -164,7 +164,6 @@ impl BounceRing {
     pub(super) fn reset(&mut self) {
         self.tail = self.head;
     }
-
 }
 
 /// A shared [`PeerMemory`] as the queue's tables hold it.
@@ -303,8 +302,8 @@ impl Consumer {
         let host = self.inner.ipc == CopyRoute::Host;
         let bytes = self.inner.ipc_bounce;
         if mem::cuda_usable() {
-            let e = CudaEngine::new(self.inner.cuda_ctx)
-                .map_err(|e| format!("copy stream: {e}"))?;
+            let e =
+                CudaEngine::new(self.inner.cuda_ctx).map_err(|e| format!("copy stream: {e}"))?;
             let ring = if host {
                 Some(
                     BounceRing::pinned(self.inner.cuda_ctx, bytes)
@@ -364,7 +363,10 @@ impl Consumer {
             // SAFETY: as below; `[mid, mid + len)` is this WQE's range of the bounce ring, which no
             // other outstanding copy uses, released only once the second hop completed. Stream
             // order runs the second hop after the first.
-            let r = unsafe { q.submit(mid, src, len).and_then(|()| q.submit(dst, mid, len)) };
+            let r = unsafe {
+                q.submit(mid, src, len)
+                    .and_then(|()| q.submit(dst, mid, len))
+            };
             if q.counts().0 == before {
                 ring.unreserve(mark, len as u64);
             } else {
@@ -383,10 +385,9 @@ impl Consumer {
                 self.finish_failed(p, CqStatus::LocalQpInternalError, &format!("copy: {e}"));
                 return Ok(());
             }
-            Err(ref e) => tracing::warn!(
-                "software queue: copy of WQE {} partly enqueued: {e}",
-                p.pc
-            ),
+            Err(ref e) => {
+                tracing::warn!("software queue: copy of WQE {} partly enqueued: {e}", p.pc)
+            }
             Ok(()) => {}
         }
         self.slots[slot as usize] = Some(InFlight {
@@ -599,13 +600,21 @@ mod tests {
         assert_eq!((a, b), (base, base + 1024), "aligned, contiguous");
         let (c, mc) = r.reserve(2048).unwrap();
         assert_eq!(c, base + 1280);
-        assert_eq!(r.reserve(1024), None, "768 bytes left at the end, none at the start");
+        assert_eq!(
+            r.reserve(1024),
+            None,
+            "768 bytes left at the end, none at the start"
+        );
         assert_eq!(r.reserve(4097), None, "larger than the ring");
         r.release(ma);
         // The tail (768 bytes) is too short: the reservation wraps to the start.
         let (d, md) = r.reserve(1000).unwrap();
         assert_eq!(d, base);
-        assert_eq!(r.reserve(1), None, "the ring is full up to the oldest reservation");
+        assert_eq!(
+            r.reserve(1),
+            None,
+            "the ring is full up to the oldest reservation"
+        );
         r.release(mb);
         r.release(mc);
         let (e, me) = r.reserve(256).unwrap();

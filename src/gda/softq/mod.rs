@@ -41,15 +41,33 @@
 //!
 //! # Copy route (same-host peers)
 //! Where the transport lends the queue a [`PeerMemory`] ([`SoftQueue::set_peer_memory`]: its data
-//! mover's CUDA IPC mappings of same-host peers' heaps) and `NVSHMEM_EFA_SOFT_IPC` is on (default),
-//! an RDMA write without immediate or an RDMA read whose peer range is mapped in this process runs
-//! as a copy (`cuMemcpyAsync` on the queue's own non-blocking stream in its context; `memcpy` where
-//! CUDA is not usable) instead of going through the provider or staging. The copies of one doorbell
-//! batch share one event (a mark every 32 copies and at the end of the batch); the consumer polls
-//! the events without blocking and writes each WQE's completion once its copy is done (an error of
-//! the copy engine completes the WQEs it covers with `LOCAL_QP_INTERNAL_ERROR`). A write with
-//! immediate keeps the message path: the immediate must reach the peer's RX ring, which only the
-//! peer's consumer writes, and after the data. No ordering between WQEs is implied (as on SRD).
+//! mover's CUDA IPC mappings of same-host peers' heaps) and `NVSHMEM_EFA_SOFT_IPC` is not `0`, an
+//! RDMA write without immediate or an RDMA read whose peer range is mapped in this process runs as
+//! copies on the queue's own non-blocking stream in its context (`memcpy` where CUDA is not usable)
+//! instead of going through the provider or staging ([`CopyRoute`]):
+//! * `host` (default): two hops through a pinned host bounce ring (32 MiB,
+//!   `NVSHMEM_EFA_SOFT_IPC_BOUNCE`, allocated with the copy stream at first need): source to the
+//!   ring, then ring to destination, on the same stream (stream order chains them); the WQE
+//!   completes when the second hop is done. Each WQE reserves its length, contiguous (wrapping to
+//!   the ring's start when the tail is too short); ranges are released in completion order (copies
+//!   complete in submission order). A WQE that finds no room waits as a stalled WQE and is retried
+//!   on the next loop turn, after completions released space; the thread never blocks. A WQE larger
+//!   than the ring takes the message path. Where copies are `memcpy` the two hops are two
+//!   `memcpy`s through a plain ring, so host tests exercise the ring.
+//! * `direct`: one device-to-device copy: fastest, but on the H100 node (2 PEs under MPS) it
+//!   deadlocked: a persistent grid of 132 x 256 threads, each posting and waiting for its
+//!   completions, left 256 copies in flight for good (with and without the overlap-with-compute
+//!   hint). Device-to-device copies evidently run as copy kernels, which cannot start while a
+//!   kernel holds every SM of the process; host<->device copies always run on the copy engines (the
+//!   staged path uses only those and works). Hence `host` by default, and `direct` logs a warning
+//!   once.
+//!
+//! The copies of one doorbell batch share one event (a mark every 32 copies and at the end of the
+//! batch); the consumer polls the events without blocking and writes each WQE's completion once its
+//! copy is done (an error of the copy engine completes the WQEs it covers with
+//! `LOCAL_QP_INTERNAL_ERROR`). A write with immediate keeps the message path: the immediate must
+//! reach the peer's RX ring, which only the peer's consumer writes, and after the data. No ordering
+//! between WQEs is implied (as on SRD).
 //!
 //! # Null consumer (benchmarks)
 //! `NVSHMEM_EFA_SOFT_NULL=1` (logged as a warning at creation): the consumer takes every WQE the
