@@ -67,9 +67,14 @@ pub struct Config {
     /// buffering completions without bound.
     pub soft_rx_credits: bool,
     /// `NVSHMEM_EFA_SOFT_IPC`: the software queue executes RDMA writes (without immediate) and reads
-    /// whose peer range is mapped in this process (same-host peers, CUDA IPC) as copy-engine copies
-    /// (default on; `0`: they take the message path, for comparison).
-    pub soft_ipc: bool,
+    /// whose peer range is mapped in this process (same-host peers, CUDA IPC) as copies: `host`
+    /// (default; also `1`/`on`/`true`): two copy-engine hops through a pinned host bounce ring;
+    /// `direct`: one device-to-device copy (may wait behind a kernel holding every SM); `0`: they
+    /// take the message path.
+    pub soft_ipc: crate::gda::softq::CopyRoute,
+    /// `NVSHMEM_EFA_SOFT_IPC_BOUNCE`: bytes of the bounce ring of `NVSHMEM_EFA_SOFT_IPC=host`
+    /// (default 32 MiB); a larger copy takes the message path.
+    pub soft_ipc_bounce: usize,
     /// `NVSHMEM_EFA_SOFT_NULL`: benchmark mode of the software queue: WQEs are completed with success
     /// after the request id and phase checks, without moving data (the GPU's post rate).
     pub soft_null: bool,
@@ -221,7 +226,8 @@ impl Config {
             sq_entry_size: 64,
             soft_rx_overwrite: false,
             soft_rx_credits: false,
-            soft_ipc: true,
+            soft_ipc: crate::gda::softq::CopyRoute::Host,
+            soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             soft_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
@@ -313,8 +319,20 @@ impl Config {
         if let Some(v) = get("NVSHMEM_EFA_SOFT_RX_CREDITS") {
             c.soft_rx_credits = parse_bool("NVSHMEM_EFA_SOFT_RX_CREDITS", &v)?;
         }
-        if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_IPC")? {
-            c.soft_ipc = b;
+        if let Some(v) = get("NVSHMEM_EFA_SOFT_IPC") {
+            c.soft_ipc = crate::gda::softq::CopyRoute::parse(&v).ok_or_else(|| ConfigError {
+                var: "NVSHMEM_EFA_SOFT_IPC",
+                value: v.clone(),
+                expected: "0, host (or 1) or direct",
+            })?;
+        }
+        if let Some(n) = vars.u64(
+            "NVSHMEM_EFA_SOFT_IPC_BOUNCE",
+            (crate::gda::softq::MIN_BOUNCE_BYTES as u64, 1 << 34),
+            any,
+            "bytes, 4096 to 17179869184",
+        )? {
+            c.soft_ipc_bounce = n as usize;
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_NULL")? {
             c.soft_null = b;
@@ -378,15 +396,47 @@ mod tests {
 
     #[test]
     fn soft_ipc_switch() {
-        assert!(cfg(&[]).unwrap().soft_ipc, "on by default");
-        assert!(!cfg(&[("NVSHMEM_EFA_SOFT_IPC", "0")]).unwrap().soft_ipc);
-        assert!(cfg(&[("NVSHMEM_EFA_SOFT_IPC", "1")]).unwrap().soft_ipc);
-        assert_eq!(
-            cfg(&[("NVSHMEM_EFA_SOFT_IPC", "sometimes")])
-                .unwrap_err()
-                .var,
-            "NVSHMEM_EFA_SOFT_IPC"
-        );
+        use crate::gda::softq::CopyRoute;
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.soft_ipc, CopyRoute::Host, "host hops by default");
+        assert_eq!(c.soft_ipc_bounce, 32 << 20);
+        for (v, want) in [
+            ("0", CopyRoute::Off),
+            ("off", CopyRoute::Off),
+            ("false", CopyRoute::Off),
+            ("host", CopyRoute::Host),
+            (" HOST ", CopyRoute::Host),
+            ("1", CopyRoute::Host),
+            ("on", CopyRoute::Host),
+            ("true", CopyRoute::Host),
+            ("direct", CopyRoute::Direct),
+            ("Direct", CopyRoute::Direct),
+        ] {
+            assert_eq!(
+                cfg(&[("NVSHMEM_EFA_SOFT_IPC", v)]).unwrap().soft_ipc,
+                want,
+                "NVSHMEM_EFA_SOFT_IPC={v}"
+            );
+        }
+        for bad in ["sometimes", "2", "device", ""] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_IPC", bad)]).unwrap_err();
+            assert_eq!(
+                (e.var, e.expected),
+                ("NVSHMEM_EFA_SOFT_IPC", "0, host (or 1) or direct"),
+                "{bad:?}"
+            );
+        }
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_IPC_BOUNCE", "65536")]).unwrap();
+        assert_eq!(c.soft_ipc_bounce, 65536);
+        for bad in ["4095", "0", "lots", "17179869185"] {
+            assert_eq!(
+                cfg(&[("NVSHMEM_EFA_SOFT_IPC_BOUNCE", bad)])
+                    .unwrap_err()
+                    .var,
+                "NVSHMEM_EFA_SOFT_IPC_BOUNCE",
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

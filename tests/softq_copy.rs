@@ -3,7 +3,9 @@
 //! * Copy route: RDMA writes (without immediate) and reads whose peer range a [`PeerMemory`] maps in
 //!   this process run as copies on the queue's copy queue (here `memcpy`: no GPU, the "mapping" is
 //!   the peer's host heap of the same process); everything else keeps its path, and
-//!   `NVSHMEM_EFA_SOFT_IPC=0` turns the route off.
+//!   `NVSHMEM_EFA_SOFT_IPC=0` turns the route off. `host` (default) moves each copy in two hops
+//!   through the bounce ring (here two memcpys, so the ring's reservations, waits and wraps run as
+//!   on the GPU); `direct` copies once.
 //! * Null consumer (`NVSHMEM_EFA_SOFT_NULL=1`): every WQE completes with success after the request
 //!   id and phase checks, nothing moves; a wrong request id or phase still gets its error.
 mod softq_common;
@@ -12,11 +14,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nvshmem_efa_gda::config::GdaMode;
+use nvshmem_efa_gda::config::{Config, GdaMode};
 use nvshmem_efa_gda::efa::cqe::{self, CqStatus};
 use nvshmem_efa_gda::efa::wqe::{self, OpType};
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
-use nvshmem_efa_gda::gda::softq::SoftQueue;
+use nvshmem_efa_gda::gda::softq::{CopyRoute, SoftQueue};
 use nvshmem_efa_gda::gda::PeerMemory;
 use softq_common::*;
 
@@ -69,10 +71,22 @@ fn bytes(buf: &HostBuf, off: usize, len: usize) -> Vec<u8> {
 }
 
 /// Two PEs; PE 0's queue maps PE 1's heap when `map`. Returns the PEs and the fake.
-fn two_pes(ipc: bool, map: bool) -> Option<(Vec<Pe>, Arc<FakePeers>)> {
+fn two_pes(ipc: CopyRoute, map: bool) -> Option<(Vec<Pe>, Arc<FakePeers>)> {
+    two_pes_ring(ipc, map, None)
+}
+
+/// [`two_pes`] with a bounce ring of `bounce` bytes (default when `None`).
+fn two_pes_ring(
+    ipc: CopyRoute,
+    map: bool,
+    bounce: Option<usize>,
+) -> Option<(Vec<Pe>, Arc<FakePeers>)> {
     let p = providers().into_iter().next()?;
     let mut cfg = config(GdaMode::Soft);
     cfg.soft_ipc = ipc;
+    if let Some(b) = bounce {
+        cfg.soft_ipc_bounce = b;
+    }
     let mut pes = setup_with(&p, 2, HEAP, 64, 32, &cfg);
     let fake = Arc::new(FakePeers {
         pe: 1,
@@ -89,7 +103,19 @@ fn two_pes(ipc: bool, map: bool) -> Option<(Vec<Pe>, Arc<FakePeers>)> {
 
 #[test]
 fn writes_and_reads_to_a_mapped_peer_run_as_copies() {
-    let Some((pes, fake)) = two_pes(true, true) else {
+    // Host hops with the default ring and with a 64 KiB one (the 64 KiB write needs all of it),
+    // and the direct copy.
+    for (ipc, bounce) in [
+        (CopyRoute::Host, None),
+        (CopyRoute::Host, Some(64 << 10)),
+        (CopyRoute::Direct, None),
+    ] {
+        writes_and_reads(ipc, bounce);
+    }
+}
+
+fn writes_and_reads(ipc: CopyRoute, bounce: Option<usize>) {
+    let Some((pes, fake)) = two_pes_ring(ipc, true, bounce) else {
         return;
     };
     let (pe0, pe1) = (&pes[0], &pes[1]);
@@ -157,7 +183,12 @@ fn writes_and_reads_to_a_mapped_peer_run_as_copies() {
 
 #[test]
 fn immediates_unmapped_ranges_and_the_switch_keep_the_message_path() {
-    for (ipc, map) in [(true, true), (false, true), (true, false)] {
+    for (ipc, map) in [
+        (CopyRoute::Host, true),
+        (CopyRoute::Off, true),
+        (CopyRoute::Host, false),
+        (CopyRoute::Direct, true),
+    ] {
         let Some((pes, fake)) = two_pes(ipc, map) else {
             return;
         };
@@ -196,14 +227,18 @@ fn immediates_unmapped_ranges_and_the_switch_keep_the_message_path() {
             ),
         ];
         let base = poster.post(&descs).unwrap();
-        assert_eq!(poster.quiet().unwrap(), 0, "ipc {ipc}, mapped {map}");
+        assert_eq!(poster.quiet().unwrap(), 0, "ipc {ipc:?}, mapped {map}");
         let src = bytes(&pe0.heap, 0, 256);
         assert_eq!(bytes(&pe1.heap, 4096, 256), src);
         assert_eq!(bytes(&pe0.heap, 8192, 256), src);
         assert_eq!(bytes(&pe1.heap, 12288, 256), src);
-        let copies = u64::from(ipc && map);
-        assert_eq!(q.stats().ipc_copies, copies, "ipc {ipc}, mapped {map}");
-        if !(ipc && map) {
+        let on = ipc.enabled() && map;
+        assert_eq!(
+            q.stats().ipc_copies,
+            u64::from(on),
+            "ipc {ipc:?}, mapped {map}"
+        );
+        if !on {
             assert_eq!(fake.lookups.load(Ordering::Relaxed), 0, "not asked");
         }
         let s = seen.lock().unwrap();
@@ -220,6 +255,152 @@ fn immediates_unmapped_ranges_and_the_switch_keep_the_message_path() {
         let c = got[0].as_ref().unwrap();
         assert!(c.has_imm && c.imm == 0xabc && c.length == 256, "{c:?}");
     }
+}
+
+#[test]
+fn the_bounce_ring_wraps_waits_and_sends_larger_transfers_by_message() {
+    // A 16 KiB ring, a 64-entry SQ: up to 64 copies of 300 B to 5 KiB stand in flight, far more
+    // than the ring holds, so WQEs wait for room (and the ring wraps many times).
+    let ring = 16 << 10;
+    let Some((pes, _fake)) = two_pes_ring(CopyRoute::Host, true, Some(ring)) else {
+        return;
+    };
+    let (pe0, pe1) = (&pes[0], &pes[1]);
+    let q = pe0.gda.soft_queue().unwrap();
+    let (poster, seen) = observed(q);
+    let peer = pe0.peer(1);
+    fill(&pe0.heap, 0, 256 << 10, 11);
+    fill(&pe1.heap, 512 << 10, 256 << 10, 23);
+    let total = 600usize;
+    let mut expect = Vec::new();
+    let mut posted = 0;
+    while posted < total {
+        let descs: Vec<_> = (posted..(posted + 48).min(total))
+            .map(|i| {
+                let len = 300 + (i * 997) % (5 << 10);
+                let slot = (i % 40) * (6 << 10);
+                if i % 5 == 4 {
+                    // Read PE 1's [512 KiB + slot) into this heap at 256 KiB + slot.
+                    expect.push((false, slot, len));
+                    read(
+                        &peer,
+                        pe0.heap.addr() + (256 << 10) + slot as u64,
+                        pe0.heap_lkey(),
+                        pe1.heap.addr() + (512 << 10) + slot as u64,
+                        len as u32,
+                    )
+                } else {
+                    expect.push((true, slot, len));
+                    write(
+                        &peer,
+                        pe0.heap.addr() + slot as u64,
+                        pe0.heap_lkey(),
+                        pe1.heap.addr() + slot as u64,
+                        len as u32,
+                        None,
+                    )
+                }
+            })
+            .collect();
+        posted += descs.len();
+        poster.post(&descs).unwrap();
+    }
+    assert_eq!(poster.quiet().unwrap(), 0, "no errors");
+    // Same source bytes for every WQE of a slot: the bytes at each destination equal the source.
+    for &(write, slot, len) in &expect {
+        if write {
+            assert_eq!(
+                bytes(&pe1.heap, slot, len),
+                bytes(&pe0.heap, slot, len),
+                "write of {len} B at {slot}"
+            );
+        } else {
+            assert_eq!(
+                bytes(&pe0.heap, (256 << 10) + slot, len),
+                bytes(&pe1.heap, (512 << 10) + slot, len),
+                "read of {len} B at {slot}"
+            );
+        }
+    }
+    let st = q.stats();
+    assert_eq!(st.ipc_copies, total as u64, "{st:?}");
+    assert!(st.ipc_ring_waits > 0, "WQEs waited for ring room: {st:?}");
+    {
+        let s = seen.lock().unwrap();
+        assert_eq!(s.len(), total);
+        assert!(s.values().all(|c| c.0 == 0), "all succeeded");
+    }
+
+    // A write and a read larger than the ring (and one exactly its size) : the two larger take
+    // the message path, the ring-sized one the copy route.
+    fill(&pe0.heap, 0, 64 << 10, 5);
+    fill(&pe1.heap, 768 << 10, 64 << 10, 6);
+    let before = q.stats().ipc_copies;
+    let descs = [
+        write(
+            &peer,
+            pe0.heap.addr(),
+            pe0.heap_lkey(),
+            pe1.heap.addr() + (128 << 10),
+            (ring + 1) as u32,
+            None,
+        ),
+        read(
+            &peer,
+            pe0.heap.addr() + (128 << 10),
+            pe0.heap_lkey(),
+            pe1.heap.addr() + (768 << 10),
+            (48 << 10) as u32,
+        ),
+        write(
+            &peer,
+            pe0.heap.addr() + (8 << 10),
+            pe0.heap_lkey(),
+            pe1.heap.addr() + (192 << 10),
+            ring as u32,
+            None,
+        ),
+    ];
+    let base = poster.post(&descs).unwrap();
+    assert_eq!(poster.quiet().unwrap(), 0);
+    assert_eq!(
+        bytes(&pe1.heap, 128 << 10, ring + 1),
+        bytes(&pe0.heap, 0, ring + 1)
+    );
+    assert_eq!(
+        bytes(&pe0.heap, 128 << 10, 48 << 10),
+        bytes(&pe1.heap, 768 << 10, 48 << 10)
+    );
+    assert_eq!(
+        bytes(&pe1.heap, 192 << 10, ring),
+        bytes(&pe0.heap, 8 << 10, ring)
+    );
+    assert_eq!(
+        q.stats().ipc_copies,
+        before + 1,
+        "only the ring-sized one copied"
+    );
+    let s = seen.lock().unwrap();
+    assert!((base..base + 3).all(|pc| s[&pc].0 == 0), "{s:?}");
+}
+
+#[test]
+fn copy_route_modes_parse() {
+    let parse = |v: &str| {
+        Config::from_lookup(|k| (k == "NVSHMEM_EFA_SOFT_IPC").then(|| v.to_string()))
+            .map(|c| c.soft_ipc)
+    };
+    assert_eq!(
+        Config::from_lookup(|_| None).unwrap().soft_ipc,
+        CopyRoute::Host,
+        "default"
+    );
+    assert_eq!(parse("0").unwrap(), CopyRoute::Off);
+    assert_eq!(parse("host").unwrap(), CopyRoute::Host);
+    assert_eq!(parse("direct").unwrap(), CopyRoute::Direct);
+    assert_eq!(parse("1").unwrap(), CopyRoute::Host);
+    let e = parse("kernel").unwrap_err();
+    assert_eq!(e.var, "NVSHMEM_EFA_SOFT_IPC");
 }
 
 #[test]

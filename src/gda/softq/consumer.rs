@@ -52,6 +52,12 @@ pub(super) struct Consumer {
     pub(super) copy_waits: VecDeque<CopyWait>,
     /// WQEs executed as copies.
     pub(super) ipc_copies: u64,
+    /// The bounce ring of the copy route's host hops ([`CopyRoute::Host`]), created with the copy
+    /// queue.
+    pub(super) bounce: Option<BounceRing>,
+    /// The copy WQE last seen waiting for bounce ring room, and how many WQEs waited.
+    pub(super) ring_wait_pc: Option<u64>,
+    pub(super) ipc_ring_waits: u64,
     /// The null consumer's batch of completions (kept for its allocation).
     pub(super) null_batch: Vec<(u16, CqStatus, OpType)>,
 }
@@ -112,6 +118,9 @@ impl Consumer {
             copyq_failed: false,
             copy_waits: VecDeque::new(),
             ipc_copies: 0,
+            bounce: None,
+            ring_wait_pc: None,
+            ipc_ring_waits: 0,
             null_batch: Vec::new(),
             inner,
         }

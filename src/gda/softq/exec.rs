@@ -77,8 +77,7 @@ impl Consumer {
             return Ok(());
         }
         if let Action::Copy { dst, src, len } = p.action {
-            self.post_copy(p, dst, src, len);
-            return Ok(());
+            return self.post_copy(p, dst, src, len);
         }
         if let Action::Send { hdr, payload, .. } = &p.action {
             if p.bounce.is_none() {

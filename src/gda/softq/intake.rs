@@ -492,7 +492,7 @@ impl Consumer {
 
     /// How an RDMA write (`write`) or read of `len` bytes at local `host` (in `reg`) with PE `pe`'s
     /// range `rr` executes: as a copy when the peer's range is mapped here (and no immediate rides
-    /// along), by staged messages when the queue stages the memory, else through the provider.
+    /// along, and it fits the bounce ring where copies go through one), by staged messages when the queue stages the memory, else through the provider.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rdma_action(
         &self,
@@ -514,7 +514,7 @@ impl Consumer {
             len,
             imm.is_some(),
         );
-        if let Some(mapped) = route {
+        if let Some(mapped) = route.filter(|_| self.copy_fits(len)) {
             let (dst, src) = if write {
                 (mapped, host)
             } else {

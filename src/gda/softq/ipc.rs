@@ -12,6 +12,160 @@ pub trait PeerMemory: Send + Sync {
     fn local_addr(&self, pe: i32, addr: u64, len: u64) -> Option<u64>;
 }
 
+/// How the copy route moves the bytes (`NVSHMEM_EFA_SOFT_IPC`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CopyRoute {
+    /// No copy route: every RDMA WQE takes the message path.
+    Off,
+    /// Two copy-engine hops through a pinned host bounce ring: device to host into the ring, then
+    /// host to device into the destination, in stream order. Host<->device copies always run on
+    /// the copy engines, so they progress while a kernel holds every SM.
+    #[default]
+    Host,
+    /// One device-to-device copy: fastest, but the driver may run it as a copy kernel, which cannot
+    /// start while a kernel of the process holds every SM (a persistent grid waiting for the copy
+    /// deadlocks).
+    Direct,
+}
+
+impl CopyRoute {
+    /// The route a value of `NVSHMEM_EFA_SOFT_IPC` names: `0` (and the other false spellings),
+    /// `host` (and `1`/`on`/`true`/`yes`), `direct`; case and surrounding blanks are ignored.
+    pub fn parse(v: &str) -> Option<CopyRoute> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "0" | "off" | "false" | "no" | "n" => Some(CopyRoute::Off),
+            "host" | "1" | "on" | "true" | "yes" | "y" => Some(CopyRoute::Host),
+            "direct" => Some(CopyRoute::Direct),
+            _ => None,
+        }
+    }
+
+    /// Whether the route is on.
+    pub fn enabled(self) -> bool {
+        self != CopyRoute::Off
+    }
+}
+
+/// Default size of the bounce ring of [`CopyRoute::Host`] (`NVSHMEM_EFA_SOFT_IPC_BOUNCE`).
+pub const DEFAULT_BOUNCE_BYTES: usize = 32 << 20;
+
+/// Smallest bounce ring accepted.
+pub const MIN_BOUNCE_BYTES: usize = 4096;
+
+/// Reservations in the bounce ring start at multiples of this.
+const BOUNCE_ALIGN: u64 = 256;
+
+/// The memory behind a [`BounceRing`]: pinned host memory for the copy engine, or plain memory
+/// where copies are `memcpy`.
+enum BounceMem {
+    Pinned(crate::cuda::MappedHostBuffer),
+    Plain(Vec<u8>),
+}
+
+/// The bounce ring of [`CopyRoute::Host`]: each copy WQE reserves one contiguous range (wrapping
+/// to the start when the tail of the ring is too short), released in completion order (copies
+/// complete in submission order, so the oldest reservation is always released first).
+pub(super) struct BounceRing {
+    mem: BounceMem,
+    cap: u64,
+    /// Bytes reserved since creation (padding at a wrap included).
+    head: u64,
+    /// Bytes released since creation.
+    tail: u64,
+}
+
+impl BounceRing {
+    /// A ring of `bytes` (rounded down to the alignment) in plain memory.
+    pub(super) fn plain(bytes: usize) -> BounceRing {
+        let cap = (bytes as u64 / BOUNCE_ALIGN).max(1) * BOUNCE_ALIGN;
+        BounceRing {
+            mem: BounceMem::Plain(vec![0u8; (cap + BOUNCE_ALIGN) as usize]),
+            cap,
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    /// A ring of `bytes` (rounded down to the alignment) in pinned host memory of context `ctx`.
+    pub(super) fn pinned(ctx: usize, bytes: usize) -> crate::cuda::CudaResult<BounceRing> {
+        let cap = (bytes as u64 / BOUNCE_ALIGN).max(1) * BOUNCE_ALIGN;
+        let _g = crate::cuda::ContextGuard::enter(ctx)?;
+        Ok(BounceRing {
+            mem: BounceMem::Pinned(crate::cuda::MappedHostBuffer::new(cap as usize)?),
+            cap,
+            head: 0,
+            tail: 0,
+        })
+    }
+
+    /// The ring's size in bytes.
+    pub(super) fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    /// The ring's first byte (aligned).
+    fn base(&self) -> u64 {
+        match &self.mem {
+            BounceMem::Pinned(m) => m.host() as u64,
+            BounceMem::Plain(v) => (v.as_ptr() as u64).next_multiple_of(BOUNCE_ALIGN),
+        }
+    }
+
+    /// Whether the memory is pinned (the copy engine's).
+    fn is_pinned(&self) -> bool {
+        matches!(self.mem, BounceMem::Pinned(_))
+    }
+
+    /// Reserves `len` contiguous bytes: `(address, release mark)`, or `None` when the ring has no
+    /// room now (or `len` exceeds the ring). The release mark goes to [`BounceRing::release`] once
+    /// the copies through the range completed.
+    pub(super) fn reserve(&mut self, len: u64) -> Option<(u64, u64)> {
+        let need = len.max(1).next_multiple_of(BOUNCE_ALIGN);
+        if need > self.cap {
+            return None;
+        }
+        if self.head == self.tail {
+            // Empty: start over at the ring's first byte, so that any reservation up to the
+            // ring's size fits.
+            self.head = self.head.next_multiple_of(self.cap);
+            self.tail = self.head;
+        }
+        let off = self.head % self.cap;
+        let pad = if off + need > self.cap {
+            self.cap - off
+        } else {
+            0
+        };
+        if self.head + pad + need - self.tail > self.cap {
+            return None;
+        }
+        let start = (self.head + pad) % self.cap;
+        self.head += pad + need;
+        Some((self.base() + start, self.head))
+    }
+
+    /// Takes back the newest reservation (its copies were never enqueued): `mark` is its release
+    /// mark, `len` its length.
+    pub(super) fn unreserve(&mut self, mark: u64, len: u64) {
+        if mark == self.head {
+            let need = len.max(1).next_multiple_of(BOUNCE_ALIGN);
+            // Any wrap padding stays reserved until the next release passes it.
+            self.head -= need;
+        }
+    }
+
+    /// Releases every reservation up to release mark `mark` (the oldest ones first).
+    pub(super) fn release(&mut self, mark: u64) {
+        debug_assert!(mark <= self.head);
+        self.tail = self.tail.max(mark.min(self.head));
+    }
+
+    /// Releases everything (no copy through the ring is outstanding any more).
+    pub(super) fn reset(&mut self) {
+        self.tail = self.head;
+    }
+}
+
 /// A shared [`PeerMemory`] as the queue's tables hold it.
 #[derive(Clone)]
 pub struct PeerMap(pub Arc<dyn PeerMemory>);
@@ -78,34 +232,57 @@ impl CopyEngine for Engine {
 }
 
 /// A WQE executed as a copy, waiting for its copy: the queue's submission count once it was
-/// enqueued, its slot, and whether enqueueing reported an error (its completion then says so).
+/// enqueued (its last hop), its slot, whether enqueueing reported an error (its completion then
+/// says so) and the bounce ring range it holds.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CopyWait {
     pub(super) seq: u64,
     pub(super) slot: u32,
     pub(super) failed: bool,
+    /// Release mark of the WQE's bounce ring range ([`CopyRoute::Host`]).
+    pub(super) bounce: Option<u64>,
 }
 
 impl Consumer {
-    /// Whether WQEs may take the copy route now (creates the copy queue at first need).
+    /// Whether WQEs may take the copy route now (creates the copy queue, and for
+    /// [`CopyRoute::Host`] its bounce ring, at first need).
     pub(super) fn copy_route_ready(&mut self) -> bool {
-        if !self.inner.ipc || self.tables.peer_memory.is_none() {
+        if !self.inner.ipc.enabled() || self.tables.peer_memory.is_none() {
             return false;
         }
         if self.copyq.is_none() && !self.copyq_failed {
-            let engine = if mem::cuda_usable() {
-                CudaEngine::new(self.inner.cuda_ctx).map(Engine::Cuda)
-            } else {
-                Ok(Engine::Host(HostEngine::default()))
-            };
-            match engine {
-                Ok(e) => {
+            match self.new_copy_queue() {
+                Ok((e, ring)) => {
+                    let what = match (&e, self.inner.ipc) {
+                        (Engine::Host(_), _) => "host (memcpy)".to_string(),
+                        (Engine::Cuda(_), CopyRoute::Direct) => {
+                            "single device-to-device".to_string()
+                        }
+                        (Engine::Cuda(_), _) => format!(
+                            "two copy-engine hops through a {} KiB {} bounce ring",
+                            ring.as_ref().map_or(0, |r| r.capacity() >> 10),
+                            if ring.as_ref().is_some_and(|r| r.is_pinned()) {
+                                "pinned"
+                            } else {
+                                "plain"
+                            }
+                        ),
+                    };
                     tracing::info!(
                         "software queue: RDMA to same-host peers whose heap is mapped here runs as \
-                         {} copies (NVSHMEM_EFA_SOFT_IPC=0 turns this off)",
-                        if matches!(e, Engine::Cuda(_)) { "copy-engine" } else { "host" }
+                         {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, direct)"
                     );
+                    if self.inner.ipc == CopyRoute::Direct && matches!(e, Engine::Cuda(_)) {
+                        tracing::warn!(
+                            "software queue: NVSHMEM_EFA_SOFT_IPC=direct: device-to-device copies \
+                             may run as copy kernels, which cannot start while a kernel holds every \
+                             SM of the process; a kernel that does so and waits for these copies \
+                             (a persistent grid posting and polling) never sees them complete. \
+                             NVSHMEM_EFA_SOFT_IPC=host (default) avoids this"
+                        );
+                    }
                     self.copyq = Some(CopyQueue::new(e));
+                    self.bounce = ring;
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -119,28 +296,98 @@ impl Consumer {
         self.copyq.is_some()
     }
 
+    /// The copy queue's engine and, for [`CopyRoute::Host`], the bounce ring (pinned where the
+    /// engine is CUDA's).
+    fn new_copy_queue(&self) -> std::result::Result<(Engine, Option<BounceRing>), String> {
+        let host = self.inner.ipc == CopyRoute::Host;
+        let bytes = self.inner.ipc_bounce;
+        if mem::cuda_usable() {
+            let e =
+                CudaEngine::new(self.inner.cuda_ctx).map_err(|e| format!("copy stream: {e}"))?;
+            let ring = if host {
+                Some(
+                    BounceRing::pinned(self.inner.cuda_ctx, bytes)
+                        .map_err(|e| format!("bounce ring of {bytes} bytes: {e}"))?,
+                )
+            } else {
+                None
+            };
+            Ok((Engine::Cuda(e), ring))
+        } else {
+            let ring = host.then(|| BounceRing::plain(bytes));
+            Ok((Engine::Host(HostEngine::default()), ring))
+        }
+    }
+
+    /// Whether a copy WQE of `len` bytes fits the route ([`CopyRoute::Host`]: the bounce ring;
+    /// a larger one takes the message path).
+    pub(super) fn copy_fits(&self, len: u64) -> bool {
+        self.inner.ipc != CopyRoute::Host
+            || self
+                .bounce
+                .as_ref()
+                .is_some_and(|r| len.max(1).next_multiple_of(BOUNCE_ALIGN) <= r.capacity())
+    }
+
     /// Enqueues the copy of a validated copy WQE (its slot taken); the completion follows once the
-    /// copy is done ([`Consumer::poll_copies`]).
-    pub(super) fn post_copy(&mut self, p: Pending, dst: u64, src: u64, len: usize) {
+    /// copy is done ([`Consumer::poll_copies`]). `Err` hands the WQE back when the bounce ring has
+    /// no room now (it is retried on a later turn, after completions released space).
+    pub(super) fn post_copy(
+        &mut self,
+        p: Pending,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> std::result::Result<(), Pending> {
         let slot = p.slot.expect("slot taken before the copy");
         let Some(q) = self.copyq.as_mut() else {
             self.finish_failed(p, CqStatus::LocalQpInternalError, "no copy queue");
-            return;
+            return Ok(());
         };
         let before = q.counts().0;
-        // SAFETY: the local range lies in a registration the queue keeps, the remote one in a peer
-        // region the transport keeps mapped until GDA is shut down (before its mappings close).
-        let r = unsafe { q.submit(dst, src, len) };
+        let mut bounce = None;
+        let r = if len == 0 {
+            // Nothing moves: the WQE completes after the copies enqueued before it.
+            Ok(())
+        } else if let Some(ring) = self.bounce.as_mut() {
+            let Some((mid, mark)) = ring.reserve(len as u64) else {
+                if self.ring_wait_pc != Some(p.pc) {
+                    self.ring_wait_pc = Some(p.pc);
+                    self.ipc_ring_waits += 1;
+                    self.inner
+                        .ipc_ring_waits
+                        .store(self.ipc_ring_waits, Ordering::Release);
+                }
+                return Err(p);
+            };
+            // SAFETY: as below; `[mid, mid + len)` is this WQE's range of the bounce ring, which no
+            // other outstanding copy uses, released only once the second hop completed. Stream
+            // order runs the second hop after the first.
+            let r = unsafe {
+                q.submit(mid, src, len)
+                    .and_then(|()| q.submit(dst, mid, len))
+            };
+            if q.counts().0 == before {
+                ring.unreserve(mark, len as u64);
+            } else {
+                bounce = Some(mark);
+            }
+            r
+        } else {
+            // SAFETY: the local range lies in a registration the queue keeps, the remote one in a
+            // peer region the transport keeps mapped until GDA is shut down (before its mappings
+            // close).
+            unsafe { q.submit(dst, src, len) }
+        };
         let seq = q.counts().0;
         match r {
             Err(e) if seq == before => {
                 self.finish_failed(p, CqStatus::LocalQpInternalError, &format!("copy: {e}"));
-                return;
+                return Ok(());
             }
-            Err(ref e) => tracing::warn!(
-                "software queue: copy of WQE {} enqueued, mark failed: {e}",
-                p.pc
-            ),
+            Err(ref e) => {
+                tracing::warn!("software queue: copy of WQE {} partly enqueued: {e}", p.pc)
+            }
             Ok(()) => {}
         }
         self.slots[slot as usize] = Some(InFlight {
@@ -155,7 +402,9 @@ impl Consumer {
             seq,
             slot,
             failed: r.is_err(),
+            bounce,
         });
+        Ok(())
     }
 
     /// Marks what was enqueued since the last call (one event for the batch), retires finished
@@ -185,6 +434,9 @@ impl Consumer {
                 break;
             }
             self.copy_waits.pop_front();
+            if let (Some(mark), Some(ring)) = (w.bounce, self.bounce.as_mut()) {
+                ring.release(mark);
+            }
             let status = if w.failed || error.is_some() {
                 CqStatus::LocalQpInternalError
             } else {
@@ -208,6 +460,9 @@ impl Consumer {
             }
         }
         self.copy_waits.clear();
+        if let Some(ring) = self.bounce.as_mut() {
+            ring.reset();
+        }
     }
 
     /// The null consumer (`NVSHMEM_EFA_SOFT_NULL=1`, benchmarks only): takes every announced WQE the
@@ -313,6 +568,64 @@ mod tests {
         fn local_addr(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
             (pe == 1 && addr >= 0x1000 && addr + len <= 0x2000).then_some(addr + 0x10_0000)
         }
+    }
+
+    #[test]
+    fn copy_route_spellings() {
+        for (v, want) in [
+            ("0", Some(CopyRoute::Off)),
+            ("no", Some(CopyRoute::Off)),
+            ("host", Some(CopyRoute::Host)),
+            ("1", Some(CopyRoute::Host)),
+            ("ON", Some(CopyRoute::Host)),
+            ("true", Some(CopyRoute::Host)),
+            ("direct", Some(CopyRoute::Direct)),
+            ("d2d", None),
+            ("", None),
+        ] {
+            assert_eq!(CopyRoute::parse(v), want, "{v:?}");
+        }
+        assert_eq!(CopyRoute::default(), CopyRoute::Host);
+        assert!(!CopyRoute::Off.enabled() && CopyRoute::Direct.enabled());
+    }
+
+    #[test]
+    fn bounce_ring_reserves_wraps_and_releases_in_order() {
+        let mut r = BounceRing::plain(4096 + 100);
+        assert_eq!(r.capacity(), 4096, "rounded down to the alignment");
+        let base = r.base();
+        assert_eq!(base % BOUNCE_ALIGN, 0);
+        let (a, ma) = r.reserve(1000).unwrap();
+        let (b, mb) = r.reserve(1).unwrap();
+        assert_eq!((a, b), (base, base + 1024), "aligned, contiguous");
+        let (c, mc) = r.reserve(2048).unwrap();
+        assert_eq!(c, base + 1280);
+        assert_eq!(
+            r.reserve(1024),
+            None,
+            "768 bytes left at the end, none at the start"
+        );
+        assert_eq!(r.reserve(4097), None, "larger than the ring");
+        r.release(ma);
+        // The tail (768 bytes) is too short: the reservation wraps to the start.
+        let (d, md) = r.reserve(1000).unwrap();
+        assert_eq!(d, base);
+        assert_eq!(
+            r.reserve(1),
+            None,
+            "the ring is full up to the oldest reservation"
+        );
+        r.release(mb);
+        r.release(mc);
+        let (e, me) = r.reserve(256).unwrap();
+        assert_eq!(e, base + 1024);
+        r.unreserve(me, 256);
+        assert_eq!(r.reserve(256).unwrap().0, base + 1024, "taken back");
+        r.release(md);
+        r.reset();
+        assert_eq!(r.head, r.tail);
+        let (f, _) = r.reserve(4096).unwrap();
+        assert_eq!(f, base, "a ring-sized reservation wraps to the start");
     }
 
     #[test]

@@ -41,15 +41,33 @@
 //!
 //! # Copy route (same-host peers)
 //! Where the transport lends the queue a [`PeerMemory`] ([`SoftQueue::set_peer_memory`]: its data
-//! mover's CUDA IPC mappings of same-host peers' heaps) and `NVSHMEM_EFA_SOFT_IPC` is on (default),
-//! an RDMA write without immediate or an RDMA read whose peer range is mapped in this process runs
-//! as a copy (`cuMemcpyAsync` on the queue's own non-blocking stream in its context; `memcpy` where
-//! CUDA is not usable) instead of going through the provider or staging. The copies of one doorbell
-//! batch share one event (a mark every 32 copies and at the end of the batch); the consumer polls
-//! the events without blocking and writes each WQE's completion once its copy is done (an error of
-//! the copy engine completes the WQEs it covers with `LOCAL_QP_INTERNAL_ERROR`). A write with
-//! immediate keeps the message path: the immediate must reach the peer's RX ring, which only the
-//! peer's consumer writes, and after the data. No ordering between WQEs is implied (as on SRD).
+//! mover's CUDA IPC mappings of same-host peers' heaps) and `NVSHMEM_EFA_SOFT_IPC` is not `0`, an
+//! RDMA write without immediate or an RDMA read whose peer range is mapped in this process runs as
+//! copies on the queue's own non-blocking stream in its context (`memcpy` where CUDA is not usable)
+//! instead of going through the provider or staging ([`CopyRoute`]):
+//! * `host` (default): two hops through a pinned host bounce ring (32 MiB,
+//!   `NVSHMEM_EFA_SOFT_IPC_BOUNCE`, allocated with the copy stream at first need): source to the
+//!   ring, then ring to destination, on the same stream (stream order chains them); the WQE
+//!   completes when the second hop is done. Each WQE reserves its length, contiguous (wrapping to
+//!   the ring's start when the tail is too short); ranges are released in completion order (copies
+//!   complete in submission order). A WQE that finds no room waits as a stalled WQE and is retried
+//!   on the next loop turn, after completions released space; the thread never blocks. A WQE larger
+//!   than the ring takes the message path. Where copies are `memcpy` the two hops are two
+//!   `memcpy`s through a plain ring, so host tests exercise the ring.
+//! * `direct`: one device-to-device copy: fastest, but on the H100 node (2 PEs under MPS) it
+//!   deadlocked: a persistent grid of 132 x 256 threads, each posting and waiting for its
+//!   completions, left 256 copies in flight for good (with and without the overlap-with-compute
+//!   hint). Device-to-device copies evidently run as copy kernels, which cannot start while a
+//!   kernel holds every SM of the process; host<->device copies always run on the copy engines (the
+//!   staged path uses only those and works). Hence `host` by default, and `direct` logs a warning
+//!   once.
+//!
+//! The copies of one doorbell batch share one event (a mark every 32 copies and at the end of the
+//! batch); the consumer polls the events without blocking and writes each WQE's completion once its
+//! copy is done (an error of the copy engine completes the WQEs it covers with
+//! `LOCAL_QP_INTERNAL_ERROR`). A write with immediate keeps the message path: the immediate must
+//! reach the peer's RX ring, which only the peer's consumer writes, and after the data. No ordering
+//! between WQEs is implied (as on SRD).
 //!
 //! # Null consumer (benchmarks)
 //! `NVSHMEM_EFA_SOFT_NULL=1` (logged as a warning at creation): the consumer takes every WQE the
@@ -163,7 +181,9 @@ use self::consumer::Consumer;
 use self::exec::*;
 use self::intake::*;
 use self::ipc::*;
-pub use self::ipc::{ipc_route, PeerMap, PeerMemory};
+pub use self::ipc::{
+    ipc_route, CopyRoute, PeerMap, PeerMemory, DEFAULT_BOUNCE_BYTES, MIN_BOUNCE_BYTES,
+};
 pub use self::layout::HostView;
 use self::layout::*;
 use self::staging::*;
@@ -225,9 +245,12 @@ pub struct SoftQueueConfig {
     /// Which RDMA transfers move by staged messages.
     pub staging: Staging,
     /// RDMA writes (without immediate) and reads whose peer range is mapped in this process (see
-    /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue
-    /// (`NVSHMEM_EFA_SOFT_IPC`, default on).
-    pub ipc: bool,
+    /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue, and how
+    /// (`NVSHMEM_EFA_SOFT_IPC`, default [`CopyRoute::Host`]).
+    pub ipc: CopyRoute,
+    /// Bytes of the bounce ring of [`CopyRoute::Host`] (`NVSHMEM_EFA_SOFT_IPC_BOUNCE`); a copy WQE
+    /// larger than the ring takes the message path.
+    pub ipc_bounce: usize,
     /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
     /// id and phase checks, nothing else is validated or executed.
     pub null_consumer: bool,
@@ -284,7 +307,8 @@ impl SoftQueueConfig {
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
             staging: Staging::Off,
-            ipc: true,
+            ipc: CopyRoute::Host,
+            ipc_bounce: DEFAULT_BOUNCE_BYTES,
             null_consumer: false,
         }
     }
@@ -300,6 +324,12 @@ impl SoftQueueConfig {
             return Err(GdaError::invalid(format!(
                 "RX ring depth {} is not a power of two",
                 self.rx_entries
+            )));
+        }
+        if self.ipc == CopyRoute::Host && self.ipc_bounce < MIN_BOUNCE_BYTES {
+            return Err(GdaError::invalid(format!(
+                "bounce ring of {} bytes (at least {MIN_BOUNCE_BYTES})",
+                self.ipc_bounce
             )));
         }
         if self.max_batch == 0 {
@@ -349,6 +379,8 @@ pub struct SoftQueueStats {
     pub amos_applied: u64,
     /// RDMA WQEs executed as copies into or out of a mapped peer heap.
     pub ipc_copies: u64,
+    /// Copy WQEs that waited for room in the bounce ring ([`CopyRoute::Host`]).
+    pub ipc_ring_waits: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -388,9 +420,11 @@ struct Inner {
     rx_receives_held: AtomicU64,
     cuda_ctx: usize,
     staging: Staging,
-    ipc: bool,
+    ipc: CopyRoute,
+    ipc_bounce: usize,
     null_consumer: bool,
     ipc_copies: AtomicU64,
+    ipc_ring_waits: AtomicU64,
 }
 
 impl Inner {
@@ -468,8 +502,10 @@ impl SoftQueue {
             cuda_ctx: cuda::current_context(),
             staging: cfg.staging,
             ipc: cfg.ipc,
+            ipc_bounce: cfg.ipc_bounce,
             null_consumer: cfg.null_consumer,
             ipc_copies: AtomicU64::new(0),
+            ipc_ring_waits: AtomicU64::new(0),
         });
         if cfg.null_consumer {
             tracing::warn!(
@@ -768,6 +804,7 @@ impl SoftQueue {
             rx_receives_held: i.rx_receives_held.load(Ordering::Acquire),
             amos_applied: i.amos_applied.load(Ordering::Acquire),
             ipc_copies: i.ipc_copies.load(Ordering::Acquire),
+            ipc_ring_waits: i.ipc_ring_waits.load(Ordering::Acquire),
         }
     }
 
