@@ -50,6 +50,38 @@ mod gpu_tests;
 
 use std::fmt;
 
+/// Copies `len` bytes between two ranges of this process at once (returns when they have landed):
+/// `memcpy` when both are host memory (`device` false), else a copy on a non-blocking stream of the
+/// current context, waited for ([`crate::cuda::memcpy`]; never the legacy default stream). The one
+/// synchronous copy of the staged paths of the transport and of the software queue.
+///
+/// # Safety
+/// Both ranges valid for `len` bytes, not overlapping.
+pub unsafe fn copy_bytes(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    device: bool,
+) -> Result<(), crate::cuda::CudaError> {
+    if len == 0 {
+        return Ok(());
+    }
+    if device {
+        // SAFETY: forwarded contract.
+        unsafe {
+            crate::cuda::memcpy(
+                dst as *mut std::ffi::c_void,
+                src as *const std::ffi::c_void,
+                len,
+            )
+        }
+    } else {
+        // SAFETY: forwarded contract (host ranges of this process).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        Ok(())
+    }
+}
+
 /// Where a region's bytes live; decided once, at registration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {

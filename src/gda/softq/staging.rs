@@ -705,27 +705,16 @@ impl Consumer {
     }
 }
 
-/// Copies `len` bytes between host memory and `host`-or-GPU memory: `cuda::memcpy` (a non-blocking
-/// stream: never waits for running kernels) when `device`, a plain copy otherwise.
+/// [`crate::mover::copy_bytes`] with the error as text.
 ///
 /// # Safety
-/// Both ranges must be valid for `len` bytes and not overlap.
+/// As there.
 pub(super) unsafe fn copy_any(
     dst: *mut u8,
     src: *const u8,
     len: usize,
     device: bool,
 ) -> std::result::Result<(), String> {
-    if len == 0 {
-        return Ok(());
-    }
-    if device {
-        // SAFETY: forwarded contract.
-        unsafe { cuda::memcpy(dst as *mut c_void, src as *const c_void, len) }
-            .map_err(|e| e.to_string())
-    } else {
-        // SAFETY: forwarded contract.
-        unsafe { ptr::copy_nonoverlapping(src, dst, len) };
-        Ok(())
-    }
+    // SAFETY: forwarded contract.
+    unsafe { crate::mover::copy_bytes(dst, src, len, device) }.map_err(|e| e.to_string())
 }

@@ -537,15 +537,10 @@ pub(super) fn is_device(p: *const c_void) -> bool {
 
 /// Copies `n` bytes between any two of host and GPU memory (the driver where either is GPU memory).
 pub(super) fn copy_any(dst: *mut u8, src: *const u8, n: usize) -> TResult<()> {
-    if is_device(dst as *const c_void) || is_device(src as *const c_void) {
-        // SAFETY: both ranges come from NVSHMEM buffers of at least n bytes.
-        unsafe { cuda::memcpy(dst as *mut c_void, src as *const c_void, n) }
-            .map_err(|e| internal(e.to_string()))
-    } else {
-        // SAFETY: host ranges of at least n bytes that do not overlap (bounce buffer vs user buffer).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
-        Ok(())
-    }
+    let device = is_device(dst as *const c_void) || is_device(src as *const c_void);
+    // SAFETY: both ranges come from NVSHMEM buffers (or our bounce buffers) of at least n bytes
+    // that do not overlap (bounce buffer vs user buffer).
+    unsafe { crate::mover::copy_bytes(dst, src, n, device) }.map_err(|e| internal(e.to_string()))
 }
 
 /// Whether every page of `[addr, addr+len)` is mapped in this process (`mincore` fails with ENOMEM
