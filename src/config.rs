@@ -85,6 +85,10 @@ pub struct Config {
     pub gpu_staging: Option<bool>,
     /// `NVSHMEM_EFA_IPC`: same-host GPU memory through CUDA IPC copies (`auto`) or never (`0`).
     pub ipc: crate::mover::IpcMode,
+    /// `NVSHMEM_EFA_COPY_OVERLAP`: copies of the mover and of the software queue go through
+    /// `cuMemcpyBatchAsync` with the overlap-with-compute hint where the driver has it (default), or
+    /// through `cuMemcpyAsync` only (`0`).
+    pub copy_overlap: bool,
 }
 
 /// A bad environment variable.
@@ -228,6 +232,7 @@ impl Config {
             soft_rx_credits: false,
             soft_ipc: crate::gda::softq::CopyRoute::Host,
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
+            copy_overlap: true,
             soft_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
@@ -313,6 +318,9 @@ impl Config {
         if let Some(n) = vars.u64("NVSHMEM_EFA_MAX_BATCH", (1, 32768), any, "1 to 32768")? {
             c.max_batch = n as u32;
         }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_COPY_OVERLAP")? {
+            c.copy_overlap = b;
+        }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE")? {
             c.soft_rx_overwrite = b;
         }
@@ -392,6 +400,27 @@ mod tests {
             assert!(flag(&cfg(&[(var, "1")]).unwrap()), "{var}=1");
             assert_eq!(cfg(&[(var, "maybe")]).unwrap_err().var, var);
         }
+    }
+
+    #[test]
+    fn copy_overlap_switch() {
+        assert!(cfg(&[]).unwrap().copy_overlap, "on by default");
+        assert!(
+            !cfg(&[("NVSHMEM_EFA_COPY_OVERLAP", "0")])
+                .unwrap()
+                .copy_overlap
+        );
+        assert!(
+            cfg(&[("NVSHMEM_EFA_COPY_OVERLAP", "1")])
+                .unwrap()
+                .copy_overlap
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_COPY_OVERLAP", "sometimes")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_COPY_OVERLAP"
+        );
     }
 
     #[test]

@@ -8,7 +8,12 @@ use super::{check, ContextGuard, ContextObject, CudaResult};
 /// A non-blocking stream of one context, destroyed on drop (pending work still completes: driver
 /// rule). Callers serialise enqueues that must stay ordered.
 #[derive(Debug)]
-pub struct CopyStream(ContextObject);
+pub struct CopyStream {
+    obj: ContextObject,
+    /// Copies go through the batch API with the overlap hint (asked for, the driver has it, and it
+    /// has not refused a batch call on this stream).
+    overlap: std::sync::atomic::AtomicBool,
+}
 
 /// Destroys a stream `ContextObject::create` got from `cuStreamCreate`.
 ///
@@ -28,28 +33,21 @@ unsafe fn destroy_event(h: usize) -> sys::CUresult {
     unsafe { sys::cuEventDestroy_v2(h as sys::CUevent) }
 }
 
-/// Whether copies use the batch API with the overlap hint: the driver has it (12.8+) and
-/// `NVSHMEM_EFA_COPY_OVERLAP` is not `0`; cleared when the driver refuses a batch call.
-static OVERLAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-fn overlap_copies() -> bool {
-    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let supported = *SUPPORTED.get_or_init(|| {
-        let off = std::env::var("NVSHMEM_EFA_COPY_OVERLAP").is_ok_and(|v| v.trim() == "0");
+/// Whether the driver has `cuMemcpyBatchAsync` (asked once).
+fn driver_has_batch_copies() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
         let v = super::driver_version().unwrap_or(0);
         tracing::debug!(
             "copies: driver {v}, batch copies with the overlap hint {}",
-            if off {
-                "off (NVSHMEM_EFA_COPY_OVERLAP=0)"
-            } else if v >= BATCH_API_DRIVER {
-                "on"
+            if v >= BATCH_API_DRIVER {
+                "available"
             } else {
                 "not available"
             }
         );
-        !off && v >= BATCH_API_DRIVER
-    });
-    supported && OVERLAP.load(std::sync::atomic::Ordering::Relaxed)
+        v >= BATCH_API_DRIVER
+    })
 }
 
 /// The first driver with `cuMemcpyBatchAsync` (CUDA 12.8).
@@ -92,21 +90,32 @@ unsafe fn batch_copy(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> C
 }
 
 impl CopyStream {
-    /// A new non-blocking stream in context `ctx` (0: the current context).
-    pub fn new(ctx: usize) -> CudaResult<CopyStream> {
+    /// A new non-blocking stream in context `ctx` (0: the current context); `overlap`: copy through
+    /// the batch API with the overlap hint where the driver has it (`NVSHMEM_EFA_COPY_OVERLAP`).
+    pub fn new(ctx: usize, overlap: bool) -> CudaResult<CopyStream> {
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         let (api, what) = ("cuStreamCreate", "cuStreamCreate(NON_BLOCKING)");
-        ContextObject::create_flagged(ctx, api, what, sys::cuStreamCreate, flags, destroy_stream)
-            .map(CopyStream)
+        let obj = ContextObject::create_flagged(
+            ctx,
+            api,
+            what,
+            sys::cuStreamCreate,
+            flags,
+            destroy_stream,
+        )?;
+        Ok(CopyStream {
+            obj,
+            overlap: std::sync::atomic::AtomicBool::new(overlap && driver_has_batch_copies()),
+        })
     }
 
     /// The context the stream belongs to.
     pub fn context(&self) -> usize {
-        self.0.ctx
+        self.obj.ctx
     }
 
     fn stream(&self) -> sys::CUstream {
-        self.0.handle as sys::CUstream
+        self.obj.handle as sys::CUstream
     }
 
     /// Enqueues a copy of `len` bytes (unified addressing: host or device on either side). It has
@@ -124,15 +133,16 @@ impl CopyStream {
         if len == 0 {
             return Ok(());
         }
-        let _g = ContextGuard::enter(self.0.ctx)?;
-        if overlap_copies() {
+        let _g = ContextGuard::enter(self.obj.ctx)?;
+        if self.overlap.load(std::sync::atomic::Ordering::Relaxed) {
             // SAFETY: the caller guarantees the ranges; the stream belongs to the pushed context.
             match unsafe { batch_copy(dst, src, len, self.stream()) } {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    OVERLAP.store(false, std::sync::atomic::Ordering::Relaxed);
+                    self.overlap
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(
-                        "{e}: copies go through cuMemcpyAsync from now on (a device-to-device copy \
+                        "{e}: this stream's copies go through cuMemcpyAsync from now on (a device-to-device copy \
                          may then wait for running kernels)"
                     );
                 }
@@ -147,7 +157,7 @@ impl CopyStream {
 
     /// Records `ev` after everything enqueued so far.
     pub fn record(&self, ev: &Event) -> CudaResult<()> {
-        let _g = ContextGuard::enter(self.0.ctx)?;
+        let _g = ContextGuard::enter(self.obj.ctx)?;
         // SAFETY: both handles belong to this process and to the pushed context.
         check(
             unsafe { sys::cuEventRecord(ev.event(), self.stream()) },
@@ -196,7 +206,7 @@ mod tests {
         if super::super::available() {
             return; // covered on the GPU node
         }
-        let e = CopyStream::new(0).unwrap_err();
+        let e = CopyStream::new(0, true).unwrap_err();
         assert_eq!(e.code, -1);
         assert!(e.to_string().contains("not available"), "{e}");
         assert_eq!(Event::new(0).unwrap_err().code, -1);

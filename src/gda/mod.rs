@@ -154,6 +154,7 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.rx_credits = cfg.soft_rx_credits;
     c.ipc = cfg.soft_ipc;
     c.ipc_bounce = cfg.soft_ipc_bounce;
+    c.copy_overlap = cfg.copy_overlap;
     c.null_consumer = cfg.soft_null;
     let info = domain.info();
     c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());

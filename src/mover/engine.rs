@@ -412,6 +412,7 @@ impl Mover {
         if q.is_none() {
             *q = Some(CopyQueue::new(CudaEngine::new(
                 self.ctx.load(Ordering::Relaxed),
+                self.policy.copy_overlap,
             )?));
         }
         let t = self.stats.start();
@@ -570,6 +571,7 @@ mod tests {
             ipc: true,
             staging: true,
             stage_all: false,
+            copy_overlap: true,
         }
     }
 

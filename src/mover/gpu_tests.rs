@@ -37,6 +37,7 @@ fn policy() -> Policy {
         ipc: true,
         staging: true,
         stage_all: false,
+        copy_overlap: true,
     }
 }
 
@@ -77,7 +78,7 @@ fn copy_queue_on_the_copy_engine() {
     let b = DeviceBuffer::new(LEN).unwrap();
     let src = pattern(7, LEN);
     h2d(a.ptr(), &src);
-    let mut q = CopyQueue::new(CudaEngine::new(cuda::current_context()).unwrap());
+    let mut q = CopyQueue::new(CudaEngine::new(cuda::current_context(), true).unwrap());
     // 256 copies of 32 KiB, one quiet: marks every 32 copies, not one sync each.
     let chunk = LEN / 256;
     for i in 0..256 {

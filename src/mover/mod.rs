@@ -144,6 +144,9 @@ pub struct Policy {
     pub staging: bool,
     /// Every remote transfer is staged, host memory too (`NVSHMEM_EFA_GPU_STAGING=1`, for tests).
     pub stage_all: bool,
+    /// Copies through the batch API with the overlap hint where the driver has it
+    /// (`NVSHMEM_EFA_COPY_OVERLAP`).
+    pub copy_overlap: bool,
 }
 
 /// What the transport knows about the peer of one transfer.
@@ -224,6 +227,7 @@ mod tests {
             ipc,
             staging,
             stage_all: false,
+            copy_overlap: true,
         }
     }
     const fn peer(is_self: bool, same_host: bool, ipc_open: bool) -> Peer {

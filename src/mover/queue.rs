@@ -258,10 +258,11 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
-    /// An engine with a new stream in context `ctx` (0: the current context).
-    pub fn new(ctx: usize) -> MResult<CudaEngine> {
+    /// An engine with a new stream in context `ctx` (0: the current context); `overlap` as for
+    /// [`CopyStream::new`].
+    pub fn new(ctx: usize, overlap: bool) -> MResult<CudaEngine> {
         Ok(CudaEngine {
-            stream: CopyStream::new(ctx)?,
+            stream: CopyStream::new(ctx, overlap)?,
             inflight: VecDeque::new(),
             free: Vec::new(),
             ring: None,
@@ -521,6 +522,6 @@ mod tests {
         if crate::cuda::available() {
             return; // covered on the GPU node
         }
-        assert!(matches!(CudaEngine::new(0), Err(MoverError::Cuda(_))));
+        assert!(matches!(CudaEngine::new(0, true), Err(MoverError::Cuda(_))));
     }
 }

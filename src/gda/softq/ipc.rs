@@ -302,8 +302,8 @@ impl Consumer {
         let host = self.inner.ipc == CopyRoute::Host;
         let bytes = self.inner.ipc_bounce;
         if mem::cuda_usable() {
-            let e =
-                CudaEngine::new(self.inner.cuda_ctx).map_err(|e| format!("copy stream: {e}"))?;
+            let e = CudaEngine::new(self.inner.cuda_ctx, self.inner.copy_overlap)
+                .map_err(|e| format!("copy stream: {e}"))?;
             let ring = if host {
                 Some(
                     BounceRing::pinned(self.inner.cuda_ctx, bytes)

@@ -251,6 +251,9 @@ pub struct SoftQueueConfig {
     /// Bytes of the bounce ring of [`CopyRoute::Host`] (`NVSHMEM_EFA_SOFT_IPC_BOUNCE`); a copy WQE
     /// larger than the ring takes the message path.
     pub ipc_bounce: usize,
+    /// Copies through the batch API with the overlap hint where the driver has it
+    /// (`NVSHMEM_EFA_COPY_OVERLAP`).
+    pub copy_overlap: bool,
     /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
     /// id and phase checks, nothing else is validated or executed.
     pub null_consumer: bool,
@@ -309,6 +312,7 @@ impl SoftQueueConfig {
             staging: Staging::Off,
             ipc: CopyRoute::Host,
             ipc_bounce: DEFAULT_BOUNCE_BYTES,
+            copy_overlap: true,
             null_consumer: false,
         }
     }
@@ -422,6 +426,7 @@ struct Inner {
     staging: Staging,
     ipc: CopyRoute,
     ipc_bounce: usize,
+    copy_overlap: bool,
     null_consumer: bool,
     ipc_copies: AtomicU64,
     ipc_ring_waits: AtomicU64,
@@ -503,6 +508,7 @@ impl SoftQueue {
             staging: cfg.staging,
             ipc: cfg.ipc,
             ipc_bounce: cfg.ipc_bounce,
+            copy_overlap: cfg.copy_overlap,
             null_consumer: cfg.null_consumer,
             ipc_copies: AtomicU64::new(0),
             ipc_ring_waits: AtomicU64::new(0),

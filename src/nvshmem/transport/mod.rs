@@ -243,6 +243,7 @@ impl Transport {
                 ipc: cfg.ipc == IpcMode::Auto && crate::cuda::available(),
                 staging,
                 stage_all: cfg.gpu_staging == Some(true),
+                copy_overlap: cfg.copy_overlap,
             },
             NUM_EPS,
         )
