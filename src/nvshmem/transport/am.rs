@@ -223,9 +223,18 @@ impl Transport {
                 };
                 // From this endpoint itself, like the probe: this PE's own lane to the prober may
                 // be the stuck one (it takes no new message then). A pong that cannot leave now is
-                // dropped: the prober probes again.
-                if let Err(err) = e.send_probe(dest, pong) {
-                    tracing::debug!("endpoint {i}: answer to a probe not sent: {err}");
+                // retried at every progress round (the newest per prober), not left for the
+                // prober's next probe a second later.
+                match e.send_probe(dest, pong) {
+                    Ok(()) => {}
+                    Err(err) if err.is_again() => {
+                        let mut q = e.pongs.lock();
+                        q.retain(|(d, _)| *d != dest);
+                        q.push((dest, pong));
+                    }
+                    Err(err) => {
+                        tracing::debug!("endpoint {i}: answer to a probe not sent: {err}")
+                    }
                 }
             }
             AM_PONG => {
@@ -282,6 +291,7 @@ impl Transport {
     /// round while the others' go out (a stopped peer must not hold up answers to the living);
     /// messages to a peer that is gone are dropped.
     pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
+        self.flush_pongs(c, i);
         let e = &c.eps[i];
         let mut kept: VecDeque<Pending> = VecDeque::new();
         let mut blocked: Vec<FiAddr> = Vec::new();
@@ -369,6 +379,26 @@ impl Transport {
                 q.push_front(p);
             }
         }
+    }
+
+    /// Sends the probe answers endpoint `i` could not send yet; those still refused (EAGAIN) stay,
+    /// answers to peers that are gone and other failures are dropped (the prober probes again).
+    fn flush_pongs(&self, c: &Connected, i: usize) {
+        let e = &c.eps[i];
+        let mut q = e.pongs.lock();
+        q.retain(|(dest, pong)| {
+            if c.pe_of(*dest).is_none_or(|pe| c.peers[pe].is_gone()) {
+                return false;
+            }
+            match e.send_probe(*dest, *pong) {
+                Ok(()) => false,
+                Err(err) if err.is_again() => true,
+                Err(err) => {
+                    tracing::debug!("endpoint {i}: answer to a probe not sent: {err}");
+                    false
+                }
+            }
+        });
     }
 
     /// Sends a header-only message from a context's scratch space (no wait; EAGAIN is returned).

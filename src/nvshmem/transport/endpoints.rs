@@ -77,6 +77,9 @@ pub(super) struct EpState {
     /// AM receive buffers (registered) and responses waiting to be sent.
     pub(super) am_bufs: Option<(Box<[u8]>, MemoryRegion)>,
     pub(super) am_pending: Mutex<VecDeque<Pending>>,
+    /// Answers to lane probes that the endpoint could not send yet (EAGAIN), one per prober:
+    /// retried at every progress round (see `flush_pongs`).
+    pub(super) pongs: Mutex<Vec<(FiAddr, AmMsg)>>,
     /// Registered send slots for staged payloads, and the free ones.
     pub(super) send_slab: (Box<[u8]>, MemoryRegion),
     pub(super) send_free: Mutex<Vec<usize>>,
@@ -469,6 +472,7 @@ impl Transport {
                 bounce: Mutex::new(None),
                 am_bufs,
                 am_pending: Mutex::new(VecDeque::new()),
+                pongs: Mutex::new(Vec::new()),
                 send_slab,
                 send_free: Mutex::new((0..SEND_SLOTS).rev().collect()),
                 peer: (0..n).map(|_| PeerAcct::default()).collect(),
