@@ -21,35 +21,46 @@
 // follows the same steps):
 //   1. reserve k slots: base = atomicAdd(&ctrl->resv, k)     (1 <= k <= B = min(max_batch, sq_entries))
 //   2. wait until base + k - ctrl->done <= sq_entries (the slots are free) and
-//      base + k - ctrl->ready <= B (doorbell window: at most max_batch WQEs of all posters together
-//      stand written but not rung), polling completions meanwhile
+//      base + k - rung <= B (doorbell window: at most max_batch WQEs of all posters together stand
+//      written but not rung; rung = ctrl->rung, the last doorbell value), polling completions and
+//      ringing committed WQEs meanwhile
 //   3. write each WQE at slot pc & (n-1), phase (pc / n) & 1, req_id = pc, the whole 64- or
 //      128-byte entry; __threadfence_system()
-//   4. wait until ctrl->ready == base (ordered commit), store (u32)(base+k) into *sq_doorbell
-//      (__threadfence_system() around it), ctrl->ready = base+k
+//   4. wait until ctrl->ready == base (ordered commit, GPU scope), ctrl->ready = base+k
+//   4b. ring (after every commit, and in every wait): if ctrl->ready is past rung and ctrl->db_lock
+//      is free, take it, __threadfence_system(), store (u32)ready into *sq_doorbell,
+//      __threadfence_system(), ctrl->rung = ready, release the lock and look again; a busy lock
+//      means its holder looks again after releasing it (fence.sc handshake, see ring())
 //   5. completions: the holder of ctrl->cq_lock reads CQEs by phase (expected phase starts at 1 and
-//      flips per CQ wrap), marks slot_status[req_id & (n-1)] = status + 1, counts errors, advances
-//      ctrl->done over consecutive marked slots (clearing them)
-//   6. quiet: wait until ctrl->done >= ctrl->ready as read at entry; report errors.
+//      flips per CQ wrap; NVSHMEM_EFA_GDA_CQ_POLL_BATCH phase bytes per round trip), marks
+//      slot_status[req_id & (n-1)] = status + 1, counts errors, advances ctrl->done over consecutive
+//      marked slots (clearing them) and mirrors it into host_ctrl->done (software queue)
+//   6. quiet: wait until ctrl->done >= ctrl->ready as read at entry (ringing); report errors.
 //
 // Memory ordering
 //   * WQE stores -> __threadfence_system() (each writing thread) -> ordered-commit turn (acquire load
-//     of ctrl->ready) -> __threadfence_system() -> doorbell store -> __threadfence_system() -> release
-//     store of ctrl->ready. A doorbell value therefore covers only WQEs that are visible system-wide,
-//     and doorbell values are stored in increasing order (the commit turn serialises them).
+//     of ctrl->ready) -> release store of ctrl->ready. A ringer acquires ctrl->ready under db_lock,
+//     then __threadfence_system() -> doorbell store -> __threadfence_system() -> ctrl->rung -> unlock.
+//     A doorbell value therefore covers only WQEs that are visible system-wide, and doorbell values
+//     are stored in increasing order (db_lock serialises them, the second fence makes each store
+//     performed before the next ringer's).
 //   * CQE / RX entry: flags byte read volatile, phase compared, __threadfence_system(), then the rest.
 //   * ctrl counters: atomics or acquire/release accesses at GPU scope; host_ctrl words: volatile.
 //
 // Deadlock freedom
 //   * Reservations are totally ordered by base. The slots and the doorbell window a poster waits for
 //     depend on posters with lower bases, which never wait on it; the lowest outstanding reservation
-//     (base == ready, so its window is open) can always proceed, so every poster eventually commits
-//     (induction over base).
-//   * Every wait loop polls completions (non-blocking try-lock), so progress never depends on one
+//     (base == ready; it rings what is committed, which opens its window) can always proceed, so
+//     every poster eventually commits (induction over base).
+//   * Every wait for slots, the window or completions polls completions (non-blocking try-lock;
+//     the commit turn needs none: it waits for posters that poll themselves), so progress never depends on one
 //     particular thread polling. Nobody spins on cq_lock: a thread that does not get it goes on
-//     waiting and retries. The commit turn is held only for the doorbell stores.
+//     waiting and retries. The commit turn is one release store.
 //   * Independent thread scheduling (sm_70+) lets lanes of one warp that posted separately wait for
 //     each other's commit turn safely.
+//   * Doorbell: every commit is followed by ring(), which either rings it or leaves it to the
+//     lock holder, who looks at ctrl->ready again after releasing the lock (one of the two sees the
+//     other's store), so no committed WQE stays unannounced.
 //   * Every wait is bounded: NVSHMEM_EFA_GDA_TIMEOUT_CYCLES of clock64() without progress marks the
 //     queue failed (ERR_TIMEOUT) and returns. After a fatal error every operation fails fast; the
 //     queue stays failed until the library re-initialises it and the state is reloaded.
@@ -90,6 +101,12 @@
 // Most WQEs one thread reserves and commits at once (thread-scope chunking).
 #ifndef NVSHMEM_EFA_GDA_MAX_WQES_PER_POST
 #define NVSHMEM_EFA_GDA_MAX_WQES_PER_POST 32u
+#endif
+
+// CQ entries whose phase bytes one poll loads together (one round trip for all of them when the
+// CQ lies in host memory).
+#ifndef NVSHMEM_EFA_GDA_CQ_POLL_BATCH
+#define NVSHMEM_EFA_GDA_CQ_POLL_BATCH 16u
 #endif
 
 // Upper bound of the back-off sleep in wait loops (nanoseconds).
@@ -156,6 +173,36 @@ extern "C" int nvshmem_efa_gda_set_ibgda_compat(int num_rc_per_pe, int num_devic
 // The device state (declaration only: the one definition is in nvshmem_efa_gda_state.cu).
 extern __device__ NvshmemEfaGdaDeviceState nvshmem_efa_gda_state_d;
 extern __device__ NvshmemEfaGdaDeviceLocal nvshmem_efa_gda_local_d;
+
+// ---------------------------------------------------------------------------------------------
+// Optional profile (compile with -DNVSHMEM_EFA_GDA_PROFILE): clock64() cycles and counts of each
+// step of the posting protocol, summed over the threads that ran it, in a per-translation-unit
+// device variable the host reads with cudaMemcpyFromSymbol (tests/gpu_gda/gda_bench.cu prints it).
+// Off by default: the accounting costs two atomics per step.
+// ---------------------------------------------------------------------------------------------
+#define NVSHMEM_EFA_GDA_PROF_RESERVE 0   /* reserve(): the whole step (slots + window) */
+#define NVSHMEM_EFA_GDA_PROF_SLOTS 1     /* waiting for free slots (completions) */
+#define NVSHMEM_EFA_GDA_PROF_WINDOW 2    /* waiting for the doorbell window */
+#define NVSHMEM_EFA_GDA_PROF_WRITE 3     /* writing the WQEs and the system fence */
+#define NVSHMEM_EFA_GDA_PROF_TURN 4      /* waiting for the ordered-commit turn */
+#define NVSHMEM_EFA_GDA_PROF_RING 5      /* ring(): a doorbell store (lock taken, ready past rung) */
+#define NVSHMEM_EFA_GDA_PROF_POLL 6      /* poll_cq() with the lock and at least one CQE; count = CQEs */
+#define NVSHMEM_EFA_GDA_PROF_QUIET 7     /* quiet() */
+#define NVSHMEM_EFA_GDA_PROF_POLLS 8     /* the same polls as POLL, counted once each */
+#define NVSHMEM_EFA_GDA_PROF_N 9
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+static __device__ unsigned long long nvshmem_efa_gda_prof_cycles[NVSHMEM_EFA_GDA_PROF_N];
+static __device__ unsigned long long nvshmem_efa_gda_prof_count[NVSHMEM_EFA_GDA_PROF_N];
+#define NVSHMEM_EFA_GDA_PROF_T0(name) const long long name = clock64()
+#define NVSHMEM_EFA_GDA_PROF_ADD(k, t0, n)                                                       \
+    do {                                                                                         \
+        atomicAdd(&nvshmem_efa_gda_prof_cycles[k], (unsigned long long)(clock64() - (t0)));     \
+        atomicAdd(&nvshmem_efa_gda_prof_count[k], (unsigned long long)(n));                     \
+    } while (0)
+#else
+#define NVSHMEM_EFA_GDA_PROF_T0(name) (void)0
+#define NVSHMEM_EFA_GDA_PROF_ADD(k, t0, n) (void)0
+#endif
 
 namespace nvshmem_efa_gda {
 
@@ -343,7 +390,8 @@ struct Waiter {
     }
     // Returns 0 to keep waiting, or the code to give up with. `far`: the caller's turn is more
     // than NVSHMEM_EFA_GDA_FAR_WQES away (sleeps up to NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS).
-    NVSHMEM_EFA_GDA_DEV unsigned step(const View &v, uint64_t observed, bool far = false) {
+    NVSHMEM_EFA_GDA_DEV unsigned step(const View &v, uint64_t observed, bool far = false,
+                                      unsigned near_cap = NVSHMEM_EFA_GDA_MAX_BACKOFF_NS) {
         long long now = clock64();
         if (observed != seen) {
             seen = observed;
@@ -367,7 +415,7 @@ struct Waiter {
             set_fatal(v, NVSHMEM_EFA_GDA_ERR_TIMEOUT);
             return NVSHMEM_EFA_GDA_ERR_TIMEOUT;
         }
-        backoff(ns, far ? NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS : NVSHMEM_EFA_GDA_MAX_BACKOFF_NS);
+        backoff(ns, far ? NVSHMEM_EFA_GDA_MAX_FAR_BACKOFF_NS : near_cap);
         return 0u;
     }
 };
@@ -384,51 +432,171 @@ NVSHMEM_EFA_GDA_DEV E read_entry(const void *src) {
     return e;
 }
 
+// Loads of CQ entries (the CQ may be host memory, a round trip across PCIe per load). Default:
+// ld.global.cv (fetch again, no cached copy), weak loads the GPU keeps in flight together; with
+// NVSHMEM_EFA_GDA_CQ_VOLATILE volatile loads (ld.volatile), one after the other.
+NVSHMEM_EFA_GDA_DEV uint8_t cq_flags(const uint8_t *cqe) {
+#if defined(NVSHMEM_EFA_GDA_CQ_VOLATILE)
+    return nvshmem_efa_cqe_flags(cqe);
+#else
+    return __ldcv(cqe + 3);
+#endif
+}
+NVSHMEM_EFA_GDA_DEV nvshmem_efa_tx_cdesc cq_entry(const uint8_t *cqe) {
+#if defined(NVSHMEM_EFA_GDA_CQ_VOLATILE)
+    return read_entry<nvshmem_efa_tx_cdesc>(cqe);
+#else
+    static_assert(sizeof(nvshmem_efa_tx_cdesc) == 16, "TX CQE is 16 bytes");
+    const ulonglong2 w = __ldcv(reinterpret_cast<const ulonglong2 *>(cqe));
+    nvshmem_efa_tx_cdesc e;
+    memcpy(&e, &w, sizeof e);
+    return e;
+#endif
+}
+
 // ---- completions ---------------------------------------------------------------------------------
 // Consumes the CQEs that are there and advances ctrl->done. Non-blocking: returns at once when
 // another thread holds cq_lock (that thread does the same work). Returns ctrl->done.
+// The CQ may lie in host memory (software queue), where every load is a round trip across PCIe:
+// the phase bytes of NVSHMEM_EFA_GDA_CQ_POLL_BATCH entries are loaded together (independent loads,
+// one round trip), then, after a system fence, the bodies of the ready ones (a second round trip),
+// instead of two dependent round trips per entry.
 NVSHMEM_EFA_GDA_DEV uint64_t poll_cq(const View &v) {
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
     if (ld_volatile_u32(&c->cq_lock) != 0u || atomicCAS(&c->cq_lock, 0u, 1u) != 0u)
         return ld_acquire_u64(&c->done);
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
     __threadfence();  // acquire side of the lock
     const uint32_t ncq = v.cq_entries;
     const uint32_t nsq = v.sq_entries;
+    constexpr uint32_t P = NVSHMEM_EFA_GDA_CQ_POLL_BATCH;
     uint64_t ci = ld_volatile_u64(&c->cq_ci);
-    for (uint32_t budget = 0; budget < ncq; ++budget) {
-        const uint8_t *cqe = v.cq + (size_t)nvshmem_efa_sq_slot(ci, ncq) * v.cq_entry_size;
-        if (!nvshmem_efa_cqe_ready(cqe, ci, ncq)) break;
-        __threadfence_system();  // the rest of the CQE is read after its phase
-        const nvshmem_efa_tx_cdesc t = read_entry<nvshmem_efa_tx_cdesc>(cqe);
-        const uint16_t req_id = nvshmem_efa_cqe_req_id(&t.common);
-        const uint8_t status = nvshmem_efa_cqe_status(&t.common);
-        *reinterpret_cast<volatile uint32_t *>(&v.slot_status[req_id & (nsq - 1)]) =
-            (uint32_t)status + 1u;
-        if (status != 0) record_error(v, status);
-        ++ci;
-    }
-    *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
     uint64_t d = ld_volatile_u64(&c->done);
     const uint64_t d0 = d;
-    for (uint32_t i = 0; i < nsq; ++i) {
-        volatile uint32_t *m = &v.slot_status[d & (uint64_t)(nsq - 1)];
-        if (*m == 0u) break;
-        *m = 0u;
-        ++d;
+    // Completions arrive mostly in order: a CQE for slot `d` with no later slot marked advances
+    // done directly; any other is marked in slot_status (read back below).
+    bool marked = false;
+    for (uint32_t budget = 0; budget < ncq; budget += P) {
+        uint8_t flags[P];
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j)
+            flags[j] = cq_flags(v.cq + (size_t)nvshmem_efa_sq_slot(ci + j, ncq) * v.cq_entry_size);
+        uint32_t n = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j)
+            if (n == j && (flags[j] & NVSHMEM_EFA_CQE_PHASE) ==
+                              nvshmem_efa_cq_expected_phase(ci + j, ncq))
+                n = j + 1;
+        if (n == 0) break;
+        __threadfence_system();  // the rest of each CQE is read after its phase
+        nvshmem_efa_tx_cdesc t[P];
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j)
+            if (j < n)
+                t[j] = cq_entry(v.cq + (size_t)nvshmem_efa_sq_slot(ci + j, ncq) * v.cq_entry_size);
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j) {
+            if (j >= n) break;
+            const uint16_t req_id = nvshmem_efa_cqe_req_id(&t[j].common);
+            const uint8_t status = nvshmem_efa_cqe_status(&t[j].common);
+            if (status != 0) record_error(v, status);
+            if (!marked && req_id == (uint16_t)d) {
+                ++d;
+            } else {
+                marked = true;
+                __stcg(&v.slot_status[req_id & (nsq - 1)], (uint32_t)status + 1u);
+            }
+        }
+        ci += n;
+        if (n < P) break;
     }
-    if (d != d0) st_release_u64(&c->done, d);
+    *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
+    // Marked slots (from this poll or an earlier one) that done reaches now: read 8 at a time.
+    // Only the holder of cq_lock touches slot_status, so plain L2 accesses suffice.
+    for (uint32_t i = 0; i < nsq; i += 8) {
+        uint32_t m[8];
+#pragma unroll
+        for (uint32_t j = 0; j < 8; ++j) m[j] = __ldcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)]);
+        uint32_t run = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < 8; ++j)
+            if (run == j && m[j] != 0u) run = j + 1;
+        for (uint32_t j = 0; j < run; ++j) __stcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)], 0u);
+        d += run;
+        if (run < 8) break;
+    }
+    if (d != d0) {
+        st_release_u64(&c->done, d);
+        // The software queue's consumer reads this copy instead of device memory (a posted store
+        // across PCIe; never ahead of ctrl->done).
+        if (v.host_ctrl != nullptr)
+            *reinterpret_cast<volatile uint64_t *>(
+                const_cast<uint64_t *>(&v.host_ctrl->done)) = d;
+    }
     __threadfence();
     atomicExch(&c->cq_lock, 0u);
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+    if (d != d0) {
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLL, prof_t0, d - d0);
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLLS, prof_t0, 1);
+    }
+#endif
     return d;
 }
 
-// Waits until ctrl->done >= target. Returns 0 or an error code.
+// ---- doorbell ------------------------------------------------------------------------------------
+// ctrl->rung holds the low 32 bits of the last doorbell value. rung <= ready at every moment (it is
+// set to a value read from ready, which only grows) and they stay within 2^31 of each other, so
+// reading rung and then ready recovers the full count.
+NVSHMEM_EFA_GDA_DEV uint64_t full_count(uint64_t later, uint32_t low) {
+    return later - (uint64_t)(uint32_t)((uint32_t)later - low);
+}
+NVSHMEM_EFA_GDA_DEV uint64_t rung_count(const View &v) {
+    const uint32_t low = ld_acquire_u32(&v.ctrl->rung);
+    return full_count(ld_acquire_u64(&v.ctrl->ready), low);
+}
+
+// Step 4b: rings what is committed (stores ctrl->ready into the doorbell when it is past rung).
+// Non-blocking: when another thread holds db_lock it returns at once, and the holder looks at
+// ctrl->ready again after releasing the lock. The caller's commit (release store of ready),
+// __threadfence(), its look at db_lock, against the holder's release of db_lock, __threadfence(),
+// its look at ready (fence.sc on both sides): one of them sees the other's store, so nothing
+// committed before the call stays unrung. The holder keeps ringing while commits keep coming,
+// each doorbell store covering every commit since the last.
+NVSHMEM_EFA_GDA_DEV void ring(const View &v) {
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    __threadfence();
+    for (;;) {
+        if (rung_count(v) >= ld_acquire_u64(&c->ready)) return;
+        if (ld_volatile_u32(&c->db_lock) != 0u || atomicCAS(&c->db_lock, 0u, 1u) != 0u) return;
+        NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+        __threadfence();  // acquire side of the lock
+        const uint64_t r = ld_acquire_u64(&c->ready);
+        const uint64_t rung = full_count(r, ld_volatile_u32(&c->rung));
+        if (r > rung) {
+            // Every WQE below r was fenced system-wide by its writer before its commit.
+            __threadfence_system();
+            *reinterpret_cast<volatile uint32_t *>(v.sq_doorbell) = (uint32_t)r;
+            // The store is performed before the lock passes on: doorbell values land in order.
+            __threadfence_system();
+            *reinterpret_cast<volatile uint32_t *>(&c->rung) = (uint32_t)r;
+            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_RING, prof_t0, 1);
+        }
+        __threadfence();
+        atomicExch(&c->db_lock, 0u);
+        __threadfence();  // then look at ready again (top of the loop)
+    }
+}
+
+// Waits until ctrl->done >= target, ringing what is committed but not rung. Returns 0 or an error
+// code.
 NVSHMEM_EFA_GDA_DEV unsigned wait_done(const View &v, uint64_t target) {
     uint64_t d = ld_acquire_u64(&v.ctrl->done);
     if (d >= target) return 0u;
     Waiter w;
     w.start(d);
     for (;;) {
+        ring(v);
         d = poll_cq(v);
         if (d >= target) return 0u;
         unsigned e = w.step(v, d, target - d > NVSHMEM_EFA_GDA_FAR_WQES);
@@ -447,31 +615,42 @@ NVSHMEM_EFA_GDA_DEV uint32_t batch_limit(const View &v) {
 
 // Step 1 + 2: reserves k (1 <= k <= batch_limit) consecutive slots and waits until
 //   * they are free: done >= base + k - sq_entries (their previous WQEs completed), and
-//   * they lie in the doorbell window: base + k - ready <= batch_limit. ready is the last value
-//     stored into the doorbell (every commit rings), so the WQEs written but not yet rung, over
-//     all posters together, never exceed max_batch.
-// The lowest outstanding reservation always has base == ready, so its window is open; the wait is
-// for lower reservations only (deadlock freedom as below). Returns 0 and the base in *base, or an
-// error code (nothing reserved that anyone waits for: the queue is failed then).
+//   * they lie in the doorbell window: base + k - rung <= batch_limit (rung: the last value stored
+//     into the doorbell), so the WQEs written but not yet rung, over all posters together, never
+//     exceed max_batch.
+// While it waits for the window it rings what lower posters committed. Returns 0 and the base in
+// *base, or an error code (nothing reserved that anyone waits for: the queue is failed then).
 NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) {
     if (fatal_code() != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
     const uint64_t b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
     *base = b;
     if (b + k > v.sq_entries) {
+        NVSHMEM_EFA_GDA_PROF_T0(prof_slots);
         const unsigned e = wait_done(v, b + k - v.sq_entries);
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_SLOTS, prof_slots, 1);
         if (e) return e;
     }
     const uint64_t lim = batch_limit(v);
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
-    uint64_t r = ld_acquire_u64(&c->ready);
-    if (b + k - r <= lim) return 0u;
+    uint64_t r = rung_count(v);
+    if (b + k - r <= lim) {
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_RESERVE, prof_t0, 1);
+        return 0u;
+    }
+    NVSHMEM_EFA_GDA_PROF_T0(prof_window);
     Waiter w;
     w.start(r + ld_acquire_u64(&c->done));
     for (;;) {
-        // Progress is the lower reservations' commits (and the completions they may wait for).
+        // Progress is the lower reservations' commits and the rings of them (done here too).
+        ring(v);
+        r = rung_count(v);
+        if (b + k - r <= lim) {
+            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_WINDOW, prof_window, 1);
+            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_RESERVE, prof_t0, 1);
+            return 0u;
+        }
         const uint64_t d = poll_cq(v);
-        r = ld_acquire_u64(&c->ready);
-        if (b + k - r <= lim) return 0u;
         const unsigned e = w.step(v, r + d, b - r > NVSHMEM_EFA_GDA_FAR_WQES);
         if (e) return e;
     }
@@ -492,30 +671,32 @@ NVSHMEM_EFA_GDA_DEV void stamp_wqe(const View &v, uint64_t pc, nvshmem_efa_tx_wq
     nvshmem_efa_wqe_set_comp_req(w, 1);
 }
 
-// Step 4: ordered commit of [base, base + k) (k <= batch_limit, as reserved) and doorbell.
+// Step 4: ordered commit of [base, base + k) (k <= batch_limit, as reserved), then the doorbell
+// (step 4b). Every thread that wrote one of the WQEs has fenced (__threadfence_system()) before.
+// The commit chain is GPU-scope only: each poster waits for ready == base and moves it to
+// base + k; the system fences and the doorbell store happen in ring(), once for many commits.
 // Returns 0 or an error code.
 NVSHMEM_EFA_GDA_DEV unsigned commit(const View &v, uint64_t base, uint32_t k) {
-    __threadfence_system();
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
     uint64_t r = ld_acquire_u64(&c->ready);
     if (r != base) {
-        Waiter w;
-        w.start(r + ld_acquire_u64(&c->done));
-        for (;;) {
-            // Progress is the predecessors' commits or completions they may be waiting for.
-            const uint64_t d = poll_cq(v);
-            r = ld_acquire_u64(&c->ready);
-            if (r == base) break;
-            unsigned e = w.step(v, r + d, base - r > NVSHMEM_EFA_GDA_FAR_WQES);
-            if (e) return e;
+        // The predecessors are between their reservation and their commit: spin briefly first.
+        for (int i = 0; i < 64 && r != base; ++i) r = ld_acquire_u64(&c->ready);
+        if (r != base) {
+            Waiter w;
+            w.start(r);
+            for (;;) {
+                r = ld_acquire_u64(&c->ready);
+                if (r == base) break;
+                unsigned e = w.step(v, r, base - r > NVSHMEM_EFA_GDA_FAR_WQES, 128u);
+                if (e) return e;
+            }
         }
     }
-    __threadfence_system();
-    const uint64_t end = base + k;
-    // One store: k <= batch_limit, so this doorbell announces at most max_batch WQEs.
-    *reinterpret_cast<volatile uint32_t *>(v.sq_doorbell) = (uint32_t)end;
-    __threadfence_system();
-    st_release_u64(&c->ready, end);
+    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_TURN, prof_t0, 1);
+    st_release_u64(&c->ready, base + k);
+    ring(v);
     return 0u;
 }
 
@@ -545,10 +726,12 @@ NVSHMEM_EFA_GDA_DEV unsigned post_one(const View &v, nvshmem_efa_tx_wqe w, uint6
     base = __shfl_sync(grp, base, leader);
     st = __shfl_sync(grp, st, leader);
     if (st) return st;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
     stamp_wqe(v, base + rank, &w);
     store_wqe(v, base + rank, w);
     __threadfence_system();
     __syncwarp(grp);
+    if ((int)lane == leader) NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_WRITE, prof_t0, 1);
     if ((int)lane == leader) st = commit(v, base, cnt);
     st = __shfl_sync(grp, st, leader);
     *pc_end = base + rank + 1;
@@ -706,6 +889,7 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_thread(const View &v, const PeerView &p, 
                       rdma_wqe(v, p, kk, base + i, s.laddr + off, s.lkey, s.raddr + off, s.rkey,
                                chunk_len(s.len, ch), imm));
         }
+        __threadfence_system();
         e = commit(v, base, k);
         if (e) return e;
         *end_pc = base + k;
@@ -908,8 +1092,10 @@ NVSHMEM_EFA_GDA_DEV void progress() {
 NVSHMEM_EFA_GDA_DEV unsigned quiet() {
     const detail::View v = detail::view();
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
     const uint64_t target = detail::ld_acquire_u64(&v.ctrl->ready);
     unsigned e = detail::wait_done(v, target);
+    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
     __threadfence_system();
     if (e) return e;
     if (detail::ld_volatile_u64(&v.ctrl->errors) != 0ull) {

@@ -176,7 +176,7 @@ typedef struct NvshmemEfaGdaPeer {
 typedef struct NvshmemEfaGdaQueueCtrl {
   // WQE slots handed out (producer reservations).
   uint64_t resv;
-  // WQEs committed and announced through the doorbell.
+  // WQEs committed (written, fenced, in order); the doorbell may lag (`rung`).
   uint64_t ready;
   // WQEs completed, in order (slot reuse bound).
   uint64_t done;
@@ -190,11 +190,14 @@ typedef struct NvshmemEfaGdaQueueCtrl {
   uint32_t cq_lock;
   // RX completions consumed (immediates), for the receive side.
   uint64_t rx_ci;
-  // Padding to 64 bytes.
-  uint64_t pad[1];
+  // Low 32 bits of the last value stored into the doorbell (`rung <= ready`).
+  uint32_t rung;
+  // Doorbell lock (0 free, 1 held): doorbell stores are serialised so they land in order.
+  uint32_t db_lock;
 } NvshmemEfaGdaQueueCtrl;
 
-// Host-written, device-read words of a software queue (mapped host memory).
+// Host-written, device-read words of a software queue (mapped host memory), and one word the
+// device writes for the host (`done`).
 typedef struct NvshmemEfaGdaHostCtrl {
   // WQEs the consumer has read out of the ring (published consumer index).
   uint64_t consumed;
@@ -206,8 +209,12 @@ typedef struct NvshmemEfaGdaHostCtrl {
   uint64_t heartbeat;
   // Non-zero once the consumer stopped (fini or fatal error).
   uint64_t stopped;
+  // Written by the device: a recent value of `ctrl.done` (never ahead of it; stores from
+  // different pollers may land out of order, so readers keep the largest value seen). Lets the
+  // consumer learn which slots are free without copying from device memory.
+  uint64_t done;
   // Padding to 64 bytes.
-  uint64_t pad[3];
+  uint64_t pad[2];
 } NvshmemEfaGdaHostCtrl;
 
 // Payload of an inline SEND (exactly 32 bytes, the WQE's inline room) that asks the target to apply

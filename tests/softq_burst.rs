@@ -102,3 +102,81 @@ fn burst_of_staged_token_messages() {
         burst(&p, msgs, len, true);
     }
 }
+
+/// Doorbell liveness: many posters commit single WQEs concurrently and none calls quiet. Every
+/// commit must still reach the doorbell (rung by its poster, or by the doorbell lock's holder of
+/// that moment), so the doorbell ends equal to the reservation counter and every write lands.
+#[test]
+fn every_commit_is_rung_without_quiet() {
+    let posters = 8u64;
+    let per = 300u64;
+    let len = 64u64;
+    let msgs = posters * per;
+    for p in providers() {
+        let heap = (2 * msgs * len + 4096) as usize;
+        let pes = setup_with(&p, 2, heap, 64, 4, &config(GdaMode::Soft));
+        let pe = &pes[0];
+        // SAFETY: the first half of the heap belongs to this test's sources.
+        unsafe { fill(pe.heap.ptr(), (msgs * len) as usize, 0xd00b) };
+        let q = pe.gda.soft_queue().unwrap();
+        let peer = pe.peer(1);
+        let lkey = pe.heap_lkey();
+        let dst = pes[1].heap.addr() + msgs * len;
+        std::thread::scope(|s| {
+            for t in 0..posters {
+                let peer = &peer;
+                s.spawn(move || {
+                    let poster = HostPoster::new(q)
+                        .unwrap()
+                        .with_timeout(Duration::from_secs(30));
+                    for i in 0..per {
+                        let m = i * posters + t;
+                        let d = write(
+                            peer,
+                            pe.heap.addr() + m * len,
+                            lkey,
+                            dst + m * len,
+                            len as u32,
+                            None,
+                        );
+                        poster.post(&[d]).unwrap();
+                    }
+                });
+            }
+        });
+        let poster = HostPoster::new(q).unwrap();
+        let resv = poster.resv();
+        assert_eq!(resv, msgs, "{}: reservations", p.name());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // SAFETY: the doorbell record lives in the queue's ring memory.
+            let db = unsafe { std::ptr::read_volatile(poster.view().doorbell) };
+            if db == resv as u32 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: doorbell stuck at {db}, {resv} WQEs committed",
+                p.name()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        poster.quiet().unwrap();
+        assert_eq!(
+            poster.errors(),
+            0,
+            "{}: first error {:#x}",
+            p.name(),
+            poster.first_error()
+        );
+        // SAFETY: every write has completed (quiet).
+        let bad = unsafe {
+            check(
+                pes[1].heap.ptr().add((msgs * len) as usize),
+                (msgs * len) as usize,
+                0xd00b,
+            )
+        };
+        assert!(bad.is_none(), "{}: bytes wrong at {bad:?}", p.name());
+    }
+}

@@ -4,21 +4,25 @@
 //! Step by step (numbers as in the protocol):
 //! 1. reserve `k` slots: `base = fetch_add(ctrl.resv, k)`;
 //! 2. wait until `base + k - ctrl.done <= sq_entries`, polling completions meanwhile, and until
-//!    the WQEs to write lie within `B = min(max_batch, sq_entries)` of `ctrl.ready` (the last doorbell
-//!    value): at most `max_batch` WQEs of all posters together stand written but not rung;
+//!    the WQEs to write lie within `B = min(max_batch, sq_entries)` of `ctrl.rung` (the last doorbell
+//!    value): at most `max_batch` WQEs of all posters together stand written but not rung; while
+//!    waiting for the window it rings what earlier posters committed (4b);
 //! 3. write each WQE at slot `pc & (sq_entries - 1)` with phase `(pc / sq_entries) & 1` and request
 //!    id `pc` (low 16 bits), the whole entry (a 128-byte entry gets 64 zero bytes after the WQE),
 //!    then a full fence (`__threadfence_system()` on the GPU);
-//! 4. wait until `ctrl.ready == base`, store the producer count into the doorbell, fence, set
-//!    `ctrl.ready = base + k`. The CUDA header reserves at most B WQEs at a time; this poster also
-//!    takes larger reservations, and then writes and rings them B at a time while it holds the
-//!    commit turn (its own doorbell values run ahead of `ready` then, which only makes other
-//!    posters wait longer);
+//! 4. wait until `ctrl.ready == base`, set `ctrl.ready = base + k`. The CUDA header reserves at most
+//!    B WQEs at a time; this poster also takes larger reservations, and then, holding the commit
+//!    turn (`ready == base`), commits and rings what it has written B at a time (`ready` moves
+//!    through its own reservation) and writes the next B once the window allows;
+//!    Doorbell (4b): ring after the commit (and in every wait): if `ctrl.ready` is past `ctrl.rung` and
+//!    `ctrl.db_lock` is free, store `ready` into the doorbell, fence, set `ctrl.rung`, release the
+//!    lock, look again; a busy lock is left to its holder, who looks again after releasing it;
 //! 5. completions: the holder of `ctrl.cq_lock` (CAS 0 → 1) reads CQEs at `ctrl.cq_ci` while their
 //!    phase is `((cq_ci / cq_entries) & 1) ^ 1`, marks `slot_status[req_id & (sq_entries - 1)] =
 //!    status + 1`, counts errors (`ctrl.errors`, `ctrl.first_error`), advances `ctrl.done` over
-//!    consecutive marked slots (clearing them), releases the lock;
-//! 6. quiet: wait until `ctrl.done >= ctrl.ready` as read at entry; report `ctrl.errors`.
+//!    consecutive marked slots (clearing them), mirrors `done` into `host_ctrl.done`, releases the
+//!    lock;
+//! 6. quiet: wait until `ctrl.done >= ctrl.ready` as read at entry (ringing); report `ctrl.errors`.
 //!
 //! Receive completions (the RX ring, beyond the six steps): 32-byte entries (the extended EFA receive
 //! form) read at `ctrl.rx_ci` with the phase rule of the CQ on `rx_entries`, each claimed by a
@@ -38,7 +42,7 @@ use crate::efa::wqe::{self, WqeDesc, WQE_SIZE};
 use super::error::{GdaError, Result};
 use super::mem::{self, read_shared};
 use super::softq::{HostView, SoftQueue};
-use super::state::NvshmemEfaGdaQueueCtrl;
+use super::state::{NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueueCtrl};
 
 const OFF_RESV: usize = offset_of!(NvshmemEfaGdaQueueCtrl, resv);
 const OFF_READY: usize = offset_of!(NvshmemEfaGdaQueueCtrl, ready);
@@ -48,6 +52,9 @@ const OFF_ERRORS: usize = offset_of!(NvshmemEfaGdaQueueCtrl, errors);
 const OFF_FIRST_ERROR: usize = offset_of!(NvshmemEfaGdaQueueCtrl, first_error);
 const OFF_CQ_LOCK: usize = offset_of!(NvshmemEfaGdaQueueCtrl, cq_lock);
 const OFF_RX_CI: usize = offset_of!(NvshmemEfaGdaQueueCtrl, rx_ci);
+const OFF_HC_DONE: usize = offset_of!(NvshmemEfaGdaHostCtrl, done);
+const OFF_RUNG: usize = offset_of!(NvshmemEfaGdaQueueCtrl, rung);
+const OFF_DB_LOCK: usize = offset_of!(NvshmemEfaGdaQueueCtrl, db_lock);
 
 /// Called by whichever poster polls a completion: the full producer count of the WQE it completes,
 /// its status byte, and the 16 raw bytes of the CQE.
@@ -186,28 +193,37 @@ impl<'q> HostPoster<'q> {
         self.wait(start, true, "free send-queue slots", || {
             end - self.word(OFF_DONE).load(Ordering::Acquire) <= n
         })?;
-        // 2b. the doorbell window of the first B WQEs
+        // 2b. the doorbell window of the first B WQEs (ringing earlier posters' commits)
         let b = u64::from(self.v.max_batch.max(1)).min(n);
         let first_end = (base + b).min(end);
         let window = "the doorbell window (earlier posters' commits)";
         self.wait(start, false, window, || {
-            first_end - self.word(OFF_READY).load(Ordering::Acquire) <= b
+            self.ring();
+            first_end - self.rung() <= b
         })?;
         // 3. write the first B WQEs
         self.write_entries(base, first_end, &mut fill);
-        // 4. ordered commit, then the rest B at a time while this poster holds the turn
+        // 4. ordered commit; a large reservation, holding the turn, commits and rings what it has
+        // written B at a time (`ready` moves through its own reservation), which opens the window
+        // for its next B
         self.wait(start, true, "the ordered commit of earlier posters", || {
             self.word(OFF_READY).load(Ordering::Acquire) == base
         })?;
         let mut at = first_end;
-        self.ring(at);
         while at < end {
+            self.word(OFF_READY).store(at, Ordering::Release);
+            self.ring();
             let next = (at + b).min(end);
+            self.wait(start, true, window, || {
+                self.ring();
+                next - self.rung() <= b
+            })?;
             self.write_entries(at, next, &mut fill);
             at = next;
-            self.ring(at);
         }
         self.word(OFF_READY).store(end, Ordering::Release);
+        // 4b. ring
+        self.ring();
         Ok(base)
     }
 
@@ -226,11 +242,55 @@ impl<'q> HostPoster<'q> {
         fence(Ordering::SeqCst);
     }
 
-    /// Stores producer count `pc` into the doorbell, then fences.
-    fn ring(&self, pc: u64) {
+    /// The full count of the last doorbell value (`ctrl.rung` holds its low 32 bits; it never
+    /// passes `ctrl.ready`, read after it).
+    fn rung(&self) -> u64 {
+        let low = self.word32(OFF_RUNG).load(Ordering::Acquire);
+        let ready = self.ready();
+        ready - u64::from((ready as u32).wrapping_sub(low))
+    }
+
+    /// Stores `pc` into the doorbell and `ctrl.rung` under the doorbell lock (`pc` is past `rung`).
+    fn store_doorbell(&self, pc: u64) {
+        fence(Ordering::SeqCst);
         // SAFETY: the doorbell record lives in the queue's ring memory.
         unsafe { mem::atomic_u32(self.v.doorbell as *mut u8) }.store(pc as u32, Ordering::Release);
         fence(Ordering::SeqCst);
+        self.word32(OFF_RUNG).store(pc as u32, Ordering::Release);
+    }
+
+    fn try_lock_doorbell(&self) -> bool {
+        self.word32(OFF_DB_LOCK)
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn unlock_doorbell(&self) {
+        self.word32(OFF_DB_LOCK).store(0, Ordering::Release);
+    }
+
+    /// 4b. Rings what is committed: stores `ctrl.ready` into the doorbell when it is past `rung`.
+    /// Never waits for the doorbell lock: its holder looks at `ready` again after releasing it
+    /// (this side: store `ready`, SeqCst fence, read the lock; the holder: release the lock, SeqCst
+    /// fence, read `ready`; one of the two sees the other's store).
+    fn ring(&self) {
+        fence(Ordering::SeqCst);
+        loop {
+            if self.rung() >= self.ready() {
+                return;
+            }
+            if !self.try_lock_doorbell() {
+                return;
+            }
+            let ready = self.ready();
+            let low = self.word32(OFF_RUNG).load(Ordering::Acquire);
+            let rung = ready - u64::from((ready as u32).wrapping_sub(low));
+            if ready > rung {
+                self.store_doorbell(ready);
+            }
+            self.unlock_doorbell();
+            fence(Ordering::SeqCst);
+        }
     }
 
     /// Posts well-formed WQEs: each description gets request id and phase from its producer count.
@@ -308,6 +368,11 @@ impl<'q> HostPoster<'q> {
                 d += 1;
             }
             self.word(OFF_DONE).store(d, Ordering::Release);
+            if !self.v.host_ctrl.is_null() {
+                // SAFETY: the `done` word of the queue's host control block (8-byte aligned).
+                unsafe { mem::atomic_u64(self.v.host_ctrl.add(OFF_HC_DONE)) }
+                    .store(d, Ordering::Release);
+            }
         }
         lock.store(0, Ordering::Release);
         read
@@ -354,6 +419,7 @@ impl<'q> HostPoster<'q> {
         let start = Instant::now();
         let mut spins = 0u32;
         while self.done() < target {
+            self.ring();
             if self.poll_cq() == 0 {
                 self.check_alive()?;
                 spins = spins.saturating_add(1);

@@ -8,27 +8,34 @@
 //! 1. A poster reserves `k` consecutive WQE slots: `base = atomicAdd(&ctrl->resv, k)` (device memory).
 //! 2. It waits until the slots are free: `base + k - ctrl->done <= sq_entries`, polling completions
 //!    (step 5) while it waits. `done` only advances once the WQE in a slot has completed, so a slot is
-//!    never overwritten while the queue may still read it.
+//!    never overwritten while the queue may still read it. It also waits until the slots lie in the
+//!    doorbell window: `base + k - rung <= B` (`B = min(max_batch, sq_entries)`, `rung` the last
+//!    doorbell value, `ctrl->rung`), so at most `max_batch` WQEs of all posters together stand written
+//!    but not rung; while it waits it rings committed WQEs itself (step 4b).
 //! 3. It writes each 64-byte WQE at slot `pc & (sq_entries - 1)` with phase `(pc / sq_entries) & 1`,
 //!    request id `pc` (low 16 bits in `req_id`), then `__threadfence_system()`.
-//! 4. Ordered commit: it waits until `ctrl->ready == base`, then stores the new producer count
-//!    `(u32)(base + k)` into `*sq_doorbell` (rung at least every `max_batch` WQEs), fences, and sets
-//!    `ctrl->ready = base + k`.
+//! 4. Ordered commit: it waits until `ctrl->ready == base` and sets `ctrl->ready = base + k` (release,
+//!    GPU scope: the commit chain stays in device memory and needs no system fence).
+//!    Doorbell (4b): after its commit every poster rings, and so does every wait for the window or for
+//!    completions. Ringing: if `ctrl->ready` is past `ctrl->rung` and `ctrl->db_lock` is free (CAS
+//!    0→1), fence system-wide, store `(u32)ready` into `*sq_doorbell`, fence again, set `ctrl->rung`,
+//!    release the lock and look again; a busy lock is left to its holder, who looks at `ready` again
+//!    after releasing it (the committer stores `ready`, fences (sequentially consistent), reads the
+//!    lock; the holder releases the lock, fences, reads `ready`: one sees the other's store).
+//!    Doorbell values are therefore increasing, each covers only committed (written and fenced)
+//!    WQEs, and announces at most `B` new ones (every committed WQE was reserved inside the window).
 //! 5. Completions: whoever holds `ctrl->cq_lock` (atomicCAS 0→1) reads CQEs at `ctrl->cq_ci` while the
 //!    CQE phase equals `((cq_ci / cq_entries) & 1) ^ 1` (expected phase starts at 1), marks
-//!    `slot_status[req_id & (sq_entries-1)]` (status + 1), counts errors in `ctrl->errors`, then advances
-//!    `ctrl->done` over consecutive marked slots (clearing them) and releases the lock.
-//! 6. quiet: wait until `ctrl->done >= ctrl->ready` as read at entry; report `ctrl->errors`.
+//!    `slot_status[req_id & (sq_entries-1)]` (status + 1; the CUDA header advances `done` directly for
+//!    a CQE of slot `done` while it marked nothing earlier in the poll), counts errors in
+//!    `ctrl->errors`, then advances `ctrl->done` over consecutive marked slots (clearing them),
+//!    mirrors the new `done` into
+//!    `host_ctrl->done` (software queue) and releases the lock.
+//! 6. quiet: wait until `ctrl->done >= ctrl->ready` as read at entry (ringing what is committed but
+//!    not rung); report `ctrl->errors`.
 //!
-//! Rules every poster follows: each WQE sets `comp_req` (`done` only advances through completions);
-//! `req_id` is `pc & 0xffff`; one doorbell store advances the count by at most `max_batch`.
-//!
-//! Receive side (`rx_cq`, `rx_entries` 32-byte extended EFA receive completions): the expected phase
-//! starts at 1 and flips per wrap, like the CQ; a consumer claims entry `rx_ci` with a compare-and-swap
-//! on `ctrl->rx_ci` and must keep claiming (the software queue never overwrites an unclaimed entry, it
-//! holds later ones back). Entries are made for writes with immediate, for SENDs, and for AMO messages
-//! that carry an immediate or failed; an AMO applied without error and without immediate makes none
-//! (its effect is the word itself).
+//! Liveness of the doorbell: a commit is rung by its poster or by the lock holder of that moment
+//! (the handshake above); quiet and every wait ring too.
 
 /// Queue is backed by the provider's hardware queues (efa-direct GDA ops).
 pub const NVSHMEM_EFA_GDA_MODE_HW: u32 = 1;
@@ -66,7 +73,7 @@ pub struct NvshmemEfaGdaPeer {
 pub struct NvshmemEfaGdaQueueCtrl {
     /// WQE slots handed out (producer reservations).
     pub resv: u64,
-    /// WQEs committed and announced through the doorbell.
+    /// WQEs committed (written, fenced, in order); the doorbell may lag (`rung`).
     pub ready: u64,
     /// WQEs completed, in order (slot reuse bound).
     pub done: u64,
@@ -80,11 +87,14 @@ pub struct NvshmemEfaGdaQueueCtrl {
     pub cq_lock: u32,
     /// RX completions consumed (immediates), for the receive side.
     pub rx_ci: u64,
-    /// Padding to 64 bytes.
-    pub pad: [u64; 1],
+    /// Low 32 bits of the last value stored into the doorbell (`rung <= ready`).
+    pub rung: u32,
+    /// Doorbell lock (0 free, 1 held): doorbell stores are serialised so they land in order.
+    pub db_lock: u32,
 }
 
-/// Host-written, device-read words of a software queue (mapped host memory).
+/// Host-written, device-read words of a software queue (mapped host memory), and one word the
+/// device writes for the host (`done`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NvshmemEfaGdaHostCtrl {
@@ -98,8 +108,12 @@ pub struct NvshmemEfaGdaHostCtrl {
     pub heartbeat: u64,
     /// Non-zero once the consumer stopped (fini or fatal error).
     pub stopped: u64,
+    /// Written by the device: a recent value of `ctrl.done` (never ahead of it; stores from
+    /// different pollers may land out of order, so readers keep the largest value seen). Lets the
+    /// consumer learn which slots are free without copying from device memory.
+    pub done: u64,
     /// Padding to 64 bytes.
-    pub pad: [u64; 3],
+    pub pad: [u64; 2],
 }
 
 /// One send queue with its completion queue, as kernels see it.

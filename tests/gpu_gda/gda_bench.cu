@@ -19,8 +19,13 @@
 // number of WQEs the kernel posted (the queue's reservation counter, read before and after) per
 // microsecond. The column is filled for every gda row (0 for proxy and p2p rows).
 //
+// Scope: with --scope warp (default) every warp posts one message at a time (put_nbi_warp /
+// nvshmemx_putmem_nbi_warp); with --scope thread every thread does (put_nbi / nvshmem_putmem_nbi),
+// and the converged lanes of a warp share one reservation and commit on the GDA queue (32 WQEs per
+// commit): the rows are then named gda-thread, gda-null-thread, proxy-thread, p2p-thread.
+//
 // Usage: gda_bench CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S]
-//                  [--blocks B] [--warps W]
+//                  [--blocks B] [--warps W] [--scope warp|thread]
 // CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps
 //              (usec = whole measurement)
 #include "gda_common.cuh"
@@ -62,6 +67,40 @@ __global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, in
     }
 }
 
+// Thread scope: message m goes to slot m % slots; thread t posts messages t, t + nthreads, ...
+__global__ void gda_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
+                                      int slots, int peer, KStatus *st) {
+    const int nthreads = (int)(gridDim.x * blockDim.x);
+    const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    unsigned s = 0;
+    for (int m = t; m < msgs; m += nthreads) {
+        const size_t off = (size_t)(m % slots) * size;
+        // Every lane runs the same iterations (msgs is a multiple of the thread count): meet here so
+        // the lanes arrive at the put together and share one reservation (thread-scope puts
+        // coalesce the converged lanes only).
+        __syncwarp();
+        const unsigned r = gda::put_nbi(dst + off, src + off, size, peer);
+        if (r != 0u && s == 0u) s = r;
+    }
+    const unsigned q = gda::quiet();
+    if (q != 0u && s == 0u) s = q;
+    if (s != 0u) {
+        atomicAdd(&st->bad, 1u);
+        atomicCAS(&st->first, 0u, s);
+    }
+}
+
+__global__ void nvshmem_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
+                                          int slots, int peer) {
+    const int nthreads = (int)(gridDim.x * blockDim.x);
+    const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    for (int m = t; m < msgs; m += nthreads) {
+        const size_t off = (size_t)(m % slots) * size;
+        nvshmem_putmem_nbi(dst + off, src + off, size, peer);
+    }
+    nvshmem_quiet();
+}
+
 __global__ void nvshmem_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
                                    int slots, int peer) {
     const int nwarps = (int)(gridDim.x * blockDim.x / 32);
@@ -87,6 +126,27 @@ __global__ void check_kernel(const uint8_t *buf, size_t len, uint32_t seed, unsi
         if (buf[i] != pat_byte(seed, i)) atomicAdd(bad, 1ull);
 }
 
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+// The device API's step profile (see NVSHMEM_EFA_GDA_PROFILE in nvshmem_efa_gda_device.cuh).
+void prof_reset() {
+    const unsigned long long z[NVSHMEM_EFA_GDA_PROF_N] = {};
+    CK(cudaMemcpyToSymbol(nvshmem_efa_gda_prof_cycles, z, sizeof z));
+    CK(cudaMemcpyToSymbol(nvshmem_efa_gda_prof_count, z, sizeof z));
+}
+
+void prof_print(const std::string &name, size_t size) {
+    unsigned long long cyc[NVSHMEM_EFA_GDA_PROF_N], cnt[NVSHMEM_EFA_GDA_PROF_N];
+    CK(cudaMemcpyFromSymbol(cyc, nvshmem_efa_gda_prof_cycles, sizeof cyc));
+    CK(cudaMemcpyFromSymbol(cnt, nvshmem_efa_gda_prof_count, sizeof cnt));
+    static const char *names[NVSHMEM_EFA_GDA_PROF_N] = {"reserve", "slots", "window", "write",
+                                                        "turn", "ring", "poll", "quiet", "polls"};
+    printf("  profile %s %zu B (cycles summed over threads / count = mean cycles):", name.c_str(), size);
+    for (int k = 0; k < NVSHMEM_EFA_GDA_PROF_N; ++k)
+        printf(" %s %llu x %.0f", names[k], cnt[k], cnt[k] ? (double)cyc[k] / (double)cnt[k] : 0.0);
+    printf("\n");
+}
+#endif
+
 struct Row {
     std::string path;
     size_t size;
@@ -97,7 +157,7 @@ struct Row {
 
 void usage(const char *argv0) {
     printf("usage: %s CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S] [--blocks B] "
-           "[--warps W]\n"
+           "[--warps W] [--scope warp|thread]\n"
            "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n"
            "NVSHMEM_EFA_SOFT_NULL=1: path gda measures the WQE post rate (no data moves)\n",
            argv0);
@@ -115,6 +175,7 @@ int main(int argc, char **argv) {
     size_t max_bytes = 4ull << 20;
     double budget_s = 70.0;
     int blocks = 4, warps = 4;
+    std::string scope = "warp";
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
         auto need = [&](const char *what) -> const char * {
@@ -129,6 +190,7 @@ int main(int argc, char **argv) {
         else if (a == "--budget-s") budget_s = atof(need("--budget-s"));
         else if (a == "--blocks") blocks = atoi(need("--blocks"));
         else if (a == "--warps") warps = atoi(need("--warps"));
+        else if (a == "--scope") scope = need("--scope");
         else {
             usage(argv[0]);
             return 2;
@@ -146,7 +208,8 @@ int main(int argc, char **argv) {
             printf("unknown path '%s'\n", p.c_str());
             return 2;
         }
-    if (blocks < 1 || warps < 1 || warps > 32 || max_bytes < 8 || max_bytes > kWindow) {
+    if (blocks < 1 || warps < 1 || warps > 32 || max_bytes < 8 || max_bytes > kWindow ||
+        (scope != "warp" && scope != "thread")) {
         usage(argv[0]);
         return 2;
     }
@@ -177,8 +240,8 @@ int main(int argc, char **argv) {
     watchdog_disarm();
     int ok = 1;
     if (me == 0) {
-        printf("gda_bench: paths %s, %d blocks x %d warps, 8 B .. %zu B, budget %.0f s, peer %s\n",
-               paths_arg.c_str(), blocks, warps, max_bytes, budget_s,
+        printf("gda_bench: paths %s, %d blocks x %d warps, %s scope, 8 B .. %zu B, budget %.0f s, peer %s\n",
+               paths_arg.c_str(), blocks, warps, scope.c_str(), max_bytes, budget_s,
                p2p_mapped ? "mapped (P2P)" : "not mapped (remote transport)");
         if (null_mode)
             printf("gda_bench: NULL-CONSUMER MODE (NVSHMEM_EFA_SOFT_NULL=1): path gda posts WQEs that the "
@@ -217,7 +280,9 @@ int main(int argc, char **argv) {
     const double t_start = now_s();
     int verify_fail = 0;
     bool budget_hit = false;
-    const int nwarps = blocks * warps;
+    const bool thread_scope = scope == "thread";
+    // Posters: warps, or threads with --scope thread.
+    const int nwarps = blocks * warps * (thread_scope ? 32 : 1);
 
     // Runs one measurement on PE 0 (PE 1 only takes part in the barriers) and verifies it on PE 1.
     // The queue's reservation counter on this PE (0 without a GDA queue).
@@ -241,8 +306,12 @@ int main(int argc, char **argv) {
         if (me == 0) {
             const unsigned long long resv0 = path == "gda" ? resv_now() : 0ull;
             CK(cudaEventRecord(e0));
-            if (path == "gda")
+            if (path == "gda" && thread_scope)
+                gda_put_thread_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, kst);
+            else if (path == "gda")
                 gda_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, kst);
+            else if (thread_scope)
+                nvshmem_put_thread_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer);
             else
                 nvshmem_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer);
             CK_LAUNCH();
@@ -285,6 +354,9 @@ int main(int argc, char **argv) {
             char step[96];
             snprintf(step, sizeof step, "%s %zu B", path.c_str(), size);
             watchdog_arm(step, 60);
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+            prof_reset();
+#endif
             // Warm-up with a few messages per warp, then aim at ~60 ms per measurement.
             double warm_us = 0;
             unsigned long long warm_wqes = 0;
@@ -293,7 +365,8 @@ int main(int argc, char **argv) {
             const double per_msg = std::max(warm_us / warm, 0.01);
             // The null consumer keeps up with far more messages per measurement (the launch and the
             // quiet would dominate 4096).
-            const double cap = null_mode && path == "gda" ? 1048576.0 : 4096.0;
+            // Thread scope has 32x the posters: allow more messages so each posts a few dozen.
+            const double cap = null_mode && path == "gda" ? 1048576.0 : thread_scope ? 65536.0 : 4096.0;
             int msgs = (int)std::min(cap, std::max((double)nwarps * 4, 60000.0 / per_msg));
             msgs = std::min<int>(msgs, (int)std::max<size_t>((size_t)nwarps, (512ull << 20) / size));
             msgs = (msgs + nwarps - 1) / nwarps * nwarps;
@@ -309,12 +382,16 @@ int main(int argc, char **argv) {
                 }
             }
             watchdog_disarm();
-            const std::string name = null_mode && path == "gda" ? "gda-null" : path;
+            const std::string name =
+                (null_mode && path == "gda" ? std::string("gda-null") : path) + (thread_scope ? "-thread" : "");
             rows.push_back({name, size, msgs, best, best_wqes});
             if (me == 0)
                 printf("  %-8s %10zu B %7d msgs %12.1f us %10.4f Mmsg/s %9.3f GB/s %9.3f MWQE/s\n",
                        name.c_str(), size, msgs, best, msgs / best, (double)msgs * (double)size / best / 1e3,
                        best_wqes / best);
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+            if (me == 0 && path == "gda") prof_print(name, size);
+#endif
             // Both PEs decide together (PE 0's clock) whether the budget allows another size.
             int stop = (now_s() - t_start) > budget_s ? 1 : 0;
             std::vector<int> st(2);

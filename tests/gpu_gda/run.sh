@@ -30,10 +30,14 @@ usage: tests/gpu_gda/run.sh [options]
   --no-bench          skip the benchmark and the plot
   --debug             NVSHMEM_DEBUG=INFO (default WARN)
   --bin-dir DIR       run the gda_tests / gda_bench found in DIR instead of building them
-  --save-bins DIR     with --compile-only: copy the MPI programs (sm_90) to DIR
+  --save-bins DIR     copy the built programs to DIR (with --compile-only: the MPI ones, sm_90)
 environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARGS,
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
   NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), GDA_TESTS_CASE_TIMEOUT (s per case),
+  GDA_BENCH_SETS (comma list of main, null, thread; default all three), GDA_BENCH_EXTRA (more
+  gda_bench options for every benchmark run, e.g. "--blocks 16 --warps 8"), GDA_NVCC_DEFINES (extra
+  nvcc options for the programs, e.g. -DNVSHMEM_EFA_GDA_PROFILE: gda_bench prints where the device's
+  posting time goes),
   COMPUTE_SANITIZER, GDA_SANITIZER_TIMEOUT (s per sanitizer run, default 420),
   GDA_TESTS_TIMEOUT (s for the whole gda_tests run, default 300);
   NVSHMEM_EFA_* and FI_* variables are passed to the library runs.
@@ -129,7 +133,8 @@ say "MPI:     $([ $use_mpi = 1 ] && echo "$MPICC (mpi.h found)" || echo "none: -
 compile() {
     local src=$1 obj=$2 log=$3
     shift 3
-    local cmd=("$NVCC" -std=c++17 -O2 -lineinfo -rdc=true "${ARCH_FLAGS[@]}" "$@" "${INCS[@]}"
+    # shellcheck disable=SC2206 # GDA_NVCC_DEFINES: e.g. -DNVSHMEM_EFA_GDA_PROFILE, split on spaces
+    local cmd=("$NVCC" -std=c++17 -O2 -lineinfo -rdc=true "${ARCH_FLAGS[@]}" "$@" ${GDA_NVCC_DEFINES:-} "${INCS[@]}"
         -c "$src" -o "$obj")
     { printf '%q ' "${cmd[@]}"; echo; } >"$log"
     "${cmd[@]}" >>"$log" 2>&1
@@ -412,6 +417,10 @@ elif ! build_programs "" "" "${mpi_cflags[@]}"; then
     exit 1
 else
     record "build ($arch)" ok "$OUT/build-*.log"
+    if [ -n "$save_bins" ]; then
+        mkdir -p "$save_bins" && cp "$work/gda_tests" "$work/gda_bench" "$save_bins/" &&
+            say "saved gda_tests, gda_bench ($arch) in $save_bins (rerun with --bin-dir)"
+    fi
 fi
 TESTS=$work/gda_tests
 BENCH=$work/gda_bench
@@ -562,26 +571,39 @@ else
 fi
 
 if [ $do_bench = 1 ]; then
-    bench_one() { # name env timeout paths
+    bench_one() { # name env timeout paths [gda_bench options]
         local name=$1 envname=$2 tmo=$3 paths=$4 log=$OUT/$1.log csv=$OUT/$1.csv rc rows
+        shift 4
         rm -f "$csv"
-        run_mpi "$name" "$log" "$tmo" "$envname" -- "$BENCH" "$csv" --paths "$paths"
+        # shellcheck disable=SC2086 # GDA_BENCH_EXTRA: extra gda_bench options, split on spaces
+        run_mpi "$name" "$log" "$tmo" "$envname" -- "$BENCH" "$csv" --paths "$paths" "$@" ${GDA_BENCH_EXTRA:-}
         rc=$?
-        grep -E '^gda_bench|^  [a-z0-9-]+ +[0-9]+ B|FAIL|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
+        grep -E '^gda_bench|^  [a-z0-9-]+ +[0-9]+ B|^  profile|FAIL|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
         [ $rc != 0 ] && { echo "    --- last lines of $log:"; tail -n 20 "$log" | sed 's/^/    /'; }
         rows=0
         [ -f "$csv" ] && rows=$(($(wc -l <"$csv") - 1))
         record "$name" "$(status_of $rc)" "$rows rows -> $csv (rc $rc)"
     }
-    bench_one bench-gda-proxy bench_env 120 gda,proxy
-    bench_one bench-p2p p2p_env 90 p2p
+    want_set() { case ",${GDA_BENCH_SETS:-main,null,thread}," in *",$1,"*) return 0 ;; esac; return 1; }
+    if want_set main; then
+        bench_one bench-gda-proxy bench_env 120 gda,proxy
+        bench_one bench-p2p p2p_env 90 p2p
+    fi
     # The GPU's WQE post rate: the software queue's null consumer completes WQEs without moving data
     # (rows gda-null, column wqe_rate_mwps; not plotted: their bandwidth is not a transfer's).
     null_env=("${bench_env[@]}" NVSHMEM_EFA_SOFT_NULL=1)
-    bench_one bench-null null_env 90 gda
+    want_set null && bench_one bench-null null_env 90 gda
+    # Thread scope (every thread posts; a warp's 32 WQEs share one reservation and commit), 8 B to
+    # 64 KiB: the null consumer's post rate, then GDA with data against NVSHMEM's proxy path.
+    if want_set thread; then
+        bench_one bench-null-thread null_env 90 gda --scope thread --max-bytes 65536 --budget-s 40
+        bench_one bench-thread bench_env 120 gda,proxy --scope thread --max-bytes 65536 --budget-s 60
+    fi
     inputs=()
     for f in "$OUT/bench-gda-proxy.csv" "$OUT/bench-p2p.csv"; do [ -s "$f" ] && inputs+=("$f"); done
-    if [ ${#inputs[@]} -gt 0 ] && python3 "$here/plot.py" "$OUT/bench" "${inputs[@]}" >"$OUT/plot.log" 2>&1; then
+    if ! want_set main; then
+        record "bench-plot" skipped "GDA_BENCH_SETS has no main"
+    elif [ ${#inputs[@]} -gt 0 ] && python3 "$here/plot.py" "$OUT/bench" "${inputs[@]}" >"$OUT/plot.log" 2>&1; then
         sed 's/^/    /' "$OUT/plot.log"
         if [ ${#inputs[@]} = 2 ]; then
             png="$OUT/bench.png"

@@ -60,6 +60,24 @@ pub(super) struct Consumer {
     pub(super) ipc_ring_waits: u64,
     /// The null consumer's batch of completions (kept for its allocation).
     pub(super) null_batch: Vec<(u16, CqStatus, OpType)>,
+    /// Intake rounds, for the stop summary.
+    pub(super) rounds: RoundStats,
+}
+
+/// How the consumer's loop went, printed when it stops (debug level): tells a queue whose
+/// consumer is the bottleneck (many loops, about one WQE per round) from one that waits on its
+/// posters (few WQEs announced per round, most loops empty).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct RoundStats {
+    /// Passes of the consumer loop.
+    pub(super) loops: u64,
+    /// Passes that took at least one WQE.
+    pub(super) rounds: u64,
+    /// Most WQEs one pass took.
+    pub(super) max_take: u64,
+    /// When the first and the last WQE were taken.
+    pub(super) first: Option<Instant>,
+    pub(super) last: Option<Instant>,
 }
 
 /// Counts of the staged path, printed by [`Consumer::report`]: they tell a queue that waits on the
@@ -122,6 +140,7 @@ impl Consumer {
             ring_wait_pc: None,
             ipc_ring_waits: 0,
             null_batch: Vec::new(),
+            rounds: RoundStats::default(),
             inner,
         }
     }
@@ -155,6 +174,7 @@ impl Consumer {
         let mut taken_at_report = 0u64;
         loop {
             self.heartbeat += 1;
+            self.rounds.loops += 1;
             self.inner
                 .host_ctrl_word(HC_HEARTBEAT)
                 .store(self.heartbeat, Ordering::Relaxed);
@@ -175,10 +195,14 @@ impl Consumer {
                 if self.stalled.is_some() {
                     work += self.retry_stalled();
                 }
-            } else if self.inner.null_consumer {
-                work += self.consume_null();
             } else {
-                work += self.consume();
+                let before = self.ci;
+                work += if self.inner.null_consumer {
+                    self.consume_null()
+                } else {
+                    self.consume()
+                };
+                self.rounds.count(self.ci - before);
             }
             if work > 0 {
                 idle = 0;
@@ -205,10 +229,27 @@ impl Consumer {
         self.inner
             .host_ctrl_word(HC_STOPPED)
             .store(1, Ordering::Release);
+        let r = self.rounds;
+        let busy = match (r.first, r.last) {
+            (Some(a), Some(b)) => (b - a).as_secs_f64(),
+            _ => 0.0,
+        };
         tracing::debug!(
-            "software queue consumer stopped after {} WQEs ({} rejected)",
+            "software queue consumer stopped after {} WQEs ({} rejected): {} loop passes, {} took \
+             WQEs (at most {} at once, {:.1} on average), {:.3} s from the first WQE to the last \
+             ({:.3} M WQEs/s)",
             self.ci,
-            self.rejected
+            self.rejected,
+            r.loops,
+            r.rounds,
+            r.max_take,
+            self.ci as f64 / r.rounds.max(1) as f64,
+            busy,
+            if busy > 0.0 {
+                self.ci as f64 / busy / 1e6
+            } else {
+                0.0
+            },
         );
     }
 
@@ -287,6 +328,18 @@ impl Consumer {
         if g != self.generation {
             self.tables = self.inner.tables.lock().clone();
             self.generation = g;
+        }
+    }
+}
+
+impl RoundStats {
+    fn count(&mut self, took: u64) {
+        if took > 0 {
+            let now = Instant::now();
+            self.rounds += 1;
+            self.max_take = self.max_take.max(took);
+            self.first.get_or_insert(now);
+            self.last = Some(now);
         }
     }
 }

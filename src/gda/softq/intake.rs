@@ -90,6 +90,17 @@ impl Consumer {
     }
 
     pub(super) fn refresh_done(&mut self) -> bool {
+        // The device's copy in host memory first (free to read); device headers older than it
+        // never write it, so the control block is still read when the copy does not help.
+        let mirror = self
+            .inner
+            .host_ctrl_word(HC_DONE)
+            .load(Ordering::Acquire)
+            .min(self.ci);
+        if mirror > self.cached_done {
+            self.cached_done = mirror;
+            return true;
+        }
         if let Some(t) = self.done_checked {
             if self.inner.ctrl.host().is_none() && t.elapsed() < CTRL_REFRESH {
                 return false;

@@ -87,3 +87,4 @@ pub(super) const HC_REJECTED: usize = offset_of!(NvshmemEfaGdaHostCtrl, rejected
 pub(super) const HC_RX_PRODUCED: usize = offset_of!(NvshmemEfaGdaHostCtrl, rx_produced);
 pub(super) const HC_HEARTBEAT: usize = offset_of!(NvshmemEfaGdaHostCtrl, heartbeat);
 pub(super) const HC_STOPPED: usize = offset_of!(NvshmemEfaGdaHostCtrl, stopped);
+pub(super) const HC_DONE: usize = offset_of!(NvshmemEfaGdaHostCtrl, done);
