@@ -477,11 +477,25 @@ NVSHMEM_EFA_GDA_DEV uint64_t poll_cq(const View &v) {
     // done directly; any other is marked in slot_status (read back below).
     bool marked = false;
     for (uint32_t budget = 0; budget < ncq; budget += P) {
+        nvshmem_efa_tx_cdesc t[P];
+        uint32_t n = 0;
+#if defined(NVSHMEM_EFA_GDA_CQ_ONE_LOAD)
+        // Experiment: each CQE in one 16-byte load, phase and body together (relies on the
+        // writer's body-then-flags order being kept within the 16-byte read; not the default).
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j)
+            t[j] = cq_entry(v.cq + (size_t)nvshmem_efa_sq_slot(ci + j, ncq) * v.cq_entry_size);
+#pragma unroll
+        for (uint32_t j = 0; j < P; ++j)
+            if (n == j && (t[j].common.flags & NVSHMEM_EFA_CQE_PHASE) ==
+                              nvshmem_efa_cq_expected_phase(ci + j, ncq))
+                n = j + 1;
+        if (n == 0) break;
+#else
         uint8_t flags[P];
 #pragma unroll
         for (uint32_t j = 0; j < P; ++j)
             flags[j] = cq_flags(v.cq + (size_t)nvshmem_efa_sq_slot(ci + j, ncq) * v.cq_entry_size);
-        uint32_t n = 0;
 #pragma unroll
         for (uint32_t j = 0; j < P; ++j)
             if (n == j && (flags[j] & NVSHMEM_EFA_CQE_PHASE) ==
@@ -489,11 +503,11 @@ NVSHMEM_EFA_GDA_DEV uint64_t poll_cq(const View &v) {
                 n = j + 1;
         if (n == 0) break;
         __threadfence_system();  // the rest of each CQE is read after its phase
-        nvshmem_efa_tx_cdesc t[P];
 #pragma unroll
         for (uint32_t j = 0; j < P; ++j)
             if (j < n)
                 t[j] = cq_entry(v.cq + (size_t)nvshmem_efa_sq_slot(ci + j, ncq) * v.cq_entry_size);
+#endif
 #pragma unroll
         for (uint32_t j = 0; j < P; ++j) {
             if (j >= n) break;
