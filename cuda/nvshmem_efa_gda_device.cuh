@@ -634,17 +634,10 @@ NVSHMEM_EFA_GDA_DEV uint32_t batch_limit(const View &v) {
 //     exceed max_batch.
 // While it waits for the window it rings what lower posters committed. Returns 0 and the base in
 // *base, or an error code (nothing reserved that anyone waits for: the queue is failed then).
-NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) {
-    if (fatal_code() != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
-    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
-    const uint64_t b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
-    *base = b;
-    if (b + k > v.sq_entries) {
-        NVSHMEM_EFA_GDA_PROF_T0(prof_slots);
-        const unsigned e = wait_done(v, b + k - v.sq_entries);
-        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_SLOTS, prof_slots, 1);
-        if (e) return e;
-    }
+// The doorbell-window half of step 2 for the reservation [b, b + k); prof_t0: when the
+// reservation started (profile only).
+NVSHMEM_EFA_GDA_DEV unsigned wait_window(const View &v, uint64_t b, uint32_t k, long long prof_t0) {
+    (void)prof_t0;
     const uint64_t lim = batch_limit(v);
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
     uint64_t r = rung_count(v);
@@ -668,6 +661,164 @@ NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) 
         const unsigned e = w.step(v, r + d, b - r > NVSHMEM_EFA_GDA_FAR_WQES);
         if (e) return e;
     }
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned reserve(const View &v, uint32_t k, uint64_t *base) {
+    if (fatal_code() != 0u) return NVSHMEM_EFA_GDA_ERR_FAILED;
+    const long long prof_t0 = clock64();
+    const uint64_t b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
+    *base = b;
+    if (b + k > v.sq_entries) {
+        NVSHMEM_EFA_GDA_PROF_T0(prof_slots);
+        const unsigned e = wait_done(v, b + k - v.sq_entries);
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_SLOTS, prof_slots, 1);
+        if (e) return e;
+    }
+    return wait_window(v, b, k, prof_t0);
+}
+
+// The lane id, and the lowest lane of `mask`.
+NVSHMEM_EFA_GDA_DEV unsigned laneid() {
+    unsigned l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return l;
+}
+
+// Number of lanes of `mask` below the lowest lane of `mask` that is not in `set` (all of `mask`
+// when every lane is in `set`): the length of the leading run of `set` in rank order.
+NVSHMEM_EFA_GDA_DEV unsigned leading_run(unsigned mask, unsigned set) {
+    const unsigned out = mask & ~set;
+    return out == 0u ? (unsigned)__popc(mask)
+                     : (unsigned)__popc(mask & ((1u << (__ffs((int)out) - 1)) - 1u));
+}
+
+// poll_cq() done by the converged lanes of `mask` together (all of them call): lane of rank r
+// loads CQ entry cq_ci + r, so one pass reads as many entries as there are lanes, their loads
+// issued together (a single thread's loads of a host-memory CQ take about one PCIe round trip
+// each). Same result as poll_cq(); returns ctrl->done in every lane.
+NVSHMEM_EFA_GDA_DEV uint64_t poll_cq_group(const View &v, unsigned mask) {
+    const unsigned me = laneid();
+    const int leader = __ffs((int)mask) - 1;
+    const unsigned cnt = (unsigned)__popc(mask);
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    if (cnt == 1u) return poll_cq(v);
+    int got = 0;
+    if ((int)me == leader)
+        got = ld_volatile_u32(&c->cq_lock) == 0u && atomicCAS(&c->cq_lock, 0u, 1u) == 0u;
+    got = __shfl_sync(mask, got, leader);
+    if (!got) {
+        uint64_t d = 0;
+        if ((int)me == leader) d = ld_acquire_u64(&c->done);
+        return __shfl_sync(mask, d, leader);
+    }
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    __threadfence();  // acquire side of the lock (every lane reads under it)
+    const unsigned rank = (unsigned)__popc(mask & ((1u << me) - 1u));
+    const uint32_t ncq = v.cq_entries;
+    const uint32_t nsq = v.sq_entries;
+    uint64_t ci = ld_volatile_u64(&c->cq_ci);
+    uint64_t d = ld_volatile_u64(&c->done);
+    const uint64_t d0 = d;
+    bool marked = false;  // uniform across the lanes
+    for (uint32_t budget = 0; budget < ncq; budget += cnt) {
+        const uint64_t e = ci + rank;
+        const uint8_t *p = v.cq + (size_t)nvshmem_efa_sq_slot(e, ncq) * v.cq_entry_size;
+        const bool rdy = (cq_flags(p) & NVSHMEM_EFA_CQE_PHASE) == nvshmem_efa_cq_expected_phase(e, ncq);
+        const unsigned n = leading_run(mask, __ballot_sync(mask, rdy));
+        if (n == 0u) break;
+        __threadfence_system();  // the rest of each CQE is read after its phase
+        uint16_t req_id = 0;
+        uint8_t status = 0;
+        if (rank < n) {
+            const nvshmem_efa_tx_cdesc t = cq_entry(p);
+            req_id = nvshmem_efa_cqe_req_id(&t.common);
+            status = nvshmem_efa_cqe_status(&t.common);
+            if (status != 0) record_error(v, status);
+        }
+        // In order: the leading run of lanes whose CQE is for slot d + rank (none once a slot was
+        // marked in this poll); the others mark their slot.
+        const bool in_order = rank < n && !marked && req_id == (uint16_t)(d + rank);
+        const unsigned k = leading_run(mask, __ballot_sync(mask, in_order));
+        if (rank < n && rank >= k) __stcg(&v.slot_status[req_id & (nsq - 1)], (uint32_t)status + 1u);
+        marked = marked || n > k;
+        d += k;
+        ci += n;
+        if (n < cnt) break;
+    }
+    __syncwarp(mask);  // the marks are visible to the leader
+    if ((int)me == leader) {
+        *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
+        for (uint32_t i = 0; i < nsq; i += 8) {
+            uint32_t m[8];
+#pragma unroll
+            for (uint32_t j = 0; j < 8; ++j) m[j] = __ldcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)]);
+            uint32_t run = 0;
+#pragma unroll
+            for (uint32_t j = 0; j < 8; ++j)
+                if (run == j && m[j] != 0u) run = j + 1;
+            for (uint32_t j = 0; j < run; ++j) __stcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)], 0u);
+            d += run;
+            if (run < 8) break;
+        }
+        if (d != d0) {
+            st_release_u64(&c->done, d);
+            if (v.host_ctrl != nullptr)
+                *reinterpret_cast<volatile uint64_t *>(const_cast<uint64_t *>(&v.host_ctrl->done)) = d;
+        }
+        __threadfence();
+        atomicExch(&c->cq_lock, 0u);
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+        if (d != d0) {
+            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLL, prof_t0, d - d0);
+            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLLS, prof_t0, 1);
+        }
+#endif
+    }
+    return __shfl_sync(mask, d, leader);
+}
+
+// reserve() made by the converged lanes of `mask` together (all of them call, with the same k):
+// the lowest lane reserves, and the wait for free slots polls completions with every lane
+// (poll_cq_group). Returns the same status and *base in every lane.
+NVSHMEM_EFA_GDA_DEV unsigned reserve_group(const View &v, unsigned mask, uint32_t k, uint64_t *base) {
+    const unsigned me = laneid();
+    const int leader = __ffs((int)mask) - 1;
+    const long long prof_t0 = clock64();
+    unsigned st = 0u;
+    uint64_t b = 0;
+    if ((int)me == leader) {
+        if (fatal_code() != 0u)
+            st = NVSHMEM_EFA_GDA_ERR_FAILED;
+        else
+            b = atomicAdd(ull(&v.ctrl->resv), (unsigned long long)k);
+    }
+    st = __shfl_sync(mask, st, leader);
+    if (st) return st;
+    b = __shfl_sync(mask, b, leader);
+    *base = b;
+    if (b + k > v.sq_entries) {
+        const uint64_t target = b + k - v.sq_entries;
+        uint64_t d = 0;
+        if ((int)me == leader) d = ld_acquire_u64(&v.ctrl->done);
+        d = __shfl_sync(mask, d, leader);
+        if (d < target) {
+            NVSHMEM_EFA_GDA_PROF_T0(prof_slots);
+            Waiter w;
+            w.start(d);
+            for (;;) {
+                if ((int)me == leader) ring(v);
+                d = poll_cq_group(v, mask);
+                if (d >= target) break;
+                unsigned e = 0u;
+                if ((int)me == leader) e = w.step(v, d, target - d > NVSHMEM_EFA_GDA_FAR_WQES);
+                e = __shfl_sync(mask, e, leader);
+                if (e) return e;
+            }
+            if ((int)me == leader) NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_SLOTS, prof_slots, 1);
+        }
+    }
+    if ((int)me == leader) st = wait_window(v, b, k, prof_t0);
+    return __shfl_sync(mask, st, leader);
 }
 
 // Step 3 helper: writes one WQE into slot pc, the whole entry (bytes past the 64-byte WQE of a
@@ -735,10 +886,7 @@ NVSHMEM_EFA_GDA_DEV unsigned post_one(const View &v, nvshmem_efa_tx_wqe w, uint6
     const int leader = __ffs((int)grp) - 1;
     const unsigned rank = (unsigned)__popc(grp & ((1u << lane) - 1u));
     uint64_t base = 0;
-    unsigned st = 0u;
-    if ((int)lane == leader) st = reserve(v, cnt, &base);
-    base = __shfl_sync(grp, base, leader);
-    st = __shfl_sync(grp, st, leader);
+    unsigned st = reserve_group(v, grp, cnt, &base);
     if (st) return st;
     NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
     stamp_wqe(v, base + rank, &w);
@@ -976,10 +1124,7 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes
         for (uint64_t c = 0; c < nch;) {
             const uint32_t k = (uint32_t)((nch - c) < group_max ? (nch - c) : group_max);
             uint64_t base = 0;
-            unsigned st = 0u;
-            if (lane == 0) st = reserve(v, k, &base);
-            base = __shfl_sync(mask, base, 0);
-            st = __shfl_sync(mask, st, 0);
+            unsigned st = reserve_group(v, mask, k, &base);
             if (st) return st;
             if ((uint32_t)lane < k) {
                 const uint64_t ch = c + (uint64_t)lane;
