@@ -454,6 +454,45 @@ NVSHMEM_EFA_GDA_DEV nvshmem_efa_tx_cdesc cq_entry(const uint8_t *cqe) {
 #endif
 }
 
+// End of a poll by the holder of cq_lock: publishes the CQ consumer index `ci`, advances done from
+// `d` (what the poll retired in order) over slots marked in this or an earlier poll (read 8 at a
+// time; only the lock holder touches slot_status, so plain L2 accesses suffice), releases done,
+// mirrors it for the software consumer (a posted store across PCIe, never ahead of ctrl->done),
+// and releases the lock. Returns done.
+NVSHMEM_EFA_GDA_DEV uint64_t finish_poll(const View &v, uint64_t ci, uint64_t d, uint64_t d0,
+                                         long long prof_t0) {
+    (void)prof_t0;
+    NvshmemEfaGdaQueueCtrl *c = v.ctrl;
+    const uint64_t mask = (uint64_t)(v.sq_entries - 1);
+    *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
+    for (uint32_t i = 0; i < v.sq_entries; i += 8) {
+        uint32_t m[8];
+#pragma unroll
+        for (uint32_t j = 0; j < 8; ++j) m[j] = __ldcg(&v.slot_status[(d + j) & mask]);
+        uint32_t run = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < 8; ++j)
+            if (run == j && m[j] != 0u) run = j + 1;
+        for (uint32_t j = 0; j < run; ++j) __stcg(&v.slot_status[(d + j) & mask], 0u);
+        d += run;
+        if (run < 8) break;
+    }
+    if (d != d0) {
+        st_release_u64(&c->done, d);
+        if (v.host_ctrl != nullptr)
+            *reinterpret_cast<volatile uint64_t *>(const_cast<uint64_t *>(&v.host_ctrl->done)) = d;
+    }
+    __threadfence();
+    atomicExch(&c->cq_lock, 0u);
+#if defined(NVSHMEM_EFA_GDA_PROFILE)
+    if (d != d0) {
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLL, prof_t0, d - d0);
+        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLLS, prof_t0, 1);
+    }
+#endif
+    return d;
+}
+
 // ---- completions ---------------------------------------------------------------------------------
 // Consumes the CQEs that are there and advances ctrl->done. Non-blocking: returns at once when
 // another thread holds cq_lock (that thread does the same work). Returns ctrl->done.
@@ -465,7 +504,7 @@ NVSHMEM_EFA_GDA_DEV uint64_t poll_cq(const View &v) {
     NvshmemEfaGdaQueueCtrl *c = v.ctrl;
     if (ld_volatile_u32(&c->cq_lock) != 0u || atomicCAS(&c->cq_lock, 0u, 1u) != 0u)
         return ld_acquire_u64(&c->done);
-    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    const long long prof_t0 = clock64();
     __threadfence();  // acquire side of the lock
     const uint32_t ncq = v.cq_entries;
     const uint32_t nsq = v.sq_entries;
@@ -524,38 +563,7 @@ NVSHMEM_EFA_GDA_DEV uint64_t poll_cq(const View &v) {
         ci += n;
         if (n < P) break;
     }
-    *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
-    // Marked slots (from this poll or an earlier one) that done reaches now: read 8 at a time.
-    // Only the holder of cq_lock touches slot_status, so plain L2 accesses suffice.
-    for (uint32_t i = 0; i < nsq; i += 8) {
-        uint32_t m[8];
-#pragma unroll
-        for (uint32_t j = 0; j < 8; ++j) m[j] = __ldcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)]);
-        uint32_t run = 0;
-#pragma unroll
-        for (uint32_t j = 0; j < 8; ++j)
-            if (run == j && m[j] != 0u) run = j + 1;
-        for (uint32_t j = 0; j < run; ++j) __stcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)], 0u);
-        d += run;
-        if (run < 8) break;
-    }
-    if (d != d0) {
-        st_release_u64(&c->done, d);
-        // The software queue's consumer reads this copy instead of device memory (a posted store
-        // across PCIe; never ahead of ctrl->done).
-        if (v.host_ctrl != nullptr)
-            *reinterpret_cast<volatile uint64_t *>(
-                const_cast<uint64_t *>(&v.host_ctrl->done)) = d;
-    }
-    __threadfence();
-    atomicExch(&c->cq_lock, 0u);
-#if defined(NVSHMEM_EFA_GDA_PROFILE)
-    if (d != d0) {
-        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLL, prof_t0, d - d0);
-        NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLLS, prof_t0, 1);
-    }
-#endif
-    return d;
+    return finish_poll(v, ci, d, d0, prof_t0);
 }
 
 // ---- doorbell ------------------------------------------------------------------------------------
@@ -711,7 +719,7 @@ NVSHMEM_EFA_GDA_DEV uint64_t poll_cq_group(const View &v, unsigned mask) {
         if ((int)me == leader) d = ld_acquire_u64(&c->done);
         return __shfl_sync(mask, d, leader);
     }
-    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    const long long prof_t0 = clock64();
     __threadfence();  // acquire side of the lock (every lane reads under it)
     const unsigned rank = (unsigned)__popc(mask & ((1u << me) - 1u));
     const uint32_t ncq = v.cq_entries;
@@ -746,34 +754,7 @@ NVSHMEM_EFA_GDA_DEV uint64_t poll_cq_group(const View &v, unsigned mask) {
         if (n < cnt) break;
     }
     __syncwarp(mask);  // the marks are visible to the leader
-    if ((int)me == leader) {
-        *reinterpret_cast<volatile uint64_t *>(&c->cq_ci) = ci;
-        for (uint32_t i = 0; i < nsq; i += 8) {
-            uint32_t m[8];
-#pragma unroll
-            for (uint32_t j = 0; j < 8; ++j) m[j] = __ldcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)]);
-            uint32_t run = 0;
-#pragma unroll
-            for (uint32_t j = 0; j < 8; ++j)
-                if (run == j && m[j] != 0u) run = j + 1;
-            for (uint32_t j = 0; j < run; ++j) __stcg(&v.slot_status[(d + j) & (uint64_t)(nsq - 1)], 0u);
-            d += run;
-            if (run < 8) break;
-        }
-        if (d != d0) {
-            st_release_u64(&c->done, d);
-            if (v.host_ctrl != nullptr)
-                *reinterpret_cast<volatile uint64_t *>(const_cast<uint64_t *>(&v.host_ctrl->done)) = d;
-        }
-        __threadfence();
-        atomicExch(&c->cq_lock, 0u);
-#if defined(NVSHMEM_EFA_GDA_PROFILE)
-        if (d != d0) {
-            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLL, prof_t0, d - d0);
-            NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_POLLS, prof_t0, 1);
-        }
-#endif
-    }
+    if ((int)me == leader) d = finish_poll(v, ci, d, d0, prof_t0);
     return __shfl_sync(mask, d, leader);
 }
 
