@@ -3,7 +3,7 @@
 //! on the legacy default stream (which would wait for the application's running kernels).
 use cudarc::driver::sys;
 
-use super::{check, ContextGuard, ContextObject, CudaResult};
+use super::{check, ContextGuard, ContextObject, CudaError, CudaResult};
 
 /// A non-blocking stream of one context, destroyed on drop (pending work still completes: driver
 /// rule). Callers serialise enqueues that must stay ordered.
@@ -89,6 +89,49 @@ unsafe fn batch_copy(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> C
     )
 }
 
+/// Copies through one `cuMemcpyBatchAsync` (stream-ordered sources, overlap-with-compute hint),
+/// in no particular order among themselves.
+///
+/// # Safety
+/// As [`batch_copy`] for every entry.
+unsafe fn batch_copy_many(copies: &[(u64, u64, usize)], stream: sys::CUstream) -> CudaResult<()> {
+    let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0 as sys::CUdeviceptr).collect();
+    let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1 as sys::CUdeviceptr).collect();
+    let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+    // SAFETY: as in batch_copy.
+    let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    attr.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
+    let mut idx = [0usize];
+    let mut fail_idx = usize::MAX;
+    // SAFETY: the three arrays hold `copies.len()` entries, the attribute arrays one, all outliving
+    // the call; the caller guarantees the ranges, the stream and the symbol.
+    check(
+        unsafe {
+            sys::cuMemcpyBatchAsync(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                copies.len(),
+                &mut attr,
+                idx.as_mut_ptr(),
+                1,
+                &mut fail_idx,
+                stream,
+            )
+        },
+        || {
+            format!(
+                "cuMemcpyBatchAsync({} copies, failed at {fail_idx})",
+                copies.len()
+            )
+        },
+    )
+}
+
+/// Most copies one batch call takes.
+const BATCH_MAX: usize = 1024;
+
 impl CopyStream {
     /// A new non-blocking stream in context `ctx` (0: the current context); `overlap`: copy through
     /// the batch API with the overlap hint where the driver has it (`NVSHMEM_EFA_COPY_OVERLAP`).
@@ -153,6 +196,50 @@ impl CopyStream {
             unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream()) },
             || format!("cuMemcpyAsync({dst:#x} <- {src:#x}, {len} bytes)"),
         )
+    }
+
+    /// Enqueues copies that may run in any order among themselves, in one `cuMemcpyBatchAsync` per
+    /// [`BATCH_MAX`] copies where the driver has it (one driver call instead of one per copy, which
+    /// bounds a queue of small copies), else one by one. Returns how many it enqueued (a prefix)
+    /// and the error that stopped the rest. A refused batch call turns the batch API off for this
+    /// stream, as in [`CopyStream::copy`], and the copies go one by one (a copy of the refused
+    /// batch the driver had started is then done twice, with the same bytes).
+    ///
+    /// # Safety
+    /// As [`CopyStream::copy`] for every entry.
+    pub unsafe fn copy_many(&self, copies: &[(u64, u64, usize)]) -> (usize, Option<CudaError>) {
+        let live: Vec<(u64, u64, usize)> = copies.iter().copied().filter(|c| c.2 > 0).collect();
+        if live.len() > 1 && self.overlap.load(std::sync::atomic::Ordering::Relaxed) {
+            let guard = ContextGuard::enter(self.obj.ctx);
+            if let Err(e) = guard {
+                return (0, Some(e));
+            }
+            let mut ok = true;
+            for chunk in live.chunks(BATCH_MAX) {
+                // SAFETY: the caller guarantees the ranges; the stream belongs to the pushed
+                // context.
+                if let Err(e) = unsafe { batch_copy_many(chunk, self.stream()) } {
+                    self.overlap
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(
+                        "{e}: this stream's copies go through cuMemcpyAsync from now on (a device-to-device \
+                         copy may then wait for running kernels)"
+                    );
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                return (copies.len(), None);
+            }
+        }
+        for (i, &(dst, src, len)) in copies.iter().enumerate() {
+            // SAFETY: the caller's guarantee, entry by entry.
+            if let Err(e) = unsafe { self.copy(dst, src, len) } {
+                return (i, Some(e));
+            }
+        }
+        (copies.len(), None)
     }
 
     /// Records `ev` after everything enqueued so far.

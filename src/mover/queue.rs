@@ -18,6 +18,22 @@ pub trait CopyEngine: Send {
     /// # Safety
     /// Both ranges must be valid for `len` bytes until the copy has completed.
     unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()>;
+    /// Enqueues copies that may run in any order among themselves (none reads or writes what
+    /// another of them writes); each is ordered after every copy submitted before the call and
+    /// before every copy submitted after it. Returns how many it enqueued (a prefix of `copies`)
+    /// and the error that stopped it. The default submits them one by one.
+    ///
+    /// # Safety
+    /// As [`CopyEngine::submit`] for every entry `(dst, src, len)`.
+    unsafe fn submit_many(&mut self, copies: &[(u64, u64, usize)]) -> (usize, Option<MoverError>) {
+        for (i, &(dst, src, len)) in copies.iter().enumerate() {
+            // SAFETY: the caller's guarantee, entry by entry.
+            if let Err(e) = unsafe { self.submit(dst, src, len) } {
+                return (i, Some(e));
+            }
+        }
+        (copies.len(), None)
+    }
     /// Places a mark after every copy submitted so far.
     fn mark(&mut self) -> MResult<()>;
     /// Whether the oldest outstanding mark has completed; a completed mark is retired (the next
@@ -79,6 +95,26 @@ impl<E: CopyEngine> CopyQueue<E> {
             self.mark()?;
         }
         Ok(())
+    }
+
+    /// Enqueues copies that may run in any order among themselves, as one submission where the
+    /// engine can (see [`CopyEngine::submit_many`]). The ones enqueued are counted; the error that
+    /// stopped the rest is returned.
+    ///
+    /// # Safety
+    /// As [`CopyQueue::submit`] for every entry `(dst, src, len)`.
+    pub unsafe fn submit_many(&mut self, copies: &[(u64, u64, usize)]) -> MResult<()> {
+        // SAFETY: the caller's guarantee is the engine's.
+        let (n, err) = unsafe { self.engine.submit_many(copies) };
+        self.submitted += n as u64;
+        self.unmarked += n as u64;
+        if self.unmarked >= MARK_EVERY {
+            self.mark()?;
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn mark(&mut self) -> MResult<()> {
@@ -274,6 +310,11 @@ impl CopyEngine for CudaEngine {
     unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
         // SAFETY: the caller's guarantee.
         unsafe { self.stream.copy(dst, src, len) }.map_err(MoverError::from)
+    }
+    unsafe fn submit_many(&mut self, copies: &[(u64, u64, usize)]) -> (usize, Option<MoverError>) {
+        // SAFETY: the caller's guarantee.
+        let (n, e) = unsafe { self.stream.copy_many(copies) };
+        (n, e.map(MoverError::from))
     }
     fn mark(&mut self) -> MResult<()> {
         let ev = match self.free.pop() {

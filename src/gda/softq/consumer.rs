@@ -50,6 +50,8 @@ pub(super) struct Consumer {
     pub(super) copyq_failed: bool,
     /// Copy WQEs waiting for their copy, in submission order.
     pub(super) copy_waits: VecDeque<CopyWait>,
+    /// Copy WQEs taken this round, not yet enqueued.
+    pub(super) round: super::ipc::CopyRound,
     /// WQEs executed as copies.
     pub(super) ipc_copies: u64,
     /// The bounce ring of the copy route's host hops ([`CopyRoute::Host`]), created with the copy
@@ -135,6 +137,7 @@ impl Consumer {
             copyq: None,
             copyq_failed: false,
             copy_waits: VecDeque::new(),
+            round: Default::default(),
             ipc_copies: 0,
             bounce: None,
             ring_wait_pc: None,

@@ -51,7 +51,7 @@ impl Consumer {
     }
 
     pub(super) fn retry_stalled(&mut self) -> usize {
-        match self.stalled.take() {
+        let n = match self.stalled.take() {
             Some(p) => match self.post(p) {
                 Ok(()) => 1,
                 Err(p) => {
@@ -60,7 +60,9 @@ impl Consumer {
                 }
             },
             None => 0,
-        }
+        };
+        self.flush_copies();
+        n
     }
 
     /// Posts a validated WQE. `Err` hands it back when the provider (or the bounce pool) asks to try

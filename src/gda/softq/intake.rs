@@ -266,6 +266,7 @@ impl Consumer {
                 Err((req_id, op, (status, why))) => self.reject(pc, req_id, op, status, &why),
             }
         }
+        self.flush_copies();
         work
     }
 

@@ -144,16 +144,6 @@ impl BounceRing {
         Some((self.base() + start, self.head))
     }
 
-    /// Takes back the newest reservation (its copies were never enqueued): `mark` is its release
-    /// mark, `len` its length.
-    pub(super) fn unreserve(&mut self, mark: u64, len: u64) {
-        if mark == self.head {
-            let need = len.max(1).next_multiple_of(BOUNCE_ALIGN);
-            // Any wrap padding stays reserved until the next release passes it.
-            self.head -= need;
-        }
-    }
-
     /// Releases every reservation up to release mark `mark` (the oldest ones first).
     pub(super) fn release(&mut self, mark: u64) {
         debug_assert!(mark <= self.head);
@@ -229,6 +219,18 @@ impl CopyEngine for Engine {
             Engine::Host(e) => e.inline_ring(),
         }
     }
+}
+
+/// The copies of the WQEs taken in one consumer round, enqueued together by
+/// [`Consumer::flush_copies`].
+#[derive(Debug, Default)]
+pub(super) struct CopyRound {
+    /// First hops (GPU to the bounce ring) of the host route.
+    pub(super) first: Vec<(u64, u64, usize)>,
+    /// Second hops, or the direct copies.
+    pub(super) last: Vec<(u64, u64, usize)>,
+    /// The WQEs: slot and bounce ring release mark.
+    pub(super) waits: Vec<(u32, Option<u64>)>,
 }
 
 /// A WQE executed as a copy, waiting for its copy: the queue's submission count once it was
@@ -340,15 +342,13 @@ impl Consumer {
         len: usize,
     ) -> std::result::Result<(), Pending> {
         let slot = p.slot.expect("slot taken before the copy");
-        let Some(q) = self.copyq.as_mut() else {
+        if self.copyq.is_none() {
             self.finish_failed(p, CqStatus::LocalQpInternalError, "no copy queue");
             return Ok(());
-        };
-        let before = q.counts().0;
+        }
         let mut bounce = None;
-        let r = if len == 0 {
-            // Nothing moves: the WQE completes after the copies enqueued before it.
-            Ok(())
+        if len == 0 {
+            // Nothing moves: the WQE completes with the copies of its round.
         } else if let Some(ring) = self.bounce.as_mut() {
             let Some((mid, mark)) = ring.reserve(len as u64) else {
                 if self.ring_wait_pc != Some(p.pc) {
@@ -360,35 +360,13 @@ impl Consumer {
                 }
                 return Err(p);
             };
-            // SAFETY: as below; `[mid, mid + len)` is this WQE's range of the bounce ring, which no
-            // other outstanding copy uses, released only once the second hop completed. Stream
-            // order runs the second hop after the first.
-            let r = unsafe {
-                q.submit(mid, src, len)
-                    .and_then(|()| q.submit(dst, mid, len))
-            };
-            if q.counts().0 == before {
-                ring.unreserve(mark, len as u64);
-            } else {
-                bounce = Some(mark);
-            }
-            r
+            // `[mid, mid + len)` is this WQE's range of the bounce ring, which no other
+            // outstanding copy uses, released only once the second hop completed.
+            self.round.first.push((mid, src, len));
+            self.round.last.push((dst, mid, len));
+            bounce = Some(mark);
         } else {
-            // SAFETY: the local range lies in a registration the queue keeps, the remote one in a
-            // peer region the transport keeps mapped until GDA is shut down (before its mappings
-            // close).
-            unsafe { q.submit(dst, src, len) }
-        };
-        let seq = q.counts().0;
-        match r {
-            Err(e) if seq == before => {
-                self.finish_failed(p, CqStatus::LocalQpInternalError, &format!("copy: {e}"));
-                return Ok(());
-            }
-            Err(ref e) => {
-                tracing::warn!("software queue: copy of WQE {} partly enqueued: {e}", p.pc)
-            }
-            Ok(()) => {}
+            self.round.last.push((dst, src, len));
         }
         self.slots[slot as usize] = Some(InFlight {
             req_id: p.req_id,
@@ -398,18 +376,58 @@ impl Consumer {
         });
         self.in_flight += 1;
         self.ipc_copies += 1;
-        self.copy_waits.push_back(CopyWait {
-            seq,
-            slot,
-            failed: r.is_err(),
-            bounce,
-        });
+        self.round.waits.push((slot, bounce));
         Ok(())
+    }
+
+    /// Enqueues the copies of the WQEs taken since the last call: with the host route every first
+    /// hop in one submission, then every second hop in another (stream order puts each second hop
+    /// after its first); otherwise one submission. Two driver calls per round instead of one or
+    /// two per WQE. Every WQE of the round completes once the copies up to the round's last are
+    /// done; an error fails the round's WQEs (logged).
+    pub(super) fn flush_copies(&mut self) {
+        if self.round.waits.is_empty() {
+            return;
+        }
+        let Some(q) = self.copyq.as_mut() else {
+            return;
+        };
+        // SAFETY: the local ranges lie in registrations the queue keeps, the remote ones in peer
+        // regions the transport keeps mapped until GDA is shut down (before its mappings close),
+        // the bounce ranges are held until the copies completed; the copies of one submission
+        // touch disjoint destinations and none reads another's destination.
+        let r = unsafe {
+            q.submit_many(&self.round.first)
+                .and_then(|()| q.submit_many(&self.round.last))
+        };
+        let failed = match r {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(
+                    "software queue: copies of {} WQEs not (all) enqueued: {e}; they complete with an \
+                     error",
+                    self.round.waits.len()
+                );
+                true
+            }
+        };
+        let seq = q.counts().0;
+        for (slot, bounce) in self.round.waits.drain(..) {
+            self.copy_waits.push_back(CopyWait {
+                seq,
+                slot,
+                failed,
+                bounce,
+            });
+        }
+        self.round.first.clear();
+        self.round.last.clear();
     }
 
     /// Marks what was enqueued since the last call (one event for the batch), retires finished
     /// copies and completes their WQEs in order. Returns the WQEs completed.
     pub(super) fn poll_copies(&mut self) -> usize {
+        self.flush_copies();
         let Some(q) = self.copyq.as_mut() else {
             return 0;
         };
@@ -617,10 +635,8 @@ mod tests {
         );
         r.release(mb);
         r.release(mc);
-        let (e, me) = r.reserve(256).unwrap();
+        let (e, _) = r.reserve(256).unwrap();
         assert_eq!(e, base + 1024);
-        r.unreserve(me, 256);
-        assert_eq!(r.reserve(256).unwrap().0, base + 1024, "taken back");
         r.release(md);
         r.reset();
         assert_eq!(r.head, r.tail);
