@@ -437,6 +437,37 @@ mod tests {
     }
 
     #[test]
+    fn submit_many_counts_what_was_enqueued() {
+        let (_release, mut q) = gated(u64::MAX);
+        let copies: Vec<(u64, u64, usize)> = (0..40u64)
+            .map(|i| (0x1000 + i * 8, 0x9000 + i * 8, 8))
+            .collect();
+        // SAFETY: the gate engine only records the ranges.
+        unsafe { q.submit_many(&copies) }.unwrap();
+        assert_eq!(q.counts().0, 40, "every copy counted");
+        assert_eq!(
+            q.counts().2,
+            1,
+            "one mark once MARK_EVERY copies stand unmarked"
+        );
+        assert_eq!(q.engine.submitted, copies, "in order, all of them");
+        q.engine.fail_submit = true;
+        // SAFETY: as above.
+        let e = unsafe { q.submit_many(&copies[..3]) }.unwrap_err();
+        assert!(e.to_string().contains("CUDA error 1"), "{e}");
+        assert_eq!(
+            q.counts().0,
+            40,
+            "nothing more counted after a refused submission"
+        );
+        q.engine.fail_submit = false;
+        // SAFETY: as above.
+        unsafe { q.submit_many(&[]) }.unwrap();
+        assert_eq!(q.counts().0, 40);
+        q.quiet_for(Duration::from_secs(1)).unwrap();
+    }
+
+    #[test]
     fn many_copies_share_few_marks() {
         let (_, mut q) = gated(u64::MAX);
         for i in 0..100u64 {
