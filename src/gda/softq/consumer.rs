@@ -9,6 +9,8 @@ pub(super) struct Consumer {
     pub(super) ci: u64,
     pub(super) cached_done: u64,
     pub(super) done_checked: Option<Instant>,
+    /// The device has been seen writing `host_ctrl.done` (then it is the only source read).
+    pub(super) done_mirrored: bool,
     pub(super) cq_pc: u64,
     pub(super) rx_pc: u64,
     /// The GPU's consumer index of the RX ring, as last read.
@@ -80,6 +82,11 @@ pub(super) struct RoundStats {
     /// When the first and the last WQE were taken.
     pub(super) first: Option<Instant>,
     pub(super) last: Option<Instant>,
+    /// Time in the provider's completion queue, in the copy queue (enqueueing a round's copies
+    /// and retiring finished ones), and taking WQEs (reading, checking, dispatching).
+    pub(super) provider: Duration,
+    pub(super) copies: Duration,
+    pub(super) intake: Duration,
 }
 
 /// Counts of the staged path, printed by [`Consumer::report`]: they tell a queue that waits on the
@@ -111,6 +118,7 @@ impl Consumer {
             ci: 0,
             cached_done: 0,
             done_checked: None,
+            done_mirrored: false,
             cq_pc: 0,
             rx_pc: 0,
             rx_ci: Default::default(),
@@ -175,6 +183,8 @@ impl Consumer {
         let mut last_work = Instant::now();
         let mut last_report = last_work;
         let mut taken_at_report = 0u64;
+        // Where the loop's time goes, for the stop summary (debug level only: a clock read costs).
+        let timing = tracing::enabled!(tracing::Level::DEBUG);
         loop {
             self.heartbeat += 1;
             self.rounds.loops += 1;
@@ -182,10 +192,17 @@ impl Consumer {
                 .host_ctrl_word(HC_HEARTBEAT)
                 .store(self.heartbeat, Ordering::Relaxed);
             self.refresh_tables();
+            let t0 = timing.then(Instant::now);
             let mut work = self.poll_cq();
+            let t1 = timing.then(Instant::now);
             work += self.poll_copies();
+            let t2 = timing.then(Instant::now);
             work += self.flush_rx();
             work += self.pump_outbox();
+            if let (Some(t0), Some(t1), Some(t2)) = (t0, t1, t2) {
+                self.rounds.provider += t1 - t0;
+                self.rounds.copies += t2 - t1;
+            }
             if self.inner.stop.load(Ordering::Acquire) {
                 let deadline = *stop_deadline.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
                 if self.in_flight == 0 && self.stalled.is_none() && self.outbox.is_empty() {
@@ -200,11 +217,15 @@ impl Consumer {
                 }
             } else {
                 let before = self.ci;
+                let t = timing.then(Instant::now);
                 work += if self.inner.null_consumer {
                     self.consume_null()
                 } else {
                     self.consume()
                 };
+                if let Some(t) = t {
+                    self.rounds.intake += t.elapsed();
+                }
                 self.rounds.count(self.ci - before);
             }
             if work > 0 {
@@ -240,7 +261,8 @@ impl Consumer {
         tracing::debug!(
             "software queue consumer stopped after {} WQEs ({} rejected): {} loop passes, {} took \
              WQEs (at most {} at once, {:.1} on average), {:.3} s from the first WQE to the last \
-             ({:.3} M WQEs/s)",
+             ({:.3} M WQEs/s); time in the provider's CQ {:.3} s, in copies {:.3} s, taking WQEs \
+             {:.3} s",
             self.ci,
             self.rejected,
             r.loops,
@@ -253,6 +275,9 @@ impl Consumer {
             } else {
                 0.0
             },
+            r.provider.as_secs_f64(),
+            r.copies.as_secs_f64(),
+            r.intake.as_secs_f64(),
         );
     }
 

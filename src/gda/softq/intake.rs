@@ -90,16 +90,19 @@ impl Consumer {
     }
 
     pub(super) fn refresh_done(&mut self) -> bool {
-        // The device's copy in host memory first (free to read); device headers older than it
-        // never write it, so the control block is still read when the copy does not help.
-        let mirror = self
-            .inner
-            .host_ctrl_word(HC_DONE)
-            .load(Ordering::Acquire)
-            .min(self.ci);
+        // The device's copy in host memory (free to read). The device writes it whenever it moves
+        // `done`, so once it has been seen moving, reading the control block in device memory (a
+        // copy and a stream synchronisation, tens of microseconds) cannot tell more. Device
+        // headers older than the copy never write it: for them the control block is read.
+        let raw = self.inner.host_ctrl_word(HC_DONE).load(Ordering::Acquire);
+        self.done_mirrored |= raw != 0;
+        let mirror = raw.min(self.ci);
         if mirror > self.cached_done {
             self.cached_done = mirror;
             return true;
+        }
+        if self.done_mirrored {
+            return false;
         }
         if let Some(t) = self.done_checked {
             if self.inner.ctrl.host().is_none() && t.elapsed() < CTRL_REFRESH {
