@@ -87,6 +87,11 @@ pub(super) struct RoundStats {
     pub(super) provider: Duration,
     pub(super) copies: Duration,
     pub(super) intake: Duration,
+    /// Within the intake: checking WQEs, and dispatching them (provider call, copy or staging).
+    pub(super) check: Duration,
+    pub(super) post: Duration,
+    /// Whether the times above are taken (debug level).
+    pub(super) timing: bool,
 }
 
 /// Counts of the staged path, printed by [`Consumer::report`]: they tell a queue that waits on the
@@ -185,6 +190,7 @@ impl Consumer {
         let mut taken_at_report = 0u64;
         // Where the loop's time goes, for the stop summary (debug level only: a clock read costs).
         let timing = tracing::enabled!(tracing::Level::DEBUG);
+        self.rounds.timing = timing;
         loop {
             self.heartbeat += 1;
             self.rounds.loops += 1;
@@ -262,7 +268,7 @@ impl Consumer {
             "software queue consumer stopped after {} WQEs ({} rejected): {} loop passes, {} took \
              WQEs (at most {} at once, {:.1} on average), {:.3} s from the first WQE to the last \
              ({:.3} M WQEs/s); time in the provider's CQ {:.3} s, in copies {:.3} s, taking WQEs \
-             {:.3} s",
+             {:.3} s (checking {:.3} s, dispatching {:.3} s)",
             self.ci,
             self.rejected,
             r.loops,
@@ -278,6 +284,8 @@ impl Consumer {
             r.provider.as_secs_f64(),
             r.copies.as_secs_f64(),
             r.intake.as_secs_f64(),
+            r.check.as_secs_f64(),
+            r.post.as_secs_f64(),
         );
     }
 

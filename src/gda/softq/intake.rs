@@ -242,6 +242,7 @@ impl Consumer {
                 .host_ctrl_word(HC_CONSUMED)
                 .store(self.ci, Ordering::Release);
             work += 1;
+            let t_check = self.rounds.timing.then(Instant::now);
             let verdict = if self.ahead.remove(&pc) {
                 let raw_op =
                     OpType::from_raw(entry[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
@@ -259,6 +260,10 @@ impl Consumer {
             } else {
                 self.validate(pc, &entry[..es])
             };
+            let t_post = self.rounds.timing.then(Instant::now);
+            if let (Some(a), Some(b)) = (t_check, t_post) {
+                self.rounds.check += b - a;
+            }
             match verdict {
                 Ok(p) => {
                     if let Err(p) = self.post(p) {
@@ -267,6 +272,9 @@ impl Consumer {
                     }
                 }
                 Err((req_id, op, (status, why))) => self.reject(pc, req_id, op, status, &why),
+            }
+            if let Some(b) = t_post {
+                self.rounds.post += b.elapsed();
             }
         }
         self.flush_copies();
