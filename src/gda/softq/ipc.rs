@@ -394,8 +394,10 @@ impl Consumer {
         };
         // SAFETY: the local ranges lie in registrations the queue keeps, the remote ones in peer
         // regions the transport keeps mapped until GDA is shut down (before its mappings close),
-        // the bounce ranges are held until the copies completed; the copies of one submission
-        // touch disjoint destinations and none reads another's destination.
+        // the bounce ranges (one per WQE, disjoint) are held until the copies completed. The
+        // copies of one submission may run in any order: they belong to WQEs of one round, which
+        // are unordered as EFA WQEs are (ordering two WQEs takes the first one's completion, so
+        // they land in different rounds).
         let r = unsafe {
             q.submit_many(&self.round.first)
                 .and_then(|()| q.submit_many(&self.round.last))
