@@ -474,6 +474,9 @@ impl Consumer {
     /// Forgets the copy waits of flushed WQEs (their slots were completed as flushed), after a
     /// bounded wait for the copies themselves (they write into memory the caller frees next).
     pub(super) fn drop_copy_waits(&mut self) {
+        // Copies taken this round but not enqueued yet: nothing to wait for (their WQEs are
+        // completed as flushed with the rest).
+        self.round = CopyRound::default();
         if let Some(q) = self.copyq.as_mut() {
             if let Err(e) = q.quiet_for(Duration::from_secs(1)) {
                 tracing::warn!("software queue stopping: {e}");
