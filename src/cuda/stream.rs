@@ -53,15 +53,21 @@ fn driver_has_batch_copies() -> bool {
 /// The first driver with `cuMemcpyBatchAsync` (CUDA 12.8).
 const BATCH_API_DRIVER: i32 = 12080;
 
-/// One copy through `cuMemcpyBatchAsync` (stream-ordered source, overlap-with-compute hint).
+/// One `cuMemcpyBatchAsync` over the entries of `dsts`, `srcs`, `sizes` (as many in each):
+/// stream-ordered sources, overlap-with-compute hint, no order among the copies. `what` names the
+/// call in an error.
 ///
 /// # Safety
-/// Both ranges valid for `len` bytes until the copy completes; `stream` belongs to the current
+/// Every range valid for its size until the copies complete; `stream` belongs to the current
 /// context; the driver has the batch API.
-unsafe fn batch_copy(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> CudaResult<()> {
-    let mut dsts = [dst as sys::CUdeviceptr];
-    let mut srcs = [src as sys::CUdeviceptr];
-    let mut sizes = [len];
+unsafe fn batch_call(
+    dsts: &mut [sys::CUdeviceptr],
+    srcs: &mut [sys::CUdeviceptr],
+    sizes: &mut [usize],
+    stream: sys::CUstream,
+    what: impl FnOnce(usize) -> String,
+) -> CudaResult<()> {
+    debug_assert!(dsts.len() == srcs.len() && srcs.len() == sizes.len());
     // SAFETY: a plain C struct of enums and ints, for which all-zero is valid (location type
     // INVALID: no hint; the hints only matter for managed memory).
     let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
@@ -69,28 +75,44 @@ unsafe fn batch_copy(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> C
     attr.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
     let mut idx = [0usize];
     let mut fail_idx = usize::MAX;
-    // SAFETY: every array holds `count` (1) or `numAttrs` (1) entries and outlives the call; the
-    // caller guarantees the ranges, the stream and the symbol.
-    check(
-        unsafe {
-            sys::cuMemcpyBatchAsync(
-                dsts.as_mut_ptr(),
-                srcs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                1,
-                &mut attr,
-                idx.as_mut_ptr(),
-                1,
-                &mut fail_idx,
-                stream,
-            )
-        },
-        || format!("cuMemcpyBatchAsync({dst:#x} <- {src:#x}, {len} bytes)"),
-    )
+    // SAFETY: the three arrays hold `count` entries and the attribute arrays `numAttrs` (1), all
+    // outliving the call; the caller guarantees the ranges, the stream and the symbol.
+    let r = unsafe {
+        sys::cuMemcpyBatchAsync(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            dsts.len(),
+            &mut attr,
+            idx.as_mut_ptr(),
+            1,
+            &mut fail_idx,
+            stream,
+        )
+    };
+    check(r, || what(fail_idx))
 }
 
-/// Copies through one `cuMemcpyBatchAsync` (stream-ordered sources, overlap-with-compute hint),
-/// in no particular order among themselves.
+/// One copy through `cuMemcpyBatchAsync` (see [`batch_call`]).
+///
+/// # Safety
+/// Both ranges valid for `len` bytes until the copy completes; `stream` belongs to the current
+/// context; the driver has the batch API.
+unsafe fn batch_copy(dst: u64, src: u64, len: usize, stream: sys::CUstream) -> CudaResult<()> {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        batch_call(
+            &mut [dst as sys::CUdeviceptr],
+            &mut [src as sys::CUdeviceptr],
+            &mut [len],
+            stream,
+            |_| format!("cuMemcpyBatchAsync({dst:#x} <- {src:#x}, {len} bytes)"),
+        )
+    }
+}
+
+/// Copies through one `cuMemcpyBatchAsync` (see [`batch_call`]), in no particular order among
+/// themselves.
 ///
 /// # Safety
 /// As [`batch_copy`] for every entry.
@@ -98,35 +120,15 @@ unsafe fn batch_copy_many(copies: &[(u64, u64, usize)], stream: sys::CUstream) -
     let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0 as sys::CUdeviceptr).collect();
     let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1 as sys::CUdeviceptr).collect();
     let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
-    // SAFETY: as in batch_copy.
-    let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
-    attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-    attr.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
-    let mut idx = [0usize];
-    let mut fail_idx = usize::MAX;
-    // SAFETY: the three arrays hold `copies.len()` entries, the attribute arrays one, all outliving
-    // the call; the caller guarantees the ranges, the stream and the symbol.
-    check(
-        unsafe {
-            sys::cuMemcpyBatchAsync(
-                dsts.as_mut_ptr(),
-                srcs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                copies.len(),
-                &mut attr,
-                idx.as_mut_ptr(),
-                1,
-                &mut fail_idx,
-                stream,
-            )
-        },
-        || {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        batch_call(&mut dsts, &mut srcs, &mut sizes, stream, |at| {
             format!(
-                "cuMemcpyBatchAsync({} copies, failed at {fail_idx})",
+                "cuMemcpyBatchAsync({} copies, failed at {at})",
                 copies.len()
             )
-        },
-    )
+        })
+    }
 }
 
 /// Most copies one batch call takes.
