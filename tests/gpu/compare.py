@@ -9,11 +9,13 @@ Output columns: size_bytes,lib_usec_per_op,p2p_usec_per_op,lib_gbytes_per_s,p2p_
                 fabtests_lat_usec
 The optional fabtests CSVs (tests/gpu/fabtests_cuda.sh: raw libfabric fi_rma_bw, window 64 and window 1
 on GPU memory) add the last two columns. A size measured by only one side is kept with the other
-side left empty. With matplotlib importable, OUT_CSV's name with .png is drawn too (bandwidth and
+side left empty. The heading names the benchmark as $NVSHMEM_BENCH_WHAT says (default: the put
+benchmark's default mode; tests/gpu/run.sh sets it from --bench-args). With matplotlib importable, OUT_CSV's name with .png is drawn too (bandwidth and
 latency against size); without it a line says so.
 Exit status: 0 on success, 1 when an input is missing or malformed or has no rows.
 """
 import csv
+import os
 import sys
 
 COLUMNS = ["path", "size_bytes", "iters", "usec_per_op", "gbytes_per_s"]
@@ -82,8 +84,8 @@ def main(argv):
             w.writerow([size, fmt(lu, ".4f"), fmt(pu, ".4f"), fmt(lg, ".4f"), fmt(pg, ".4f"),
                         fmt(br, ".4f"), fmt(lr, ".4f"), fmt(fg, ".4f"), fmt(fl, ".4f")])
 
-    print("device-initiated put (1 block, putmem_nbi_block + quiet): %s vs %s"
-          % (lib_label, p2p_label))
+    what = os.environ.get("NVSHMEM_BENCH_WHAT", "put (1 block, putmem_nbi_block + quiet)")
+    print("device-initiated %s: %s vs %s" % (what, lib_label, p2p_label))
     if fab_label:
         print("reference: %s (raw libfabric fi_rma_bw, window 64)%s" % (
             fab_label, "; time per op: %s (window 1)" % fabl_label if fabl_label else ""))

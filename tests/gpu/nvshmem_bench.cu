@@ -1,16 +1,30 @@
-// Device-initiated put bandwidth and latency, PE 0 -> PE 1.
+// Device-initiated put or get bandwidth and latency between PE 0 and PE 1, run by PE 0.
 //
-// One thread block on PE 0 runs, per iteration, nvshmemx_putmem_nbi_block(size) followed by
-// nvshmem_quiet() (so every iteration is a completed put), for message sizes 8 B .. 64 MiB.
-// Iteration counts shrink with the size, each size stops after a time cap, and the whole sweep
-// stops after a total budget, so a slow path still finishes in bounded time. After every size
-// PE 1 checks the received bytes; a wrong byte makes the run fail.
+// --op put (default): per iteration, nvshmemx_putmem_nbi_block followed by nvshmem_quiet() (so
+// every iteration is a completed put) from PE 0 into PE 1. --op get: per iteration, a blocking
+// nvshmemx_getmem_block from PE 1 into PE 0 (the pattern of PyTorch's all_to_all_vdev). With
+// --blocks N each of N thread blocks moves its 1/N of the size per iteration (sizes below N x 8
+// bytes are skipped). Message sizes 8 B .. 64 MiB. Iteration counts shrink with the size, each
+// block stops after a time cap, and the whole sweep stops after a total budget, so a slow path
+// still finishes in bounded time. After every size the receiving PE checks the bytes; a wrong
+// byte makes the run fail. --threads T: threads per block (default 256). --collective: launched
+// with nvshmemx_collective_launch (a cooperative launch, as PyTorch launches its NVSHMEM kernels)
+// instead of <<<>>>. --all-quiet: the non-blocking call (nvshmemx_getmem_nbi_block or
+// nvshmemx_putmem_nbi_block), then nvshmem_quiet() by every thread of the block, as PyTorch's
+// all_to_all_vdev kernel ends. --bidir: both PEs run the same loop towards each other at once (each
+// checks what it received); the figures printed are PE 0's.
 //
-// Usage: nvshmem_bench CSV_PATH [--label NAME] [--max-bytes N] [--cap-ms MS] [--budget-s S]
-// CSV columns: path,size_bytes,iters,usec_per_op,gbytes_per_s   (path = the label)
+// Usage: nvshmem_bench CSV_PATH [--label NAME] [--op put|get] [--blocks N] [--threads T]
+//                      [--collective] [--all-quiet] [--bidir] [--max-bytes N] [--cap-ms MS]
+//                      [--budget-s S]
+// CSV columns: path,size_bytes,iters,usec_per_op,gbytes_per_s   (path = the label; with several
+// blocks: iters = the slowest block's, usec_per_op = the slowest block's time per iteration,
+// GB/s = the sum over the blocks)
 #include "common.cuh"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 using namespace gt;
 
@@ -21,10 +35,12 @@ struct BenchOut {
     int iters;
 };
 
-__global__ void put_bw_kernel(uint8_t *dst, const uint8_t *src, size_t size, int iters, int peer,
-                              uint64_t cap_ns, BenchOut *out) {
+// Block b moves bytes [b * slice, (b + 1) * slice) of the message; out[b] gets its time.
+__global__ void bw_kernel(bool get, bool all_quiet, uint8_t *dst, const uint8_t *src, size_t slice, int iters,
+                          int peer, uint64_t cap_ns, BenchOut *out) {
     __shared__ int stop;
     __shared__ uint64_t t0;
+    const size_t off = (size_t)blockIdx.x * slice;
     if (threadIdx.x == 0) {
         stop = 0;
         t0 = dev_now_ns();
@@ -32,19 +48,24 @@ __global__ void put_bw_kernel(uint8_t *dst, const uint8_t *src, size_t size, int
     __syncthreads();
     int done = 0;
     for (int i = 0; i < iters; ++i) {
-        nvshmemx_putmem_nbi_block(dst, src, size, peer);
-        __syncthreads();
-        if (threadIdx.x == 0) {
+        if (get && all_quiet) {
+            nvshmemx_getmem_nbi_block(dst + off, src + off, slice, peer);
             nvshmem_quiet();
-            if (dev_now_ns() - t0 > cap_ns) stop = 1;
+        } else if (get) {
+            nvshmemx_getmem_block(dst + off, src + off, slice, peer);
+        } else {
+            nvshmemx_putmem_nbi_block(dst + off, src + off, slice, peer);
+            __syncthreads();
+            if (all_quiet || threadIdx.x == 0) nvshmem_quiet();
         }
+        if (threadIdx.x == 0 && dev_now_ns() - t0 > cap_ns) stop = 1;
         __syncthreads();
         done = i + 1;
         if (stop) break;
     }
     if (threadIdx.x == 0) {
-        out->ns = dev_now_ns() - t0;
-        out->iters = done;
+        out[blockIdx.x].ns = dev_now_ns() - t0;
+        out[blockIdx.x].iters = done;
     }
 }
 
@@ -57,7 +78,9 @@ int iters_for(size_t size) {
 }
 
 void usage(const char *argv0) {
-    printf("usage: %s CSV_PATH [--label NAME] [--max-bytes N] [--cap-ms MS] [--budget-s S]\n",
+    printf("usage: %s CSV_PATH [--label NAME] [--op put|get] [--blocks N] [--threads T] "
+           "[--collective] [--all-quiet] [--bidir] [--max-bytes N] "
+           "[--cap-ms MS] [--budget-s S]\n",
            argv0);
 }
 
@@ -68,6 +91,8 @@ int main(int argc, char **argv) {
     std::string label = "nvshmem";
     size_t max_bytes = 64u << 20;
     double cap_ms = 1000, warm_cap_ms = 250, budget_s = 45;
+    bool get = false, bidir = false, collective = false, all_quiet = false;
+    int blocks = 1, threads = 256;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if ((a == "-h" || a == "--help")) {
@@ -75,6 +100,23 @@ int main(int argc, char **argv) {
             return 0;
         } else if (a == "--label" && i + 1 < argc) {
             label = argv[++i];
+        } else if (a == "--op" && i + 1 < argc) {
+            std::string op = argv[++i];
+            if (op != "put" && op != "get") {
+                printf("--op must be put or get, got '%s'\n", op.c_str());
+                return 2;
+            }
+            get = op == "get";
+        } else if (a == "--all-quiet") {
+            all_quiet = true;
+        } else if (a == "--collective") {
+            collective = true;
+        } else if (a == "--threads" && i + 1 < argc) {
+            threads = atoi(argv[++i]);
+        } else if (a == "--bidir") {
+            bidir = true;
+        } else if (a == "--blocks" && i + 1 < argc) {
+            blocks = atoi(argv[++i]);
         } else if (a == "--max-bytes" && i + 1 < argc) {
             max_bytes = (size_t)strtoull(argv[++i], nullptr, 0);
         } else if (a == "--cap-ms" && i + 1 < argc) {
@@ -89,7 +131,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (csv_path == nullptr || max_bytes < 8 || cap_ms <= 0 || budget_s <= 0) {
+    if (csv_path == nullptr || max_bytes < 8 || cap_ms <= 0 || budget_s <= 0 || blocks < 1 ||
+        blocks > 1024 || threads < 32 || threads > 1024 || threads % 32 != 0) {
         usage(argv[0]);
         return 2;
     }
@@ -112,8 +155,14 @@ int main(int argc, char **argv) {
     uint8_t *src = (uint8_t *)sym_malloc(max_bytes, "source");
     uint8_t *dst = (uint8_t *)sym_malloc(max_bytes + 4096, "destination");
     BenchOut *dout = nullptr;
-    CK(cudaMalloc(&dout, sizeof(BenchOut)));
-    const bool mapped = nvshmem_ptr(dst, 1) != nullptr;
+    CK(cudaMalloc(&dout, sizeof(BenchOut) * blocks));
+    const bool mapped = nvshmem_ptr(get ? src : dst, 1) != nullptr;
+    // dst receives on `receiver` (and is checked there); src is filled on `sender`; with --bidir
+    // every PE is both and runs the loop towards the other.
+    const int receiver = get ? 0 : 1, sender = get ? 1 : 0;
+    const bool fills = bidir || pe == sender, checks = bidir || pe == receiver;
+    const bool runs = bidir || pe == 0;
+    const int peer = pe == 0 ? 1 : 0;
     watchdog_disarm();
 
     if (pe == 0) {
@@ -121,17 +170,39 @@ int main(int argc, char **argv) {
         nvshmemx_vendor_get_version_info(&maj, &min, &patch);
         cudaDeviceProp prop;
         CK(cudaGetDeviceProperties(&prop, g_job.device));
-        printf("nvshmem_bench [%s]: NVSHMEM %d.%d.%d, %d PEs, %s, pe 0 -> pe 1 (%s), 1 block x 256 "
-               "threads, nvshmemx_putmem_nbi_block + nvshmem_quiet per iteration\n",
+        printf("nvshmem_bench [%s]: NVSHMEM %d.%d.%d, %d PEs, %s, %s (%s), %d block(s) x %d "
+               "threads%s, %s per iteration\n",
                label.c_str(), maj, min, patch, npes, prop.name,
-               mapped ? "pe 1 mapped: P2P path" : "pe 1 not mapped: remote transport path");
+               bidir ? (get ? "pe 0 and pe 1 get from each other" : "pe 0 <-> pe 1")
+                     : (get ? "pe 0 gets from pe 1" : "pe 0 -> pe 1"),
+               mapped ? "pe 1 mapped: P2P path" : "pe 1 not mapped: remote transport path", blocks,
+               threads, collective ? " (nvshmemx_collective_launch)" : "",
+               get ? (all_quiet ? "nvshmemx_getmem_nbi_block + nvshmem_quiet in every thread"
+                                : "nvshmemx_getmem_block (blocking)")
+                   : (all_quiet ? "nvshmemx_putmem_nbi_block + nvshmem_quiet in every thread"
+                                : "nvshmemx_putmem_nbi_block + nvshmem_quiet"));
         printf("%12s %8s %12s %10s\n", "size_bytes", "iters", "usec_per_op", "GB/s");
     }
+
+    // One run of the kernel: <<<>>> or NVSHMEM's collective (cooperative) launch.
+    auto launch = [&](bool g, uint8_t *d, const uint8_t *s_, size_t sl, int it, int p, uint64_t cap,
+                      BenchOut *o) {
+        if (collective) {
+            void *args[] = {&g, &all_quiet, &d, &s_, &sl, &it, &p, &cap, &o};
+            const int rc = nvshmemx_collective_launch((const void *)bw_kernel, dim3(blocks),
+                                                      dim3(threads), args, 0, 0);
+            if (rc != 0) fatal(__FILE__, __LINE__, "nvshmemx_collective_launch failed: %d", rc);
+        } else {
+            bw_kernel<<<blocks, threads>>>(g, all_quiet, d, s_, sl, it, p, cap, o);
+        }
+        CK_LAUNCH();
+    };
 
     const double t_start = now_s();
     bool verify_failed = false;
     int rows = 0, skipped = 0;
     for (size_t size = 8; size <= max_bytes; size *= 2) {
+        if (size < (size_t)blocks * 8 || size % (size_t)blocks != 0) continue;
         // PE 0 decides whether the budget allows another size; everybody follows.
         long long stop = (pe == 0 && now_s() - t_start > budget_s) ? 1 : 0;
         if (job_max_ll(stop)) {
@@ -143,45 +214,49 @@ int main(int argc, char **argv) {
         watchdog_arm(step, step_timeout);
 
         const uint32_t seed = make_seed(0, (uint32_t)rows, 0xBE7C4u);
-        if (pe == 0) fill_region(src, size, seed);
-        if (pe == 1) CK(cudaMemset(dst, kSentinel, size + 4096));
+        if (fills) fill_region(src, size, seed);
+        if (checks) CK(cudaMemset(dst, kSentinel, size + 4096));
         CK(cudaDeviceSynchronize());
         nvshmem_barrier_all();
 
         int iters = iters_for(size);
-        BenchOut h = {0, 0};
-        if (pe == 0) {
+        std::vector<BenchOut> h(blocks, BenchOut{0, 0});
+        const size_t slice = size / blocks;
+        if (runs) {
             int warm = std::min(iters, 32);
-            put_bw_kernel<<<1, 256>>>(dst, src, size, warm, 1, (uint64_t)(warm_cap_ms * 1e6), dout);
-            CK_LAUNCH();
+            launch(get, dst, src, slice, warm, peer, (uint64_t)(warm_cap_ms * 1e6), dout);
             CK(cudaDeviceSynchronize());
-            put_bw_kernel<<<1, 256>>>(dst, src, size, iters, 1, (uint64_t)(cap_ms * 1e6), dout);
-            CK_LAUNCH();
+            launch(get, dst, src, slice, iters, peer, (uint64_t)(cap_ms * 1e6), dout);
             CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(&h, dout, sizeof h, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(h.data(), dout, sizeof(BenchOut) * blocks, cudaMemcpyDeviceToHost));
         }
         nvshmem_barrier_all();
 
         long long bad = 0;
-        if (pe == 1) {
+        if (checks) {
             const size_t one[1] = {size};
             Layout L = make_layout(one, 1, 0, 0, false);
             L.r[0].seed = seed;
             L.span = size + 4096;
             bad = (long long)verify_layout(dst, L, [&](const char *msg) {
-                printf("  [pe 1] VERIFY FAILED at %zu bytes: %s\n", size, msg);
+                printf("  [pe %d] VERIFY FAILED at %zu bytes: %s\n", pe, size, msg);
             });
         }
         bad = job_max_ll(bad);
         watchdog_disarm();
 
         if (pe == 0) {
-            const double ns = (double)h.ns;
-            const double usec = h.iters > 0 ? ns / h.iters / 1000.0 : 0.0;
-            const double gbps = ns > 0 ? (double)size * h.iters / ns : 0.0;
-            printf("%12zu %8d %12.3f %10.3f%s\n", size, h.iters, usec, gbps,
+            // The slowest block's time per iteration and iterations; bandwidth summed over blocks.
+            double usec = 0.0, gbps = 0.0;
+            int min_iters = h[0].iters;
+            for (const BenchOut &b : h) {
+                if (b.iters > 0) usec = std::max(usec, (double)b.ns / b.iters / 1000.0);
+                if (b.ns > 0) gbps += (double)slice * b.iters / (double)b.ns;
+                min_iters = std::min(min_iters, b.iters);
+            }
+            printf("%12zu %8d %12.3f %10.3f%s\n", size, min_iters, usec, gbps,
                    bad ? "   <- DATA WRONG" : "");
-            fprintf(csv, "%s,%zu,%d,%.4f,%.4f\n", label.c_str(), size, h.iters, usec, gbps);
+            fprintf(csv, "%s,%zu,%d,%.4f,%.4f\n", label.c_str(), size, min_iters, usec, gbps);
             fflush(csv);
         }
         if (bad) verify_failed = true;

@@ -27,6 +27,8 @@ usage: tests/gpu/run.sh [options]
   --out DIR           log directory (default: $OUT, else ./gpu-out)
   --cases LIST        comma-separated test cases (default: all; see nvshmem_tests --list)
   --no-bench          skip the benchmark
+  --bench-args "ARGS" more arguments for both benchmark runs, e.g. "--op get --blocks 4" (blocking
+                      nvshmemx_getmem_block from 4 blocks, PyTorch's all_to_all_vdev pattern)
   --no-fabtests       skip the raw-libfabric reference of the benchmark (fabtests -D cuda,
                       tests/gpu/fabtests_cuda.sh)
   --no-tests          skip the test run through the library (e.g. to run only the benchmark)
@@ -45,6 +47,7 @@ compile_only=0
 debug=0
 cases=""
 do_bench=1
+bench_args=""
 do_fabtests=1
 do_p2p_tests=1
 do_tests=1
@@ -56,6 +59,7 @@ while [ $# -gt 0 ]; do
     --debug) debug=1 ;;
     --cases) cases=${2:?--cases needs a value}; shift ;;
     --no-bench) do_bench=0 ;;
+    --bench-args) bench_args=${2?--bench-args needs a value}; shift ;;
     --no-fabtests) do_fabtests=0 ;;
     --no-p2p-tests) do_p2p_tests=0 ;;
     --no-tests) do_tests=0 ;;
@@ -508,7 +512,8 @@ run_tests() {
 run_bench() { # name env_array timeout
     local name=$1 envname=$2 log=$OUT/$1.log csv=$OUT/$1.csv rc st rows
     rm -f "$csv"
-    run_mpi "$name" "$log" "$3" "$envname" -- "$BENCH" "$csv" --label "${name#bench-}"
+    # shellcheck disable=SC2086 # $bench_args: several words by design
+    run_mpi "$name" "$log" "$3" "$envname" -- "$BENCH" "$csv" --label "${name#bench-}" $bench_args
     rc=$?
     grep -E '^nvshmem_bench|^ +size_bytes|^ +[0-9]+ +[0-9]+ |sizes measured|FAIL|VERIFY|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
     [ $rc != 0 ] && { echo "    --- last lines of $log:"; grep -v '^# ' "$log" | tail -n 20 | sed 's/^/    /'; }
@@ -544,7 +549,9 @@ if [ $do_bench = 1 ]; then
         fi
     fi
     if [ -s "$OUT/bench-library.csv" ] && [ -s "$OUT/bench-p2p.csv" ]; then
-        if python3 "$here/compare.py" "$OUT/bench-library.csv" "$OUT/bench-p2p.csv" \
+        what="put (1 block, putmem_nbi_block + quiet)"
+        [ -n "$bench_args" ] && what="nvshmem_bench $bench_args"
+        if NVSHMEM_BENCH_WHAT=$what python3 "$here/compare.py" "$OUT/bench-library.csv" "$OUT/bench-p2p.csv" \
             "$OUT/bench-compare.csv" "${fab_csvs[@]}" >"$OUT/bench-compare.log" 2>&1; then
             sed 's/^/    /' "$OUT/bench-compare.log"
             record "bench-compare" ok "$OUT/bench-compare.csv"

@@ -13,7 +13,8 @@ Checks, on every rank: torch.ops.symm_mem.nvshmem_all_to_all (patterned data, 1 
 data; both of torch's signatures are handled: (input, out, in_out_splits, group) and
 (input, out, in_splits, out_splits_offsets, group)), then which plugin the process holds. Timing:
 median of 20 (after 3 warm-ups) of each op at 1 KiB, 64 KiB, 4 MiB per peer, CUDA events around
-the op; the CSV row is the slowest rank's median. Exit status 0 when every check passed.
+the op; the CSV row is the slowest rank's median. SYMM_A2A_TIME=a2a or =vdev times only that op
+(for a trace of one op). Exit status 0 when every check passed.
 """
 import argparse
 import os
@@ -171,11 +172,12 @@ def main():
                      max(g[2] for g in gathered), nbytes * world / worst / 1e3))
         rep.say(f"time {name} {nbytes} B/peer: median {med:.1f} us (slowest rank {worst:.1f} us)")
 
-    for nbytes in SIZES:
+    timed = os.environ.get("SYMM_A2A_TIME", "a2a,vdev").split(",")
+    for nbytes in SIZES if "a2a" in timed else ():
         inp, out = a2a[nbytes]
         time_op("nvshmem_all_to_all", nbytes,
                 lambda: torch.ops.symm_mem.nvshmem_all_to_all(inp, out, group_name))
-    if nargs in (4, 5):
+    if nargs in (4, 5) and "vdev" in timed:
         for nbytes in SIZES:
             n = nbytes // 4
             t_inp = sym(world * n, torch.float32)

@@ -60,6 +60,11 @@ impl Transport {
             )));
         }
         let (raddr, key) = self.remote_target(&t.remote, size, ep, "amo")?;
+        tracing::trace!(
+            "amo: pe {pe} op {} {size} bytes at {:p}, endpoint {ep}",
+            verb.op,
+            t.remote.ptr
+        );
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
         // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
         self.wait_copies(ep, "amo: earlier puts")?;

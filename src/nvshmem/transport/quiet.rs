@@ -46,6 +46,7 @@ impl Transport {
             )
         })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
+        tracing::trace!("quiet: endpoint {ep} done");
         match take_failure(e, &e.peer) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) failed on endpoint {ep}: {msg}"
@@ -66,6 +67,7 @@ impl Transport {
         }
         self.check_alive()?;
         self.check_pe_range(c, pe)?;
+        tracing::trace!("quiet: pe {pe}, endpoint {ep}");
         let e = &c.eps[ep];
         let a = &e.peer[pe as usize];
         let target = a.submitted.load(Ordering::Acquire);
@@ -86,7 +88,10 @@ impl Transport {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) to PE {pe} failed on endpoint {ep}: {msg}"
             ))),
-            None => Ok(()),
+            None => {
+                tracing::trace!("quiet: pe {pe}, endpoint {ep} done");
+                Ok(())
+            }
         }
     }
 

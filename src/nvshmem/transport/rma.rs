@@ -256,6 +256,7 @@ impl Transport {
         let (rd, ld) = (&x.remote, &x.local);
         let what = if is_put { "put" } else { "get" };
         if self.ipc_rma(x, what)? {
+            tracing::trace!("{what} of {len} bytes with PE {pe}: enqueued on copy queue {ep}");
             return Ok(());
         }
         if self.staging {
@@ -265,6 +266,7 @@ impl Transport {
             let stage_all = self.cfg.gpu_staging == Some(true);
             if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
                 let laddr = ld.ptr as u64;
+                tracing::trace!("{what} of {len} bytes with PE {pe}: staged");
                 return self.staged(c, &x.resolved(laddr, raddr));
             }
         }
@@ -291,6 +293,7 @@ impl Transport {
         let ep_addr = &c.eps[ep] as *const EpState as usize;
         match self.local_desc(ld.handle, laddr, len, ep) {
             Some((_reg, desc)) => {
+                tracing::trace!("{what} of {len} bytes with PE {pe}: provider");
                 let desc = desc as usize;
                 self.post_deferrable(c, OpRoute::op(ep, pe as usize), move |ctx| {
                     // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
@@ -317,7 +320,10 @@ impl Transport {
                 })?;
                 Ok(())
             }
-            None => self.rma_unregistered(c, &x.resolved(laddr, raddr), key),
+            None => {
+                tracing::trace!("{what} of {len} bytes with PE {pe}: unregistered local memory");
+                self.rma_unregistered(c, &x.resolved(laddr, raddr), key)
+            }
         }
     }
 
