@@ -244,6 +244,19 @@ impl CopyStream {
         (copies.len(), None)
     }
 
+    /// Whether everything enqueued so far has completed (`cuStreamQuery`; never blocks). Answers
+    /// for the whole stream without an event recorded first.
+    pub fn idle(&self) -> CudaResult<bool> {
+        let _g = ContextGuard::enter(self.obj.ctx)?;
+        // SAFETY: a live stream of this process, its context pushed.
+        let r = unsafe { sys::cuStreamQuery(self.stream()) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check(other, || "cuStreamQuery".into()).map(|()| true),
+        }
+    }
+
     /// Records `ev` after everything enqueued so far.
     pub fn record(&self, ev: &Event) -> CudaResult<()> {
         let _g = ContextGuard::enter(self.obj.ctx)?;
