@@ -89,6 +89,10 @@ pub struct Config {
     /// `cuMemcpyBatchAsync` with the overlap-with-compute hint where the driver has it (default), or
     /// through `cuMemcpyAsync` only (`0`).
     pub copy_overlap: bool,
+    /// `NVSHMEM_EFA_SIGNAL_COPY`: signals (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory as one
+    /// write on the copy queue behind the puts (default), or always through the provider's
+    /// atomics (`0`).
+    pub signal_copy: bool,
 }
 
 /// A bad environment variable.
@@ -233,6 +237,7 @@ impl Config {
             soft_ipc: crate::gda::softq::CopyRoute::Host,
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
+            signal_copy: true,
             soft_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
@@ -321,6 +326,9 @@ impl Config {
         if let Some(b) = vars.bool("NVSHMEM_EFA_COPY_OVERLAP")? {
             c.copy_overlap = b;
         }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_SIGNAL_COPY")? {
+            c.signal_copy = b;
+        }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE")? {
             c.soft_rx_overwrite = b;
         }
@@ -400,6 +408,22 @@ mod tests {
             assert!(flag(&cfg(&[(var, "1")]).unwrap()), "{var}=1");
             assert_eq!(cfg(&[(var, "maybe")]).unwrap_err().var, var);
         }
+    }
+
+    #[test]
+    fn signal_copy_switch() {
+        assert!(cfg(&[]).unwrap().signal_copy, "on by default");
+        assert!(
+            !cfg(&[("NVSHMEM_EFA_SIGNAL_COPY", "0")])
+                .unwrap()
+                .signal_copy
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_SIGNAL_COPY", "perhaps")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_SIGNAL_COPY"
+        );
     }
 
     #[test]

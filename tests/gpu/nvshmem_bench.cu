@@ -7,14 +7,16 @@
 // bytes are skipped). Message sizes 8 B .. 64 MiB. Iteration counts shrink with the size, each
 // block stops after a time cap, and the whole sweep stops after a total budget, so a slow path
 // still finishes in bounded time. After every size the receiving PE checks the bytes; a wrong
-// byte makes the run fail. --threads T: threads per block (default 256). --collective: launched
+// byte makes the run fail. --op barrier: every PE runs nvshmemx_barrier_all_block() a fixed number
+// of times in one block (collective launch, implies --bidir); one row (size 8), no data.
+// --threads T: threads per block (default 256). --collective: launched
 // with nvshmemx_collective_launch (a cooperative launch, as PyTorch launches its NVSHMEM kernels)
 // instead of <<<>>>. --all-quiet: the non-blocking call (nvshmemx_getmem_nbi_block or
 // nvshmemx_putmem_nbi_block), then nvshmem_quiet() by every thread of the block, as PyTorch's
 // all_to_all_vdev kernel ends. --bidir: both PEs run the same loop towards each other at once (each
 // checks what it received); the figures printed are PE 0's.
 //
-// Usage: nvshmem_bench CSV_PATH [--label NAME] [--op put|get] [--blocks N] [--threads T]
+// Usage: nvshmem_bench CSV_PATH [--label NAME] [--op put|get|barrier] [--blocks N] [--threads T]
 //                      [--collective] [--all-quiet] [--bidir] [--max-bytes N] [--cap-ms MS]
 //                      [--budget-s S]
 // CSV columns: path,size_bytes,iters,usec_per_op,gbytes_per_s   (path = the label; with several
@@ -69,6 +71,17 @@ __global__ void bw_kernel(bool get, bool all_quiet, uint8_t *dst, const uint8_t 
     }
 }
 
+// Device barriers, the same count on every PE (no time cap: a PE that stopped early would leave the
+// others waiting).
+__global__ void barrier_kernel(int iters, BenchOut *out) {
+    const uint64_t t0 = dev_now_ns();
+    for (int i = 0; i < iters; ++i) nvshmemx_barrier_all_block();
+    if (threadIdx.x == 0) {
+        out[0].ns = dev_now_ns() - t0;
+        out[0].iters = iters;
+    }
+}
+
 int iters_for(size_t size) {
     // About 4 GiB per size, between 16 and 20000 iterations.
     unsigned long long it = (4ULL << 30) / size;
@@ -78,7 +91,7 @@ int iters_for(size_t size) {
 }
 
 void usage(const char *argv0) {
-    printf("usage: %s CSV_PATH [--label NAME] [--op put|get] [--blocks N] [--threads T] "
+    printf("usage: %s CSV_PATH [--label NAME] [--op put|get|barrier] [--blocks N] [--threads T] "
            "[--collective] [--all-quiet] [--bidir] [--max-bytes N] "
            "[--cap-ms MS] [--budget-s S]\n",
            argv0);
@@ -91,7 +104,7 @@ int main(int argc, char **argv) {
     std::string label = "nvshmem";
     size_t max_bytes = 64u << 20;
     double cap_ms = 1000, warm_cap_ms = 250, budget_s = 45;
-    bool get = false, bidir = false, collective = false, all_quiet = false;
+    bool get = false, barrier = false, bidir = false, collective = false, all_quiet = false;
     int blocks = 1, threads = 256;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -102,11 +115,12 @@ int main(int argc, char **argv) {
             label = argv[++i];
         } else if (a == "--op" && i + 1 < argc) {
             std::string op = argv[++i];
-            if (op != "put" && op != "get") {
-                printf("--op must be put or get, got '%s'\n", op.c_str());
+            if (op != "put" && op != "get" && op != "barrier") {
+                printf("--op must be put, get or barrier, got '%s'\n", op.c_str());
                 return 2;
             }
             get = op == "get";
+            barrier = op == "barrier";
         } else if (a == "--all-quiet") {
             all_quiet = true;
         } else if (a == "--collective") {
@@ -137,6 +151,12 @@ int main(int argc, char **argv) {
         return 2;
     }
 
+    if (barrier) {
+        bidir = true;
+        collective = true;
+        blocks = 1;
+        max_bytes = 8;
+    }
     job_init(&argc, &argv, 120);
     const int pe = g_job.pe, npes = g_job.npes;
     if (npes < 2) fatal(__FILE__, __LINE__, "needs 2 PEs, got %d", npes);
@@ -160,7 +180,8 @@ int main(int argc, char **argv) {
     // dst receives on `receiver` (and is checked there); src is filled on `sender`; with --bidir
     // every PE is both and runs the loop towards the other.
     const int receiver = get ? 0 : 1, sender = get ? 1 : 0;
-    const bool fills = bidir || pe == sender, checks = bidir || pe == receiver;
+    const bool fills = !barrier && (bidir || pe == sender);
+    const bool checks = !barrier && (bidir || pe == receiver);
     const bool runs = bidir || pe == 0;
     const int peer = pe == 0 ? 1 : 0;
     watchdog_disarm();
@@ -177,7 +198,8 @@ int main(int argc, char **argv) {
                      : (get ? "pe 0 gets from pe 1" : "pe 0 -> pe 1"),
                mapped ? "pe 1 mapped: P2P path" : "pe 1 not mapped: remote transport path", blocks,
                threads, collective ? " (nvshmemx_collective_launch)" : "",
-               get ? (all_quiet ? "nvshmemx_getmem_nbi_block + nvshmem_quiet in every thread"
+               barrier ? "nvshmemx_barrier_all_block"
+               : get   ? (all_quiet ? "nvshmemx_getmem_nbi_block + nvshmem_quiet in every thread"
                                 : "nvshmemx_getmem_block (blocking)")
                    : (all_quiet ? "nvshmemx_putmem_nbi_block + nvshmem_quiet in every thread"
                                 : "nvshmemx_putmem_nbi_block + nvshmem_quiet"));
@@ -187,7 +209,12 @@ int main(int argc, char **argv) {
     // One run of the kernel: <<<>>> or NVSHMEM's collective (cooperative) launch.
     auto launch = [&](bool g, uint8_t *d, const uint8_t *s_, size_t sl, int it, int p, uint64_t cap,
                       BenchOut *o) {
-        if (collective) {
+        if (barrier) {
+            void *args[] = {&it, &o};
+            const int rc = nvshmemx_collective_launch((const void *)barrier_kernel, dim3(1),
+                                                      dim3(threads), args, 0, 0);
+            if (rc != 0) fatal(__FILE__, __LINE__, "nvshmemx_collective_launch failed: %d", rc);
+        } else if (collective) {
             void *args[] = {&g, &all_quiet, &d, &s_, &sl, &it, &p, &cap, &o};
             const int rc = nvshmemx_collective_launch((const void *)bw_kernel, dim3(blocks),
                                                       dim3(threads), args, 0, 0);
@@ -219,7 +246,7 @@ int main(int argc, char **argv) {
         CK(cudaDeviceSynchronize());
         nvshmem_barrier_all();
 
-        int iters = iters_for(size);
+        int iters = barrier ? 2000 : iters_for(size);
         std::vector<BenchOut> h(blocks, BenchOut{0, 0});
         const size_t slice = size / blocks;
         if (runs) {

@@ -11,6 +11,7 @@ use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
 use crate::cuda;
 use crate::fabric::Provider;
+use crate::mover::Kind;
 
 impl Transport {
     /// `amo`: every NVSHMEM atomic, 4 and 8 bytes. Fetch results land in `retptr` by quiet.
@@ -65,6 +66,12 @@ impl Transport {
             verb.op,
             t.remote.ptr
         );
+        // A signal to same-host GPU memory goes behind the same-host puts on the copy queue.
+        if matches!(verb.op, amo::SIGNAL | amo::SIGNAL_SET)
+            && self.signal_by_copy(c, pe, &t, size, ep)?
+        {
+            return Ok(());
+        }
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
         // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
         self.wait_copies(ep, "amo: earlier puts")?;
@@ -94,6 +101,59 @@ impl Transport {
             }
         }
         self.amo_target(c, pe, verb.op, &t, val, size, ep)
+    }
+
+    /// A signal (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory that this process has open
+    /// through CUDA IPC: one 4- or 8-byte write enqueued on endpoint `ep`'s copy queue, behind the
+    /// copies enqueued before it. Stream order lands this endpoint's earlier same-host puts first,
+    /// so neither a wait for them nor the provider's atomic is needed. The write is aligned (checked
+    /// by `amo`) and done in one transaction. The GPU's own atomics on the word stay atomic
+    /// against it. A provider ADD from another PE at the same moment may not, because the
+    /// provider applies it as a read-modify-write from the host; that is already so for the
+    /// GPU's own atomics. Complete at the endpoint's next quiet, like the provider's AMO.
+    /// `Ok(false)` when another means must carry it: `NVSHMEM_EFA_SIGNAL_COPY=0`, IPC off, not such memory, or provider
+    /// operations to `pe` still outstanding on `ep`, which the signal must not overtake.
+    fn signal_by_copy(
+        &self,
+        c: &Connected,
+        pe: i32,
+        t: &AmoMemdesc,
+        size: u64,
+        ep: usize,
+    ) -> TResult<bool> {
+        if !self.cfg.signal_copy || !self.mover.policy().ipc {
+            return Ok(false);
+        }
+        let a = &c.eps[ep].peer[pe as usize];
+        if a.completed.load(Ordering::Acquire) < a.submitted.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let b = self.remote_blob(&t.remote, size, "signal")?;
+        let Some(desc) = self.remote_ipc(&t.remote, &b, "signal")? else {
+            return Ok(false);
+        };
+        let bytes = t.val.to_le_bytes();
+        // SAFETY: `bytes` lives through the call and an unregistered host source of at most
+        // INLINE_BYTES is taken at once (the inline ring); the remote range was checked against
+        // the peer's registration by `remote_target`.
+        let done = unsafe {
+            self.mover.transfer(
+                ep,
+                pe,
+                true,
+                bytes.as_ptr() as u64,
+                Kind::Host,
+                false,
+                &desc,
+                t.remote.ptr as u64,
+                size,
+            )
+        }
+        .map_err(|e| internal(format!("signal to PE {pe} through CUDA IPC: {e}")))?;
+        if done {
+            tracing::trace!("signal of {size} bytes to PE {pe}: enqueued on copy queue {ep}");
+        }
+        Ok(done)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -490,7 +490,9 @@ impl Transport {
             unsafe { self.amo(pe, sig_verb, sig, sig_bytes, ep) }
         };
         let waited = self.wait_group(c, ep, &g, "put_signal signal");
-        posted.and(waited)
+        // A same-host signal (and the data before it) may be on the copy queue.
+        posted.and(waited)?;
+        self.wait_copies(ep, "put_signal")
     }
 }
 
