@@ -111,8 +111,9 @@ impl Transport {
     /// against it. A provider ADD from another PE at the same moment may not, because the
     /// provider applies it as a read-modify-write from the host; that is already so for the
     /// GPU's own atomics. Complete at the endpoint's next quiet, like the provider's AMO.
-    /// `Ok(false)` when another means must carry it: `NVSHMEM_EFA_SIGNAL_COPY=0`, IPC off, not such memory, or provider
-    /// operations to `pe` still outstanding on `ep`, which the signal must not overtake.
+    /// `Ok(false)` when another means must carry it: `NVSHMEM_EFA_SIGNAL_COPY=0`, IPC off, not
+    /// such memory, or provider operations to `pe` still outstanding on `ep`, which the signal
+    /// must not overtake.
     fn signal_by_copy(
         &self,
         c: &Connected,
