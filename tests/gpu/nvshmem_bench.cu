@@ -38,8 +38,8 @@ struct BenchOut {
 };
 
 // Block b moves bytes [b * slice, (b + 1) * slice) of the message; out[b] gets its time.
-__global__ void bw_kernel(bool get, bool all_quiet, uint8_t *dst, const uint8_t *src, size_t slice, int iters,
-                          int peer, uint64_t cap_ns, BenchOut *out) {
+__global__ void bw_kernel(bool get, bool all_quiet, uint8_t *dst, const uint8_t *src,
+                          size_t slice, int iters, int peer, uint64_t cap_ns, BenchOut *out) {
     __shared__ int stop;
     __shared__ uint64_t t0;
     const size_t off = (size_t)blockIdx.x * slice;
