@@ -207,20 +207,19 @@ int main(int argc, char **argv) {
     }
 
     // One run of the kernel: <<<>>> or NVSHMEM's collective (cooperative) launch.
-    auto launch = [&](bool g, uint8_t *d, const uint8_t *s_, size_t sl, int it, int p, uint64_t cap,
-                      BenchOut *o) {
-        if (barrier) {
-            void *args[] = {&it, &o};
-            const int rc = nvshmemx_collective_launch((const void *)barrier_kernel, dim3(1),
-                                                      dim3(threads), args, 0, 0);
-            if (rc != 0) fatal(__FILE__, __LINE__, "nvshmemx_collective_launch failed: %d", rc);
-        } else if (collective) {
-            void *args[] = {&g, &all_quiet, &d, &s_, &sl, &it, &p, &cap, &o};
-            const int rc = nvshmemx_collective_launch((const void *)bw_kernel, dim3(blocks),
-                                                      dim3(threads), args, 0, 0);
+    // One run of the kernel (the barrier kernel in --op barrier, else bw_kernel on `slice` bytes
+    // per block): <<<>>> or NVSHMEM's collective (cooperative) launch.
+    auto launch = [&](size_t slice, int it, uint64_t cap) {
+        if (collective) {
+            int p = peer;
+            void *bw_args[] = {&get, &all_quiet, &dst, &src, &slice, &it, &p, &cap, &dout};
+            void *barrier_args[] = {&it, &dout};
+            const int rc = nvshmemx_collective_launch(
+                barrier ? (const void *)barrier_kernel : (const void *)bw_kernel, dim3(blocks),
+                dim3(threads), barrier ? barrier_args : bw_args, 0, 0);
             if (rc != 0) fatal(__FILE__, __LINE__, "nvshmemx_collective_launch failed: %d", rc);
         } else {
-            bw_kernel<<<blocks, threads>>>(g, all_quiet, d, s_, sl, it, p, cap, o);
+            bw_kernel<<<blocks, threads>>>(get, all_quiet, dst, src, slice, it, peer, cap, dout);
         }
         CK_LAUNCH();
     };
@@ -251,9 +250,9 @@ int main(int argc, char **argv) {
         const size_t slice = size / blocks;
         if (runs) {
             int warm = std::min(iters, 32);
-            launch(get, dst, src, slice, warm, peer, (uint64_t)(warm_cap_ms * 1e6), dout);
+            launch(slice, warm, (uint64_t)(warm_cap_ms * 1e6));
             CK(cudaDeviceSynchronize());
-            launch(get, dst, src, slice, iters, peer, (uint64_t)(cap_ms * 1e6), dout);
+            launch(slice, iters, (uint64_t)(cap_ms * 1e6));
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(h.data(), dout, sizeof(BenchOut) * blocks, cudaMemcpyDeviceToHost));
         }

@@ -46,6 +46,17 @@ struct KStatus {
     unsigned first;
 };
 
+// Ends a poster's loop: quiet, then counts the poster as failed (first status kept) when a put
+// (`s`, the first put error) or the quiet returned an error.
+__device__ void quiet_and_count(unsigned s, KStatus *st) {
+    const unsigned q = gda::quiet();
+    if (q != 0u && s == 0u) s = q;
+    if (s != 0u) {
+        atomicAdd(&st->bad, 1u);
+        atomicCAS(&st->first, 0u, s);
+    }
+}
+
 // Message m goes to window slot m % slots; warp w posts messages w, w + nwarps, ...
 __global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs, int slots,
                                int peer, KStatus *st) {
@@ -57,14 +68,7 @@ __global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, in
         const unsigned r = gda::put_nbi_warp(dst + off, src + off, size, peer);
         if (r != 0u && s == 0u) s = r;
     }
-    if (threadIdx.x % 32 == 0) {
-        const unsigned q = gda::quiet();
-        if (q != 0u && s == 0u) s = q;
-        if (s != 0u) {
-            atomicAdd(&st->bad, 1u);
-            atomicCAS(&st->first, 0u, s);
-        }
-    }
+    if (threadIdx.x % 32 == 0) quiet_and_count(s, st);
 }
 
 // Thread scope: message m goes to slot m % slots; thread t posts messages t, t + nthreads, ...
@@ -82,12 +86,7 @@ __global__ void gda_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t s
         const unsigned r = gda::put_nbi(dst + off, src + off, size, peer);
         if (r != 0u && s == 0u) s = r;
     }
-    const unsigned q = gda::quiet();
-    if (q != 0u && s == 0u) s = q;
-    if (s != 0u) {
-        atomicAdd(&st->bad, 1u);
-        atomicCAS(&st->first, 0u, s);
-    }
+    quiet_and_count(s, st);
 }
 
 __global__ void nvshmem_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
