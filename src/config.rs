@@ -93,6 +93,15 @@ pub struct Config {
     /// write on the copy queue behind the puts (default), or always through the provider's
     /// atomics (`0`).
     pub signal_copy: bool,
+    /// `NVSHMEM_EFA_AMO_KERNEL`: non-fetching atomics (`SIGNAL_ADD`, `ADD`, `INC`, `AND`, `OR`,
+    /// `XOR`, `SET`) to same-host GPU memory as a one-thread kernel of the library's on a stream
+    /// ordered after the puts (`1`), or through the provider's atomics (default). Off by default:
+    /// an atomic whose kernel cannot start in time is taken over by the host, and that one is not
+    /// atomic against other PEs' kernel atomics on the same word (see `mover::amo`).
+    pub amo_kernel: bool,
+    /// `NVSHMEM_EFA_AMO_KERNEL_STUCK_US`: how long such a kernel may stay unstarted before the
+    /// host takes its atomic over (the application's kernels hold every SM).
+    pub amo_kernel_stuck: Duration,
 }
 
 /// A bad environment variable.
@@ -238,6 +247,8 @@ impl Config {
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
             signal_copy: true,
+            amo_kernel: false,
+            amo_kernel_stuck: Duration::from_millis(10),
             soft_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
@@ -329,6 +340,17 @@ impl Config {
         if let Some(b) = vars.bool("NVSHMEM_EFA_SIGNAL_COPY")? {
             c.signal_copy = b;
         }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_AMO_KERNEL")? {
+            c.amo_kernel = b;
+        }
+        if let Some(us) = vars.u64(
+            "NVSHMEM_EFA_AMO_KERNEL_STUCK_US",
+            (0, 60_000_000),
+            any,
+            "microseconds, 0 to 60000000",
+        )? {
+            c.amo_kernel_stuck = Duration::from_micros(us);
+        }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_RX_OVERWRITE")? {
             c.soft_rx_overwrite = b;
         }
@@ -408,6 +430,23 @@ mod tests {
             assert!(flag(&cfg(&[(var, "1")]).unwrap()), "{var}=1");
             assert_eq!(cfg(&[(var, "maybe")]).unwrap_err().var, var);
         }
+    }
+
+    #[test]
+    fn amo_kernel_switch_and_stuck_limit() {
+        let c = cfg(&[]).unwrap();
+        assert!(!c.amo_kernel, "off by default");
+        assert_eq!(c.amo_kernel_stuck, Duration::from_millis(10));
+        let c = cfg(&[
+            ("NVSHMEM_EFA_AMO_KERNEL", "1"),
+            ("NVSHMEM_EFA_AMO_KERNEL_STUCK_US", "0"),
+        ])
+        .unwrap();
+        assert!(c.amo_kernel);
+        assert_eq!(c.amo_kernel_stuck, Duration::ZERO);
+        let e = cfg(&[("NVSHMEM_EFA_AMO_KERNEL_STUCK_US", "-1")]).unwrap_err();
+        assert_eq!(e.var, "NVSHMEM_EFA_AMO_KERNEL_STUCK_US");
+        assert!(cfg(&[("NVSHMEM_EFA_AMO_KERNEL", "maybe")]).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 pub mod ipc;
+pub mod kernel;
 pub mod stream;
 pub mod vmm;
 

@@ -1,6 +1,7 @@
 //! Asynchronous copies on a non-blocking stream of its own, and events to poll their completion
 //! without blocking: the copy engine runs many copies per synchronisation, and nothing here waits
-//! on the legacy default stream (which would wait for the application's running kernels).
+//! on the legacy default stream (which would wait for the application's running kernels). The
+//! library's one kernel ([`super::kernel`]) runs on such a stream too.
 use cudarc::driver::sys;
 
 use super::{check, ContextGuard, ContextObject, CudaError, CudaResult};
@@ -255,6 +256,23 @@ impl CopyStream {
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check(other, || "cuStreamQuery".into()).map(|()| true),
         }
+    }
+
+    /// Makes work enqueued on this stream from now on wait until the work before `ev`'s last
+    /// record (on any stream of the same context) has completed (`cuStreamWaitEvent`; never blocks
+    /// the host).
+    pub fn wait(&self, ev: &Event) -> CudaResult<()> {
+        let _g = ContextGuard::enter(self.obj.ctx)?;
+        // SAFETY: both handles belong to this process and to the pushed context.
+        check(
+            unsafe { sys::cuStreamWaitEvent(self.stream(), ev.event(), 0) },
+            || "cuStreamWaitEvent".into(),
+        )
+    }
+
+    /// The driver's handle, for launches on this stream ([`super::kernel`]).
+    pub(crate) fn handle(&self) -> sys::CUstream {
+        self.stream()
     }
 
     /// Records `ev` after everything enqueued so far.

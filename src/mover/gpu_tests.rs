@@ -8,11 +8,13 @@ use std::ffi::c_void;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use super::amo::{AmoRequest, Launch};
 use super::engine::Mover;
 use super::fdshare;
 use super::handle::{Export, HostId, IpcDesc};
 use super::queue::{CopyQueue, CudaEngine};
 use super::{Kind, Means, Policy};
+use crate::cuda::kernel::AmoOp;
 use crate::cuda::vmm::VmmBuffer;
 use crate::cuda::{self, DeviceBuffer};
 
@@ -106,6 +108,207 @@ fn registration_decides_kind_and_exports_device_memory() {
     assert_eq!(IpcDesc::decode(&d.encode()), Ok(Some(d)));
     let host = vec![0u8; 4096];
     assert_eq!(m.register(host.as_ptr() as u64, 4096).kind, Kind::Host);
+}
+
+/// A request for the tests (only its identity matters to the mover).
+fn req(op: i32) -> AmoRequest {
+    AmoRequest {
+        pe: 1,
+        op,
+        elembytes: 8,
+        val: 0,
+        cmp: 0,
+        retptr: 0,
+        ret_handle: 0,
+        ret_by_host: false,
+        remote: (0, 0, 0),
+        ep: 0,
+    }
+}
+
+/// Every op on 8- and 4-byte words of `word`'s PE (`remote`: the same word mapped here), starting
+/// from a value put through the copy queue just before (the kernel must run after it); checked
+/// against the same ops done on the host. Returns the word's final value, after every kernel has
+/// been settled.
+fn kernel_ops_land(m: &Mover, pe: i32, d: &IpcDesc, word: u64, remote: u64, scratch: u64) -> u64 {
+    let deadline = || Some(Instant::now() + Duration::from_secs(10));
+    let start = 0x0f0f_0f0f_0f0f_0f0fu64;
+    let mut last = 0;
+    let ops: [(AmoOp, u64); 6] = [
+        (AmoOp::Add, 5),
+        (AmoOp::Xor, 0xff00),
+        (AmoOp::And, 0xffff_0000_ffff_fff0),
+        (AmoOp::Or, 0x1_0000_0000_0003),
+        (AmoOp::Add, u64::MAX), // minus one, wrapping
+        (AmoOp::Set, 0x1234_5678_9abc_def0),
+    ];
+    for size in [8u32, 4] {
+        let mut want = start;
+        let mask = if size == 8 { u64::MAX } else { 0xffff_ffff };
+        // SAFETY: the word lies in the open region; the value is taken at once.
+        unsafe { m.copy_inline(0, remote, &start.to_le_bytes()).unwrap() };
+        for (i, &(op, v)) in ops.iter().enumerate() {
+            let launched = m
+                .kernel_amo(0, pe, d, word, op, size, v & mask, req(i as i32))
+                .unwrap();
+            assert_eq!(launched, Launch::Launched, "{op:?} on {size} bytes");
+            want = match op {
+                AmoOp::Add => (want & mask).wrapping_add(v & mask) & mask | (want & !mask),
+                AmoOp::And => want & (v | !mask),
+                AmoOp::Or => want | (v & mask),
+                AmoOp::Xor => want ^ (v & mask),
+                AmoOp::Set => (want & !mask) | (v & mask),
+                AmoOp::Cas => unreachable!("not in the list"),
+            };
+        }
+        let settled = m.settle_amos(0, deadline()).unwrap();
+        assert!(settled.take_over.is_empty(), "taken over: {settled:?}");
+        // SAFETY: both ranges live until quiet.
+        unsafe { m.copy(0, scratch, remote, 8).unwrap() };
+        m.quiet(0, Instant::now() + Duration::from_secs(10))
+            .unwrap();
+        let got = u64::from_le_bytes(d2h(scratch, 8).try_into().unwrap());
+        assert_eq!(got, want, "{size}-byte ops: {got:#x}, want {want:#x}");
+        last = got;
+    }
+    last
+}
+
+#[test]
+fn kernel_atomics_apply_every_op_after_earlier_copies() {
+    let Some((m, buf)) = mover_and_buffer() else {
+        return;
+    };
+    m.set_peers(0, vec![HostId::local(), HostId::local()]);
+    let d = m.register(buf.ptr(), LEN as u64).ipc.expect("export");
+    m.prepare_kernel_amos(Duration::from_secs(10)).unwrap();
+    assert!(m.kernel_amos());
+    // A word of "PE 1" that is this process's own memory: resolve gives its own address.
+    let word = buf.ptr() + 4096;
+    let last = kernel_ops_land(&m, 1, &d, word, word, buf.ptr() + 8192);
+    assert_eq!(m.amo_counts(), (12, 0));
+    // Fetching ops: the old value into GPU memory (stored by the kernel) and into host memory
+    // (through the slot, handed back by settle); compare-and-swap that matches and one that does
+    // not.
+    let dev_ret = buf.ptr() + 12288;
+    let mut host_ret = Box::new(0u64);
+    // The transport writes host results at settle; the mover only hands them back.
+    let fetch = |op, retptr: u64, cmp| AmoRequest {
+        retptr,
+        cmp,
+        ..req(op)
+    };
+    let host_ptr = &mut *host_ret as *mut u64 as u64;
+    let launches = [
+        (AmoOp::Add, 10, fetch(14, dev_ret, 0)),
+        (AmoOp::Cas, 77, fetch(19, host_ptr, last + 10)),
+        (AmoOp::Cas, 99, fetch(19, dev_ret + 8, 5)),
+    ];
+    for (op, v, r) in launches {
+        assert_eq!(
+            m.kernel_amo(0, 1, &d, word, op, 8, v, r).unwrap(),
+            Launch::Launched
+        );
+    }
+    let settled = m
+        .settle_amos(0, Some(Instant::now() + Duration::from_secs(10)))
+        .unwrap();
+    assert!(settled.take_over.is_empty());
+    assert_eq!(
+        settled.results.len(),
+        1,
+        "only the host-memory fetch comes back"
+    );
+    let (r, v) = settled.results[0];
+    assert!(r.ret_by_host && r.retptr == host_ptr);
+    assert_eq!(v, last + 10, "CAS fetched the value after the add");
+    let got = d2h(dev_ret, 16);
+    assert_eq!(
+        u64::from_le_bytes(got[..8].try_into().unwrap()),
+        last,
+        "fetch-add's old value"
+    );
+    assert_eq!(
+        u64::from_le_bytes(got[8..].try_into().unwrap()),
+        77,
+        "failed CAS's old value"
+    );
+    assert_eq!(
+        d2h(word, 8),
+        77u64.to_le_bytes(),
+        "the matching CAS swapped, the other did not"
+    );
+    assert_eq!(*host_ret, 0, "the mover leaves host memory to its caller");
+    // Outside the registered region: an error, nothing launched.
+    assert!(m
+        .kernel_amo(0, 1, &d, buf.ptr() + LEN as u64, AmoOp::Add, 8, 1, req(0))
+        .is_err());
+    m.close_peers();
+}
+
+/// A kernel that cannot start (its stream waits for a long run of copies) is taken over by the
+/// host at the stuck limit (zero here): the host gets the request back, and the kernel, when it
+/// runs, leaves the target alone and frees its slot.
+#[test]
+fn a_kernel_atomic_that_cannot_start_is_taken_over_and_applied_once() {
+    if !cuda_context() {
+        return;
+    }
+    let m = Mover::new(policy(), 2);
+    m.set_context(cuda::current_context());
+    m.set_peers(0, vec![HostId::local(), HostId::local()]);
+    let big = 64usize << 20;
+    let (a, b) = (
+        DeviceBuffer::new(big).unwrap(),
+        DeviceBuffer::new(big).unwrap(),
+    );
+    let target = DeviceBuffer::new(4096).unwrap();
+    let d = m.register(target.ptr(), 4096).ipc.expect("export");
+    m.prepare_kernel_amos(Duration::ZERO).unwrap();
+    // About 4 GiB of device copies ahead of the kernel: milliseconds.
+    for _ in 0..64 {
+        // SAFETY: both buffers live until the quiet below.
+        unsafe { m.copy(0, b.ptr(), a.ptr(), big).unwrap() };
+    }
+    let t = Instant::now();
+    assert_eq!(
+        m.kernel_amo(0, 1, &d, target.ptr(), AmoOp::Add, 8, 5, req(42))
+            .unwrap(),
+        Launch::Launched
+    );
+    let taken = m
+        .settle_amos(0, Some(Instant::now() + Duration::from_secs(10)))
+        .unwrap()
+        .take_over;
+    let settled_in = t.elapsed();
+    m.poll(0);
+    assert!(
+        m.outstanding(0) > 0,
+        "the copies ended before the host looked ({settled_in:?}): nothing was tested"
+    );
+    assert_eq!(taken, vec![req(42)], "the host takes it over");
+    m.quiet(0, Instant::now() + Duration::from_secs(30))
+        .unwrap();
+    // The kernel runs now, finds the host's flag and leaves the target alone.
+    let t = Instant::now();
+    loop {
+        assert!(m.settle_amos(0, None).unwrap().take_over.is_empty());
+        if m.amo_in_flight(0) == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the late kernel never ran"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        d2h(target.ptr(), 8),
+        [0u8; 8],
+        "the late kernel applied it too"
+    );
+    assert_eq!(m.amo_counts(), (0, 1));
+    m.close_peers();
 }
 
 /// Starts the second process ([`ipc_child`]) on descriptor `d` and waits for it to succeed.
@@ -318,6 +521,49 @@ fn ipc_child() {
     unsafe { m.copy(0, local.ptr(), remote + 8 * (1999 % 64), 8).unwrap() };
     m.quiet(0, deadline()).unwrap();
     assert_eq!(d2h(local.ptr(), 8), value.to_le_bytes(), "inline put lost");
+    // Kernel atomics on the parent's memory (this GPU's atomics through the mapping), then their
+    // cost: one launch settled at once, and 1000 launches settled together.
+    m.prepare_kernel_amos(Duration::from_secs(10)).unwrap();
+    let before = kernel_ops_land(&m, 1, &d, d.region_base, remote, local.ptr());
+    let settle = || {
+        let settled = m
+            .settle_amos(0, Some(Instant::now() + Duration::from_secs(10)))
+            .unwrap();
+        assert!(settled.take_over.is_empty());
+    };
+    let t = Instant::now();
+    for i in 0..1000 {
+        assert_eq!(
+            m.kernel_amo(0, 1, &d, d.region_base, AmoOp::Add, 8, 1, req(i))
+                .unwrap(),
+            Launch::Launched
+        );
+        settle();
+    }
+    let one = t.elapsed() / 1000;
+    let t = Instant::now();
+    for i in 0..1000 {
+        // Slots run out at 256 pending: the mover declines, the caller settles and retries.
+        while m
+            .kernel_amo(0, 1, &d, d.region_base, AmoOp::Add, 8, 1, req(i))
+            .unwrap()
+            == Launch::NoSlot
+        {
+            settle();
+        }
+    }
+    settle();
+    let many = t.elapsed() / 1000;
+    report += &format!(
+        "  kernel atomic: {:8.1} us launch+settle, {:8.1} us each of 1000 settled together\n",
+        one.as_secs_f64() * 1e6,
+        many.as_secs_f64() * 1e6
+    );
+    // SAFETY: as above.
+    unsafe { m.copy(0, local.ptr(), remote, 8).unwrap() };
+    m.quiet(0, deadline()).unwrap();
+    let want = before + 2000;
+    assert_eq!(d2h(local.ptr(), 8), want.to_le_bytes(), "kernel adds lost");
     // Put the final pattern for the parent to check.
     h2d(local.ptr(), &pattern(2, region));
     // SAFETY: as above.

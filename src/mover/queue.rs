@@ -347,6 +347,19 @@ impl CudaEngine {
     }
 }
 
+impl CopyQueue<CudaEngine> {
+    /// Records `ev` on the queue's stream after every copy submitted so far, when some may still
+    /// be running (`Ok(false)`, nothing recorded, when none is outstanding): work that waits for
+    /// `ev` runs after them.
+    pub fn record_order(&mut self, ev: &Event) -> MResult<bool> {
+        if self.outstanding() == 0 {
+            return Ok(false);
+        }
+        self.engine.stream.record(ev)?;
+        Ok(true)
+    }
+}
+
 impl CopyEngine for CudaEngine {
     unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
         // SAFETY: the caller's guarantee.

@@ -53,9 +53,11 @@ pub enum Stage {
     IpcQuiet,
     /// A quiet of the transport (whole wait).
     Quiet,
+    /// A kernel atomic launched (ordering event, stream wait, launch).
+    KernelAmo,
 }
 
-const STAGES: usize = 12;
+const STAGES: usize = 13;
 const NAMES: [&str; STAGES] = [
     "slot_wait",
     "copy_out",
@@ -69,6 +71,7 @@ const NAMES: [&str; STAGES] = [
     "ipc_submit",
     "ipc_quiet",
     "quiet",
+    "kernel_amo",
 ];
 
 #[derive(Default)]
@@ -218,6 +221,7 @@ const STAGE_LIST: [Stage; STAGES] = [
     Stage::IpcSubmit,
     Stage::IpcQuiet,
     Stage::Quiet,
+    Stage::KernelAmo,
 ];
 
 #[cfg(test)]

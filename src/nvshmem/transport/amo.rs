@@ -1,8 +1,9 @@
 //! Atomics: provider atomics and target-applied AMOs (requests applied in the target's progress path).
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
-use super::abi::{self, amo, AmoMemdesc};
+use super::abi::{self, amo, AmoMemdesc, MemHandle, RmaMemdesc};
 use super::am::{AmMsg, AM_MAGIC, AM_REQ};
 use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
 use super::memory::is_device;
@@ -10,7 +11,9 @@ use super::provider_ops::{provider_op, ProviderAmo};
 use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
 use crate::cuda;
+use crate::cuda::kernel::AmoOp;
 use crate::fabric::Provider;
+use crate::mover::amo::{AmoRequest, Launch};
 use crate::mover::Kind;
 
 impl Transport {
@@ -26,13 +29,28 @@ impl Transport {
         elembytes: i32,
         ep: usize,
     ) -> TResult<()> {
-        let c = self.conn()?;
-        self.check_pe(c, pe)?;
         if target.is_null() {
             return Err(invalid("amo: null descriptor"));
         }
         // SAFETY: non-null descriptor from NVSHMEM.
         let t = unsafe { *target };
+        self.amo_desc(pe, verb.op, &t, elembytes, ep, true)
+    }
+
+    /// [`Transport::amo`] on a descriptor read already. `fast`: same-host GPU memory may take the
+    /// copy queue (signals) or the atomic kernel; without, the atomic goes the provider's or the
+    /// target's way (an atomic the host took over from a kernel that did not start).
+    fn amo_desc(
+        &self,
+        pe: i32,
+        opc: i32,
+        t: &AmoMemdesc,
+        elembytes: i32,
+        ep: usize,
+        fast: bool,
+    ) -> TResult<()> {
+        let c = self.conn()?;
+        self.check_pe(c, pe)?;
         if elembytes != 4 && elembytes != 8 {
             return Err(invalid(format!("amo: size {elembytes} (4 or 8)")));
         }
@@ -43,16 +61,13 @@ impl Transport {
                 t.remote.ptr
             )));
         }
-        let fetch = verb.op > amo::END_OF_NONFETCH;
-        let known = matches!(verb.op, amo::INC..=amo::SIGNAL_ADD | amo::FETCH..=amo::COMPARE_SWAP);
+        let fetch = opc > amo::END_OF_NONFETCH;
+        let known = matches!(opc, amo::INC..=amo::SIGNAL_ADD | amo::FETCH..=amo::COMPARE_SWAP);
         if !known {
-            return Err(invalid(format!("amo: unsupported op {}", verb.op)));
+            return Err(invalid(format!("amo: unsupported op {}", opc)));
         }
         if fetch && t.retptr.is_null() {
-            return Err(invalid(format!(
-                "amo: fetching op {} without retptr",
-                verb.op
-            )));
+            return Err(invalid(format!("amo: fetching op {} without retptr", opc)));
         }
         if fetch && (t.retptr as u64).checked_add(size).is_none() {
             return Err(invalid(format!(
@@ -63,26 +78,39 @@ impl Transport {
         let (raddr, key) = self.remote_target(&t.remote, size, ep, "amo")?;
         tracing::trace!(
             "amo: pe {pe} op {} {size} bytes at {:p}, endpoint {ep}",
-            verb.op,
+            opc,
             t.remote.ptr
         );
-        // A signal to same-host GPU memory goes behind the same-host puts on the copy queue.
-        if matches!(verb.op, amo::SIGNAL | amo::SIGNAL_SET)
-            && self.signal_by_copy(c, pe, &t, size, ep)?
-        {
-            return Ok(());
+        let val = match opc {
+            amo::INC | amo::FETCH_INC => 1,
+            _ => t.val,
+        };
+        if fast {
+            // A signal to same-host GPU memory goes behind the same-host puts on the copy queue;
+            // another non-fetching atomic to it is a kernel ordered after them. A signal does not
+            // take the copy queue while kernel atomics are pending: it would pass them.
+            if matches!(opc, amo::SIGNAL | amo::SIGNAL_SET)
+                && self.mover.amo_in_flight(ep) == 0
+                && self.signal_by_copy(c, pe, t, size, ep)?
+            {
+                return Ok(());
+            }
+            if self.amo_by_kernel(c, pe, opc, t, val, size, ep)? {
+                return Ok(());
+            }
+        }
+        // Atomics stay in the order they were issued on an endpoint: kernel atomics still
+        // pending are decided (and those taken over posted) before this one goes another way.
+        if self.mover.amo_in_flight(ep) > 0 {
+            self.settle_kernel_amos(ep, Some(Instant::now() + self.cfg.quiet_timeout))?;
         }
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
         // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
         self.wait_copies(ep, "amo: earlier puts")?;
-        let val = match verb.op {
-            amo::INC | amo::FETCH_INC => 1,
-            _ => t.val,
-        };
         if self.use_provider_atomics {
-            if let Some(pop) = provider_op(verb.op, elembytes) {
+            if let Some(pop) = provider_op(opc, elembytes) {
                 let (a, f, cmp) = c.eps[ep].ep.atomic_valid(pop.datatype, pop.op);
-                let ok = if verb.op == amo::COMPARE_SWAP {
+                let ok = if opc == amo::COMPARE_SWAP {
                     cmp
                 } else if fetch || self.provider == Provider::Shm {
                     f
@@ -90,17 +118,172 @@ impl Transport {
                     a
                 };
                 if ok {
-                    return self.amo_provider(c, pe, verb.op, pop, &t, val, raddr, key, size, ep);
+                    return self.amo_provider(c, pe, opc, pop, t, val, raddr, key, size, ep);
                 }
                 if self.cfg.atomics == AtomicsPath::Provider {
                     return Err(invalid(format!(
                         "amo: provider {} cannot do op {} on {size}-byte values",
-                        self.provider, verb.op
+                        self.provider, opc
                     )));
                 }
             }
         }
-        self.amo_target(c, pe, verb.op, &t, val, size, ep)
+        self.amo_target(c, pe, opc, t, val, size, ep)
+    }
+
+    /// An atomic to same-host GPU memory open here through CUDA IPC, as one launch of the mover's
+    /// atomic kernel ([`crate::mover::amo`]) ordered after the endpoint's copies; a fetched value
+    /// lands at `retptr` by the quiet that settles it. Complete at the endpoint's next quiet, which
+    /// first settles it: applied by the kernel, or taken over by the host (the kernel did not start
+    /// within `NVSHMEM_EFA_AMO_KERNEL_STUCK_US`) and carried the provider's way then. Provider
+    /// operations to `pe` still outstanding on `ep` are waited for first (the kernel must not
+    /// pass them). `Ok(false)` when another means must carry it: `NVSHMEM_EFA_AMO_KERNEL` off, no
+    /// kernel, not such memory, no native atomics to it, a result buffer the kernel cannot reach,
+    /// or the lane in host mode after a take-over.
+    #[allow(clippy::too_many_arguments)]
+    fn amo_by_kernel(
+        &self,
+        c: &Connected,
+        pe: i32,
+        opc: i32,
+        t: &AmoMemdesc,
+        val: u64,
+        size: u64,
+        ep: usize,
+    ) -> TResult<bool> {
+        if !self.mover.kernel_amos() {
+            return Ok(false);
+        }
+        let (op, operand) = match opc {
+            amo::INC | amo::ADD | amo::SIGNAL_ADD | amo::FETCH_INC | amo::FETCH_ADD => {
+                (AmoOp::Add, val)
+            }
+            amo::AND | amo::FETCH_AND => (AmoOp::And, val),
+            amo::OR | amo::FETCH_OR => (AmoOp::Or, val),
+            amo::XOR | amo::FETCH_XOR => (AmoOp::Xor, val),
+            amo::SET | amo::SIGNAL | amo::SIGNAL_SET | amo::SWAP => (AmoOp::Set, val),
+            amo::FETCH => (AmoOp::Or, 0),
+            amo::COMPARE_SWAP => (AmoOp::Cas, val),
+            _ => return Ok(false),
+        };
+        let b = self.remote_blob(&t.remote, size, "amo")?;
+        let Some(desc) = self.remote_ipc(&t.remote, &b, "amo")? else {
+            return Ok(false);
+        };
+        let deadline = Instant::now() + self.cfg.quiet_timeout;
+        let a = &c.eps[ep].peer[pe as usize];
+        let earlier = a.submitted.load(Ordering::Acquire);
+        if a.completed.load(Ordering::Acquire) < earlier {
+            let completed = || a.completed.load(Ordering::Acquire);
+            self.drive_until(
+                c,
+                ep,
+                earlier,
+                completed,
+                deadline,
+                || {},
+                |n| {
+                    format!(
+                    "amo to PE {pe}: {n} earlier operation(s) to it on endpoint {ep} not complete \
+                     after {:?}",
+                    self.cfg.quiet_timeout
+                )
+                },
+            )?;
+        }
+        let fetch = opc > amo::END_OF_NONFETCH;
+        let req = AmoRequest {
+            pe,
+            op: opc,
+            elembytes: size as i32,
+            val: t.val,
+            cmp: t.cmp,
+            retptr: if fetch { t.retptr as u64 } else { 0 },
+            ret_handle: t.ret_handle as u64,
+            ret_by_host: false,
+            remote: (t.remote.ptr as u64, t.remote.offset, t.remote.handle as u64),
+            ep,
+        };
+        for _ in 0..3 {
+            let launch = self
+                .mover
+                .kernel_amo(
+                    ep,
+                    pe,
+                    &desc,
+                    t.remote.ptr as u64,
+                    op,
+                    size as u32,
+                    operand,
+                    req,
+                )
+                .map_err(|e| internal(format!("amo to PE {pe} by kernel: {e}")))?;
+            match launch {
+                Launch::Launched => {
+                    tracing::trace!("amo op {opc} of {size} bytes to PE {pe}: kernel on lane {ep}");
+                    return Ok(true);
+                }
+                // Every slot pending: decide them (frees their slots), then try again.
+                Launch::NoSlot => self.settle_kernel_amos(ep, Some(deadline))?,
+                Launch::HostMode | Launch::NotHere => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Settles endpoint `ep`'s kernel atomics ([`crate::mover::engine::Mover::settle_amos`]):
+    /// with `until`, waits until each is applied or taken over (quiet); without, one look that
+    /// never blocks (progress). Atomics the host took over go the provider's or the target's way
+    /// now, so a quiet that settles first waits for them too.
+    pub(super) fn settle_kernel_amos(&self, ep: usize, until: Option<Instant>) -> TResult<()> {
+        // Progress looks only when something is pending; with kernel atomics on, a quiet always
+        // takes the guard, so that it waits for a take-over another thread is still handing on.
+        if !self.cfg.amo_kernel || (until.is_none() && self.mover.amo_in_flight(ep) == 0) {
+            return Ok(());
+        }
+        // Held until the taken-over atomics are posted: a quiet in another thread waits here for
+        // them, and then counts them among the operations it waits for.
+        let Some(_carry) = self.mover.amo_carry(ep, until.is_some()) else {
+            return Ok(());
+        };
+        let settled = self
+            .mover
+            .settle_amos(ep, until)
+            .map_err(|e| internal(format!("kernel atomics on endpoint {ep}: {e}")))?;
+        for (r, v) in settled.results {
+            // SAFETY: a fetch's result buffer in host memory, valid until quiet (NVSHMEM's
+            // contract for retptr), `elembytes` long; written unaligned-safe.
+            unsafe {
+                if r.elembytes == 4 {
+                    std::ptr::write_unaligned(r.retptr as *mut u32, v as u32);
+                } else {
+                    std::ptr::write_unaligned(r.retptr as *mut u64, v);
+                }
+            }
+        }
+        for r in settled.take_over {
+            let t = AmoMemdesc {
+                remote: RmaMemdesc {
+                    ptr: r.remote.0 as *mut c_void,
+                    offset: r.remote.1,
+                    handle: r.remote.2 as *mut MemHandle,
+                },
+                retflag: 0,
+                retptr: r.retptr as *mut c_void,
+                valptr: std::ptr::null_mut(),
+                cmpptr: std::ptr::null_mut(),
+                val: r.val,
+                cmp: r.cmp,
+                ret_handle: r.ret_handle as *mut MemHandle,
+            };
+            tracing::debug!(
+                "amo op {} to PE {}: taken over from its kernel, carried another way",
+                r.op,
+                r.pe
+            );
+            self.amo_desc(r.pe, r.op, &t, r.elembytes, r.ep, false)?;
+        }
+        Ok(())
     }
 
     /// A signal (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory that this process has open

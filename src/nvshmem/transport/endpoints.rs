@@ -555,6 +555,16 @@ impl Transport {
         cuda::set_fallback_context(cuda::current_context());
         self.mover.set_context(cuda::current_context());
         self.mover.set_peers(my_pe, hosts);
+        let peers_here = (0..n_pes)
+            .filter(|&p| p != my_pe && self.mover.same_host(p))
+            .count();
+        if self.cfg.amo_kernel && self.mover.policy().ipc && peers_here > 0 {
+            if let Err(e) = self.mover.prepare_kernel_amos(self.cfg.amo_kernel_stuck) {
+                tracing::warn!(
+                    "kernel atomics: {e}; atomics to same-host GPU memory take the provider's path"
+                );
+            }
+        }
         if self.cfg.progress_thread {
             self.start_progress_thread();
         }

@@ -373,6 +373,12 @@ impl Transport {
             }
         }
         tracing::debug!("data path stages: {}", self.mover.stats().summary());
+        let (applied, taken) = self.mover.amo_counts();
+        if applied + taken > 0 {
+            tracing::debug!(
+                "kernel atomics: {applied} applied by the kernel, {taken} taken over by the host"
+            );
+        }
         self.mover.close_peers();
     }
 }

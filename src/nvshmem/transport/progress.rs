@@ -97,6 +97,12 @@ impl Transport {
                 n
             }
         };
+        // Kernel atomics whose kernel has not started in time are taken over here as well, so an
+        // atomic that nobody quiets (a GPU waiting for it while its kernels hold every SM) lands.
+        if let Err(err) = self.settle_kernel_amos(i, None) {
+            tracing::error!("endpoint {i}: {err}");
+            e.record_error(err.to_string());
+        }
         self.flush_am_pending(c, i);
         handled += self.drain_backlogs(c, i);
         self.check_peers(c);

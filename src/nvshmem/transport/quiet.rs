@@ -1,5 +1,6 @@
 //! quiet / fence: wait, bounded, for every operation posted on an endpoint before the call: the
-//! same-host copies of the endpoint's copy queue, then the fabric operations.
+//! kernel atomics of the endpoint (settled: applied, or taken over and posted the provider's way),
+//! the same-host copies of the endpoint's copy queue, then the fabric operations.
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -16,9 +17,11 @@ impl Transport {
         };
         self.check_alive()?;
         let e = &c.eps[ep];
-        let target = e.submitted.load(Ordering::Acquire);
         let deadline = Instant::now() + self.cfg.quiet_timeout;
         let t = self.mover.stats().start();
+        // Kernel atomics first: those the host takes over are posted now and counted below.
+        self.settle_kernel_amos(ep, Some(deadline))?;
+        let target = e.submitted.load(Ordering::Acquire);
         // Same-host copies (they need no progress of this endpoint; an error or the deadline ends
         // the wait with an error, never a hang).
         self.mover
@@ -46,6 +49,8 @@ impl Transport {
             )
         })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
+        // Atomics the host took over from kernels are complete now.
+        self.mover.end_amo_host_mode(ep);
         tracing::trace!("quiet: endpoint {ep} done");
         match take_failure(e, &e.peer) {
             Some(msg) => Err(internal(format!(
@@ -70,8 +75,10 @@ impl Transport {
         tracing::trace!("quiet: pe {pe}, endpoint {ep}");
         let e = &c.eps[ep];
         let a = &e.peer[pe as usize];
-        let target = a.submitted.load(Ordering::Acquire);
         let deadline = Instant::now() + self.cfg.quiet_timeout;
+        // Kernel atomics of the endpoint (to any PE; they need no peer to be decided) first.
+        self.settle_kernel_amos(ep, Some(deadline))?;
+        let target = a.submitted.load(Ordering::Acquire);
         // Same-host copies of this endpoint first (the copy queue is not per peer; copies need no
         // peer to make progress, so a dead peer cannot hold this wait up).
         self.mover
@@ -99,7 +106,7 @@ impl Transport {
     /// round of progress); past `deadline` fails with the error `late` words for the number of
     /// operations still outstanding.
     #[allow(clippy::too_many_arguments)]
-    fn drive_until(
+    pub(super) fn drive_until(
         &self,
         c: &Connected,
         ep: usize,
