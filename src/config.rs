@@ -93,9 +93,9 @@ pub struct Config {
     /// write on the copy queue behind the puts (default), or always through the provider's
     /// atomics (`0`).
     pub signal_copy: bool,
-    /// `NVSHMEM_EFA_AMO_KERNEL`: non-fetching atomics (`SIGNAL_ADD`, `ADD`, `INC`, `AND`, `OR`,
-    /// `XOR`, `SET`) to same-host GPU memory as a one-thread kernel of the library's on a stream
-    /// ordered after the puts (`1`), or through the provider's atomics (default). Off by default:
+    /// `NVSHMEM_EFA_AMO_KERNEL`: every atomic (fetching or not) to same-host GPU memory as a
+    /// one-thread kernel of the library's on a stream ordered after the puts (`1`), or through the
+    /// provider's atomics (default). Off by default:
     /// an atomic whose kernel cannot start in time is taken over by the host, and that one is not
     /// atomic against other PEs' kernel atomics on the same word (see `mover::amo`).
     pub amo_kernel: bool,

@@ -210,6 +210,8 @@ pub struct KernelAmos {
     /// transport's next full quiet, when the host's operations have completed), launches are
     /// declined, so that no kernel atomic runs beside one the host carries.
     host_mode: bool,
+    /// The first take-over was logged as a warning (later ones at debug level).
+    warned: bool,
     /// Applied by kernels (for the log).
     pub applied: u64,
     /// Taken over by the host.
@@ -259,6 +261,7 @@ impl KernelAmos {
             slots,
             pending: VecDeque::new(),
             host_mode: false,
+            warned: false,
             applied: 0,
             taken_over: 0,
         })
@@ -343,13 +346,19 @@ impl KernelAmos {
         });
         if !r.take_over.is_empty() && !self.host_mode {
             self.host_mode = true;
-            tracing::warn!(
+            let msg = format!(
                 "kernel atomics: {} atomic(s) whose kernel had not started after {stuck:?} go the \
                  provider's way (a read-modify-write from the host), and so does every atomic of \
                  this endpoint until its next quiet; an atomic of another PE's kernel on the same \
                  word meanwhile is not atomic against them",
                 r.take_over.len()
             );
+            if self.warned {
+                tracing::debug!("{msg}");
+            } else {
+                self.warned = true;
+                tracing::warn!("{msg} (logged once; later ones at debug level)");
+            }
         }
         r
     }

@@ -711,6 +711,7 @@ impl Mover {
             return Ok(Settled::default());
         }
         let stuck = *self.amo_stuck.read();
+        let started = Instant::now();
         let mut out = Settled::default();
         loop {
             let mut g = match until {
@@ -737,7 +738,7 @@ impl Mover {
             if Instant::now() > deadline {
                 return Err(MoverError::Timeout {
                     outstanding: r.undecided as u64,
-                    waited: stuck,
+                    waited: started.elapsed(),
                 });
             }
             drop(g);
