@@ -113,7 +113,7 @@ impl Mover {
             device: std::sync::atomic::AtomicI32::new(-1),
             amo_lanes: (0..queues).map(|_| Mutex::new(None)).collect(),
             amo_pending: (0..queues).map(|_| AtomicUsize::new(0)).collect(),
-            amo_stuck: RwLock::new(std::time::Duration::from_millis(1)),
+            amo_stuck: RwLock::new(std::time::Duration::from_millis(10)),
             amo_carry: (0..queues)
                 .map(|_| parking_lot::ReentrantMutex::new(()))
                 .collect(),

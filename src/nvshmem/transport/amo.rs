@@ -261,6 +261,9 @@ impl Transport {
                 }
             }
         }
+        // Every taken-over atomic is posted even when one of them fails; the first error is
+        // returned after the rest are on their way.
+        let mut first_err = None;
         for r in settled.take_over {
             let t = AmoMemdesc {
                 remote: RmaMemdesc {
@@ -281,9 +284,17 @@ impl Transport {
                 r.op,
                 r.pe
             );
-            self.amo_desc(r.pe, r.op, &t, r.elembytes, r.ep, false)?;
+            if let Err(e) = self.amo_desc(r.pe, r.op, &t, r.elembytes, r.ep, false) {
+                tracing::error!(
+                    "amo op {} to PE {}, taken over from its kernel: {}",
+                    r.op,
+                    r.pe,
+                    e.message
+                );
+                first_err.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// A signal (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory that this process has open
