@@ -2,7 +2,7 @@
 //! consumer, and TX completions written in bulk.
 use super::*;
 use crate::mover::queue::{CopyEngine, CopyQueue, CudaEngine, HostEngine};
-use crate::mover::MResult;
+use crate::mover::{MResult, MoverError};
 
 /// Where a peer's memory is reachable in this process (the transport's CUDA IPC mappings of
 /// same-host peers' heaps).
@@ -201,6 +201,16 @@ impl CopyEngine for Engine {
             }
         }
     }
+    unsafe fn submit_many(&mut self, copies: &[(u64, u64, usize)]) -> (usize, Option<MoverError>) {
+        // SAFETY: forwarded contract. Forwarded so that a round's copies reach CUDA's engine as
+        // one batch call (the trait's default would submit them one by one).
+        unsafe {
+            match self {
+                Engine::Cuda(e) => e.submit_many(copies),
+                Engine::Host(e) => e.submit_many(copies),
+            }
+        }
+    }
     fn mark(&mut self) -> MResult<()> {
         match self {
             Engine::Cuda(e) => e.mark(),
@@ -211,6 +221,12 @@ impl CopyEngine for Engine {
         match self {
             Engine::Cuda(e) => e.oldest_done(),
             Engine::Host(e) => e.oldest_done(),
+        }
+    }
+    fn all_done(&mut self) -> MResult<bool> {
+        match self {
+            Engine::Cuda(e) => e.all_done(),
+            Engine::Host(e) => e.all_done(),
         }
     }
     fn inline_ring(&mut self) -> MResult<u64> {
