@@ -11,7 +11,9 @@ use super::{MResult, MoverError};
 use crate::cuda::stream::{CopyStream, Event};
 
 /// What executes copies. Copies complete in submission order; a mark completes once every copy
-/// submitted before it has.
+/// submitted before it has. A wrapper around engines forwards every method, the ones with
+/// defaults included: the defaults are correct but slow (one driver call per copy, no whole-engine
+/// query).
 pub trait CopyEngine: Send {
     /// Enqueues a copy.
     ///
