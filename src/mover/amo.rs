@@ -250,8 +250,9 @@ impl KernelAmos {
         let stream = CopyStream::new(ctx, false)?;
         let order = Event::new(ctx)?;
         let mem = MappedHostBuffer::new(SLOTS * SLOT_BYTES)?;
-        // SAFETY: the buffer is SLOTS * SLOT_BYTES bytes, page aligned, owned by this lane and
-        // dropped after the slots (field order) and after its kernels (see Drop).
+        // SAFETY: the buffer is SLOTS * SLOT_BYTES bytes, page aligned and owned by this lane;
+        // Drop frees it only once the lane's stream has run every launch (else keeps it), and the
+        // slots are not touched after that.
         let slots = unsafe { Slots::new(mem.host()) };
         Ok(KernelAmos {
             kernel,
