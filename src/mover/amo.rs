@@ -39,8 +39,8 @@ use super::{MResult, MoverError};
 /// Bytes per slot: host flag, kernel flag, outcome, a spare word, the fetched value (8 bytes), 8
 /// spare.
 pub const SLOT_BYTES: usize = 32;
-/// Slots per endpoint: at most this many kernel atomics pending on one endpoint (more take the
-/// other way).
+/// Slots per endpoint: at most this many kernel atomics pending on one endpoint (the next one
+/// waits until a settle frees a slot).
 pub const SLOTS: usize = 256;
 /// The outcome a kernel writes after applying the operation.
 pub const APPLIED: u32 = 1;
@@ -390,6 +390,7 @@ impl KernelAmos {
             return Err(MoverError::Invalid("kernel atomics: no free slot".into()));
         };
         let claim = self.slots.claim(s);
+        let started = Instant::now();
         let slot = Slots::device_addr(self.mem.device(), s);
         // SAFETY: the kernel finds the host's flag set and touches neither the (null) target nor
         // anything but the slot, which this lane owns.
@@ -416,7 +417,7 @@ impl KernelAmos {
             (Claim::Host, LEFT) => Ok(()),
             (_, 0) => Err(MoverError::Timeout {
                 outstanding: 1,
-                waited: Duration::ZERO,
+                waited: started.elapsed(),
             }),
             (c, o) => Err(MoverError::Cuda(format!(
                 "kernel atomics: a claimed launch answered {o} (claim {c:?}); the slot protocol \
