@@ -24,7 +24,7 @@
 //! Both reads cannot see the other's flag clear (the store-buffer case that the two fences
 //! forbid), so the operation is applied exactly once. A slot the host took over stays in use until
 //! the kernel has written [`LEFT`], so a late kernel never writes into a reused slot.
-//! [`tests`] race the host's half against a thread running the kernel's half.
+//! The tests below race the host's half against a thread running the kernel's half.
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -196,6 +196,18 @@ struct Pending {
     req: AmoRequest,
 }
 
+impl Pending {
+    /// An operation just launched on `slot` at `at`.
+    fn launched(slot: u16, at: Instant, req: AmoRequest) -> Pending {
+        Pending {
+            slot,
+            at,
+            state: State::Launched,
+            req,
+        }
+    }
+}
+
 /// Kernel atomics of one endpoint: their stream, slots and pending operations.
 pub struct KernelAmos {
     kernel: Arc<AmoKernel>,
@@ -320,12 +332,7 @@ impl KernelAmos {
         })();
         match launched {
             Ok(()) => {
-                self.pending.push_back(Pending {
-                    slot: s,
-                    at: now,
-                    state: State::Launched,
-                    req,
-                });
+                self.pending.push_back(Pending::launched(s, now, req));
                 Ok(Launch::Launched)
             }
             Err(e) => {
@@ -687,12 +694,7 @@ mod tests {
         let stuck = Duration::from_millis(1);
         for pe in 0..3 {
             let s = slots.take().unwrap();
-            pending.push_back(Pending {
-                slot: s,
-                at: t0,
-                state: State::Launched,
-                req: req(pe),
-            });
+            pending.push_back(Pending::launched(s, t0, req(pe)));
         }
         let words = |s: u16| words(&mem, s);
         // PE 0's kernel ran.
@@ -727,12 +729,11 @@ mod tests {
         let stuck = Duration::from_millis(5);
         for (pe, age) in [(0, 10), (1, 1), (2, 0)] {
             let s = slots.take().unwrap();
-            pending.push_back(Pending {
-                slot: s,
-                at: t0 + Duration::from_millis(10 - age),
-                state: State::Launched,
-                req: req(pe),
-            });
+            pending.push_back(Pending::launched(
+                s,
+                t0 + Duration::from_millis(10 - age),
+                req(pe),
+            ));
         }
         // Only PE 0's is past the limit, but the younger two wait behind it: all three go.
         let now = t0 + Duration::from_millis(10);
@@ -755,12 +756,7 @@ mod tests {
         let mut pending = VecDeque::new();
         let t0 = Instant::now();
         let s = slots.take().unwrap();
-        pending.push_back(Pending {
-            slot: s,
-            at: t0,
-            state: State::Launched,
-            req: req(7),
-        });
+        pending.push_back(Pending::launched(s, t0, req(7)));
         let w = words(&mem, s);
         // The kernel has announced itself but not decided yet when the host claims.
         w[KERNEL_FLAG].store(1, Ordering::SeqCst);
@@ -786,12 +782,7 @@ mod tests {
             ret_by_host: true,
             ..req(3)
         };
-        pending.push_back(Pending {
-            slot: s,
-            at: t0,
-            state: State::Launched,
-            req: fetch,
-        });
+        pending.push_back(Pending::launched(s, t0, fetch));
         let w = words(&mem, s);
         // The kernel stores the old value in the slot, then its outcome.
         assert!(kernel_side(w, || {
@@ -824,12 +815,7 @@ mod tests {
         let mut pending = VecDeque::new();
         let s = slots.take().unwrap();
         let t0 = Instant::now();
-        pending.push_back(Pending {
-            slot: s,
-            at: t0,
-            state: State::Launched,
-            req: req(1),
-        });
+        pending.push_back(Pending::launched(s, t0, req(1)));
         words(&mem, s)[OUTCOME].store(9, Ordering::SeqCst);
         let r = settle(&mut slots, &mut pending, t0, Duration::from_secs(1), |_| {});
         assert!(r.take_over.is_empty() && pending.is_empty());

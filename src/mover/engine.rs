@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::amo::{AmoRequest, KernelAmos, Launch, Settled};
+use super::amo::{AmoRequest, Launch};
+use super::amo_lanes::AmoLanes;
 use super::fdshare::{self, FdServer};
 use super::handle::{Export, HostId, IpcDesc};
 use super::queue::{CopyQueue, CudaEngine, INLINE_BYTES};
 use super::stats::{Stage, Stats};
 use super::{choose, Kind, MResult, Means, MoverError, Peer, Policy};
-use crate::cuda::kernel::{self, AmoKernel, AmoOp};
+use crate::cuda::kernel::{self, AmoOp};
 use crate::cuda::{self, ipc, vmm, PtrKind};
 
 /// What registration decided about a local region.
@@ -80,19 +81,11 @@ pub struct Mover {
     stats: Arc<Stats>,
     /// How long a submission may wait for a free inline slot.
     timeout: std::time::Duration,
-    /// The atomic kernel, loaded at connect by [`Mover::prepare_kernel_amos`] (none: off).
-    kernel: RwLock<Option<Arc<AmoKernel>>>,
-    /// The device of the mover's context (for [`MapSlot::atomics`]).
+    /// The device of the mover's context (for [`MapSlot::atomics`] and kernel results).
     device: std::sync::atomic::AtomicI32,
-    /// Kernel atomics per endpoint (created with the kernel).
-    amo_lanes: Vec<Mutex<Option<KernelAmos>>>,
-    /// Entries in each lane's pending list (read without the lane's lock).
-    amo_pending: Vec<AtomicUsize>,
-    /// How long a kernel atomic may stay undecided before the host takes it over.
-    amo_stuck: RwLock<std::time::Duration>,
-    /// Held per endpoint while atomics are settled and those taken over are handed on, so that a
-    /// quiet in one thread waits for a take-over that another thread (progress) is carrying.
-    amo_carry: Vec<parking_lot::ReentrantMutex<()>>,
+    /// Kernel atomics, one lane per endpoint (loaded at connect by
+    /// [`Mover::prepare_kernel_amos`]).
+    amos: AmoLanes,
 }
 
 impl Mover {
@@ -109,14 +102,8 @@ impl Mover {
             queues: (0..queues).map(|_| Mutex::new(None)).collect(),
             stats: Arc::new(Stats::default()),
             timeout: std::time::Duration::from_secs(60),
-            kernel: RwLock::new(None),
             device: std::sync::atomic::AtomicI32::new(-1),
-            amo_lanes: (0..queues).map(|_| Mutex::new(None)).collect(),
-            amo_pending: (0..queues).map(|_| AtomicUsize::new(0)).collect(),
-            amo_stuck: RwLock::new(std::time::Duration::from_millis(10)),
-            amo_carry: (0..queues)
-                .map(|_| parking_lot::ReentrantMutex::new(()))
-                .collect(),
+            amos: AmoLanes::new(queues),
         }
     }
 
@@ -592,43 +579,21 @@ impl Mover {
         r
     }
 
-    /// Loads the atomic kernel into the mover's context, makes one lane per endpoint, and runs one
-    /// launch that the host has claimed beforehand (it must leave its target alone and say so),
-    /// waited for: the driver compiles and loads everything here, at connect, not in the middle of
-    /// an application's kernel. `stuck`: how long an atomic may stay undecided before the host
-    /// takes it over. An error leaves kernel atomics off.
+    /// Loads the atomic kernel into the mover's context (see [`AmoLanes::prepare`]).
     pub fn prepare_kernel_amos(&self, stuck: std::time::Duration) -> MResult<()> {
-        let ctx = self.ctx.load(Ordering::Relaxed);
-        let t = Instant::now();
-        let device = kernel::context_device(ctx)?;
-        let k = Arc::new(AmoKernel::load(ctx)?);
-        let mut lanes = Vec::with_capacity(self.amo_lanes.len());
-        for _ in 0..self.amo_lanes.len() {
-            lanes.push(KernelAmos::new(k.clone())?);
-        }
-        lanes[0].check_claimed_launch(Instant::now() + std::time::Duration::from_secs(10))?;
-        for (slot, lane) in self.amo_lanes.iter().zip(lanes) {
-            *slot.lock() = Some(lane);
-        }
-        *self.amo_stuck.write() = stuck;
-        *self.kernel.write() = Some(k);
-        tracing::info!(
-            "kernel atomics: loaded on device {device} in {:?} (host takes over after {stuck:?})",
-            t.elapsed()
-        );
-        Ok(())
+        self.amos.prepare(self.ctx.load(Ordering::Relaxed), stuck)
     }
 
-    /// Whether kernel atomics are on.
-    pub fn kernel_amos(&self) -> bool {
-        self.kernel.read().is_some()
+    /// The kernel-atomic lanes (on/off, settle, carry guard, counts).
+    pub fn amos(&self) -> &AmoLanes {
+        &self.amos
     }
 
     /// One atomic `op` of `size` bytes with operand `val` on PE `pe`'s `raddr` (described by
     /// `desc`), launched on endpoint `ep`'s kernel lane after the copies already on its copy
     /// queue; a fetching one (`req.retptr` not 0) stores the old value there: GPU memory of this
-    /// device directly, host memory through the slot ([`Mover::settle_amos`] hands it back).
-    /// [`Launch::Launched`]: decided by [`Mover::settle_amos`] (the next quiet of `ep` waits for
+    /// device directly, host memory through the slot ([`AmoLanes::settle`] hands it back).
+    /// [`Launch::Launched`]: decided by [`AmoLanes::settle`] (the next quiet of `ep` waits for
     /// it); otherwise the caller settles and retries ([`Launch::NoSlot`]) or carries it another way.
     /// A launch the driver refuses turns kernel atomics off (logged) and answers
     /// [`Launch::NotHere`].
@@ -644,7 +609,7 @@ impl Mover {
         val: u64,
         mut req: AmoRequest,
     ) -> MResult<Launch> {
-        if !self.kernel_amos() {
+        if !self.amos.on() {
             return Ok(Launch::NotHere);
         }
         let Some((target, true)) = self.resolve_with(pe, desc, raddr, size as u64)? else {
@@ -659,16 +624,12 @@ impl Mover {
                 _ => return Ok(Launch::NotHere),
             }
         }
-        let (Some(lane), Some(queue)) = (self.amo_lanes.get(ep), self.queues.get(ep)) else {
+        let Some(queue) = self.queues.get(ep) else {
             return Err(MoverError::Invalid(format!(
-                "kernel lane {ep} does not exist"
+                "copy queue {ep} does not exist"
             )));
         };
         let t = self.stats.start();
-        let mut lane = lane.lock();
-        let Some(l) = lane.as_mut() else {
-            return Ok(Launch::NotHere);
-        };
         let record = |ev: &cuda::stream::Event| -> MResult<bool> {
             match queue.lock().as_mut() {
                 Some(q) => q.record_order(ev),
@@ -676,129 +637,22 @@ impl Mover {
             }
         };
         // SAFETY: `target` lies in this process's memory or a peer allocation open until
-        // close_peers, which drains the lanes first.
-        let r = unsafe { l.launch(record, target, op, size, val, result, req, Instant::now()) };
-        match r {
-            Ok(launched) => {
-                self.amo_pending[ep].store(l.in_flight(), Ordering::Release);
-                if launched == Launch::Launched {
-                    self.stats.record(Stage::KernelAmo, t, size as u64);
-                }
-                Ok(launched)
-            }
-            Err(e) => {
-                drop(lane);
-                tracing::error!(
-                    "kernel atomics: {e}; atomics take the provider's path from now on (not \
-                     atomic against kernel atomics other PEs may still apply)"
-                );
-                *self.kernel.write() = None;
-                Ok(Launch::NotHere)
-            }
-        }
-    }
-
-    /// Decides endpoint `ep`'s pending kernel atomics: retires those the kernel applied, takes
-    /// over those undecided for the stuck limit, and returns the taken-over ones for the caller to
-    /// carry, and the fetched values for host memory the caller writes. With `until`, waits until
-    /// none is undecided (an error after `until`); without, one look that never blocks (nothing
-    /// when another thread holds the lane).
-    pub fn settle_amos(&self, ep: usize, until: Option<Instant>) -> MResult<Settled> {
-        let (Some(lane), Some(count)) = (self.amo_lanes.get(ep), self.amo_pending.get(ep)) else {
-            return Ok(Settled::default());
+        // close_peers, which closes the lanes first.
+        let launched = unsafe {
+            self.amos
+                .launch(ep, record, target, op, size, val, result, req)?
         };
-        if count.load(Ordering::Acquire) == 0 {
-            return Ok(Settled::default());
+        if launched == Launch::Launched {
+            self.stats.record(Stage::KernelAmo, t, size as u64);
         }
-        let stuck = *self.amo_stuck.read();
-        let started = Instant::now();
-        let mut out = Settled::default();
-        loop {
-            let mut g = match until {
-                Some(_) => lane.lock(),
-                None => match lane.try_lock() {
-                    Some(g) => g,
-                    None => return Ok(out),
-                },
-            };
-            let Some(l) = g.as_mut() else {
-                return Ok(out);
-            };
-            let r = l.settle(Instant::now(), stuck);
-            count.store(l.in_flight(), Ordering::Release);
-            out.take_over.extend(r.take_over);
-            out.results.extend(r.results);
-            out.undecided = r.undecided;
-            let Some(deadline) = until else {
-                return Ok(out);
-            };
-            if r.undecided == 0 {
-                return Ok(out);
-            }
-            if Instant::now() > deadline {
-                return Err(MoverError::Timeout {
-                    outstanding: r.undecided as u64,
-                    waited: started.elapsed(),
-                });
-            }
-            drop(g);
-            std::hint::spin_loop();
-        }
-    }
-
-    /// Lets endpoint `ep`'s kernel lane launch again after the host took atomics over (see
-    /// [`KernelAmos::end_host_mode`]): the transport calls it when a full quiet of `ep` has
-    /// completed every operation posted before it.
-    pub fn end_amo_host_mode(&self, ep: usize) {
-        if let Some(l) = self.amo_lanes.get(ep) {
-            if let Some(l) = l.lock().as_mut() {
-                if l.in_host_mode() && l.end_host_mode() {
-                    tracing::debug!("kernel atomics: endpoint {ep} launches kernels again");
-                }
-            }
-        }
-    }
-
-    /// Endpoint `ep`'s carry guard: hold it from [`Mover::settle_amos`] until the operations it
-    /// handed back are posted elsewhere. `wait`: block for it (quiet); else `None` when another
-    /// thread holds it (progress). Reentrant: the thread holding it may settle again.
-    pub fn amo_carry(
-        &self,
-        ep: usize,
-        wait: bool,
-    ) -> Option<parking_lot::ReentrantMutexGuard<'_, ()>> {
-        let m = self.amo_carry.get(ep)?;
-        if wait {
-            Some(m.lock())
-        } else {
-            m.try_lock()
-        }
-    }
-
-    /// Kernel atomics of endpoint `ep` not yet retired (undecided, or taken over and waiting for
-    /// their late kernel).
-    pub fn amo_in_flight(&self, ep: usize) -> usize {
-        self.amo_pending
-            .get(ep)
-            .map_or(0, |c| c.load(Ordering::Acquire))
-    }
-
-    /// Counts of kernel atomics (applied by kernels, taken over by the host), for the log.
-    pub fn amo_counts(&self) -> (u64, u64) {
-        self.amo_lanes
-            .iter()
-            .filter_map(|l| l.lock().as_ref().map(|l| (l.applied, l.taken_over)))
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        Ok(launched)
     }
 
     /// Closes every opened peer allocation and stops this process's fd server, closing its
     /// exported descriptors (finalize). Copies must be complete. Kernel lanes go first (their
     /// drop waits for launches still queued), so no kernel runs on an unmapped peer.
     pub fn close_peers(&self) {
-        *self.kernel.write() = None;
-        for l in &self.amo_lanes {
-            l.lock().take();
-        }
+        self.amos.close();
         self.maps.lock().clear();
         self.vmm_exports.lock().clear();
         if let Some(s) = self.fds.lock().take() {

@@ -161,7 +161,7 @@ fn kernel_ops_land(m: &Mover, pe: i32, d: &IpcDesc, word: u64, remote: u64, scra
                 AmoOp::Cas => unreachable!("not in the list"),
             };
         }
-        let settled = m.settle_amos(0, deadline()).unwrap();
+        let settled = m.amos().settle(0, deadline()).unwrap();
         assert!(settled.take_over.is_empty(), "taken over: {settled:?}");
         // SAFETY: both ranges live until quiet.
         unsafe { m.copy(0, scratch, remote, 8).unwrap() };
@@ -182,11 +182,11 @@ fn kernel_atomics_apply_every_op_after_earlier_copies() {
     m.set_peers(0, vec![HostId::local(), HostId::local()]);
     let d = m.register(buf.ptr(), LEN as u64).ipc.expect("export");
     m.prepare_kernel_amos(Duration::from_secs(10)).unwrap();
-    assert!(m.kernel_amos());
+    assert!(m.amos().on());
     // A word of "PE 1" that is this process's own memory: resolve gives its own address.
     let word = buf.ptr() + 4096;
     let last = kernel_ops_land(&m, 1, &d, word, word, buf.ptr() + 8192);
-    assert_eq!(m.amo_counts(), (12, 0));
+    assert_eq!(m.amos().counts(), (12, 0));
     // Fetching ops: the old value into GPU memory (stored by the kernel) and into host memory
     // (through the slot, handed back by settle); compare-and-swap that matches and one that does
     // not.
@@ -211,7 +211,8 @@ fn kernel_atomics_apply_every_op_after_earlier_copies() {
         );
     }
     let settled = m
-        .settle_amos(0, Some(Instant::now() + Duration::from_secs(10)))
+        .amos()
+        .settle(0, Some(Instant::now() + Duration::from_secs(10)))
         .unwrap();
     assert!(settled.take_over.is_empty());
     assert_eq!(
@@ -277,7 +278,8 @@ fn a_kernel_atomic_that_cannot_start_is_taken_over_and_applied_once() {
         Launch::Launched
     );
     let taken = m
-        .settle_amos(0, Some(Instant::now() + Duration::from_secs(10)))
+        .amos()
+        .settle(0, Some(Instant::now() + Duration::from_secs(10)))
         .unwrap()
         .take_over;
     let settled_in = t.elapsed();
@@ -292,8 +294,8 @@ fn a_kernel_atomic_that_cannot_start_is_taken_over_and_applied_once() {
     // The kernel runs now, finds the host's flag and leaves the target alone.
     let t = Instant::now();
     loop {
-        assert!(m.settle_amos(0, None).unwrap().take_over.is_empty());
-        if m.amo_in_flight(0) == 0 {
+        assert!(m.amos().settle(0, None).unwrap().take_over.is_empty());
+        if m.amos().in_flight(0) == 0 {
             break;
         }
         assert!(
@@ -307,7 +309,7 @@ fn a_kernel_atomic_that_cannot_start_is_taken_over_and_applied_once() {
         [0u8; 8],
         "the late kernel applied it too"
     );
-    assert_eq!(m.amo_counts(), (0, 1));
+    assert_eq!(m.amos().counts(), (0, 1));
     m.close_peers();
 }
 
@@ -527,7 +529,8 @@ fn ipc_child() {
     let before = kernel_ops_land(&m, 1, &d, d.region_base, remote, local.ptr());
     let settle = || {
         let settled = m
-            .settle_amos(0, Some(Instant::now() + Duration::from_secs(10)))
+            .amos()
+            .settle(0, Some(Instant::now() + Duration::from_secs(10)))
             .unwrap();
         assert!(settled.take_over.is_empty());
     };

@@ -39,12 +39,13 @@
 //! container or user, fd server gone) sends that peer's region down the staged path, logged once.
 //!
 //! Atomics to such memory may run as the library's one-thread kernel instead of the provider's
-//! host-side read-modify-write ([`amo`], `NVSHMEM_EFA_AMO_KERNEL=1`): launched on a stream of the
+//! host-side read-modify-write ([`crate::mover::amo`], `NVSHMEM_EFA_AMO_KERNEL=1`): launched on a stream of the
 //! endpoint that waits for its copies, settled at quiet, and taken over by the host when the
 //! kernel cannot start.
 //!
 //! [`stats`] counts the stages of the staged path and of IPC copies for the debug timeline.
 pub mod amo;
+pub mod amo_lanes;
 pub mod engine;
 pub mod fdshare;
 pub mod handle;

@@ -14,6 +14,7 @@ use crate::cuda;
 use crate::cuda::kernel::AmoOp;
 use crate::fabric::Provider;
 use crate::mover::amo::{AmoRequest, Launch};
+use crate::mover::handle::IpcDesc;
 use crate::mover::Kind;
 
 impl Transport {
@@ -75,7 +76,8 @@ impl Transport {
                 t.retptr
             )));
         }
-        let (raddr, key) = self.remote_target(&t.remote, size, ep, "amo")?;
+        let b = self.remote_blob(&t.remote, size, "amo")?;
+        let (raddr, key) = self.provider_target(&t.remote, &b, ep);
         tracing::trace!(
             "amo: pe {pe} op {} {size} bytes at {:p}, endpoint {ep}",
             opc,
@@ -87,21 +89,28 @@ impl Transport {
         };
         if fast {
             // A signal to same-host GPU memory goes behind the same-host puts on the copy queue;
-            // another non-fetching atomic to it is a kernel ordered after them. A signal does not
-            // take the copy queue while kernel atomics are pending: it would pass them.
-            if matches!(opc, amo::SIGNAL | amo::SIGNAL_SET)
-                && self.mover.amo_in_flight(ep) == 0
-                && self.signal_by_copy(c, pe, t, size, ep)?
-            {
-                return Ok(());
-            }
-            if self.amo_by_kernel(c, pe, opc, t, val, size, ep)? {
-                return Ok(());
+            // another atomic to it (with kernel atomics on) is a kernel ordered after them. A
+            // signal does not take the copy queue while kernel atomics are pending: it would pass
+            // them.
+            let by_copy = matches!(opc, amo::SIGNAL | amo::SIGNAL_SET)
+                && self.cfg.signal_copy
+                && self.mover.policy().ipc
+                && self.mover.amos().in_flight(ep) == 0;
+            if by_copy || self.mover.amos().on() {
+                // One read of the handle's IPC section serves both routes.
+                if let Some(desc) = self.remote_ipc(&t.remote, &b, "amo")? {
+                    if by_copy && self.signal_by_copy(c, pe, t, &desc, size, ep)? {
+                        return Ok(());
+                    }
+                    if self.amo_by_kernel(c, pe, opc, t, &desc, val, size, ep)? {
+                        return Ok(());
+                    }
+                }
             }
         }
         // Atomics stay in the order they were issued on an endpoint: kernel atomics still
         // pending are decided (and those taken over posted) before this one goes another way.
-        if self.mover.amo_in_flight(ep) > 0 {
+        if self.mover.amos().in_flight(ep) > 0 {
             self.settle_kernel_amos(ep, Some(Instant::now() + self.cfg.quiet_timeout))?;
         }
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
@@ -137,9 +146,9 @@ impl Transport {
     /// first settles it: applied by the kernel, or taken over by the host (the kernel did not start
     /// within `NVSHMEM_EFA_AMO_KERNEL_STUCK_US`) and carried the provider's way then. Provider
     /// operations to `pe` still outstanding on `ep` are waited for first (the kernel must not
-    /// pass them). `Ok(false)` when another means must carry it: `NVSHMEM_EFA_AMO_KERNEL` off, no
-    /// kernel, not such memory, no native atomics to it, a result buffer the kernel cannot reach,
-    /// or the lane in host mode after a take-over.
+    /// pass them). `desc` is the peer's export from the handle. `Ok(false)` when another means
+    /// must carry it: kernel atomics off, not such memory, no native atomics to it, a result
+    /// buffer the kernel cannot reach, or the lane in host mode after a take-over.
     #[allow(clippy::too_many_arguments)]
     fn amo_by_kernel(
         &self,
@@ -147,11 +156,12 @@ impl Transport {
         pe: i32,
         opc: i32,
         t: &AmoMemdesc,
+        desc: &IpcDesc,
         val: u64,
         size: u64,
         ep: usize,
     ) -> TResult<bool> {
-        if !self.mover.kernel_amos() {
+        if !self.mover.amos().on() {
             return Ok(false);
         }
         let (op, operand) = match opc {
@@ -165,10 +175,6 @@ impl Transport {
             amo::FETCH => (AmoOp::Or, 0),
             amo::COMPARE_SWAP => (AmoOp::Cas, val),
             _ => return Ok(false),
-        };
-        let b = self.remote_blob(&t.remote, size, "amo")?;
-        let Some(desc) = self.remote_ipc(&t.remote, &b, "amo")? else {
-            return Ok(false);
         };
         let deadline = Instant::now() + self.cfg.quiet_timeout;
         let a = &c.eps[ep].peer[pe as usize];
@@ -210,7 +216,7 @@ impl Transport {
                 .kernel_amo(
                     ep,
                     pe,
-                    &desc,
+                    desc,
                     t.remote.ptr as u64,
                     op,
                     size as u32,
@@ -231,24 +237,25 @@ impl Transport {
         Ok(false)
     }
 
-    /// Settles endpoint `ep`'s kernel atomics ([`crate::mover::engine::Mover::settle_amos`]):
+    /// Settles endpoint `ep`'s kernel atomics ([`crate::mover::amo_lanes::AmoLanes::settle`]):
     /// with `until`, waits until each is applied or taken over (quiet); without, one look that
     /// never blocks (progress). Atomics the host took over go the provider's or the target's way
     /// now, so a quiet that settles first waits for them too.
     pub(super) fn settle_kernel_amos(&self, ep: usize, until: Option<Instant>) -> TResult<()> {
         // Progress looks only when something is pending; with kernel atomics on, a quiet always
         // takes the guard, so that it waits for a take-over another thread is still handing on.
-        if !self.cfg.amo_kernel || (until.is_none() && self.mover.amo_in_flight(ep) == 0) {
+        if !self.cfg.amo_kernel || (until.is_none() && self.mover.amos().in_flight(ep) == 0) {
             return Ok(());
         }
         // Held until the taken-over atomics are posted: a quiet in another thread waits here for
         // them, and then counts them among the operations it waits for.
-        let Some(_carry) = self.mover.amo_carry(ep, until.is_some()) else {
+        let Some(_carry) = self.mover.amos().carry(ep, until.is_some()) else {
             return Ok(());
         };
         let settled = self
             .mover
-            .settle_amos(ep, until)
+            .amos()
+            .settle(ep, until)
             .map_err(|e| internal(format!("kernel atomics on endpoint {ep}: {e}")))?;
         for (r, v) in settled.results {
             // SAFETY: a fetch's result buffer in host memory, valid until quiet (NVSHMEM's
@@ -305,7 +312,8 @@ impl Transport {
     /// against it. A provider ADD from another PE at the same moment may not, because the
     /// provider applies it as a read-modify-write from the host; that is already so for the
     /// GPU's own atomics. Complete at the endpoint's next quiet, like the provider's AMO.
-    /// `Ok(false)` when another means must carry it: `NVSHMEM_EFA_SIGNAL_COPY=0`, IPC off, not
+    /// `desc` is the peer's export from the handle; `amo` calls this only with
+    /// `NVSHMEM_EFA_SIGNAL_COPY` and IPC on. `Ok(false)` when another means must carry it: not
     /// such memory, or provider operations to `pe` still outstanding on `ep`, which the signal
     /// must not overtake.
     fn signal_by_copy(
@@ -313,24 +321,18 @@ impl Transport {
         c: &Connected,
         pe: i32,
         t: &AmoMemdesc,
+        desc: &IpcDesc,
         size: u64,
         ep: usize,
     ) -> TResult<bool> {
-        if !self.cfg.signal_copy || !self.mover.policy().ipc {
-            return Ok(false);
-        }
         let a = &c.eps[ep].peer[pe as usize];
         if a.completed.load(Ordering::Acquire) < a.submitted.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let b = self.remote_blob(&t.remote, size, "signal")?;
-        let Some(desc) = self.remote_ipc(&t.remote, &b, "signal")? else {
-            return Ok(false);
-        };
         let bytes = t.val.to_le_bytes();
         // SAFETY: `bytes` lives through the call and an unregistered host source of at most
         // INLINE_BYTES is taken at once (the inline ring); the remote range was checked against
-        // the peer's registration by `remote_target`.
+        // the peer's registration by `remote_blob` (in `amo`).
         let done = unsafe {
             self.mover.transfer(
                 ep,
@@ -339,7 +341,7 @@ impl Transport {
                 bytes.as_ptr() as u64,
                 Kind::Host,
                 false,
-                &desc,
+                desc,
                 t.remote.ptr as u64,
                 size,
             )

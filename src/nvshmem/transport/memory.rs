@@ -474,22 +474,16 @@ impl Transport {
         Ok(b)
     }
 
-    /// Translates a remote address into what the provider wants, after checking the handle and range.
-    pub(super) fn remote_target(
-        &self,
-        rd: &RmaMemdesc,
-        len: u64,
-        ep: usize,
-        what: &str,
-    ) -> TResult<(u64, u64)> {
-        let b = self.remote_blob(rd, len, what)?;
+    /// The provider's address and key for `rd` on endpoint `ep`, from its handle's blob `b`
+    /// (checked against the range by `remote_blob`).
+    pub(super) fn provider_target(&self, rd: &RmaMemdesc, b: &HandleBlob, ep: usize) -> (u64, u64) {
         let addr = rd.ptr as u64;
         let a = if self.info.virt_addr() {
             addr
         } else {
             addr - b.base
         };
-        Ok((a, b.keys[ep]))
+        (a, b.keys[ep])
     }
 
     /// The CUDA IPC descriptor a peer put into its handle (`b`, already checked by `remote_blob`),

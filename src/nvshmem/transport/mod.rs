@@ -373,7 +373,7 @@ impl Transport {
             }
         }
         tracing::debug!("data path stages: {}", self.mover.stats().summary());
-        let (applied, taken) = self.mover.amo_counts();
+        let (applied, taken) = self.mover.amos().counts();
         if applied + taken > 0 {
             tracing::debug!(
                 "kernel atomics: {applied} applied by the kernel, {taken} taken over by the host"

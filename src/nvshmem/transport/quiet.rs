@@ -50,7 +50,7 @@ impl Transport {
         })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
         // Atomics the host took over from kernels are complete now.
-        self.mover.end_amo_host_mode(ep);
+        self.mover.amos().end_host_mode(ep);
         tracing::trace!("quiet: endpoint {ep} done");
         match take_failure(e, &e.peer) {
             Some(msg) => Err(internal(format!(

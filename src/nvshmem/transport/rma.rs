@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, EpState, OpRoute};
-use super::memory::{copy_any, is_device, HANDLE_FLAG_DEVICE};
+use super::memory::{copy_any, is_device, HandleBlob, HANDLE_FLAG_DEVICE};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -255,12 +255,13 @@ impl Transport {
         let (pe, ep, is_put, len) = (x.pe, x.ep, x.is_put, x.len);
         let (rd, ld) = (&x.remote, &x.local);
         let what = if is_put { "put" } else { "get" };
-        if self.ipc_rma(x, what)? {
+        // The remote handle's blob, read once for every route below.
+        let b = self.remote_blob(rd, len, what)?;
+        if self.ipc_rma(x, &b, what)? {
             tracing::trace!("{what} of {len} bytes with PE {pe}: enqueued on copy queue {ep}");
             return Ok(());
         }
         if self.staging {
-            let b = self.remote_blob(rd, len, what)?;
             let raddr = rd.ptr as u64;
             let local_dev = is_device(ld.ptr);
             let stage_all = self.cfg.gpu_staging == Some(true);
@@ -287,7 +288,7 @@ impl Transport {
             }
             return Ok(());
         }
-        let (raddr, key) = self.remote_target(rd, len, ep, what)?;
+        let (raddr, key) = self.provider_target(rd, &b, ep);
         let dest = c.addr(pe, ep);
         let laddr = ld.ptr as u64;
         let ep_addr = &c.eps[ep] as *const EpState as usize;
@@ -331,14 +332,13 @@ impl Transport {
     /// `true` when done that way (complete at the endpoint's next quiet), `false` when another
     /// means must carry it (peer elsewhere, no export, the export does not open here, NVSHMEM_EFA_IPC=0,
     /// or an unregistered local source too large to take at once).
-    fn ipc_rma(&self, x: &Contig, what: &str) -> TResult<bool> {
+    fn ipc_rma(&self, x: &Contig, b: &HandleBlob, what: &str) -> TResult<bool> {
         let (pe, ep, is_put, len) = (x.pe, x.ep, x.is_put, x.len);
         let (rd, ld) = (&x.remote, &x.local);
         if !self.mover.policy().ipc {
             return Ok(false);
         }
-        let b = self.remote_blob(rd, len, what)?;
-        let Some(desc) = self.remote_ipc(rd, &b, what)? else {
+        let Some(desc) = self.remote_ipc(rd, b, what)? else {
             return Ok(false);
         };
         let laddr = ld.ptr as u64;
