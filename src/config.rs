@@ -67,11 +67,24 @@ pub struct Config {
     /// buffering completions without bound.
     pub soft_rx_credits: bool,
     /// `NVSHMEM_EFA_SOFT_IPC`: the software queue executes RDMA writes (without immediate) and reads
-    /// whose peer range is mapped in this process (same-host peers, CUDA IPC) as copies: `host`
-    /// (default; also `1`/`on`/`true`): two copy-engine hops through a pinned host bounce ring;
-    /// `direct`: one device-to-device copy (may wait behind a kernel holding every SM); `0`: they
-    /// take the message path.
+    /// whose peer range is mapped in this process (same-host peers, CUDA IPC) as copies: `kernel`
+    /// (default; also `1`/`on`/`true`): a round's small copies in one launch of the library's copy
+    /// kernel, taken over by the host route when it cannot start, larger ones as the host route
+    /// moves them; `host`: two copy-engine hops through a pinned host bounce ring; `direct`: one
+    /// device-to-device copy (may wait behind a kernel holding every SM); `0`: they take the
+    /// message path.
     pub soft_ipc: crate::gda::softq::CopyRoute,
+    /// `NVSHMEM_EFA_SOFT_KERNEL_STUCK_US`: how long a copy kernel launch of
+    /// `NVSHMEM_EFA_SOFT_IPC=kernel` may stay unstarted before the host takes its copies over
+    /// (default 2000).
+    pub soft_kernel_stuck: Duration,
+    /// `NVSHMEM_EFA_SOFT_KERNEL_AHEAD`: copy kernel launches of `NVSHMEM_EFA_SOFT_IPC=kernel`
+    /// undecided at once before the next round waits and gathers more copies (1 to 64, default
+    /// 1).
+    pub soft_kernel_ahead: usize,
+    /// Not from the environment (tests): where CUDA is not usable, the host thread that stands in
+    /// for the copy kernel starts each launch this long after it was made.
+    pub soft_kernel_host_delay: Duration,
     /// `NVSHMEM_EFA_SOFT_IPC_BOUNCE`: bytes of the bounce ring of `NVSHMEM_EFA_SOFT_IPC=host`
     /// (default 32 MiB); a larger copy takes the message path.
     pub soft_ipc_bounce: usize,
@@ -243,12 +256,15 @@ impl Config {
             sq_entry_size: 64,
             soft_rx_overwrite: false,
             soft_rx_credits: false,
-            soft_ipc: crate::gda::softq::CopyRoute::Host,
+            soft_ipc: crate::gda::softq::CopyRoute::Kernel,
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
             signal_copy: true,
             amo_kernel: false,
             amo_kernel_stuck: Duration::from_millis(10),
+            soft_kernel_stuck: Duration::from_millis(2),
+            soft_kernel_host_delay: Duration::ZERO,
+            soft_kernel_ahead: 1,
             soft_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
@@ -361,8 +377,24 @@ impl Config {
             c.soft_ipc = crate::gda::softq::CopyRoute::parse(&v).ok_or_else(|| ConfigError {
                 var: "NVSHMEM_EFA_SOFT_IPC",
                 value: v.clone(),
-                expected: "0, host (or 1) or direct",
+                expected: "0, kernel (or 1), host or direct",
             })?;
+        }
+        if let Some(us) = vars.u64(
+            "NVSHMEM_EFA_SOFT_KERNEL_STUCK_US",
+            (0, 60_000_000),
+            any,
+            "microseconds, 0 to 60000000",
+        )? {
+            c.soft_kernel_stuck = Duration::from_micros(us);
+        }
+        if let Some(n) = vars.u64(
+            "NVSHMEM_EFA_SOFT_KERNEL_AHEAD",
+            (1, crate::mover::kcopy::KSLOTS as u64),
+            any,
+            "launches, 1 to 64",
+        )? {
+            c.soft_kernel_ahead = n as usize;
         }
         if let Some(n) = vars.u64(
             "NVSHMEM_EFA_SOFT_IPC_BOUNCE",
@@ -450,6 +482,27 @@ mod tests {
     }
 
     #[test]
+    fn soft_kernel_stuck_limit() {
+        assert_eq!(
+            cfg(&[]).unwrap().soft_kernel_stuck,
+            Duration::from_millis(2)
+        );
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_KERNEL_STUCK_US", "150")]).unwrap();
+        assert_eq!(c.soft_kernel_stuck, Duration::from_micros(150));
+        for bad in ["-1", "soon", "60000001"] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_KERNEL_STUCK_US", bad)]).unwrap_err();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_KERNEL_STUCK_US", "{bad}");
+        }
+        assert_eq!(cfg(&[]).unwrap().soft_kernel_ahead, 1);
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_KERNEL_AHEAD", "64")]).unwrap();
+        assert_eq!(c.soft_kernel_ahead, 64);
+        for bad in ["0", "65", "many"] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_KERNEL_AHEAD", bad)]).unwrap_err();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_KERNEL_AHEAD", "{bad}");
+        }
+    }
+
+    #[test]
     fn signal_copy_switch() {
         assert!(cfg(&[]).unwrap().signal_copy, "on by default");
         assert!(
@@ -490,7 +543,7 @@ mod tests {
     fn soft_ipc_switch() {
         use crate::gda::softq::CopyRoute;
         let c = cfg(&[]).unwrap();
-        assert_eq!(c.soft_ipc, CopyRoute::Host, "host hops by default");
+        assert_eq!(c.soft_ipc, CopyRoute::Kernel, "the copy kernel by default");
         assert_eq!(c.soft_ipc_bounce, 32 << 20);
         for (v, want) in [
             ("0", CopyRoute::Off),
@@ -498,11 +551,12 @@ mod tests {
             ("false", CopyRoute::Off),
             ("host", CopyRoute::Host),
             (" HOST ", CopyRoute::Host),
-            ("1", CopyRoute::Host),
-            ("on", CopyRoute::Host),
-            ("true", CopyRoute::Host),
+            ("1", CopyRoute::Kernel),
+            ("on", CopyRoute::Kernel),
+            ("true", CopyRoute::Kernel),
             ("direct", CopyRoute::Direct),
             ("Direct", CopyRoute::Direct),
+            ("kernel", CopyRoute::Kernel),
         ] {
             assert_eq!(
                 cfg(&[("NVSHMEM_EFA_SOFT_IPC", v)]).unwrap().soft_ipc,
@@ -514,7 +568,7 @@ mod tests {
             let e = cfg(&[("NVSHMEM_EFA_SOFT_IPC", bad)]).unwrap_err();
             assert_eq!(
                 (e.var, e.expected),
-                ("NVSHMEM_EFA_SOFT_IPC", "0, host (or 1) or direct"),
+                ("NVSHMEM_EFA_SOFT_IPC", "0, kernel (or 1), host or direct"),
                 "{bad:?}"
             );
         }

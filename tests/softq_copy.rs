@@ -3,9 +3,11 @@
 //! * Copy route: RDMA writes (without immediate) and reads whose peer range a [`PeerMemory`] maps in
 //!   this process run as copies on the queue's copy queue (here `memcpy`: no GPU, the "mapping" is
 //!   the peer's host heap of the same process); everything else keeps its path, and
-//!   `NVSHMEM_EFA_SOFT_IPC=0` turns the route off. `host` (default) moves each copy in two hops
-//!   through the bounce ring (here two memcpys, so the ring's reservations, waits and wraps run as
-//!   on the GPU); `direct` copies once.
+//!   `NVSHMEM_EFA_SOFT_IPC=0` turns the route off. `kernel` (default) moves a round's copies in one
+//!   launch of the copy kernel (here its host stand-in, a thread, so the claim protocol runs as on
+//!   the GPU) and takes launches over that do not start; `host` moves each copy in two hops through
+//!   the bounce ring (here two memcpys, so the ring's reservations, waits and wraps run as on the
+//!   GPU); `direct` copies once.
 //! * Null consumer (`NVSHMEM_EFA_SOFT_NULL=1`): every WQE completes with success after the request
 //!   id and phase checks, nothing moves; a wrong request id or phase still gets its error.
 mod softq_common;
@@ -81,12 +83,19 @@ fn two_pes_ring(
     map: bool,
     bounce: Option<usize>,
 ) -> Option<(Vec<Pe>, Arc<FakePeers>)> {
+    two_pes_with(map, |cfg| {
+        cfg.soft_ipc = ipc;
+        if let Some(b) = bounce {
+            cfg.soft_ipc_bounce = b;
+        }
+    })
+}
+
+/// Two PEs with the configuration `edit` makes; PE 0's queue maps PE 1's heap when `map`.
+fn two_pes_with(map: bool, edit: impl FnOnce(&mut Config)) -> Option<(Vec<Pe>, Arc<FakePeers>)> {
     let p = providers().into_iter().next()?;
     let mut cfg = config(GdaMode::Soft);
-    cfg.soft_ipc = ipc;
-    if let Some(b) = bounce {
-        cfg.soft_ipc_bounce = b;
-    }
+    edit(&mut cfg);
     let mut pes = setup_with(&p, 2, HEAP, 64, 32, &cfg);
     let fake = Arc::new(FakePeers {
         pe: 1,
@@ -104,11 +113,13 @@ fn two_pes_ring(
 #[test]
 fn writes_and_reads_to_a_mapped_peer_run_as_copies() {
     // Host hops with the default ring and with a 64 KiB one (the 64 KiB write needs all of it),
-    // and the direct copy.
+    // the direct copy, and the copy kernel (here its host stand-in).
     for (ipc, bounce) in [
         (CopyRoute::Host, None),
         (CopyRoute::Host, Some(64 << 10)),
         (CopyRoute::Direct, None),
+        (CopyRoute::Kernel, None),
+        (CopyRoute::Kernel, Some(64 << 10)),
     ] {
         writes_and_reads(ipc, bounce);
     }
@@ -118,6 +129,20 @@ fn writes_and_reads(ipc: CopyRoute, bounce: Option<usize>) {
     let Some((pes, fake)) = two_pes_ring(ipc, true, bounce) else {
         return;
     };
+    writes_and_reads_on(&pes, &fake);
+    let st = pes[0].gda.soft_queue().unwrap().stats();
+    if ipc == CopyRoute::Kernel {
+        // At least two rounds (the writes, then the read; the small ring splits the writes),
+        // each one launch that the kernel made.
+        assert!(st.kernel_launches >= 2, "{st:?}");
+        assert_eq!(st.kernel_applied, st.kernel_launches, "{st:?}");
+        assert_eq!(st.kernel_taken_over, 0, "{st:?}");
+    } else {
+        assert_eq!(st.kernel_launches, 0, "{st:?}");
+    }
+}
+
+fn writes_and_reads_on(pes: &[Pe], fake: &FakePeers) {
     let (pe0, pe1) = (&pes[0], &pes[1]);
     let q = pe0.gda.soft_queue().unwrap();
     let (poster, seen) = observed(q);
@@ -179,6 +204,70 @@ fn writes_and_reads(ipc: CopyRoute, bounce: Option<usize>) {
     }
     assert_eq!(s[&rbase], (0, OpType::RdmaRead as u8, rbase as u16));
     assert_eq!(s.len() as u64, rbase + 1);
+}
+
+#[test]
+fn copy_kernel_launches_that_cannot_start_are_taken_over_and_late_kernels_touch_nothing() {
+    // The stand-in's launches start 300 ms late; the stuck limit is 1 ms.
+    let Some((pes, _fake)) = two_pes_with(true, |cfg| {
+        cfg.soft_ipc = CopyRoute::Kernel;
+        cfg.soft_kernel_stuck = std::time::Duration::from_millis(1);
+        cfg.soft_kernel_host_delay = std::time::Duration::from_millis(300);
+    }) else {
+        return;
+    };
+    let (pe0, pe1) = (&pes[0], &pes[1]);
+    let q = pe0.gda.soft_queue().unwrap();
+    let (poster, seen) = observed(q);
+    let peer = pe0.peer(1);
+    fill(&pe0.heap, 0, 64 << 10, 5);
+    let descs: Vec<_> = (0..40usize)
+        .map(|i| {
+            write(
+                &peer,
+                pe0.heap.addr() + (i * 1024) as u64,
+                pe0.heap_lkey(),
+                pe1.heap.addr() + (i * 1024) as u64,
+                (1 + i * 25) as u32,
+                None,
+            )
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    poster.post(&descs).unwrap();
+    assert_eq!(poster.quiet().unwrap(), 0, "{:?}", seen.lock().unwrap());
+    let waited = t.elapsed();
+    assert!(
+        waited < std::time::Duration::from_millis(250),
+        "completed by the host, not by the late kernel: {waited:?}"
+    );
+    for i in 0..40usize {
+        let n = 1 + i * 25;
+        assert_eq!(
+            bytes(&pe1.heap, i * 1024, n),
+            bytes(&pe0.heap, i * 1024, n),
+            "write {i}"
+        );
+    }
+    let st = q.stats();
+    assert!(
+        st.kernel_launches >= 1 && st.kernel_taken_over == st.kernel_launches,
+        "{st:?}"
+    );
+    assert_eq!(st.kernel_applied, 0, "{st:?}");
+    // PE 1 writes its own bytes there; the late kernels (300 ms) must leave them alone.
+    fill(&pe1.heap, 0, 40 << 10, 77);
+    let mine = bytes(&pe1.heap, 0, 40 << 10);
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert_eq!(bytes(&pe1.heap, 0, 40 << 10), mine, "a late kernel copied");
+    // Later rounds (after the 100 ms hold) go to the kernel again, and are taken over again.
+    poster.post(&descs[..4]).unwrap();
+    assert_eq!(poster.quiet().unwrap(), 0);
+    assert!(
+        q.stats().kernel_launches > st.kernel_launches,
+        "{:?}",
+        q.stats()
+    );
 }
 
 #[test]
@@ -259,10 +348,17 @@ fn immediates_unmapped_ranges_and_the_switch_keep_the_message_path() {
 
 #[test]
 fn the_bounce_ring_wraps_waits_and_sends_larger_transfers_by_message() {
+    // The copy kernel's rounds reserve ring ranges too (for a take-over).
+    for ipc in [CopyRoute::Host, CopyRoute::Kernel] {
+        ring_wraps(ipc);
+    }
+}
+
+fn ring_wraps(ipc: CopyRoute) {
     // A 16 KiB ring, a 64-entry SQ: up to 64 copies of 300 B to 5 KiB stand in flight, far more
     // than the ring holds, so WQEs wait for room (and the ring wraps many times).
     let ring = 16 << 10;
-    let Some((pes, _fake)) = two_pes_ring(CopyRoute::Host, true, Some(ring)) else {
+    let Some((pes, _fake)) = two_pes_ring(ipc, true, Some(ring)) else {
         return;
     };
     let (pe0, pe1) = (&pes[0], &pes[1]);
@@ -325,6 +421,12 @@ fn the_bounce_ring_wraps_waits_and_sends_larger_transfers_by_message() {
     let st = q.stats();
     assert_eq!(st.ipc_copies, total as u64, "{st:?}");
     assert!(st.ipc_ring_waits > 0, "WQEs waited for ring room: {st:?}");
+    if ipc == CopyRoute::Kernel {
+        assert!(
+            st.kernel_launches > 0 && st.kernel_applied == st.kernel_launches,
+            "{st:?}"
+        );
+    }
     {
         let s = seen.lock().unwrap();
         assert_eq!(s.len(), total);
@@ -392,14 +494,15 @@ fn copy_route_modes_parse() {
     };
     assert_eq!(
         Config::from_lookup(|_| None).unwrap().soft_ipc,
-        CopyRoute::Host,
+        CopyRoute::Kernel,
         "default"
     );
     assert_eq!(parse("0").unwrap(), CopyRoute::Off);
     assert_eq!(parse("host").unwrap(), CopyRoute::Host);
     assert_eq!(parse("direct").unwrap(), CopyRoute::Direct);
-    assert_eq!(parse("1").unwrap(), CopyRoute::Host);
-    let e = parse("kernel").unwrap_err();
+    assert_eq!(parse("1").unwrap(), CopyRoute::Kernel);
+    assert_eq!(parse("kernel").unwrap(), CopyRoute::Kernel);
+    let e = parse("kernels").unwrap_err();
     assert_eq!(e.var, "NVSHMEM_EFA_SOFT_IPC");
 }
 

@@ -1,8 +1,14 @@
-//! The library's one GPU kernel, `nvshmem_efa_amo` (`amo.ptx`, PTX text compiled by the driver when
-//! the module loads): one thread applies one atomic (add, and, or, xor, swap, compare-and-swap; 4
-//! or 8 bytes; the old value stored where asked) to GPU memory of this device or of a peer mapped
-//! through CUDA IPC, unless the host has claimed the operation first through the slot it is given. The claim protocol is
-//! [`crate::mover::amo`]'s; this module loads the kernel and launches it.
+//! The library's two GPU kernels, PTX text compiled by the driver when the module loads:
+//!
+//! - `nvshmem_efa_amo` (`amo.ptx`): one thread applies one atomic (add, and, or, xor, swap,
+//!   compare-and-swap; 4 or 8 bytes; the old value stored where asked) to GPU memory of this device
+//!   or of a peer mapped through CUDA IPC. The claim protocol is [`crate::mover::amo`]'s.
+//! - `nvshmem_efa_copy` (`copy.ptx`): one block moves up to [`COPY_MAX`] copies listed in its
+//!   parameters (the software queue's small same-host RDMA). The claim protocol is
+//!   [`crate::mover::kcopy`]'s.
+//!
+//! Each runs unless the host has claimed the launch first through the slot it is given; this
+//! module loads the kernels and launches them.
 use std::ffi::c_void;
 
 use cudarc::driver::sys;
@@ -10,12 +16,31 @@ use cudarc::driver::sys;
 use super::stream::CopyStream;
 use super::{check, require, ContextGuard, ContextObject, CudaResult};
 
-/// The kernel's source. `tests::ptx_assembles` runs `ptxas` over it where the CUDA compiler is
-/// installed.
+/// The atomic kernel's source. `tests::ptx_assembles` runs `ptxas` over it where the CUDA compiler
+/// is installed.
 pub const AMO_PTX: &str = include_str!("amo.ptx");
 
-/// The kernel's entry name in [`AMO_PTX`].
+/// The atomic kernel's entry name in [`AMO_PTX`].
 const AMO_ENTRY: &std::ffi::CStr = c"nvshmem_efa_amo";
+
+/// The copy kernel's source.
+pub const COPY_PTX: &str = include_str!("copy.ptx");
+
+/// The copy kernel's entry name in [`COPY_PTX`].
+const COPY_ENTRY: &std::ffi::CStr = c"nvshmem_efa_copy";
+
+/// Threads of the copy kernel's one block (its `.reqntid`).
+pub const COPY_THREADS: u32 = 256;
+
+/// Most descriptors one copy launch takes (its `p_descs` parameter: 3072 bytes, within the 4 KiB of
+/// parameters every device takes).
+pub const COPY_MAX: usize = 128;
+
+/// Bytes of one copy descriptor: destination, source, length (little-endian u64 each).
+pub const COPY_DESC_BYTES: usize = 24;
+
+// The copy kernel's parameters (slot, count, descriptors) stay within the 4 KiB every device takes.
+const _: () = assert!(8 + 8 + COPY_MAX * COPY_DESC_BYTES <= 4096);
 
 /// The operation, as the kernel's `op` parameter encodes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,31 +69,26 @@ unsafe fn unload_module(h: usize) -> sys::CUresult {
     unsafe { sys::cuModuleUnload(h as sys::CUmodule) }
 }
 
-/// The kernel loaded into one context.
+/// One entry of a module of the library's own PTX, loaded into one context.
 #[derive(Debug)]
-pub struct AmoKernel {
+struct Loaded {
     module: ContextObject,
     func: usize,
 }
 
-// SAFETY: module and function handles are process-wide driver handles; every call through them
-// pushes the module's context first.
-unsafe impl Send for AmoKernel {}
-// SAFETY: as above; launching takes `&self` and the driver serialises launches per stream.
-unsafe impl Sync for AmoKernel {}
-
-impl AmoKernel {
-    /// Loads [`AMO_PTX`] into context `ctx` (0: the current one). The driver compiles it for the
-    /// device here, once; call it where no kernel of the application waits on the library (at
-    /// connect).
-    pub fn load(ctx: usize) -> CudaResult<AmoKernel> {
+impl Loaded {
+    /// Loads `ptx` into context `ctx` (0: the current one) and finds `entry`. The driver compiles
+    /// the text for the device here, once; call it where no kernel of the application waits on
+    /// the library.
+    fn load(ctx: usize, ptx: &str, entry: &std::ffi::CStr) -> CudaResult<Loaded> {
         require("cuModuleLoadData")?;
-        let mut text = AMO_PTX.as_bytes().to_vec();
+        let name = entry.to_string_lossy();
+        let mut text = ptx.as_bytes().to_vec();
         text.push(0);
         let module = ContextObject::create(
             ctx,
             "cuModuleLoadData",
-            "cuModuleLoadData(amo.ptx)",
+            &format!("cuModuleLoadData({name})"),
             || {
                 let mut m: sys::CUmodule = std::ptr::null_mut();
                 // SAFETY: NUL-terminated PTX text that lives through the call; one handle written.
@@ -82,19 +102,73 @@ impl AmoKernel {
         // SAFETY: a live module of the pushed context; the name is NUL-terminated.
         check(
             unsafe {
-                sys::cuModuleGetFunction(&mut f, module.handle as sys::CUmodule, AMO_ENTRY.as_ptr())
+                sys::cuModuleGetFunction(&mut f, module.handle as sys::CUmodule, entry.as_ptr())
             },
-            || "cuModuleGetFunction(nvshmem_efa_amo)".into(),
+            || format!("cuModuleGetFunction({name})"),
         )?;
-        Ok(AmoKernel {
+        Ok(Loaded {
             module,
             func: f as usize,
         })
     }
 
+    /// Enqueues one launch of `threads` threads in one block on `stream` (of the module's
+    /// context).
+    ///
+    /// # Safety
+    /// `params` point at values matching the entry's parameters, in order; what the kernel
+    /// touches stays valid until the launch completes.
+    unsafe fn launch(
+        &self,
+        stream: &CopyStream,
+        threads: u32,
+        params: &mut [*mut c_void],
+        what: impl FnOnce() -> String,
+    ) -> CudaResult<()> {
+        let _g = ContextGuard::enter(self.module.ctx)?;
+        // SAFETY: a function of the pushed context, a stream of the same context, and parameter
+        // pointers matching the entry's parameters (the caller's contract), read during the call.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.func as sys::CUfunction,
+                    1,
+                    1,
+                    1,
+                    threads,
+                    1,
+                    1,
+                    0,
+                    stream.handle(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            what,
+        )
+    }
+}
+
+/// The atomic kernel loaded into one context.
+#[derive(Debug)]
+pub struct AmoKernel(Loaded);
+
+// SAFETY: module and function handles are process-wide driver handles; every call through them
+// pushes the module's context first.
+unsafe impl Send for AmoKernel {}
+// SAFETY: as above; launching takes `&self` and the driver serialises launches per stream.
+unsafe impl Sync for AmoKernel {}
+
+impl AmoKernel {
+    /// Loads [`AMO_PTX`] into context `ctx` (0: the current one) (see [`Loaded::load`]: at
+    /// connect).
+    pub fn load(ctx: usize) -> CudaResult<AmoKernel> {
+        Loaded::load(ctx, AMO_PTX, AMO_ENTRY).map(AmoKernel)
+    }
+
     /// The context the kernel is loaded in.
     pub fn context(&self) -> usize {
-        self.module.ctx
+        self.0.module.ctx
     }
 
     /// Enqueues one launch (one block of one thread) on `stream`, which must belong to the
@@ -117,7 +191,6 @@ impl AmoKernel {
         size: u32,
         slot: u64,
     ) -> CudaResult<()> {
-        let _g = ContextGuard::enter(self.module.ctx)?;
         let (mut t, mut v, mut c, mut r) = (target, value, cmp, result);
         let (mut o, mut s, mut sl) = (op as u32, size, slot);
         let mut params: [*mut c_void; 7] = [
@@ -129,26 +202,70 @@ impl AmoKernel {
             &mut s as *mut u32 as *mut c_void,
             &mut sl as *mut u64 as *mut c_void,
         ];
-        // SAFETY: a function of the pushed context, a stream of the same context, and seven
-        // parameter pointers matching the entry's seven parameters, read during the call.
-        check(
-            unsafe {
-                sys::cuLaunchKernel(
-                    self.func as sys::CUfunction,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    stream.handle(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            || format!("cuLaunchKernel(nvshmem_efa_amo, {size} bytes at {target:#x})"),
-        )
+        // SAFETY: seven pointers matching the entry's seven parameters; the caller vouches for
+        // the memory.
+        unsafe {
+            self.0.launch(stream, 1, &mut params, || {
+                format!("cuLaunchKernel(nvshmem_efa_amo, {size} bytes at {target:#x})")
+            })
+        }
+    }
+}
+
+/// The copy kernel loaded into one context.
+#[derive(Debug)]
+pub struct CopyKernel(Loaded);
+
+// SAFETY: as for AmoKernel.
+unsafe impl Send for CopyKernel {}
+// SAFETY: as for AmoKernel.
+unsafe impl Sync for CopyKernel {}
+
+impl CopyKernel {
+    /// Loads [`COPY_PTX`] into context `ctx` (0: the current one) (see [`Loaded::load`]: where the
+    /// software queue is created).
+    pub fn load(ctx: usize) -> CudaResult<CopyKernel> {
+        Loaded::load(ctx, COPY_PTX, COPY_ENTRY).map(CopyKernel)
+    }
+
+    /// The context the kernel is loaded in.
+    pub fn context(&self) -> usize {
+        self.0.module.ctx
+    }
+
+    /// Enqueues one launch (one block of [`COPY_THREADS`]) on `stream` moving `copies`
+    /// ((destination, source, length); at most [`COPY_MAX`]), passed in the launch's parameters.
+    ///
+    /// # Safety
+    /// `slot` is the device address of 32 bytes of mapped pinned host memory, zero; it and every
+    /// range of `copies` (device-accessible memory) stay valid until the launch completes.
+    pub unsafe fn launch(
+        &self,
+        stream: &CopyStream,
+        slot: u64,
+        copies: &[(u64, u64, usize)],
+    ) -> CudaResult<()> {
+        assert!(
+            copies.len() <= COPY_MAX,
+            "at most {COPY_MAX} copies per launch"
+        );
+        let mut descs = [0u64; COPY_MAX * COPY_DESC_BYTES / 8];
+        for (d, &(dst, src, len)) in descs.chunks_exact_mut(3).zip(copies) {
+            d.copy_from_slice(&[dst, src, len as u64]);
+        }
+        let (mut sl, mut n) = (slot, copies.len() as u32);
+        let mut params: [*mut c_void; 3] = [
+            &mut sl as *mut u64 as *mut c_void,
+            &mut n as *mut u32 as *mut c_void,
+            descs.as_mut_ptr() as *mut c_void,
+        ];
+        // SAFETY: three pointers matching the entry's three parameters (the last one 3072 bytes,
+        // as `p_descs`); the caller vouches for the memory.
+        unsafe {
+            self.0.launch(stream, COPY_THREADS, &mut params, || {
+                format!("cuLaunchKernel(nvshmem_efa_copy, {} copies)", copies.len())
+            })
+        }
     }
 }
 
@@ -208,24 +325,52 @@ mod tests {
             eprintln!("no ptxas under .deps/cuda-venv (run .ci/setup-cuda.sh): not checked");
             return;
         };
-        let dir = std::env::temp_dir().join(format!("amo-ptx-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("kernel-ptx-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join("amo.ptx");
-        std::fs::write(&src, AMO_PTX).unwrap();
-        for arch in ["sm_75", "sm_90"] {
-            let out = std::process::Command::new(&ptxas)
-                .args([&format!("-arch={arch}"), "-o"])
-                .arg(dir.join(format!("amo-{arch}.cubin")))
-                .arg(&src)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "ptxas -arch={arch} refused amo.ptx: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        for (name, text) in [("amo", AMO_PTX), ("copy", COPY_PTX)] {
+            let src = dir.join(format!("{name}.ptx"));
+            std::fs::write(&src, text).unwrap();
+            for arch in ["sm_75", "sm_90"] {
+                let out = std::process::Command::new(&ptxas)
+                    .args([&format!("-arch={arch}"), "-o"])
+                    .arg(dir.join(format!("{name}-{arch}.cubin")))
+                    .arg(&src)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "ptxas -arch={arch} refused {name}.ptx: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn copy_ptx_matches_the_launch() {
+        let entry = COPY_ENTRY.to_str().unwrap();
+        assert!(COPY_PTX.contains(&format!(".visible .entry {entry}(")));
+        let params: Vec<&str> = COPY_PTX
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with(".param"))
+            .collect();
+        assert_eq!(
+            params,
+            [
+                ".param .u64 p_slot,",
+                ".param .u32 p_count,",
+                &format!(
+                    ".param .align 8 .b8 p_descs[{}]",
+                    COPY_MAX * COPY_DESC_BYTES
+                ),
+            ]
+        );
+        assert!(COPY_PTX.contains(&format!(".reqntid {COPY_THREADS}, 1, 1")));
+        // Eight warps stride over the table; descriptors are three u64 words.
+        assert!(COPY_PTX.contains(&format!("add.u32 \t%r7, %r7, {};", COPY_THREADS / 32)));
+        assert!(COPY_PTX.contains(&format!("mul.wide.u32 \t%rd3, %r7, {COPY_DESC_BYTES};")));
     }
 
     #[test]
@@ -258,6 +403,7 @@ mod tests {
             return;
         }
         assert!(AmoKernel::load(0).is_err());
+        assert!(CopyKernel::load(0).is_err());
         assert!(!native_atomics(0, 1));
         assert!(native_atomics(0, 0));
     }

@@ -154,6 +154,9 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.rx_credits = cfg.soft_rx_credits;
     c.ipc = cfg.soft_ipc;
     c.ipc_bounce = cfg.soft_ipc_bounce;
+    c.kernel_stuck = cfg.soft_kernel_stuck;
+    c.kernel_host_delay = cfg.soft_kernel_host_delay;
+    c.kernel_ahead = cfg.soft_kernel_ahead;
     c.copy_overlap = cfg.copy_overlap;
     c.null_consumer = cfg.soft_null;
     let info = domain.info();

@@ -62,9 +62,11 @@ pub enum Claim {
     Racing,
 }
 
-/// The host's half of the slot protocol over `SLOTS` slots of shared memory.
+/// The host's half of the slot protocol over slots of shared memory (`SLOTS` of them for the
+/// atomics, [`crate::mover::kcopy`] has its own count).
 pub struct Slots {
     base: *const AtomicU32,
+    count: usize,
     free: Vec<u16>,
 }
 
@@ -79,16 +81,27 @@ impl Slots {
     /// The memory stays valid, and is touched by nobody but this table and the kernels (or test
     /// threads) it hands slots to, for the table's life.
     pub unsafe fn new(base: *mut u8) -> Slots {
+        // SAFETY: forwarded contract.
+        unsafe { Slots::with_count(base, SLOTS) }
+    }
+
+    /// Slots over `count * SLOT_BYTES` bytes at `base`, 8-byte aligned.
+    ///
+    /// # Safety
+    /// As for [`Slots::new`], over `count` slots.
+    pub unsafe fn with_count(base: *mut u8, count: usize) -> Slots {
         assert_eq!(base as usize % 8, 0, "slot memory must be 8-byte aligned");
+        assert!(count <= usize::from(u16::MAX), "at most 65535 slots");
         Slots {
             base: base as *const AtomicU32,
-            free: (0..SLOTS as u16).rev().collect(),
+            count,
+            free: (0..count as u16).rev().collect(),
         }
     }
 
     /// The word `w` of slot `s`.
     fn word(&self, s: u16, w: usize) -> &AtomicU32 {
-        debug_assert!((s as usize) < SLOTS && w < SLOT_BYTES / 4);
+        debug_assert!((s as usize) < self.count && w < SLOT_BYTES / 4);
         // SAFETY: inside the table's memory (new's contract); AtomicU32 has u32's layout.
         unsafe { &*self.base.add(s as usize * (SLOT_BYTES / 4) + w) }
     }
@@ -110,7 +123,7 @@ impl Slots {
 
     /// Slots in use.
     pub fn in_use(&self) -> usize {
-        SLOTS - self.free.len()
+        self.count - self.free.len()
     }
 
     /// The slot's outcome: 0 while its kernel has not decided, else [`APPLIED`] or [`LEFT`].
@@ -148,6 +161,51 @@ impl Slots {
     /// The device address of slot `s` for a table whose memory the device sees at `device_base`.
     pub fn device_addr(device_base: u64, s: u16) -> u64 {
         device_base + (s as u64) * SLOT_BYTES as u64
+    }
+
+    /// The check each kernel of the library gets where it is loaded: takes a slot, claims it,
+    /// `launch`es one launch over the slot's device address (`device_base` as for
+    /// [`Slots::device_addr`]) that must find the claim, leave everything alone and answer
+    /// [`LEFT`], and waits for that answer until `deadline`. `what` names the kernel in errors.
+    pub fn check_claimed_launch(
+        &mut self,
+        device_base: u64,
+        deadline: Instant,
+        what: &str,
+        launch: impl FnOnce(u64) -> MResult<()>,
+    ) -> MResult<()> {
+        let s = self
+            .take()
+            .ok_or_else(|| MoverError::Invalid(format!("{what}: no free slot")))?;
+        let claim = self.claim(s);
+        let started = Instant::now();
+        if let Err(e) = launch(Self::device_addr(device_base, s)) {
+            // Nothing will write the slot.
+            self.give_back(s);
+            return Err(e);
+        }
+        let outcome = loop {
+            let o = self.outcome(s);
+            if o != 0 || Instant::now() > deadline {
+                break o;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        };
+        // The slot is safe to reuse only once the kernel has written it.
+        if outcome != 0 {
+            self.give_back(s);
+        }
+        match (claim, outcome) {
+            (Claim::Host, LEFT) => Ok(()),
+            (_, 0) => Err(MoverError::Timeout {
+                outstanding: 1,
+                waited: started.elapsed(),
+            }),
+            (c, o) => Err(MoverError::Cuda(format!(
+                "{what}: a claimed launch answered {o} (claim {c:?}); the slot protocol does not \
+                 hold here"
+            ))),
+        }
     }
 }
 
@@ -393,44 +451,14 @@ impl KernelAmos {
     /// leave its (null) target alone and answer [`LEFT`]. Loads and checks everything a real
     /// launch needs.
     pub fn check_claimed_launch(&mut self, deadline: Instant) -> MResult<()> {
-        let Some(s) = self.slots.take() else {
-            return Err(MoverError::Invalid("kernel atomics: no free slot".into()));
-        };
-        let claim = self.slots.claim(s);
-        let started = Instant::now();
-        let slot = Slots::device_addr(self.mem.device(), s);
-        // SAFETY: the kernel finds the host's flag set and touches neither the (null) target nor
-        // anything but the slot, which this lane owns.
-        let r = unsafe {
-            self.kernel
-                .launch(&self.stream, 0, 0, 0, 0, AmoOp::Add, 8, slot)
-        };
-        if let Err(e) = r {
-            self.slots.give_back(s);
-            return Err(e.into());
-        }
-        let outcome = loop {
-            let o = self.slots.outcome(s);
-            if o != 0 || Instant::now() > deadline {
-                break o;
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        };
-        // The slot is safe to reuse only once the kernel has written it.
-        if outcome != 0 {
-            self.slots.give_back(s);
-        }
-        match (claim, outcome) {
-            (Claim::Host, LEFT) => Ok(()),
-            (_, 0) => Err(MoverError::Timeout {
-                outstanding: 1,
-                waited: started.elapsed(),
-            }),
-            (c, o) => Err(MoverError::Cuda(format!(
-                "kernel atomics: a claimed launch answered {o} (claim {c:?}); the slot protocol \
-                 does not hold here"
-            ))),
-        }
+        let (kernel, stream) = (&self.kernel, &self.stream);
+        self.slots
+            .check_claimed_launch(self.mem.device(), deadline, "kernel atomics", |slot| {
+                // SAFETY: the kernel finds the host's flag set and touches neither the (null)
+                // target nor anything but the slot, which this lane owns.
+                unsafe { kernel.launch(stream, 0, 0, 0, 0, AmoOp::Add, 8, slot) }
+                    .map_err(Into::into)
+            })
     }
 
     /// Whether the lane's stream has run everything launched on it.

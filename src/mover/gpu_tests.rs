@@ -313,6 +313,71 @@ fn a_kernel_atomic_that_cannot_start_is_taken_over_and_applied_once() {
     m.close_peers();
 }
 
+#[test]
+fn the_copy_kernel_moves_a_batch_in_one_launch_and_a_claimed_one_not_at_all() {
+    use super::kcopy::{Done, KernelCopies};
+    if !cuda_context() {
+        return;
+    }
+    let kernel = std::sync::Arc::new(
+        crate::cuda::kernel::CopyKernel::load(cuda::current_context()).unwrap(),
+    );
+    let mut k = KernelCopies::<u32>::cuda(kernel, Duration::from_secs(10), Duration::ZERO).unwrap();
+    k.check_claimed_launch(Instant::now() + Duration::from_secs(10))
+        .unwrap();
+    let len = 1usize << 20;
+    let (src, dst) = (
+        DeviceBuffer::new(len).unwrap(),
+        DeviceBuffer::new(len).unwrap(),
+    );
+    let data = pattern(9, len);
+    h2d(src.ptr(), &data);
+    // Sizes and alignments of both kinds (16-byte words, bytes), then a full table of 8-byte ones.
+    let mut copies = Vec::new();
+    let mut off = 0u64;
+    for (i, n) in [
+        1usize, 8, 100, 4096, 65536, 17, 48, 3000, 32, 5008, 1000, 2000, 65536,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let o = off + (i as u64 % 3) * 5;
+        copies.push((dst.ptr() + o, src.ptr() + o, n));
+        off = (o + n as u64 + 64).next_multiple_of(16);
+    }
+    let small: Vec<_> = (0..crate::cuda::kernel::COPY_MAX as u64)
+        .map(|i| {
+            (
+                dst.ptr() + (512 << 10) + i * 16,
+                src.ptr() + (512 << 10) + i * 16,
+                8,
+            )
+        })
+        .collect();
+    let mut out = Vec::new();
+    let t = Instant::now();
+    for (batch, tag) in [(&copies, 1u32), (&small, 2)] {
+        // SAFETY: both buffers live until the launches are settled below.
+        unsafe { k.launch(batch, tag, Instant::now()) }.unwrap();
+    }
+    while out.len() < 2 && t.elapsed() < Duration::from_secs(10) {
+        k.settle(Instant::now(), &mut out);
+    }
+    eprintln!("two copy kernel launches settled in {:?}", t.elapsed());
+    assert_eq!(out, vec![Done::Applied(0), Done::Applied(1)]);
+    let got = d2h(dst.ptr(), len);
+    let mut want = vec![0u8; len];
+    for &(d, _, n) in copies.iter().chain(&small) {
+        let o = (d - dst.ptr()) as usize;
+        want[o..o + n].copy_from_slice(&data[o..o + n]);
+    }
+    assert!(
+        got == want,
+        "copied bytes differ (or bytes between copies were written)"
+    );
+    assert_eq!((k.launched, k.applied, k.taken_over), (2, 2, 0));
+}
+
 /// Starts the second process ([`ipc_child`]) on descriptor `d` and waits for it to succeed.
 fn run_child(d: &IpcDesc) {
     let hex: String = d.encode().iter().map(|b| format!("{b:02x}")).collect();

@@ -49,6 +49,7 @@ pub mod amo_lanes;
 pub mod engine;
 pub mod fdshare;
 pub mod handle;
+pub mod kcopy;
 pub mod queue;
 pub mod stats;
 

@@ -62,6 +62,11 @@ pub(super) struct Consumer {
     /// The copy WQE last seen waiting for bounce ring room, and how many WQEs waited.
     pub(super) ring_wait_pc: Option<u64>,
     pub(super) ipc_ring_waits: u64,
+    /// The copy kernel of [`CopyRoute::Kernel`] (made with the queue, where the launches could be
+    /// checked before any kernel of the application runs).
+    pub(super) kcopies: Option<crate::mover::kcopy::KernelCopies<super::ipc::Hops>>,
+    /// Copy kernel launches applied whose WQEs have not all completed yet.
+    pub(super) kdone: std::collections::HashSet<u64>,
     /// The null consumer's batch of completions (kept for its allocation).
     pub(super) null_batch: Vec<(u16, CqStatus, OpType)>,
     /// Intake rounds, for the stop summary.
@@ -155,6 +160,8 @@ impl Consumer {
             bounce: None,
             ring_wait_pc: None,
             ipc_ring_waits: 0,
+            kcopies: None,
+            kdone: Default::default(),
             null_batch: Vec::new(),
             rounds: RoundStats::default(),
             inner,
@@ -259,6 +266,17 @@ impl Consumer {
         self.inner
             .host_ctrl_word(HC_STOPPED)
             .store(1, Ordering::Release);
+        if let Some(k) = &self.kcopies {
+            tracing::debug!(
+                "software queue copy kernel: {} launches, {} applied by the kernel, {} taken over \
+                 by the host; {:.3} s in launch calls, {:.1} us from launch to applied on average",
+                k.launched,
+                k.applied,
+                k.taken_over,
+                k.launch_time.as_secs_f64(),
+                k.applied_time.as_secs_f64() * 1e6 / k.applied.max(1) as f64
+            );
+        }
         let r = self.rounds;
         let busy = match (r.first, r.last) {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),

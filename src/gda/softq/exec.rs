@@ -78,8 +78,14 @@ impl Consumer {
             self.start_staged(p, item);
             return Ok(());
         }
-        if let Action::Copy { dst, src, len } = p.action {
-            return self.post_copy(p, dst, src, len);
+        if let Action::Copy {
+            dst,
+            src,
+            len,
+            device,
+        } = p.action
+        {
+            return self.post_copy(p, dst, src, len, device);
         }
         if let Action::Send { hdr, payload, .. } = &p.action {
             if p.bounce.is_none() {

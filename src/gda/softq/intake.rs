@@ -33,8 +33,13 @@ pub(super) enum Action {
         imm: Option<u32>,
     },
     /// RDMA write or read as a copy between the local range and the peer's range mapped in this
-    /// process (the copy route).
-    Copy { dst: u64, src: u64, len: usize },
+    /// process (the copy route); `device`: the local range is GPU memory.
+    Copy {
+        dst: u64,
+        src: u64,
+        len: usize,
+        device: bool,
+    },
 }
 
 /// Where a WQE's remote range is: the address (or offset) the provider takes, the provider key,
@@ -547,6 +552,7 @@ impl Consumer {
                 dst,
                 src,
                 len: len as usize,
+                device: reg.device,
             };
         }
         if self.stages(reg) {

@@ -1,8 +1,43 @@
 //! Same-host RDMA as copy-engine copies (the peer's heap mapped into this process), the null
 //! consumer, and TX completions written in bulk.
 use super::*;
+use crate::mover::kcopy::{Done, KernelCopies};
 use crate::mover::queue::{CopyEngine, CopyQueue, CudaEngine, HostEngine};
 use crate::mover::{MResult, MoverError};
+
+/// How long batches go the copy engine's way after a copy kernel launch was taken over.
+const KERNEL_HOLD: Duration = Duration::from_millis(100);
+
+/// The copy kernel of a queue whose route is [`CopyRoute::Kernel`]: the GPU's, loaded into context
+/// `ctx` and checked with one launch the host claimed beforehand (so the driver has compiled and
+/// loaded it before any kernel of the application runs), or the host's stand-in where CUDA is not
+/// usable. `None` (logged) where it cannot be had: the route then works as [`CopyRoute::Host`].
+pub(super) fn kernel_copies(cfg: &SoftQueueConfig, ctx: usize) -> Option<KernelCopies<Hops>> {
+    if cfg.ipc != CopyRoute::Kernel || cfg.null_consumer {
+        return None;
+    }
+    let made = if mem::cuda_usable() {
+        (|| {
+            let kernel = Arc::new(crate::cuda::kernel::CopyKernel::load(ctx)?);
+            let mut k = KernelCopies::cuda(kernel, cfg.kernel_stuck, KERNEL_HOLD)?;
+            k.check_claimed_launch(Instant::now() + Duration::from_secs(10))?;
+            Ok(k)
+        })()
+    } else {
+        KernelCopies::host(cfg.kernel_host_delay, cfg.kernel_stuck, KERNEL_HOLD)
+    };
+    match made {
+        Ok(k) => Some(k),
+        Err(e) => {
+            let e: MoverError = e;
+            tracing::warn!(
+                "software queue: no copy kernel ({e}): NVSHMEM_EFA_SOFT_IPC=kernel moves every copy \
+                 as two copy-engine hops (host)"
+            );
+            None
+        }
+    }
+}
 
 /// Where a peer's memory is reachable in this process (the transport's CUDA IPC mappings of
 /// same-host peers' heaps).
@@ -20,22 +55,30 @@ pub enum CopyRoute {
     /// Two copy-engine hops through a pinned host bounce ring: device to host into the ring, then
     /// host to device into the destination, in stream order. Host<->device copies always run on
     /// the copy engines, so they progress while a kernel holds every SM.
-    #[default]
     Host,
     /// One device-to-device copy: fastest, but the driver may run it as a copy kernel, which cannot
     /// start while a kernel of the process holds every SM (a persistent grid waiting for the copy
     /// deadlocks).
     Direct,
+    /// A round's small copies (up to 128 of at most 64 KiB, GPU memory) as one launch of the
+    /// library's copy kernel, one hop; a launch that has not started within the stuck limit is
+    /// taken over and its copies go [`CopyRoute::Host`]'s way, as does everything else
+    /// ([`crate::mover::kcopy`]). The default: on the GPU node it moved 1.2-2.2x the host route's
+    /// messages up to 16 KiB (results/gpu-2026-11-28).
+    #[default]
+    Kernel,
 }
 
 impl CopyRoute {
     /// The route a value of `NVSHMEM_EFA_SOFT_IPC` names: `0` (and the other false spellings),
-    /// `host` (and `1`/`on`/`true`/`yes`), `direct`; case and surrounding blanks are ignored.
+    /// `kernel` (the default, and `1`/`on`/`true`/`yes`), `host`, `direct`; case and surrounding
+    /// blanks are ignored.
     pub fn parse(v: &str) -> Option<CopyRoute> {
         match v.trim().to_ascii_lowercase().as_str() {
             "0" | "off" | "false" | "no" | "n" => Some(CopyRoute::Off),
-            "host" | "1" | "on" | "true" | "yes" | "y" => Some(CopyRoute::Host),
+            "host" => Some(CopyRoute::Host),
             "direct" => Some(CopyRoute::Direct),
+            "kernel" | "1" | "on" | "true" | "yes" | "y" => Some(CopyRoute::Kernel),
             _ => None,
         }
     }
@@ -43,6 +86,11 @@ impl CopyRoute {
     /// Whether the route is on.
     pub fn enabled(self) -> bool {
         self != CopyRoute::Off
+    }
+
+    /// Whether copies (all of them, or those the kernel does not take) go through the bounce ring.
+    pub fn bounces(self) -> bool {
+        matches!(self, CopyRoute::Host | CopyRoute::Kernel)
     }
 }
 
@@ -247,14 +295,26 @@ pub(super) struct CopyRound {
     pub(super) last: Vec<(u64, u64, usize)>,
     /// The WQEs: slot and bounce ring release mark.
     pub(super) waits: Vec<(u32, Option<u64>)>,
+    /// Some copy's local range is host memory, which the copy kernel may not reach.
+    pub(super) host_memory: bool,
+}
+
+/// The two hops of a kernel launch's copies, kept to move them through the copy engine if the host
+/// takes the launch over.
+#[derive(Debug, Default)]
+pub(super) struct Hops {
+    first: Vec<(u64, u64, usize)>,
+    last: Vec<(u64, u64, usize)>,
 }
 
 /// A WQE executed as a copy, waiting for its copy: the queue's submission count once it was
-/// enqueued (its last hop), its slot, whether enqueueing reported an error (its completion then
-/// says so) and the bounce ring range it holds.
+/// enqueued (its last hop) or the copy kernel launch that makes it, its slot, whether enqueueing
+/// reported an error (its completion then says so) and the bounce ring range it holds.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CopyWait {
     pub(super) seq: u64,
+    /// The copy kernel launch (then `seq` is unused), until it is settled.
+    pub(super) kernel: Option<u64>,
     pub(super) slot: u32,
     pub(super) failed: bool,
     /// Release mark of the WQE's bounce ring range ([`CopyRoute::Host`]).
@@ -276,6 +336,14 @@ impl Consumer {
                         (Engine::Cuda(_), CopyRoute::Direct) => {
                             "single device-to-device".to_string()
                         }
+                        (Engine::Cuda(_), CopyRoute::Kernel) if self.kcopies.is_some() => format!(
+                            "copy-kernel launches (a round's copies of up to {} KiB in one launch; \
+                             the rest, and launches taken over after {:?}, as two copy-engine hops \
+                             through a {} KiB pinned bounce ring)",
+                            crate::mover::kcopy::MAX_COPY_BYTES >> 10,
+                            self.inner.kernel_stuck,
+                            ring.as_ref().map_or(0, |r| r.capacity() >> 10),
+                        ),
                         (Engine::Cuda(_), _) => format!(
                             "two copy-engine hops through a {} KiB {} bounce ring",
                             ring.as_ref().map_or(0, |r| r.capacity() >> 10),
@@ -288,7 +356,7 @@ impl Consumer {
                     };
                     tracing::info!(
                         "software queue: RDMA to same-host peers whose heap is mapped here runs as \
-                         {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, direct)"
+                         {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, direct, kernel)"
                     );
                     if self.inner.ipc == CopyRoute::Direct && matches!(e, Engine::Cuda(_)) {
                         tracing::warn!(
@@ -317,7 +385,7 @@ impl Consumer {
     /// The copy queue's engine and, for [`CopyRoute::Host`], the bounce ring (pinned where the
     /// engine is CUDA's).
     fn new_copy_queue(&self) -> std::result::Result<(Engine, Option<BounceRing>), String> {
-        let host = self.inner.ipc == CopyRoute::Host;
+        let host = self.inner.ipc.bounces();
         let bytes = self.inner.ipc_bounce;
         if mem::cuda_usable() {
             let e = CudaEngine::new(self.inner.cuda_ctx, self.inner.copy_overlap)
@@ -340,7 +408,7 @@ impl Consumer {
     /// Whether a copy WQE of `len` bytes fits the route ([`CopyRoute::Host`]: the bounce ring;
     /// a larger one takes the message path).
     pub(super) fn copy_fits(&self, len: u64) -> bool {
-        self.inner.ipc != CopyRoute::Host
+        !self.inner.ipc.bounces()
             || self
                 .bounce
                 .as_ref()
@@ -356,6 +424,7 @@ impl Consumer {
         dst: u64,
         src: u64,
         len: usize,
+        device: bool,
     ) -> std::result::Result<(), Pending> {
         let slot = p.slot.expect("slot taken before the copy");
         if self.copyq.is_none() {
@@ -393,46 +462,53 @@ impl Consumer {
         self.in_flight += 1;
         self.ipc_copies += 1;
         self.round.waits.push((slot, bounce));
+        self.round.host_memory |= len > 0 && !device;
         Ok(())
     }
 
-    /// Enqueues the copies of the WQEs taken since the last call: with the host route every first
+    /// Enqueues the copies of the WQEs taken since the last call: as one copy kernel launch when
+    /// the route is [`CopyRoute::Kernel`] and they fit one; else with the bounce ring every first
     /// hop in one submission, then every second hop in another (stream order puts each second hop
-    /// after its first); otherwise one submission. Two driver calls per round instead of one or
+    /// after its first), otherwise one submission. Two driver calls per round instead of one or
     /// two per WQE. Every WQE of the round completes once the copies up to the round's last are
-    /// done; an error fails the round's WQEs (logged).
+    /// done (or its launch is); an error fails the round's WQEs (logged).
     pub(super) fn flush_copies(&mut self) {
-        if self.round.waits.is_empty() {
+        if self.round.waits.is_empty() || self.copyq.is_none() || self.round_gathers() {
             return;
         }
-        let Some(q) = self.copyq.as_mut() else {
-            return;
-        };
-        // SAFETY: the local ranges lie in registrations the queue keeps, the remote ones in peer
-        // regions the transport keeps mapped until GDA is shut down (before its mappings close),
-        // the bounce ranges (one per WQE, disjoint) are held until the copies completed. The
-        // copies of one submission may run in any order: they belong to WQEs of one round, which
-        // are unordered as EFA WQEs are (ordering two WQEs takes the first one's completion, so
-        // they land in different rounds).
-        let r = unsafe {
-            q.submit_many(&self.round.first)
-                .and_then(|()| q.submit_many(&self.round.last))
-        };
-        let failed = match r {
-            Ok(()) => false,
-            Err(e) => {
-                tracing::warn!(
-                    "software queue: copies of {} WQEs not (all) enqueued: {e}; they complete with an \
-                     error",
-                    self.round.waits.len()
-                );
-                true
+        let kernel = self.launch_round();
+        let (seq, failed) = match kernel {
+            Some(_) => (0, false),
+            None => {
+                let q = self.copyq.as_mut().expect("checked above");
+                // SAFETY: the local ranges lie in registrations the queue keeps, the remote ones
+                // in peer regions the transport keeps mapped until GDA is shut down (before its
+                // mappings close), the bounce ranges (one per WQE, disjoint) are held until the
+                // copies completed. The copies of one submission may run in any order: they
+                // belong to WQEs of one round, which are unordered as EFA WQEs are (ordering two
+                // WQEs takes the first one's completion, so they land in different rounds).
+                let r = unsafe {
+                    q.submit_many(&self.round.first)
+                        .and_then(|()| q.submit_many(&self.round.last))
+                };
+                let failed = match r {
+                    Ok(()) => false,
+                    Err(e) => {
+                        tracing::warn!(
+                            "software queue: copies of {} WQEs not (all) enqueued: {e}; they \
+                             complete with an error",
+                            self.round.waits.len()
+                        );
+                        true
+                    }
+                };
+                (q.counts().0, failed)
             }
         };
-        let seq = q.counts().0;
         for (slot, bounce) in self.round.waits.drain(..) {
             self.copy_waits.push_back(CopyWait {
                 seq,
+                kernel,
                 slot,
                 failed,
                 bounce,
@@ -440,18 +516,129 @@ impl Consumer {
         }
         self.round.first.clear();
         self.round.last.clear();
+        self.round.host_memory = false;
     }
 
-    /// Marks what was enqueued since the last call (one event for the batch), retires finished
-    /// copies and completes their WQEs in order. Returns the WQEs completed.
+    /// Whether the round waits for more copies: it would be a copy kernel launch, `kernel_ahead`
+    /// launches are undecided (`NVSHMEM_EFA_SOFT_KERNEL_AHEAD`), and it has room for another
+    /// consumer pass (half a launch). A launch costs the consumer a driver call, so rounds grow
+    /// while kernels run instead of going out a few WQEs at a time. The round goes out once one
+    /// of them is decided (within the stuck limit: a launch that cannot start is taken over then).
+    fn round_gathers(&self) -> bool {
+        let Some(k) = &self.kcopies else {
+            return false;
+        };
+        if k.undecided() < self.inner.kernel_ahead
+            || self.round.first.is_empty()
+            || (self.round.host_memory && !k.reaches_host_memory())
+            || self.round.first.len() >= crate::cuda::kernel::COPY_MAX / 2
+        {
+            return false;
+        }
+        let bytes: usize = self.round.first.iter().map(|c| c.2).sum();
+        bytes < crate::mover::kcopy::MAX_LAUNCH_BYTES / 2
+    }
+
+    /// The round's copies as one launch of the copy kernel ([`CopyRoute::Kernel`]), when there is
+    /// one and they fit it: returns the launch's id. Each copy goes in one hop, from the source of
+    /// its first hop to the destination of its second; the hops are kept for a take-over.
+    fn launch_round(&mut self) -> Option<u64> {
+        let k = self.kcopies.as_mut()?;
+        if self.round.first.is_empty() || (self.round.host_memory && !k.reaches_host_memory()) {
+            return None;
+        }
+        let direct: Vec<(u64, u64, usize)> = self
+            .round
+            .first
+            .iter()
+            .zip(&self.round.last)
+            .map(|(first, last)| (last.0, first.1, first.2))
+            .collect();
+        let hops = Hops {
+            first: std::mem::take(&mut self.round.first),
+            last: std::mem::take(&mut self.round.last),
+        };
+        // SAFETY: the ranges as in flush_copies (GPU memory, or host memory for the host's
+        // stand-in); they stay valid until the launch is settled: the consumer settles or closes
+        // every launch before it stops, and the transport's mappings outlive the consumer.
+        match unsafe { k.launch(&direct, hops, Instant::now()) } {
+            Ok(id) => Some(id),
+            Err((_, hops)) => {
+                self.round.first = hops.first;
+                self.round.last = hops.last;
+                None
+            }
+        }
+    }
+
+    /// Settles the copy kernel's launches: an applied one completes its WQEs (in order, by
+    /// [`Consumer::poll_copies`]); the copies of one the host took over go to the copy engine now,
+    /// in their two hops through the bounce ring ranges their WQEs still hold.
+    fn settle_launches(&mut self) {
+        let Some(k) = self.kcopies.as_mut() else {
+            return;
+        };
+        if k.pending() == 0 {
+            return;
+        }
+        let mut done = Vec::new();
+        k.settle(Instant::now(), &mut done);
+        for d in done {
+            match d {
+                Done::Applied(id) => {
+                    self.kdone.insert(id);
+                }
+                Done::TakenOver(id, hops) => self.carry_launch(id, hops),
+            }
+        }
+    }
+
+    /// Moves the copies of launch `id`, taken over by the host, through the copy engine.
+    fn carry_launch(&mut self, id: u64, hops: Hops) {
+        let Some(q) = self.copyq.as_mut() else {
+            return;
+        };
+        // SAFETY: as in flush_copies; the kernel of this launch leaves every range alone (the
+        // host owns it).
+        let r = unsafe {
+            q.submit_many(&hops.first)
+                .and_then(|()| q.submit_many(&hops.last))
+        };
+        if let Err(e) = &r {
+            tracing::warn!(
+                "software queue: copies of a copy kernel launch taken over not (all) enqueued: \
+                 {e}; their WQEs complete with an error"
+            );
+        }
+        let seq = q.counts().0;
+        for w in self.copy_waits.iter_mut().filter(|w| w.kernel == Some(id)) {
+            w.kernel = None;
+            w.seq = seq;
+            w.failed |= r.is_err();
+        }
+    }
+
+    /// Marks what was enqueued since the last call (one event for the batch), settles copy kernel
+    /// launches, retires finished copies and completes their WQEs in order. Returns the WQEs
+    /// completed.
     pub(super) fn poll_copies(&mut self) -> usize {
         self.flush_copies();
-        let Some(q) = self.copyq.as_mut() else {
-            return 0;
-        };
-        if self.copy_waits.is_empty() {
+        if self.copyq.is_none() || self.copy_waits.is_empty() {
             return 0;
         }
+        self.settle_launches();
+        // Counted before the WQEs complete: whoever sees a completion sees its launch counted.
+        if let Some(k) = &self.kcopies {
+            for (c, v) in self
+                .inner
+                .kernel_counts
+                .iter()
+                .zip([k.launched, k.applied, k.taken_over])
+            {
+                c.store(v, Ordering::Release);
+            }
+        }
+        let q = self.copyq.as_mut().expect("checked above");
         q.poll();
         let (_, completed, _) = q.counts();
         // A failed query counts every copy complete and keeps the error for quiet: the WQEs retired
@@ -466,14 +653,22 @@ impl Consumer {
         }
         let mut n = 0;
         while let Some(w) = self.copy_waits.front().copied() {
-            if w.seq > completed {
-                break;
+            match w.kernel {
+                Some(id) if !self.kdone.contains(&id) => break,
+                None if w.seq > completed => break,
+                _ => {}
             }
             self.copy_waits.pop_front();
+            if let Some(id) = w.kernel {
+                // The launch's last WQE: forget it.
+                if self.copy_waits.front().and_then(|n| n.kernel) != Some(id) {
+                    self.kdone.remove(&id);
+                }
+            }
             if let (Some(mark), Some(ring)) = (w.bounce, self.bounce.as_mut()) {
                 ring.release(mark);
             }
-            let status = if w.failed || error.is_some() {
+            let status = if w.failed || (w.kernel.is_none() && error.is_some()) {
                 CqStatus::LocalQpInternalError
             } else {
                 CqStatus::Ok
@@ -493,6 +688,16 @@ impl Consumer {
         // Copies taken this round but not enqueued yet: nothing to wait for (their WQEs are
         // completed as flushed with the rest).
         self.round = CopyRound::default();
+        if let Some(k) = self.kcopies.as_mut() {
+            let mut out = Vec::new();
+            if !k.close(Instant::now() + Duration::from_secs(1), &mut out) {
+                tracing::warn!(
+                    "software queue stopping: {} copy kernel launch(es) still undecided after 1 s",
+                    k.pending()
+                );
+            }
+        }
+        self.kdone.clear();
         if let Some(q) = self.copyq.as_mut() {
             if let Err(e) = q.quiet_for(Duration::from_secs(1)) {
                 tracing::warn!("software queue stopping: {e}");
@@ -615,16 +820,17 @@ mod tests {
             ("0", Some(CopyRoute::Off)),
             ("no", Some(CopyRoute::Off)),
             ("host", Some(CopyRoute::Host)),
-            ("1", Some(CopyRoute::Host)),
-            ("ON", Some(CopyRoute::Host)),
-            ("true", Some(CopyRoute::Host)),
+            ("kernel", Some(CopyRoute::Kernel)),
+            ("1", Some(CopyRoute::Kernel)),
+            ("ON", Some(CopyRoute::Kernel)),
+            ("true", Some(CopyRoute::Kernel)),
             ("direct", Some(CopyRoute::Direct)),
             ("d2d", None),
             ("", None),
         ] {
             assert_eq!(CopyRoute::parse(v), want, "{v:?}");
         }
-        assert_eq!(CopyRoute::default(), CopyRoute::Host);
+        assert_eq!(CopyRoute::default(), CopyRoute::Kernel);
         assert!(!CopyRoute::Off.enabled() && CopyRoute::Direct.enabled());
     }
 

@@ -45,7 +45,15 @@
 //! RDMA write without immediate or an RDMA read whose peer range is mapped in this process runs as
 //! copies on the queue's own non-blocking stream in its context (`memcpy` where CUDA is not usable)
 //! instead of going through the provider or staging ([`CopyRoute`]):
-//! * `host` (default): two hops through a pinned host bounce ring (32 MiB,
+//! * `kernel` (default): a round's copies of up to 64 KiB each (at most 128, 1 MiB together, GPU
+//!   memory on the local side) go in one hop, as one launch of the library's copy kernel
+//!   ([`crate::mover::kcopy`]); a launch that has not started within
+//!   `NVSHMEM_EFA_SOFT_KERNEL_STUCK_US` (a kernel of the application holds every SM) is taken over
+//!   by the host, exactly once, and its copies go the `host` way, as do larger rounds and, for
+//!   100 ms after a take-over, every round. Each copy still reserves its bounce ring range, for a
+//!   take-over. On the GPU node it moved 1.2-2.2x the `host` route's messages up to 16 KiB
+//!   (results/gpu-2026-11-28).
+//! * `host`: two hops through a pinned host bounce ring (32 MiB,
 //!   `NVSHMEM_EFA_SOFT_IPC_BOUNCE`, allocated with the copy stream at first need): source to the
 //!   ring, then ring to destination, on the same stream (stream order chains them); the WQE
 //!   completes when the second hop is done. Each WQE reserves its length, contiguous (wrapping to
@@ -59,8 +67,8 @@
 //!   completions, left 256 copies in flight for good (with and without the overlap-with-compute
 //!   hint). Device-to-device copies evidently run as copy kernels, which cannot start while a
 //!   kernel holds every SM of the process; host<->device copies always run on the copy engines (the
-//!   staged path uses only those and works). Hence `host` by default, and `direct` logs a warning
-//!   once.
+//!   staged path uses only those and works). Hence the copy kernel's take-over, and `direct` logs
+//!   a warning once.
 //!
 //! The copies of one doorbell batch share one event (a mark every 32 copies and at the end of the
 //! batch); the consumer polls the events without blocking and writes each WQE's completion once its
@@ -246,14 +254,25 @@ pub struct SoftQueueConfig {
     pub staging: Staging,
     /// RDMA writes (without immediate) and reads whose peer range is mapped in this process (see
     /// [`SoftQueue::set_peer_memory`]) run as copies on the queue's copy queue, and how
-    /// (`NVSHMEM_EFA_SOFT_IPC`, default [`CopyRoute::Host`]).
+    /// (`NVSHMEM_EFA_SOFT_IPC`, default [`CopyRoute::Kernel`]).
     pub ipc: CopyRoute,
-    /// Bytes of the bounce ring of [`CopyRoute::Host`] (`NVSHMEM_EFA_SOFT_IPC_BOUNCE`); a copy WQE
+    /// Bytes of the bounce ring of [`CopyRoute::Host`] and [`CopyRoute::Kernel`]
+    /// (`NVSHMEM_EFA_SOFT_IPC_BOUNCE`); a copy WQE
     /// larger than the ring takes the message path.
     pub ipc_bounce: usize,
     /// Copies through the batch API with the overlap hint where the driver has it
     /// (`NVSHMEM_EFA_COPY_OVERLAP`).
     pub copy_overlap: bool,
+    /// How long a launch of [`CopyRoute::Kernel`] may stay unstarted before the host takes its
+    /// copies over (`NVSHMEM_EFA_SOFT_KERNEL_STUCK_US`).
+    pub kernel_stuck: Duration,
+    /// Where CUDA is not usable, [`CopyRoute::Kernel`]'s launches run on a host thread
+    /// ([`crate::mover::kcopy::HostLauncher`]), each starting this long after it was made: a
+    /// kernel slow to start, for the tests.
+    pub kernel_host_delay: Duration,
+    /// Launches of [`CopyRoute::Kernel`] undecided at once before the next round waits and
+    /// gathers more copies (`NVSHMEM_EFA_SOFT_KERNEL_AHEAD`).
+    pub kernel_ahead: usize,
     /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
     /// id and phase checks, nothing else is validated or executed.
     pub null_consumer: bool,
@@ -310,9 +329,12 @@ impl SoftQueueConfig {
             send_buffers: (sq_depth as usize).clamp(16, 256),
             ctrl,
             staging: Staging::Off,
-            ipc: CopyRoute::Host,
+            ipc: CopyRoute::Kernel,
             ipc_bounce: DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
+            kernel_stuck: Duration::from_millis(2),
+            kernel_host_delay: Duration::ZERO,
+            kernel_ahead: 1,
             null_consumer: false,
         }
     }
@@ -330,7 +352,7 @@ impl SoftQueueConfig {
                 self.rx_entries
             )));
         }
-        if self.ipc == CopyRoute::Host && self.ipc_bounce < MIN_BOUNCE_BYTES {
+        if self.ipc.bounces() && self.ipc_bounce < MIN_BOUNCE_BYTES {
             return Err(GdaError::invalid(format!(
                 "bounce ring of {} bytes (at least {MIN_BOUNCE_BYTES})",
                 self.ipc_bounce
@@ -385,6 +407,11 @@ pub struct SoftQueueStats {
     pub ipc_copies: u64,
     /// Copy WQEs that waited for room in the bounce ring ([`CopyRoute::Host`]).
     pub ipc_ring_waits: u64,
+    /// Copy kernel launches ([`CopyRoute::Kernel`]): made, applied by the kernel, taken over by
+    /// the host.
+    pub kernel_launches: u64,
+    pub kernel_applied: u64,
+    pub kernel_taken_over: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -427,9 +454,15 @@ struct Inner {
     ipc: CopyRoute,
     ipc_bounce: usize,
     copy_overlap: bool,
+    /// [`SoftQueueConfig::kernel_stuck`] (for the log).
+    kernel_stuck: Duration,
+    /// [`SoftQueueConfig::kernel_ahead`].
+    kernel_ahead: usize,
     null_consumer: bool,
     ipc_copies: AtomicU64,
     ipc_ring_waits: AtomicU64,
+    /// [`SoftQueueStats::kernel_launches`], `kernel_applied`, `kernel_taken_over`.
+    kernel_counts: [AtomicU64; 3],
 }
 
 impl Inner {
@@ -509,9 +542,12 @@ impl SoftQueue {
             ipc: cfg.ipc,
             ipc_bounce: cfg.ipc_bounce,
             copy_overlap: cfg.copy_overlap,
+            kernel_stuck: cfg.kernel_stuck,
+            kernel_ahead: cfg.kernel_ahead.max(1),
             null_consumer: cfg.null_consumer,
             ipc_copies: AtomicU64::new(0),
             ipc_ring_waits: AtomicU64::new(0),
+            kernel_counts: Default::default(),
         });
         if cfg.null_consumer {
             tracing::warn!(
@@ -526,6 +562,7 @@ impl SoftQueue {
             );
         }
         let mut consumer = Consumer::new(inner.clone());
+        consumer.kcopies = kernel_copies(cfg, inner.cuda_ctx);
         consumer.post_all_receives()?;
         let thread = std::thread::Builder::new()
             .name("nvshmem-efa-softq".into())
@@ -811,6 +848,9 @@ impl SoftQueue {
             amos_applied: i.amos_applied.load(Ordering::Acquire),
             ipc_copies: i.ipc_copies.load(Ordering::Acquire),
             ipc_ring_waits: i.ipc_ring_waits.load(Ordering::Acquire),
+            kernel_launches: i.kernel_counts[0].load(Ordering::Acquire),
+            kernel_applied: i.kernel_counts[1].load(Ordering::Acquire),
+            kernel_taken_over: i.kernel_counts[2].load(Ordering::Acquire),
         }
     }
 
