@@ -6,6 +6,8 @@
 # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / PEs-per-GPU in every PE, or it runs in "limited MPG" mode
 # and refuses collectives. The MPS control daemon is started here when none runs and stopped by
 # gpu_placement_end if it was started here. Each program picks device (local rank % device count).
+# CUDA_VISIBLE_DEVICES, when set, limits the count (CUDA_VISIBLE_DEVICES=0 on a two-GPU machine runs
+# the one-GPU layout; the MPS daemon started here then serves that GPU only).
 #
 #   gpu_placement NPES     sets GPU_COUNT, GPU_LAYOUT (words for logs) and the array GPU_ENV
 #                          (VAR=value entries every rank needs); returns 1 without a GPU
@@ -17,6 +19,13 @@ gpu_placement() {
     GPU_ENV=()
     GPU_COUNT=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
     [ "${GPU_COUNT:-0}" -ge 1 ] || { GPU_LAYOUT="no GPU"; return 1; }
+    # CUDA_VISIBLE_DEVICES narrows what the programs see (e.g. =0: one GPU of two, PEs under MPS).
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        local visible
+        visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+        [ "$visible" -lt "$GPU_COUNT" ] && GPU_COUNT=$visible
+        [ "$GPU_COUNT" -ge 1 ] || { GPU_LAYOUT="no GPU (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"; return 1; }
+    fi
     if [ "$GPU_COUNT" -ge "$npes" ]; then
         GPU_LAYOUT="$npes PEs on $npes of $GPU_COUNT GPUs, one PE per GPU"
         return 0

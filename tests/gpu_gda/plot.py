@@ -4,7 +4,8 @@
 Usage: plot.py OUT_PREFIX CSV [CSV ...]
 
 Inputs: gda_bench CSVs (columns path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s), e.g. the
-library run (paths gda, proxy) and the P2P run (path p2p).
+library run (paths gda, proxy), the P2P run (path p2p) and other copy routes' runs (gda-host,
+gda-direct).
 Outputs: OUT_PREFIX.csv (all rows, same columns, sorted by path then size), OUT_PREFIX.txt (the
 table printed on stdout) and OUT_PREFIX.png (two panels, log-log: message rate and bandwidth vs
 message size, one line per path). Without matplotlib the PNG is skipped with a message; the
@@ -15,9 +16,11 @@ import csv
 import sys
 
 COLUMNS = ["path", "size_bytes", "msgs", "usec", "msg_rate_mps", "gbytes_per_s"]
-ORDER = {"gda": 0, "proxy": 1, "p2p": 2}
+ORDER = {"gda": 0, "gda-host": 1, "gda-direct": 2, "proxy": 3, "p2p": 4}
 LABELS = {
-    "gda": "GDA software queue (device API)",
+    "gda": "GDA software queue (device API; copy kernel route)",
+    "gda-host": "GDA software queue, host copy route (NVSHMEM_EFA_SOFT_IPC=host)",
+    "gda-direct": "GDA software queue, direct copy route (NVSHMEM_EFA_SOFT_IPC=direct)",
     "proxy": "NVSHMEM proxy via this library",
     "p2p": "NVSHMEM P2P (NVLink)",
 }

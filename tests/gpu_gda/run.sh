@@ -34,7 +34,8 @@ usage: tests/gpu_gda/run.sh [options]
 environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARGS,
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
   NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), GDA_TESTS_CASE_TIMEOUT (s per case),
-  GDA_BENCH_SETS (comma list of main, null, thread; default all three), GDA_BENCH_EXTRA (more
+  GDA_BENCH_SETS (comma list of main, null, thread, host, gda; default the first three; host: the gda
+  path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone), GDA_BENCH_EXTRA (more
   gda_bench options for every benchmark run, e.g. "--blocks 16 --warps 8"), GDA_NVCC_DEFINES (extra
   nvcc options for the programs, e.g. -DNVSHMEM_EFA_GDA_PROFILE: gda_bench prints where the device's
   posting time goes),
@@ -585,6 +586,12 @@ if [ $do_bench = 1 ]; then
         record "$name" "$(status_of $rc)" "$rows rows -> $csv (rc $rc)"
     }
     want_set() { case ",${GDA_BENCH_SETS:-main,null,thread}," in *",$1,"*) return 0 ;; esac; return 1; }
+    # Only with GDA_BENCH_SETS naming them: the host copy route (NVSHMEM_EFA_SOFT_IPC=host, rows
+    # gda-host) in the same run as main's gda (default route: the copy kernel) and proxy rows; the
+    # gda path alone on the default route.
+    host_env=("${bench_env[@]}" NVSHMEM_EFA_SOFT_IPC=host)
+    case ",${GDA_BENCH_SETS:-}," in *,host,*) bench_one bench-host host_env 120 gda ;; esac
+    case ",${GDA_BENCH_SETS:-}," in *,gda,*) bench_one bench-gda bench_env 120 gda ;; esac
     if want_set main; then
         bench_one bench-gda-proxy bench_env 120 gda,proxy
         bench_one bench-p2p p2p_env 90 p2p
@@ -601,9 +608,10 @@ if [ $do_bench = 1 ]; then
     fi
     inputs=()
     for f in "$OUT/bench-gda-proxy.csv" "$OUT/bench-p2p.csv"; do [ -s "$f" ] && inputs+=("$f"); done
+    [ -s "$OUT/bench-host.csv" ] && host_rows=("$OUT/bench-host.csv") || host_rows=()
     if ! want_set main; then
         record "bench-plot" skipped "GDA_BENCH_SETS has no main"
-    elif [ ${#inputs[@]} -gt 0 ] && python3 "$here/plot.py" "$OUT/bench" "${inputs[@]}" >"$OUT/plot.log" 2>&1; then
+    elif [ ${#inputs[@]} -gt 0 ] && python3 "$here/plot.py" "$OUT/bench" "${inputs[@]}" "${host_rows[@]}" >"$OUT/plot.log" 2>&1; then
         sed 's/^/    /' "$OUT/plot.log"
         if [ ${#inputs[@]} = 2 ]; then
             png="$OUT/bench.png"
