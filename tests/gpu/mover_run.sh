@@ -58,12 +58,9 @@ export NVSHMEM_HOME=${NVSHMEM_HOME:-/opt/torch/.venv/lib/python3.12/site-package
 export PLUGIN_DIR=$PWD/.gpu/plugin/lib LIBFABRIC_HOME=$PWD/.gpu/libfabric NVSHMEM_DISABLE_NVLS=1
 nvidia-smi -L | tee "$L/gpus.txt"
 nvidia-smi topo -m >>"$L/gpus.txt" 2>&1
-gpus=$(grep -c '^GPU ' "$L/gpus.txt")
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-    v=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-    [ "$v" -lt "$gpus" ] && gpus=$v
-    echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" | tee -a "$L/gpus.txt"
-fi
+source tests/gpu/mps.sh
+gpus=$(gpu_count)
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" | tee -a "$L/gpus.txt"
 echo "GPUs: $gpus ($([ "$gpus" -ge 2 ] && echo 'one PE per GPU' || echo '2 PEs under CUDA MPS'))"
 consumer_log="nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq::consumer=debug"
 kernel_lines() { # DIR: the copy kernel's stop lines and the route line, counted

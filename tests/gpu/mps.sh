@@ -9,23 +9,28 @@
 # CUDA_VISIBLE_DEVICES, when set, limits the count (CUDA_VISIBLE_DEVICES=0 on a two-GPU machine runs
 # the one-GPU layout; the MPS daemon started here then serves that GPU only).
 #
+#   gpu_count              prints how many GPUs the programs will see (nvidia-smi's, narrowed by
+#                          CUDA_VISIBLE_DEVICES)
 #   gpu_placement NPES     sets GPU_COUNT, GPU_LAYOUT (words for logs) and the array GPU_ENV
 #                          (VAR=value entries every rank needs); returns 1 without a GPU
 #   gpu_placement_end      stops the MPS daemon if gpu_placement started it
 
 GPU_MPS_STARTED=0
+gpu_count() {
+    local n visible
+    n=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+        [ "$visible" -lt "$n" ] && n=$visible
+    fi
+    echo "${n:-0}"
+}
+
 gpu_placement() {
     local npes=$1 per
     GPU_ENV=()
-    GPU_COUNT=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-    [ "${GPU_COUNT:-0}" -ge 1 ] || { GPU_LAYOUT="no GPU"; return 1; }
-    # CUDA_VISIBLE_DEVICES narrows what the programs see (e.g. =0: one GPU of two, PEs under MPS).
-    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-        local visible
-        visible=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-        [ "$visible" -lt "$GPU_COUNT" ] && GPU_COUNT=$visible
-        [ "$GPU_COUNT" -ge 1 ] || { GPU_LAYOUT="no GPU (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"; return 1; }
-    fi
+    GPU_COUNT=$(gpu_count)
+    [ "$GPU_COUNT" -ge 1 ] || { GPU_LAYOUT="no GPU${CUDA_VISIBLE_DEVICES:+ (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)}"; return 1; }
     if [ "$GPU_COUNT" -ge "$npes" ]; then
         GPU_LAYOUT="$npes PEs on $npes of $GPU_COUNT GPUs, one PE per GPU"
         return 0
