@@ -76,6 +76,12 @@ struct Loaded {
     func: usize,
 }
 
+// SAFETY: module and function handles are process-wide driver handles; every call through them
+// pushes the module's context first.
+unsafe impl Send for Loaded {}
+// SAFETY: as above; launching takes `&self` and the driver serialises launches per stream.
+unsafe impl Sync for Loaded {}
+
 impl Loaded {
     /// Loads `ptx` into context `ctx` (0: the current one) and finds `entry`. The driver compiles
     /// the text for the device here, once; call it where no kernel of the application waits on
@@ -153,12 +159,6 @@ impl Loaded {
 #[derive(Debug)]
 pub struct AmoKernel(Loaded);
 
-// SAFETY: module and function handles are process-wide driver handles; every call through them
-// pushes the module's context first.
-unsafe impl Send for AmoKernel {}
-// SAFETY: as above; launching takes `&self` and the driver serialises launches per stream.
-unsafe impl Sync for AmoKernel {}
-
 impl AmoKernel {
     /// Loads [`AMO_PTX`] into context `ctx` (0: the current one) (see [`Loaded::load`]: at
     /// connect).
@@ -215,11 +215,6 @@ impl AmoKernel {
 /// The copy kernel loaded into one context.
 #[derive(Debug)]
 pub struct CopyKernel(Loaded);
-
-// SAFETY: as for AmoKernel.
-unsafe impl Send for CopyKernel {}
-// SAFETY: as for AmoKernel.
-unsafe impl Sync for CopyKernel {}
 
 impl CopyKernel {
     /// Loads [`COPY_PTX`] into context `ctx` (0: the current one) (see [`Loaded::load`]: where the

@@ -209,6 +209,16 @@ impl Slots {
     }
 }
 
+/// Logs a take-over: the first one (per `warned`) as a warning, later ones at debug level.
+pub(super) fn warn_first(warned: &mut bool, msg: &str) {
+    if *warned {
+        tracing::debug!("{msg}");
+    } else {
+        *warned = true;
+        tracing::warn!("{msg} (logged once; later ones at debug level)");
+    }
+}
+
 /// What the transport needs to carry a taken-over atomic the other way: the operation as NVSHMEM
 /// gave it (plain integers, so that it may wait in another thread's hands).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -419,12 +429,7 @@ impl KernelAmos {
                  word meanwhile is not atomic against them",
                 r.take_over.len()
             );
-            if self.warned {
-                tracing::debug!("{msg}");
-            } else {
-                self.warned = true;
-                tracing::warn!("{msg} (logged once; later ones at debug level)");
-            }
+            warn_first(&mut self.warned, &msg);
         }
         r
     }

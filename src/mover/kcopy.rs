@@ -450,12 +450,7 @@ impl<T> KernelCopies<T> {
                  for {:?}",
                 self.hold
             );
-            if self.warned {
-                tracing::debug!("{msg}");
-            } else {
-                self.warned = true;
-                tracing::warn!("{msg} (logged once; later ones at debug level)");
-            }
+            super::amo::warn_first(&mut self.warned, &msg);
         }
     }
 
