@@ -342,17 +342,20 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    #[test]
-    fn copy_ptx_matches_the_launch() {
-        let entry = COPY_ENTRY.to_str().unwrap();
-        assert!(COPY_PTX.contains(&format!(".visible .entry {entry}(")));
-        let params: Vec<&str> = COPY_PTX
-            .lines()
+    /// The `.param` lines of `ptx`, which must declare the visible entry `entry`.
+    fn ptx_params<'a>(ptx: &'a str, entry: &std::ffi::CStr) -> Vec<&'a str> {
+        let entry = entry.to_str().unwrap();
+        assert!(ptx.contains(&format!(".visible .entry {entry}(")));
+        ptx.lines()
             .map(str::trim)
             .filter(|l| l.starts_with(".param"))
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn copy_ptx_matches_the_launch() {
         assert_eq!(
-            params,
+            ptx_params(COPY_PTX, COPY_ENTRY),
             [
                 ".param .u64 p_slot,",
                 ".param .u32 p_count,",
@@ -370,15 +373,8 @@ mod tests {
 
     #[test]
     fn ptx_names_the_entry_and_its_seven_parameters_in_launch_order() {
-        let entry = AMO_ENTRY.to_str().unwrap();
-        assert!(AMO_PTX.contains(&format!(".visible .entry {entry}(")));
-        let params: Vec<&str> = AMO_PTX
-            .lines()
-            .map(str::trim)
-            .filter(|l| l.starts_with(".param"))
-            .collect();
         assert_eq!(
-            params,
+            ptx_params(AMO_PTX, AMO_ENTRY),
             [
                 ".param .u64 p_target,",
                 ".param .u64 p_value,",
