@@ -85,6 +85,18 @@ def init_dist(local_rank: int, num_local_ranks: int):
 
 
 deepep_test_utils.init_dist = init_dist
+
+# --pressure-test loops over range(int(1e9)) seeds; DEEPEP_PRESSURE_SEEDS=N bounds that one loop to N
+# seeds (each seed still runs the test's own 1 + 20 hash-checked rounds). Only a range whose sole
+# argument is 1e9 is bounded; every other range is the builtin's.
+_pressure_seeds = int(os.getenv('DEEPEP_PRESSURE_SEEDS', '0') or 0)
+if _pressure_seeds > 0:
+    import builtins as _builtins
+
+    def range(*a):  # noqa: A001  (shadows the builtin for the test's code only)
+        if len(a) == 1 and a[0] == int(1e9):
+            return _builtins.range(_pressure_seeds)
+        return _builtins.range(*a)
 _test_file = os.path.join(test_dir, 'test_low_latency.py')
 with open(_test_file) as _f:
     _code = compile(_f.read(), _test_file, 'exec')
