@@ -22,7 +22,8 @@
 // number of operations issued.
 //
 // Usage: stream_bench CSV_PATH [--label NAME] [--ops put,get,put_signal,amo,signal] [--blocks 1,8]
-//                      [--sizes a,b,...] [--min-bytes N] [--max-bytes N] [--step F]
+//                      [--sizes a,b,...] [--min-bytes N] [--max-bytes N] [--step F] (sizes: min,
+//                      min x F, ... and max; default 8 B, x4, 64 MiB)
 //                      [--window K] [--cap-ms MS] [--budget-s S] [--no-verify]
 // CSV columns: label,op,blocks,size_bytes,window,iters,ops,usec,usec_per_op,mops,gbps,verified
 //   (iters: the slowest block's iterations; ops: operations completed; usec: from the first block's
@@ -201,8 +202,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (sizes.empty())
+    if (sizes.empty()) {
         for (size_t s = min_bytes; s <= max_bytes; s *= step) sizes.push_back(s);
+        if (!sizes.empty() && sizes.back() != max_bytes) sizes.push_back(max_bytes);  // the top size too
+    }
     bool bad_args = csv_path == nullptr || ops.empty() || blocks_list.empty() || step < 2 ||
                     cap_ms <= 0 || budget_s <= 0 || fixed_window < 0 || fixed_window > 100000;
     for (int b : blocks_list) bad_args |= b < 1 || b > 1024;
