@@ -148,6 +148,10 @@ def plot(rows, png):
         for j, op in enumerate(ops):
             ax = axes[i][j]
             sel = [r for r in rows if r["layout"] == layout and r["op"] == op]
+            if not sel:
+                ax.set_title(f"{layout}: {op}: no rows")
+                ax.axis("off")
+                continue
             for blocks in sorted({r["blocks"] for r in sel}):
                 pts = [(r["size_bytes"], float(r["library_gbps"])) for r in sel if r["blocks"] == blocks]
                 ax.plot(*zip(*pts), marker="o", label=f"library, {blocks} block(s)")
