@@ -350,14 +350,15 @@ int main(int argc, char **argv) {
                     }
                     const double usec = (double)(t1 - t0) / 1000.0;
                     const double mops = usec > 0 ? (double)nops / usec : 0.0;
-                    const double gbps = mops * (double)size / 1000.0;
+                    const size_t rsize = word_op ? 8 : size;  // an atomic moves one 8-byte word
+                    const double gbps = mops * (double)rsize / 1000.0;
                     const char *check = !verify ? "skipped" : bad ? "WRONG" : "ok";
                     printf("%-10s %6d %10zu %6d %7d %10.2f %12.3f %10.4f %9.3f %s\n",
-                           kOpNames[op], blocks, size, window, min_iters,
+                           kOpNames[op], blocks, rsize, window, min_iters,
                            min_iters ? usec / min_iters : 0.0, nops ? usec / nops : 0.0, mops,
                            gbps, check);
                     fprintf(csv, "%s,%s,%d,%zu,%d,%d,%llu,%.3f,%.5f,%.5f,%.5f,%s\n",
-                            label.c_str(), kOpNames[op], blocks, size, window, min_iters, nops,
+                            label.c_str(), kOpNames[op], blocks, rsize, window, min_iters, nops,
                             usec, nops ? usec / nops : 0.0, mops, gbps, check);
                     fflush(csv);
                 }

@@ -28,8 +28,8 @@ cd "$repo"
 usage() {
     cat <<'EOF'
 usage: tests/gpu/stream_run.sh [options]
-  --quick        fewer sizes (8 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB), shorter measurements: ~4 minutes
-  --budget S     wall-clock budget in seconds (default 460; --quick 240)
+  --quick        fewer sizes (8 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB), shorter measurements: ~5 minutes
+  --budget S     wall-clock budget in seconds (default 460; --quick 300)
   --only LIST    comma-separated steps: same,p2p,null,two,twonull,lat,fabric,torch,twotorch
                  (default: all)
   --dry-run      check the inputs and print every command without running anything
@@ -52,7 +52,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ -n "$budget" ] || budget=$([ $quick = 1 ] && echo 240 || echo 460)
+[ -n "$budget" ] || budget=$([ $quick = 1 ] && echo 300 || echo 460)
 case $budget in '' | *[!0-9]*) echo "--budget must be seconds" >&2; exit 2 ;; esac
 T0=$SECONDS
 left() { echo $((budget - (SECONDS - T0))); }
@@ -203,8 +203,8 @@ fits() { # WHAT SECONDS: whether the step fits the budget left
     say "--- $1 ($l s left)"
 }
 
-big=$([ $quick = 1 ] && echo 50 || echo 70)
-small=$([ $quick = 1 ] && echo 35 || echo 50)
+big=$([ $quick = 1 ] && echo 40 || echo 70)
+small=$([ $quick = 1 ] && echo 30 || echo 50)
 
 # ---------------------------------------------------------------- the stream runs
 if want same && fits "same-host: library on shm, P2P off" "$big"; then
@@ -222,7 +222,7 @@ fi
 if want twonull && [ $two_ok = 1 ] && fits "two-host: null completion" "$small"; then
     stream two-null two-host null tcp "$small" $(lib_env tcp "${TH_IF[0]}") NVSHMEM_EFA_BENCH_NULL=1
 fi
-if want lat && fits "one put then quiet (latency), both layouts" 50; then
+if want lat && fits "one put then quiet (latency), both layouts" 40; then
     for lay in same two; do
         [ $lay = two ] && [ $two_ok = 0 ] && continue
         prov=$([ $lay = same ] && echo shm || echo tcp)
