@@ -13,7 +13,8 @@
 #   twohost_check        both sides see their address and host name, and a TCP connection from
 #                        namespace 1 to 0 over the veth works
 # TWOHOST_IP: the ip command (default: ip on PATH); TWOHOST_IP_LIBS: a directory put in front of
-# LD_LIBRARY_PATH for it (a private iproute2 and its libraries).
+# LD_LIBRARY_PATH for it (a private iproute2 and its libraries); TWOHOST_HOLD_S: how long the
+# holders live at most (default 3600 s), so namespaces of a killed run do not stay for ever.
 
 TH_PID=()
 TH_IF=()
@@ -47,8 +48,8 @@ twohost_up() {
     TH_PID=()
     for i in 0 1; do
         # The holder sets its namespace's host name, then sleeps; ended by twohost_down.
-        unshare -n -u -- sh -c 'echo "$0" > /proc/sys/kernel/hostname 2>/dev/null || hostname "$0" || exit 1; exec sleep 100000' \
-            "${TH_HOST[$i]}" </dev/null >/dev/null 2>&1 &
+        unshare -n -u -- sh -c 'echo "$0" > /proc/sys/kernel/hostname 2>/dev/null || hostname "$0" || exit 1; exec sleep "$1"' \
+            "${TH_HOST[$i]}" "${TWOHOST_HOLD_S:-3600}" </dev/null >/dev/null 2>&1 &
         TH_PID+=($!)
     done
     # Up when the host name shows inside.
