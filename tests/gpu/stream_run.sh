@@ -282,6 +282,7 @@ fab() {
         printf '    %-9s %-4s %-5s %-4s %10s  k %3s  %s MB/s\n' "$layout" "$prov" "$op" "$mem" "$size" "$k" "${line#*,}"
     else
         printf '    %-9s %-4s %-5s %-4s %10s  k %3s  FAILED (client %s, server %s; %s)\n' "$layout" "$prov" "$op" "$mem" "$size" "$k" "$crc" "$src" "$lg"
+        return 1
     fi
 }
 hmem_of() { # PROVIDER: cuda when fi_info lists it with FI_HMEM, else host
@@ -297,10 +298,17 @@ if want fabric && fits "fi_rma_bw, same windows and providers (write, read)" 40;
         prov=$([ $lay = same-host ] && echo shm || echo tcp)
         mem=$(hmem_of "$prov")
         say "fi_rma_bw $lay on $prov, $mem memory"
+        first=1
         for op in write read; do
             for s in $FAB_SIZES; do
                 [ "$(left)" -lt 12 ] && { say "fi_rma_bw: out of time at $lay $op $s"; break 3; }
-                fab "$lay" "$prov" "$mem" "$op" "$s"
+                if ! fab "$lay" "$prov" "$mem" "$op" "$s" && [ $first = 1 ] && [ "$mem" = cuda ]; then
+                    # fi_info lists FI_HMEM, yet GPU memory fails: host memory then (says so).
+                    mem=host
+                    say "fi_rma_bw $lay on $prov: GPU memory failed at the first size; host memory from here"
+                    fab "$lay" "$prov" "$mem" "$op" "$s"
+                fi
+                first=0
             done
         done
     done
