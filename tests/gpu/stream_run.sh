@@ -339,7 +339,7 @@ if want twotorch && [ $two_ok = 1 ] && fits "PyTorch all-to-all two-host: librar
         port=$((29500 + RANDOM % 1000))
         pids=()
         for r in 0 1; do
-            tcmd=(timeout -k 10 80 nsenter -t "${TH_PID[$r]}" -n -u -- env -u LD_PRELOAD PYTHONUNBUFFERED=1
+            tcmd=(timeout -k 10 "$(($(left) < 80 ? $(left) : 80))" nsenter -t "${TH_PID[$r]}" -n -u -- env -u LD_PRELOAD PYTHONUNBUFFERED=1
                 "${GPU_ENV[@]}" "LD_LIBRARY_PATH=$fabric_lib:$nvdir/lib" "FI_PROVIDER_PATH=$fabric_lib/libfabric"
                 NVSHMEM_DISABLE_P2P=1 NVSHMEM_DISABLE_NVLS=1 NVSHMEM_LIBFABRIC_PROVIDER=tcp
                 "FI_TCP_IFACE=${TH_IF[0]}" "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=${TH_IF[0]}" NVSHMEM_BOOTSTRAP_UID_SOCK_FAMILY=AF_INET
@@ -380,8 +380,13 @@ else
     say "no matplotlib here: make the plot elsewhere with python3 tests/gpu/stream_compare.py DIR --png DIR/stream-compare.png"
 fi
 grep -h 'NVSHMEM_EFA_BENCH_NULL=1: BENCHMARK MODE ended' "$L"/*null*.log 2>/dev/null | head -n 2 | sed 's/^/    /'
-grep -hoE 'PE [01]: [0-9] of 2 PEs on this host' "$L"/same-library.pe*.log "$L"/two-library.pe*.log 2>/dev/null |
-    sort | uniq -c | sed 's/^/    host identity: /'
+for lay in same two; do
+    ids=$(grep -hoE 'PE [01]: [0-9] of 2 PEs on this host' "$L/$lay-library.pe0.log" "$L/$lay-library.pe1.log" 2>/dev/null | sort -u | paste -sd';' -)
+    [ -n "$ids" ] && say "host identity, $lay-host layout: $ids"
+    if [ $lay = two ] && echo "$ids" | grep -q '2 of 2'; then
+        say "WARNING: in the two-host layout the library saw both PEs on one host: the figures are not the path between hosts"
+    fi
+done
 tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
 say "done in $((SECONDS - T0)) s; compare exit status $crc; results in $OUT"
 exit $crc
