@@ -24,6 +24,9 @@ stage clippy cargo clippy --all-targets --locked -- -D warnings
 stage build-release cargo build --release --locked
 # Unit, integration (host harness for ABI v3 and v4, software queue, fabric layer), header freshness.
 stage cargo-test cargo test --release --locked -- --test-threads=1
+# Two "hosts" on this machine (network + UTS namespaces over a veth pair), host memory, tcp: the
+# harness's cases and its stream benchmark next to fi_rma_bw in the same namespaces (data checked).
+stage twohost-host env OUT="${TMPDIR:-/tmp}/twohost-ci" bash tests/twohost/ci.sh
 stage wheel bash .ci/wheel.sh
 stage efa-golden-cuda bash tests/cuda/run_golden.sh
 stage gpu-tests-compile bash tests/gpu/run.sh --compile-only

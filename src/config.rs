@@ -91,6 +91,13 @@ pub struct Config {
     /// `NVSHMEM_EFA_SOFT_NULL`: benchmark mode of the software queue: WQEs are completed with success
     /// after the request id and phase checks, without moving data (the GPU's post rate).
     pub soft_null: bool,
+    /// `NVSHMEM_EFA_BENCH_NULL`: benchmark mode of the transport (`src/capi/bench_null.rs`): every
+    /// RMA (put, get), put-with-signal and non-fetching atomic NVSHMEM's proxy issues (the proxy
+    /// endpoint) completes at once without moving data, so NVSHMEM's own proxy ceiling can be timed.
+    /// Host-initiated operations, fetching atomics and NVSHMEM's barrier signals
+    /// (`NVSHMEMI_AMO_SIGNAL`, `ACK`) still run, so the job keeps synchronising. Logged as a
+    /// warning at init and at finalize (with the count). Default off.
+    pub bench_null: bool,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
@@ -266,6 +273,7 @@ impl Config {
             soft_kernel_host_delay: Duration::ZERO,
             soft_kernel_ahead: 1,
             soft_null: false,
+            bench_null: false,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
         };
@@ -407,6 +415,9 @@ impl Config {
         if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_NULL")? {
             c.soft_null = b;
         }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_BENCH_NULL")? {
+            c.bench_null = b;
+        }
         if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
             c.sq_entry_size = match v.trim() {
                 "64" => 64,
@@ -452,10 +463,11 @@ mod tests {
             ("NVSHMEM_EFA_SQ_ENTRY_SIZE", "64 or 128")
         );
         type Flag = fn(&Config) -> bool;
-        let flags: [(&str, Flag); 3] = [
+        let flags: [(&str, Flag); 4] = [
             ("NVSHMEM_EFA_SOFT_RX_OVERWRITE", |c| c.soft_rx_overwrite),
             ("NVSHMEM_EFA_SOFT_RX_CREDITS", |c| c.soft_rx_credits),
             ("NVSHMEM_EFA_SOFT_NULL", |c| c.soft_null),
+            ("NVSHMEM_EFA_BENCH_NULL", |c| c.bench_null),
         ];
         for (var, flag) in flags {
             assert!(!flag(&cfg(&[]).unwrap()), "{var} defaults to off");

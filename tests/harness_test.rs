@@ -532,3 +532,61 @@ fn harness_reports_injected_faults() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
+
+/// `NVSHMEM_EFA_BENCH_NULL=1` (benchmarks only) through the real ABI: puts on the host endpoint
+/// still move data (`put` passes), puts and gets through the proxy endpoint complete without data
+/// (`proxy_put_get` fails its byte checks), and the library warns at init and, with the count, at
+/// finalize.
+#[test]
+fn bench_null_completes_proxy_rma_without_data() {
+    let lib = cdylib();
+    let args: Vec<OsString> = vec![
+        "--lib".into(),
+        lib.into_os_string(),
+        "--abi".into(),
+        "4".into(),
+        "--np".into(),
+        "2".into(),
+        "--case".into(),
+        "put".into(),
+        "--case".into(),
+        "proxy_put_get".into(),
+    ];
+    let env = [
+        ("FI_TCP_IFACE", Some("lo")),
+        ("NVSHMEM_LIBFABRIC_PROVIDER", Some("tcp")),
+        ("NVSHMEM_EFA_GDA", Some("off")),
+        ("NVSHMEM_EFA_BENCH_NULL", Some("1")),
+        ("NVSHMEM_EFA_LOG", Some("warn")),
+    ];
+    let out = run_harness(&args, &env, RUN_LIMIT);
+    let has = |prefix: &str| out.stdout.lines().any(|l| l.starts_with(prefix));
+    assert!(!out.timed_out, "timed out\n{}", out.report());
+    assert!(
+        has("PASS put abi=4 np=2"),
+        "host-endpoint puts must still move data\n{}",
+        out.report()
+    );
+    assert!(
+        has("FAIL proxy_put_get abi=4 np=2"),
+        "proxy-endpoint puts and gets must not move data\n{}",
+        out.report()
+    );
+    assert!(
+        out.stderr
+            .contains("NVSHMEM_EFA_BENCH_NULL=1: BENCHMARK MODE:"),
+        "no warning at init\n{}",
+        out.report()
+    );
+    let counts: Vec<u64> = out
+        .stderr
+        .lines()
+        .filter_map(|l| l.split("BENCHMARK MODE ended: ").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(
+        counts.len() == 2 && counts.iter().any(|&n| n > 0),
+        "want one finalize warning per rank with operations counted, got {counts:?}\n{}",
+        out.report()
+    );
+}

@@ -1,6 +1,7 @@
 //! Every `extern "C"` entry point. Each one runs its body inside [`ffi_guard`]: a panic never unwinds
 //! into C; it is logged and turned into an error code. Argument checks happen here, before the safe
 //! implementation runs.
+mod bench_null;
 pub mod gda;
 pub mod info;
 pub mod transport;

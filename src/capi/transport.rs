@@ -21,6 +21,8 @@ use crate::nvshmem::abi::{
     PeInfo, RmaBytesdesc, RmaMemdesc, RmaVerb, TransportTail,
 };
 use crate::nvshmem::ops_v5plus::BatchState;
+
+use super::bench_null::BenchNull;
 use crate::nvshmem::transport::{TResult, Transport, TransportError, EP_HOST, EP_PROXY};
 
 const INTERNAL: c_int = NVSHMEM_EFA_ERROR_INTERNAL;
@@ -30,6 +32,8 @@ const INVALID: c_int = NVSHMEM_EFA_ERROR_INVALID_VALUE;
 struct Plugin {
     tr: Arc<Transport>,
     batch: BatchState,
+    /// `NVSHMEM_EFA_BENCH_NULL` (benchmarks only).
+    null: BenchNull,
 }
 
 impl std::ops::Deref for Plugin {
@@ -204,6 +208,7 @@ pub unsafe extern "C" fn nvshmemt_init(
                 return INVALID;
             }
         };
+        let null = BenchNull::new(cfg.bench_null);
         let tr = match Transport::new(cfg) {
             Ok(t) => Arc::new(t),
             Err(e) => {
@@ -214,6 +219,7 @@ pub unsafe extern "C" fn nvshmemt_init(
         let plugin = Arc::new(Plugin {
             tr,
             batch: BatchState::default(),
+            null,
         });
         let state = Box::into_raw(Box::new(plugin)) as *mut c_void;
         let version = api_version.min(own);
@@ -536,6 +542,7 @@ unsafe extern "C" fn finalize<L: Layout>(t: *mut c_void) -> c_int {
         if !state.is_null() {
             // SAFETY: taken back exactly once (the struct left LIVE above).
             let tr = unsafe { Box::from_raw(state) };
+            tr.null.report();
             tr.shutdown();
             drop(tr);
         }
@@ -599,6 +606,9 @@ unsafe extern "C" fn rma<L: Layout>(
 ) -> c_int {
     // SAFETY: NVSHMEM's descriptors, valid for the call; buffers live until quiet.
     with::<L>("rma", t, |tr| {
+        if tr.null.rma(L::endpoint(ep)) {
+            return 0;
+        }
         code(unsafe { tr.rma(pe, verb, r, l, b, L::endpoint(ep)) })
     })
 }
@@ -617,6 +627,9 @@ unsafe extern "C" fn amo<L: Layout, V: VerbArg>(
     let ep = L::endpoint(ep);
     // SAFETY: NVSHMEM's descriptor, valid for the call; retptr lives until quiet.
     with::<L>("amo", t, |tr| {
+        if tr.null.amo(ep, verb.op) {
+            return 0;
+        }
         code(unsafe {
             if is_float {
                 tr.amo_float(pe, verb, m, b.elembytes, ep)
@@ -682,6 +695,9 @@ unsafe extern "C" fn put_signal<L: Layout, V: VerbArg>(
         return INVALID;
     }
     with::<L>("put_signal", t, |tr| {
+        if tr.null.rma(L::endpoint(qp)) {
+            return 0;
+        }
         if remote.is_null() || local.is_null() || bytes.is_null() || sig.is_null() {
             tracing::error!("put_signal: null argument");
             return INVALID;
@@ -730,6 +746,9 @@ unsafe extern "C" fn rma_with_hints<L: Layout>(
     // SAFETY: a null attrs means "no hints"; otherwise NVSHMEM's struct, valid for the call.
     let more = !attrs.is_null() && unsafe { (*attrs).flags } & op_flag::MORE_FOLLOWS != 0;
     with::<L>("rma_with_hints", t, |tr| {
+        if tr.null.rma(L::endpoint(qp)) {
+            return 0;
+        }
         // SAFETY: NVSHMEM's descriptors, valid for the call; buffers live until quiet.
         code(unsafe { tr.rma_batched(&tr.batch, pe, verb, r, l, b, L::endpoint(qp), more) })
     })

@@ -19,7 +19,8 @@ repo=$(cd "$here/../.." && pwd)
 usage() {
     cat <<'EOF'
 usage: tests/gpu/run.sh [options]
-  --compile-only      build both programs for sm_80 and sm_90 and link them; no GPU, no run
+  --compile-only      build the programs (nvshmem_tests, nvshmem_bench, stream_bench) for sm_80
+                      and sm_90 and link them; no GPU, no run
   --plugin-dir DIR    directory with nvshmem_transport_libfabric.so.N, N = NVSHMEM's transport ABI
                       major (3 to 7), and libnvshmem_efa_gda.so
                       (default: $PLUGIN_DIR)
@@ -159,20 +160,25 @@ build() {
     "${cmd[@]}" >>"$log" 2>&1
 }
 
-# build_variant TAG: both programs, in parallel, into $work/nvshmem_{tests,bench}TAG
+# build_variant TAG: the three programs, in parallel, into $work/{nvshmem_tests,nvshmem_bench,stream_bench}TAG
 build_variant() {
     local tag=$1
-    local t0=$SECONDS rc1 rc2 p
+    local t0=$SECONDS rc1 rc2 rc3 p q
     build "$here/nvshmem_tests.cu" "$work/nvshmem_tests$tag" "$OUT/build-tests$tag.log" &
     p=$!
+    build "$here/stream_bench.cu" "$work/stream_bench$tag" "$OUT/build-stream$tag.log" &
+    q=$!
     build "$here/nvshmem_bench.cu" "$work/nvshmem_bench$tag" "$OUT/build-bench$tag.log"
     rc2=$?
     wait $p
     rc1=$?
-    if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+    wait $q
+    rc3=$?
+    if [ $rc1 != 0 ] || [ $rc2 != 0 ] || [ $rc3 != 0 ]; then
         say "build$tag FAILED ($((SECONDS - t0)) s); compiler output:"
         [ $rc1 != 0 ] && tail -n 40 "$OUT/build-tests$tag.log"
         [ $rc2 != 0 ] && tail -n 40 "$OUT/build-bench$tag.log"
+        [ $rc3 != 0 ] && tail -n 40 "$OUT/build-stream$tag.log"
         return 1
     fi
     say "build$tag ok ($((SECONDS - t0)) s)"
@@ -199,7 +205,7 @@ if [ $compile_only = 1 ]; then
             "$b" --list >"$work/list.txt" 2>&1 && grep -q '^  collectives ' "$work/list.txt" ||
                 { say "$(basename "$b") --list failed:"; cat "$work/list.txt"; status=1; }
         done
-        for b in "$work"/nvshmem_bench-*; do
+        for b in "$work"/nvshmem_bench-* "$work"/stream_bench-*; do
             "$b" --help >/dev/null 2>&1 || { say "$(basename "$b") --help failed"; status=1; }
         done
         # compare.py on two small synthetic CSVs
@@ -220,7 +226,8 @@ if [ $compile_only = 1 ]; then
         [ $use_mpi = 1 ] && v=-mpi
         mkdir -p "$save_bins" && cp "$work/nvshmem_tests$v" "$save_bins/nvshmem_tests" &&
             cp "$work/nvshmem_bench$v" "$save_bins/nvshmem_bench" &&
-            say "saved nvshmem_tests, nvshmem_bench ($v, sm_80 + sm_90) in $save_bins" || status=1
+            cp "$work/stream_bench$v" "$save_bins/stream_bench" &&
+            say "saved nvshmem_tests, nvshmem_bench, stream_bench ($v, sm_80 + sm_90) in $save_bins" || status=1
     fi
     if [ $status = 0 ]; then say "compile-only: ok"; else say "compile-only: FAILED"; fi
     exit $status

@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "nvshmem_abi.h"
+#include "rank_ns.h"
 
 /* ======================================================================================
  * Limits and heap layout
@@ -3265,6 +3266,7 @@ int main(int argc, char **argv) {
         if (pid == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the launcher */
             if (getppid() != launcher) _exit(1);
+            if (rank_enter_ns(r)) _exit(2); /* HARNESS_RANK_NS: one "host" per rank (rank_ns.h) */
             bs.np = g.np;
             bs.rank = r;
             g.rank = r;
