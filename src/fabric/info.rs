@@ -372,6 +372,69 @@ pub fn library_version() -> (u32, u32) {
     (v >> 16, v & 0xffff)
 }
 
+/// A NIC as libfabric lists it: one domain of a provider, with its PCI address where the provider
+/// fills in the NIC attributes (`fi_info::nic->bus_attr`; EFA and verbs do, tcp and shm do not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicAddr {
+    pub provider: String,
+    pub fabric: String,
+    /// The domain name (the device name: `rdmap16s27` for EFA, the interface for tcp).
+    pub domain: String,
+    /// `domain:bus:device.function`, as PCI numbers.
+    pub pci: Option<(u16, u8, u8, u8)>,
+}
+
+/// Every domain libfabric answers for (no hints), once per provider and domain, with its PCI
+/// address where known. Empty when libfabric answers nothing.
+pub fn list_nics() -> Vec<NicAddr> {
+    let mut out: Vec<NicAddr> = Vec::new();
+    // SAFETY: plain getinfo with no hints; every pointer read is checked for NULL and the list is
+    // freed before returning.
+    unsafe {
+        let mut list: *mut fi::fi_info = std::ptr::null_mut();
+        if fi::fi_getinfo(
+            API_VERSION,
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            &mut list,
+        ) != 0
+        {
+            return out;
+        }
+        let mut cur = list;
+        while !cur.is_null() {
+            let provider = cstr_or_empty((*(*cur).fabric_attr).prov_name);
+            let fabric = cstr_or_empty((*(*cur).fabric_attr).name);
+            let domain = cstr_or_empty((*(*cur).domain_attr).name);
+            let nic = (*cur).nic;
+            let mut pci = None;
+            if !nic.is_null() && !(*nic).bus_attr.is_null() {
+                let bus = &*(*nic).bus_attr;
+                if bus.bus_type == fi::fi_bus_type_FI_BUS_PCI {
+                    let p = bus.attr.pci;
+                    pci = Some((p.domain_id, p.bus_id, p.device_id, p.function_id));
+                }
+            }
+            if !out
+                .iter()
+                .any(|n| n.provider == provider && n.domain == domain)
+            {
+                out.push(NicAddr {
+                    provider,
+                    fabric,
+                    domain,
+                    pci,
+                });
+            }
+            cur = (*cur).next;
+        }
+        fi::fi_freeinfo(list);
+    }
+    out
+}
+
 /// Names of every provider libfabric answers for (no hints), deduplicated, for the probe.
 pub fn list_providers() -> Vec<(String, String)> {
     let mut out = Vec::new();
