@@ -22,6 +22,7 @@
 //! `NVSHMEM_HCA_PE_MAPPING` are read only by NVSHMEM's InfiniBand transports, not by its libfabric
 //! transport; they are reported as ignored. The root of the sysfs tree is a parameter, so tests run
 //! the choice on a fake tree.
+use std::cmp::Reverse;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -441,14 +442,7 @@ pub fn choose(gpus: &[PciDevice], nics: &[PciDevice], policy: &NicPolicy) -> Vec
                     .iter()
                     .copied()
                     .filter(|n| !picks[g].iter().any(|p| p.nic == *n))
-                    .min_by_key(|&n| {
-                        (
-                            uses[n],
-                            usize::MAX - links[g][n].shared,
-                            links[g][n].hops,
-                            n,
-                        )
-                    });
+                    .min_by_key(|&n| (uses[n], Reverse(links[g][n].shared), links[g][n].hops, n));
                 if let Some(n) = best {
                     uses[n] += 1;
                     picks[g].push(Pick {
@@ -463,14 +457,7 @@ pub fn choose(gpus: &[PciDevice], nics: &[PciDevice], policy: &NicPolicy) -> Vec
         .into_iter()
         .enumerate()
         .map(|(g, mut ps)| {
-            ps.sort_by_key(|p| {
-                (
-                    p.link.distance,
-                    usize::MAX - p.link.shared,
-                    p.link.hops,
-                    p.nic,
-                )
-            });
+            ps.sort_by_key(|p| (p.link.distance, Reverse(p.link.shared), p.link.hops, p.nic));
             let class = ps.first().map(|p| p.link.distance).expect("want >= 1");
             let limit = if want < offered {
                 format!(
