@@ -384,12 +384,11 @@ pub struct NicAddr {
     pub pci: Option<(u16, u8, u8, u8)>,
 }
 
-/// Every domain libfabric answers for (no hints), once per provider and domain, with its PCI
-/// address where known. Empty when libfabric answers nothing.
-pub fn list_nics() -> Vec<NicAddr> {
-    let mut out: Vec<NicAddr> = Vec::new();
-    // SAFETY: plain getinfo with no hints; every pointer read is checked for NULL and the list is
-    // freed before returning.
+/// Calls `each` with every entry of libfabric's answer to a getinfo without hints (nothing when it
+/// answers nothing).
+fn for_each_unhinted_info(mut each: impl FnMut(&fi::fi_info)) {
+    // SAFETY: plain getinfo with no hints; the entries are only read, each while the list lives,
+    // and the list is freed before returning.
     unsafe {
         let mut list: *mut fi::fi_info = std::ptr::null_mut();
         if fi::fi_getinfo(
@@ -401,14 +400,26 @@ pub fn list_nics() -> Vec<NicAddr> {
             &mut list,
         ) != 0
         {
-            return out;
+            return;
         }
         let mut cur = list;
         while !cur.is_null() {
-            let provider = cstr_or_empty((*(*cur).fabric_attr).prov_name);
-            let fabric = cstr_or_empty((*(*cur).fabric_attr).name);
-            let domain = cstr_or_empty((*(*cur).domain_attr).name);
-            let nic = (*cur).nic;
+            each(&*cur);
+            cur = (*cur).next;
+        }
+        fi::fi_freeinfo(list);
+    }
+}
+
+/// Every domain libfabric answers for (no hints), once per provider and domain, with its PCI
+/// address where known. Empty when libfabric answers nothing.
+pub fn list_nics() -> Vec<NicAddr> {
+    let mut out: Vec<NicAddr> = Vec::new();
+    for_each_unhinted_info(|info| {
+        // SAFETY: a getinfo answer always has fabric and domain attributes; `nic` and its
+        // `bus_attr` are checked for NULL, and the PCI member is read only for a PCI bus.
+        let (provider, fabric, domain, pci) = unsafe {
+            let nic = info.nic;
             let mut pci = None;
             if !nic.is_null() && !(*nic).bus_attr.is_null() {
                 let bus = &*(*nic).bus_attr;
@@ -417,51 +428,42 @@ pub fn list_nics() -> Vec<NicAddr> {
                     pci = Some((p.domain_id, p.bus_id, p.device_id, p.function_id));
                 }
             }
-            if !out
-                .iter()
-                .any(|n| n.provider == provider && n.domain == domain)
-            {
-                out.push(NicAddr {
-                    provider,
-                    fabric,
-                    domain,
-                    pci,
-                });
-            }
-            cur = (*cur).next;
+            (
+                cstr_or_empty((*info.fabric_attr).prov_name),
+                cstr_or_empty((*info.fabric_attr).name),
+                cstr_or_empty((*info.domain_attr).name),
+                pci,
+            )
+        };
+        if !out
+            .iter()
+            .any(|n| n.provider == provider && n.domain == domain)
+        {
+            out.push(NicAddr {
+                provider,
+                fabric,
+                domain,
+                pci,
+            });
         }
-        fi::fi_freeinfo(list);
-    }
+    });
     out
 }
 
 /// Names of every provider libfabric answers for (no hints), deduplicated, for the probe.
 pub fn list_providers() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    // SAFETY: plain getinfo with no hints; the list is freed before returning.
-    unsafe {
-        let mut list: *mut fi::fi_info = std::ptr::null_mut();
-        if fi::fi_getinfo(
-            API_VERSION,
-            std::ptr::null(),
-            std::ptr::null(),
-            0,
-            std::ptr::null(),
-            &mut list,
-        ) != 0
-        {
-            return out;
+    for_each_unhinted_info(|info| {
+        // SAFETY: a getinfo answer always has fabric attributes.
+        let (prov, fab) = unsafe {
+            (
+                cstr_or_empty((*info.fabric_attr).prov_name),
+                cstr_or_empty((*info.fabric_attr).name),
+            )
+        };
+        if !out.iter().any(|(p, f)| *p == prov && *f == fab) {
+            out.push((prov, fab));
         }
-        let mut cur = list;
-        while !cur.is_null() {
-            let prov = cstr_or_empty((*(*cur).fabric_attr).prov_name);
-            let fab = cstr_or_empty((*(*cur).fabric_attr).name);
-            if !out.iter().any(|(p, f)| *p == prov && *f == fab) {
-                out.push((prov, fab));
-            }
-            cur = (*cur).next;
-        }
-        fi::fi_freeinfo(list);
-    }
+    });
     out
 }

@@ -142,14 +142,19 @@ func_range() {
     END { print s + 0, e + 0 }' "$1"
 }
 
-structure_checks() {  # <label> <patched libfabric.cpp>
-  local v=$1 f=$2 s e l1 l2
-  # The include sits at preprocessor depth 0 (not under NVSHMEM_USE_GDRCOPY or anything else).
-  check "$v: nvshmem_efa_gda.h included outside any #if" awk '
+# include_at_top_level <file>: nvshmem_efa_gda.h is included at preprocessor depth 0.
+include_at_top_level() {
+  awk '
     /^[[:space:]]*#[[:space:]]*if/ { d++ }
     /^[[:space:]]*#[[:space:]]*endif/ { d-- }
     /^[[:space:]]*#[[:space:]]*include[[:space:]]*"nvshmem_efa_gda\.h"/ { found = 1; if (d != 0) bad = 1 }
-    END { exit !(found && !bad) }' "$f"
+    END { exit !(found && !bad) }' "$1"
+}
+
+structure_checks() {  # <label> <patched libfabric.cpp>
+  local v=$1 f=$2 s e l1 l2
+  # The include sits at preprocessor depth 0 (not under NVSHMEM_USE_GDRCOPY or anything else).
+  check "$v: nvshmem_efa_gda.h included outside any #if" include_at_top_level "$f"
   check "$v: GDA bound to the proxy endpoint, never eps[0]" bash -c '
     grep -q "const int proxy = NVSHMEMT_LIBFABRIC_PROXY_EP_IDX;" "$1" &&
     grep -q "nvshmemt_efa_gda_init_on_ep(state->domain, state->eps\[proxy\].endpoint)" "$1" &&
@@ -177,11 +182,7 @@ structure_checks() {  # <label> <patched libfabric.cpp>
 
 structure_checks_multinic() {  # <label> <patched libfabric.cpp>
   local v=$1 f=$2 s e l1 l2 l3 last_def
-  check "$v: nvshmem_efa_gda.h included outside any #if" awk '
-    /^[[:space:]]*#[[:space:]]*if/ { d++ }
-    /^[[:space:]]*#[[:space:]]*endif/ { d-- }
-    /^[[:space:]]*#[[:space:]]*include[[:space:]]*"nvshmem_efa_gda\.h"/ { found = 1; if (d != 0) bad = 1 }
-    END { exit !(found && !bad) }' "$f"
+  check "$v: nvshmem_efa_gda.h included outside any #if" include_at_top_level "$f"
   check "$v: GDA bound to the first proxy endpoint (index num_host_domains)" bash -c '
     grep -q "const int proxy = state->num_host_domains;" "$1" &&
     grep -q "nvshmemt_efa_gda_init_on_ep(state->domains\[state->eps\[proxy\]->domain_index\]," "$1" &&
