@@ -602,6 +602,40 @@ pub fn report(sys: &Sysfs, listed: &[NicName], policy: NicPolicy) -> Report {
     }
 }
 
+/// The NICs for the GPU at `gpu` (a PE's device, e.g. from `cuDeviceGetPCIBusId`), chosen as for
+/// the whole node: the other GPUs sysfs lists take part, so that two PEs of one node do not pile
+/// onto the same NICs. A GPU sysfs does not list as an NVIDIA GPU is chosen for alone. The
+/// transport's rails take their NICs from here.
+pub fn nics_for_gpu(
+    sys: &Sysfs,
+    gpu: PciAddr,
+    listed: &[NicName],
+    policy: NicPolicy,
+) -> Result<GpuLine> {
+    let mut r = report(sys, listed, policy.clone());
+    if let Some(line) = r.gpus.iter().position(|l| l.gpu.addr == gpu) {
+        return Ok(r.gpus.swap_remove(line));
+    }
+    let dev = sys.pci_device(gpu)?;
+    let nic_devs: Vec<PciDevice> = r
+        .nics
+        .iter()
+        .map(|n| sys.pci_device(n.pci.expect("report keeps NICs with an address")))
+        .collect::<Result<_>>()?;
+    let c = choose(std::slice::from_ref(&dev), &nic_devs, &policy)
+        .pop()
+        .expect("one GPU in, one out");
+    Ok(GpuLine {
+        gpu: dev,
+        nics: c
+            .picks
+            .iter()
+            .map(|p| (r.nics[p.nic].name.clone(), nic_devs[p.nic].clone(), p.link))
+            .collect(),
+        why: c.why,
+    })
+}
+
 #[cfg(test)]
 #[path = "topo_tests.rs"]
 mod tests;

@@ -501,3 +501,54 @@ fn report_merges_fabrics_and_drops_devices_without_pci() {
         r.notes
     );
 }
+
+#[test]
+fn nics_for_one_gpu_take_part_in_the_node_choice() {
+    let m = p5_like(4, &[]);
+    let s = m.sys.sysfs();
+    let listed: Vec<NicName> = m
+        .nics
+        .iter()
+        .enumerate()
+        .map(|(i, a)| NicName {
+            name: format!("rdmap{i}"),
+            provider: "efa".into(),
+            pci: Some(*a),
+        })
+        .collect();
+    // CUDA spells the bus id with an 8-digit domain.
+    let bus_id = format!("0000{}", m.gpus[6]);
+    let line = nics_for_gpu(
+        &s,
+        PciAddr::parse(&bus_id).unwrap(),
+        &listed,
+        NicPolicy::default(),
+    )
+    .unwrap();
+    assert_eq!(line.gpu.addr, m.gpus[6]);
+    assert_eq!(line.nics.len(), 4);
+    for (name, _, l) in &line.nics {
+        let i: usize = name.trim_start_matches("rdmap").parse().unwrap();
+        assert_eq!(m.nic_home[i], 6);
+        assert_eq!(l.distance, Distance::Pix);
+    }
+    // A device that is no NVIDIA GPU (here a NIC) is chosen for alone: the four NICs of its own
+    // switch (itself among them), the nearest of the 16 it may take, none from another switch.
+    let alone = nics_for_gpu(&s, m.nics[0], &listed, NicPolicy::default()).unwrap();
+    assert_eq!(alone.nics.len(), 4);
+    for (name, _, l) in &alone.nics {
+        let i: usize = name.trim_start_matches("rdmap").parse().unwrap();
+        assert_eq!(m.nic_home[i], m.nic_home[0]);
+        assert_eq!(l.distance, Distance::Pix);
+    }
+    assert!(
+        alone
+            .why
+            .contains("NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE=16 of the 32 offered"),
+        "{}",
+        alone.why
+    );
+    // An address sysfs does not know is an error that names it.
+    let e = nics_for_gpu(&s, addr(0x0f), &listed, NicPolicy::default()).unwrap_err();
+    assert!(e.0.contains("0000:0f:00.0"), "{e}");
+}
