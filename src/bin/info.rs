@@ -384,6 +384,13 @@ fn nic_report(sysfs_root: Option<&Path>) -> topo::Report {
         })
         .collect();
     let mut r = topo::report(&sys, &listed, policy);
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        r.notes.push(
+            "CUDA_VISIBLE_DEVICES is set: the list still shows every NVIDIA GPU on the PCI bus, in \
+             bus order (the choice is made for the whole node)"
+                .to_string(),
+        );
+    }
     if let Some(e) = bad {
         tracing::warn!("{e}; NVSHMEM's defaults are shown instead");
         r.notes
