@@ -268,9 +268,13 @@ impl Sysfs {
                 .join("device")
                 .canonicalize()
                 .ok()?;
-            // A PCI function's directory is named by its address; a virtual device has no
-            // `device` link, and a non-PCI parent fails to parse.
-            PciAddr::parse(&dev.file_name()?.to_string_lossy()).ok()
+            // A PCI function's directory is named by its address. The `device` link may point
+            // below it (virtio-net: `<bdf>/virtio2`), so the nearest ancestor so named counts;
+            // a virtual device has no `device` link, and one outside the PCI tree has no such
+            // ancestor.
+            dev.ancestors()
+                .take(3)
+                .find_map(|d| PciAddr::parse(&d.file_name()?.to_string_lossy()).ok())
         })
     }
 }

@@ -357,6 +357,12 @@ fn sysfs_finds_gpus_nics_and_numa() {
     assert_eq!(s.nic_by_name("rdmap20s0"), Some(addr(0x14)));
     assert_eq!(s.nic_by_name("eth1"), Some(addr(0x14)));
     assert_eq!(s.nic_by_name("lo"), None);
+    // virtio-net: the interface's `device` is a virtio device below the PCI function.
+    let mut virtio = nic_path.clone();
+    virtio.push("virtio2".to_string());
+    std::fs::create_dir_all(m.sys.root.join("sys/devices").join(virtio.join("/"))).unwrap();
+    m.sys.class_link("net", "eth0", &virtio);
+    assert_eq!(s.nic_by_name("eth0"), Some(addr(0x14)));
     assert_eq!(s.nic_by_name("../x"), None);
     // A device that is not there is an error that names it.
     let e = s.pci_device(addr(0x0f)).unwrap_err();
