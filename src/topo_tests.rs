@@ -1,5 +1,6 @@
 //! NIC choice on fake sysfs trees: a p5-like machine (8 GPUs, 32 EFA NICs, 2 sockets, one PCIe
-//! switch per GPU with its 4 NICs), variants of it, and the parsing around it.
+//! switch per GPU with its 4 NICs, the layout of AWS's own NCCL topology file for p5.48xlarge),
+//! variants of it, and the parsing around it.
 use super::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
