@@ -13,6 +13,9 @@
 # in src/CMakeLists.txt:
 #   3.4.x with transport ABI 3  ->  patches/nvshmem-3.4.5/
 #   3.5.x with transport ABI 4  ->  patches/nvshmem-3.5.x/
+#   3.6.x with transport ABI 5, 3.7.x with ABI 6, 3.8.x with ABI 7  ->  patches/nvshmem-3.6-3.8/
+#   (the multi-NIC transport: the splice wraps its host ops; see patches/README.md for what each
+#   version's patch was checked against)
 # Exit codes: 0 done (or already applied), 2 bad usage, unknown version or a tree the patches do
 # not match, 1 anything else.
 set -euo pipefail
@@ -70,7 +73,8 @@ abi=$(sed -n 's/^[[:space:]]*set(TRANSPORT_VERSION_MAJOR[[:space:]]\{1,\}\([0-9]
 case "$version/$abi" in
   3.4.*/3) pdir=nvshmem-3.4.5 ;;
   3.5.*/4) pdir=nvshmem-3.5.x ;;
-  *) die2 "unsupported NVSHMEM $version (transport ABI $abi); supported: 3.4.x (ABI 3, patch made on 3.4.5) and 3.5.x (ABI 4, patch made on 3.5.1)" ;;
+  3.6.*/5 | 3.7.*/6 | 3.8.*/7) pdir=nvshmem-3.6-3.8 ;;
+  *) die2 "unsupported NVSHMEM $version (transport ABI $abi); supported: 3.4.x (ABI 3, patch made on 3.4.5), 3.5.x (ABI 4, patch made on 3.5.1), 3.6.x (ABI 5), 3.7.x (ABI 6) and 3.8.x (ABI 7) (one patch for the multi-NIC transport)" ;;
 esac
 shopt -s nullglob
 patches=("$here/$pdir"/*.patch)

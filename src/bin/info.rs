@@ -15,10 +15,12 @@ use nvshmem_efa_gda::capi::info::cuda_driver_version;
 use nvshmem_efa_gda::fabric::{self, Domain, Fabric, Info, InfoRequest, Provider};
 use nvshmem_efa_gda::gda::hw::{self, GdaOps};
 use nvshmem_efa_gda::nvshmem::abi::SERVED_MAJORS;
+use nvshmem_efa_gda::topo;
 
 const USAGE: &str = "\
 usage: nvshmem-efa-gda info [--json] [--nvshmem-home DIR] [--nvshmem-version X.Y.Z]
                             [--nvshmem-source TEXT]
+                            [--sysfs-root DIR]
        nvshmem-efa-gda --version
 
 info  reports the library version and the NVSHMEM transport ABIs it serves; the NVSHMEM found
@@ -26,7 +28,9 @@ info  reports the library version and the NVSHMEM transport ABIs it serves; the 
       and transport ABI (from include/non_abi/nvshmem_version.h, else --nvshmem-version) and whether
       the ABI is served; libfabric's version and, per provider, whether an RDM endpoint with RMA,
       atomics and FI_HMEM answers; the GDA mode NVSHMEM_EFA_GDA=auto would pick and why; the CUDA
-      driver; the NVSHMEM_* variables set.
+      driver; each NVIDIA GPU (sysfs, under --sysfs-root, default /) with the NICs a PE on it
+      would use, nearest first (PCI distance, NUMA node; NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE and
+      NVSHMEM_ENABLE_NIC_PE_MAPPING as NVSHMEM reads them); the NVSHMEM_* variables set.
 
 exit status: 0 ready (a provider answers, NVSHMEM found and its ABI served), 1 no libfabric provider
 answers, 2 bad usage, 3 NVSHMEM found but its ABI is not served, 4 no NVSHMEM found";
@@ -318,6 +322,7 @@ struct Args {
     home: Option<PathBuf>,
     version: Option<String>,
     source: Option<String>,
+    sysfs_root: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
@@ -327,6 +332,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         home: None,
         version: None,
         source: None,
+        sysfs_root: None,
     };
     let mut saw_info = false;
     while let Some(x) = it.next() {
@@ -345,6 +351,7 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--nvshmem-home" => a.home = Some(PathBuf::from(value("--nvshmem-home")?)),
             "--nvshmem-version" => a.version = Some(value("--nvshmem-version")?),
             "--nvshmem-source" => a.source = Some(value("--nvshmem-source")?),
+            "--sysfs-root" => a.sysfs_root = Some(PathBuf::from(value("--sysfs-root")?)),
             other => return Err(format!("unknown argument '{other}'")),
         }
     }
@@ -352,6 +359,113 @@ fn parse_args() -> Result<Option<Args>, String> {
         return Err("missing command (info)".into());
     }
     Ok(Some(a))
+}
+
+/// The GPUs on the PCI bus and the NICs a PE on each would use (libfabric's NICs, sysfs topology).
+fn nic_report(sysfs_root: Option<&Path>) -> topo::Report {
+    let sys = sysfs_root
+        .map(topo::Sysfs::at)
+        .unwrap_or_else(topo::Sysfs::system);
+    let (policy, bad) = match topo::NicPolicy::from_env() {
+        Ok(p) => (p, None),
+        Err(e) => (topo::NicPolicy::default(), Some(e)),
+    };
+    let listed: Vec<topo::NicName> = fabric::list_nics()
+        .into_iter()
+        .map(|n| topo::NicName {
+            name: n.domain,
+            provider: n.fabric,
+            pci: n.pci.map(|(domain, bus, device, function)| topo::PciAddr {
+                domain: domain as u32,
+                bus,
+                device,
+                function,
+            }),
+        })
+        .collect();
+    let mut r = topo::report(&sys, &listed, policy);
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        r.notes.push(
+            "CUDA_VISIBLE_DEVICES is set: the list still shows every NVIDIA GPU on the PCI bus, in \
+             bus order (the choice is made for the whole node)"
+                .to_string(),
+        );
+    }
+    if let Some(e) = bad {
+        tracing::warn!("{e}; NVSHMEM's defaults are shown instead");
+        r.notes
+            .push(format!("{e}; NVSHMEM's defaults are shown instead"));
+    }
+    r
+}
+
+fn nics_json(r: &topo::Report) -> J {
+    let dev = |d: &topo::PciDevice| {
+        vec![
+            ("pci", J::s(d.addr.to_string())),
+            ("numa", d.numa.map(|n| J::N(n as i64)).unwrap_or(J::Null)),
+        ]
+    };
+    J::O(vec![
+        ("max_nic_per_pe", J::N(r.policy.max_nic_per_pe as i64)),
+        ("nic_pe_mapping", J::B(r.policy.nic_pe_mapping)),
+        (
+            "gpus",
+            J::A(
+                r.gpus
+                    .iter()
+                    .map(|g| {
+                        let mut o = dev(&g.gpu);
+                        o.push((
+                            "nics",
+                            J::A(
+                                g.nics
+                                    .iter()
+                                    .map(|(name, d, l)| {
+                                        let mut n = vec![("name", J::s(name.clone()))];
+                                        n.extend(dev(d));
+                                        n.push(("distance", J::s(l.distance.as_str())));
+                                        J::O(n)
+                                    })
+                                    .collect(),
+                            ),
+                        ));
+                        o.push(("why", J::s(g.why.clone())));
+                        J::O(o)
+                    })
+                    .collect(),
+            ),
+        ),
+        (
+            "notes",
+            J::A(r.notes.iter().map(|n| J::s(n.clone())).collect()),
+        ),
+    ])
+}
+
+fn print_nics(r: &topo::Report) {
+    let numa = |n: Option<i32>| n.map(|n| n.to_string()).unwrap_or_else(|| "?".into());
+    println!(
+        "NICs by GPU (nearest first; NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE={}, NVSHMEM_ENABLE_NIC_PE_MAPPING={})",
+        r.policy.max_nic_per_pe,
+        u8::from(r.policy.nic_pe_mapping)
+    );
+    for (i, g) in r.gpus.iter().enumerate() {
+        println!("  GPU {i} {} (NUMA {})", g.gpu.addr, numa(g.gpu.numa));
+        for (name, d, l) in &g.nics {
+            println!(
+                "    {name:<16} {} NUMA {:<2} {:<4} {}",
+                d.addr,
+                numa(d.numa),
+                l.distance.as_str(),
+                l.distance.describe()
+            );
+        }
+        println!("    why: {}", g.why);
+    }
+    for n in &r.notes {
+        println!("  {n}");
+    }
 }
 
 fn yes(b: bool) -> &'static str {
@@ -386,6 +500,7 @@ fn main() -> ExitCode {
     let reports: Vec<ProvReport> = order.iter().map(ask).collect();
     let listed = fabric::list_providers();
     let (gmode, gprov, gwhy) = gda_mode(&reports);
+    let nics = nic_report(args.sysfs_root.as_deref());
     let driver = cuda_driver_version();
     let mut vars: Vec<(String, String)> = start_environment()
         .into_iter()
@@ -508,6 +623,7 @@ fn main() -> ExitCode {
                 "cuda_driver",
                 driver.map(|v| J::N(v as i64)).unwrap_or(J::Null),
             ),
+            ("nics", nics_json(&nics)),
             ("environment", J::M(vars.clone())),
             ("exit_code", J::N(code as i64)),
             ("verdict", J::s(verdict.clone())),
@@ -598,6 +714,7 @@ fn main() -> ExitCode {
         None => println!("  NVSHMEM_EFA_GDA=auto would use: {gmode}"),
     }
     println!("  why: {gwhy}");
+    print_nics(&nics);
     println!("CUDA");
     match driver {
         Some(v) => println!("  driver         {}.{} ({v})", v / 1000, (v % 1000) / 10),

@@ -372,10 +372,23 @@ pub fn library_version() -> (u32, u32) {
     (v >> 16, v & 0xffff)
 }
 
-/// Names of every provider libfabric answers for (no hints), deduplicated, for the probe.
-pub fn list_providers() -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    // SAFETY: plain getinfo with no hints; the list is freed before returning.
+/// A NIC as libfabric lists it: one domain of a provider, with its PCI address where the provider
+/// fills in the NIC attributes (`fi_info::nic->bus_attr`; EFA and verbs do, tcp and shm do not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicAddr {
+    pub provider: String,
+    pub fabric: String,
+    /// The domain name (the device name: `rdmap16s27` for EFA, the interface for tcp).
+    pub domain: String,
+    /// `domain:bus:device.function`, as PCI numbers.
+    pub pci: Option<(u16, u8, u8, u8)>,
+}
+
+/// Calls `each` with every entry of libfabric's answer to a getinfo without hints (nothing when it
+/// answers nothing).
+fn for_each_unhinted_info(mut each: impl FnMut(&fi::fi_info)) {
+    // SAFETY: plain getinfo with no hints; the entries are only read, each while the list lives,
+    // and the list is freed before returning.
     unsafe {
         let mut list: *mut fi::fi_info = std::ptr::null_mut();
         if fi::fi_getinfo(
@@ -387,18 +400,70 @@ pub fn list_providers() -> Vec<(String, String)> {
             &mut list,
         ) != 0
         {
-            return out;
+            return;
         }
         let mut cur = list;
         while !cur.is_null() {
-            let prov = cstr_or_empty((*(*cur).fabric_attr).prov_name);
-            let fab = cstr_or_empty((*(*cur).fabric_attr).name);
-            if !out.iter().any(|(p, f)| *p == prov && *f == fab) {
-                out.push((prov, fab));
-            }
+            each(&*cur);
             cur = (*cur).next;
         }
         fi::fi_freeinfo(list);
     }
+}
+
+/// Every domain libfabric answers for (no hints), once per provider and domain, with its PCI
+/// address where known. Empty when libfabric answers nothing.
+pub fn list_nics() -> Vec<NicAddr> {
+    let mut out: Vec<NicAddr> = Vec::new();
+    for_each_unhinted_info(|info| {
+        // SAFETY: a getinfo answer always has fabric and domain attributes; `nic` and its
+        // `bus_attr` are checked for NULL, and the PCI member is read only for a PCI bus.
+        let (provider, fabric, domain, pci) = unsafe {
+            let nic = info.nic;
+            let mut pci = None;
+            if !nic.is_null() && !(*nic).bus_attr.is_null() {
+                let bus = &*(*nic).bus_attr;
+                if bus.bus_type == fi::fi_bus_type_FI_BUS_PCI {
+                    let p = bus.attr.pci;
+                    pci = Some((p.domain_id, p.bus_id, p.device_id, p.function_id));
+                }
+            }
+            (
+                cstr_or_empty((*info.fabric_attr).prov_name),
+                cstr_or_empty((*info.fabric_attr).name),
+                cstr_or_empty((*info.domain_attr).name),
+                pci,
+            )
+        };
+        if !out
+            .iter()
+            .any(|n| n.provider == provider && n.domain == domain)
+        {
+            out.push(NicAddr {
+                provider,
+                fabric,
+                domain,
+                pci,
+            });
+        }
+    });
+    out
+}
+
+/// Names of every provider libfabric answers for (no hints), deduplicated, for the probe.
+pub fn list_providers() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for_each_unhinted_info(|info| {
+        // SAFETY: a getinfo answer always has fabric attributes.
+        let (prov, fab) = unsafe {
+            (
+                cstr_or_empty((*info.fabric_attr).prov_name),
+                cstr_or_empty((*info.fabric_attr).name),
+            )
+        };
+        if !out.iter().any(|(p, f)| *p == prov && *f == fab) {
+            out.push((prov, fab));
+        }
+    });
     out
 }

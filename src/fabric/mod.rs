@@ -25,7 +25,9 @@ pub use domain::{Domain, Fabric, FiAddr};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use handle::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
-pub use info::{library_version, list_providers, Info, InfoRequest, Provider, API_VERSION};
+pub use info::{
+    library_version, list_nics, list_providers, Info, InfoRequest, NicAddr, Provider, API_VERSION,
+};
 pub use mr::{MemKind, MemoryRegion};
 /// Raw libfabric bindings, for the crate's own tests only (they compare error texts with
 /// libfabric's); the library itself uses the typed names of this module outside `fabric`.

@@ -8,6 +8,8 @@
 #   3.4.5  $NVSHMEM_SRC_3_4_5, else tag v3.4.5-0 of the mirror
 #   3.5    $NVSHMEM_SRC_3_5,   else branch devel (3.5.1) of the mirror
 #   3.5.0  $NVSHMEM_SRC_3_5_0, else branch main of the mirror (the 3.5.x patch on 3.5.0)
+#   3.6, 3.7, 3.8  $NVSHMEM_SRC_3_6, $NVSHMEM_SRC_3_7, $NVSHMEM_SRC_3_8 only (no public tree of
+#          these releases can be fetched; the multi-NIC patch is checked by (d) without one)
 # The mirror is $NVSHMEM_MIRROR (default /work/.mirror/NVIDIA+nvshmem/repo), a git repository.
 #
 # (a) apply.sh: --check, apply, "already applied" on a second run, --revert restores the tree byte
@@ -26,6 +28,15 @@
 #     and in the transport-plugin build NVSHMEM ships; the plugin depends on libnvshmem_efa_gda,
 #     exports only nvshmemt_init and keeps its own nvshmemt_init for dlsym. Set
 #     NEGDA_SPLICE_NVSHMEM_BUILD=0 to leave it out.
+#
+# (d) the 3.6-3.8 (multi-NIC) patch without an NVSHMEM tree: it parses, keeps at most two lines of
+#     context on either side of each hunk, adds the same CMake as the 3.5.x patch; its additions
+#     to libfabric.cpp compile (C++11, -Werror) against tests/splice/multinic_harness.cpp's
+#     stand-ins for the transport and run there (GDA on the first proxy endpoint, fi_addrs
+#     pe * n_eps + proxy, the heap and keys of the proxy domain, agreement of every PE, GDA stopped
+#     before the stock release and finalize), with the ABI 5 host-op signatures and with an extra
+#     parameter on each; every GDA call it makes is defined by libnvshmem_efa_gda.so; apply.sh
+#     routes 3.6/3.7/3.8 trees with ABIs 5/6/7 to it and refuses other ABIs for them.
 #
 # Inputs: CUDA headers from $CUDA_HOME or the project's PyPI CUDA (.deps/cuda-venv); libfabric from
 # $LIBFABRIC_HOME or .deps/libfabric (waits up to $NEGDA_WAIT_LIBFABRIC_S seconds, default 900, for
@@ -131,14 +142,19 @@ func_range() {
     END { print s + 0, e + 0 }' "$1"
 }
 
-structure_checks() {  # <label> <patched libfabric.cpp>
-  local v=$1 f=$2 s e l1 l2
-  # The include sits at preprocessor depth 0 (not under NVSHMEM_USE_GDRCOPY or anything else).
-  check "$v: nvshmem_efa_gda.h included outside any #if" awk '
+# include_at_top_level <file>: nvshmem_efa_gda.h is included at preprocessor depth 0.
+include_at_top_level() {
+  awk '
     /^[[:space:]]*#[[:space:]]*if/ { d++ }
     /^[[:space:]]*#[[:space:]]*endif/ { d-- }
     /^[[:space:]]*#[[:space:]]*include[[:space:]]*"nvshmem_efa_gda\.h"/ { found = 1; if (d != 0) bad = 1 }
-    END { exit !(found && !bad) }' "$f"
+    END { exit !(found && !bad) }' "$1"
+}
+
+structure_checks() {  # <label> <patched libfabric.cpp>
+  local v=$1 f=$2 s e l1 l2
+  # The include sits at preprocessor depth 0 (not under NVSHMEM_USE_GDRCOPY or anything else).
+  check "$v: nvshmem_efa_gda.h included outside any #if" include_at_top_level "$f"
   check "$v: GDA bound to the proxy endpoint, never eps[0]" bash -c '
     grep -q "const int proxy = NVSHMEMT_LIBFABRIC_PROXY_EP_IDX;" "$1" &&
     grep -q "nvshmemt_efa_gda_init_on_ep(state->domain, state->eps\[proxy\].endpoint)" "$1" &&
@@ -162,6 +178,27 @@ structure_checks() {  # <label> <patched libfabric.cpp>
   check "$v: local heap set in get_mem_handle" test "$l1" -gt 0
   check "$v: add_device_remote_mem_handles host op installed" \
     grep -q "host_ops.add_device_remote_mem_handles =" "$f"
+}
+
+structure_checks_multinic() {  # <label> <patched libfabric.cpp>
+  local v=$1 f=$2 s e l1 l2 l3 last_def
+  check "$v: nvshmem_efa_gda.h included outside any #if" include_at_top_level "$f"
+  check "$v: GDA bound to the first proxy endpoint (index num_host_domains)" bash -c '
+    grep -q "const int proxy = state->num_host_domains;" "$1" &&
+    grep -q "nvshmemt_efa_gda_init_on_ep(state->domains\[state->eps\[proxy\]->domain_index\]," "$1" &&
+    grep -q "fi_addrs\[pe\] = (uint64_t)pe \* n_eps + proxy;" "$1"' _ "$f"
+  # The wrappers call the stock functions, so they must come after their definitions.
+  last_def=$(awk '/^static int nvshmemt_libfabric_(connect_endpoints|get_mem_handle|release_mem_handle|finalize)\(/ { n = NR } END { print n + 0 }' "$f")
+  l1=$(first_line "$f" '^static void nvshmemt_libfabric_gda_hook_host_ops\(' 1 999999)
+  l2=$(first_line "$f" '^/\* Public Functions \*/' 1 999999)
+  check "$v: GDA wrappers after the stock host ops' definitions (lines $last_def < $l1 < $l2)" \
+    test "$last_def" -gt 0 -a "$l1" -gt "$last_def" -a "$l2" -gt "$l1"
+  read -r s e < <(func_range "$f" nvshmemt_init)
+  l1=$(last_line "$f" 'host_ops\.(connect_endpoints|get_mem_handle|release_mem_handle|finalize|add_device_remote_mem_handles) =' "$s" "$e")
+  l2=$(first_line "$f" 'nvshmemt_libfabric_gda_hook_host_ops\(transport\);' "$s" "$e")
+  l3=$(first_line "$f" 'transport->attr = ' "$s" "$e")
+  check "$v: hooks installed after the stock host ops are set, before attr (lines $l1 < $l2 < $l3)" \
+    test "$s" -gt 0 -a "$l1" -gt 0 -a "$l2" -gt "$l1" -a "$l3" -gt "$l2"
 }
 
 # gen_headers <tree> <out dir>: the two headers NVSHMEM's configure writes into src/include/non_abi.
@@ -198,8 +235,8 @@ cuda_static_rt() {  # path of libcudart_static.a, or nothing
   done
 }
 
-compile_checks() {  # <label> <pristine tree> <patched tree>
-  local v=$1 p=$2 t=$3 w=$tmp/cc-$1 inc rt missing=() undef sym
+compile_checks() {  # <label> <pristine tree> <patched tree> [C++ standard]
+  local v=$1 p=$2 t=$3 std=${4:-c++11} w=$tmp/cc-$1 inc rt missing=() undef sym
   mkdir -p "$w"
   if [ "$have_header" -eq 0 ]; then skip "$v: compile: $include_dir/nvshmem_efa_gda.h not present"; return; fi
   if [ -z "$cuda" ]; then skip "$v: compile: no CUDA headers (set CUDA_HOME)"; return; fi
@@ -212,13 +249,13 @@ compile_checks() {  # <label> <pristine tree> <patched tree>
   check "$v: generate nvshmem_version.h and nvshmem_build_options.h" gen_headers "$t" "$w/gen"
   inc=(-DNVSHMEM_X86_64 -I"$w/gen" -I"$t/src/include" -I"$t/src/modules/transport/common"
        -I"$libfabric/include" -I"$cuda/include" -I"$include_dir")
-  "$cxx" -std=c++11 -Wall -Wextra -fPIC -c -o "$w/pristine.o" "${inc[@]/$t/$p}" \
+  "$cxx" -std="$std" -Wall -Wextra -fPIC -c -o "$w/pristine.o" "${inc[@]/$t/$p}" \
     "$p/src/modules/transport/libfabric/libfabric.cpp" 2>"$w/pristine.warn" || true
-  if "$cxx" -std=c++11 -Wall -Wextra -fPIC -c -o "$w/libfabric.o" "${inc[@]}" \
+  if "$cxx" -std="$std" -Wall -Wextra -fPIC -c -o "$w/libfabric.o" "${inc[@]}" \
        "$t/src/modules/transport/libfabric/libfabric.cpp" 2>"$w/patched.warn"; then
-    pass "$v: patched libfabric.cpp compiles (g++ -std=c++11)"
+    pass "$v: patched libfabric.cpp compiles (g++ -std=$std)"
   else
-    fail "$v: patched libfabric.cpp compiles (g++ -std=c++11)"
+    fail "$v: patched libfabric.cpp compiles (g++ -std=$std)"
     grep -E 'error' "$w/patched.warn" | head -20 | sed 's/^/    /'
     return
   fi
@@ -241,7 +278,7 @@ compile_checks() {  # <label> <pristine tree> <patched tree>
     test ${#missing[@]} -eq 0
   rt=$(cuda_static_rt)
   if [ -z "$rt" ]; then skip "$v: full link: no libcudart_static.a under $cuda"; return; fi
-  check "$v: compile NVSHMEM's transport_common.cpp" "$cxx" -std=c++11 -fPIC -c -o "$w/common.o" "${inc[@]}" \
+  check "$v: compile NVSHMEM's transport_common.cpp" "$cxx" -std="$std" -fPIC -c -o "$w/common.o" "${inc[@]}" \
     "$t/src/modules/transport/common/transport_common.cpp"
   check "$v: link a complete plugin with -Wl,--no-undefined against libnvshmem_efa_gda" \
     "$cxx" -shared -o "$w/nvshmem_transport_libfabric.so" "$w/libfabric.o" "$w/common.o" \
@@ -323,15 +360,22 @@ if command -v cc >/dev/null; then
   cc -O2 -o "$tmp/dlsym_owner" "$root/tests/splice/dlsym_owner.c" -ldl
 fi
 
-cases=("3.4.5|v3.4.5-0|NVSHMEM_SRC_3_4_5" "3.5|devel|NVSHMEM_SRC_3_5" "3.5.0|main|NVSHMEM_SRC_3_5_0")
+cases=("3.4.5|v3.4.5-0|NVSHMEM_SRC_3_4_5" "3.5|devel|NVSHMEM_SRC_3_5" "3.5.0|main|NVSHMEM_SRC_3_5_0"
+       "3.6|-|NVSHMEM_SRC_3_6" "3.7|-|NVSHMEM_SRC_3_7" "3.8|-|NVSHMEM_SRC_3_8")
 n_sources=0
 for c in "${cases[@]}"; do
   IFS='|' read -r v ref var <<<"$c"
   src=$(materialise "$v" "$ref" "$var") || { fail "$v: $var"; continue; }
   if [ -z "$src" ]; then
-    skip "NVSHMEM source not available (set $var, or provide the mirror $mirror with $ref)"
+    if [ "$ref" = - ]; then
+      skip "NVSHMEM $v: no public source tree to fetch; set $var to check the patch on one"
+    else
+      skip "NVSHMEM source not available (set $var, or provide the mirror $mirror with $ref)"
+    fi
     continue
   fi
+  multinic=0
+  case $v in 3.6* | 3.7* | 3.8*) multinic=1 ;; esac
   n_sources=$((n_sources + 1))
   t=$tmp/tree-$v
   cp -a "$src" "$t"
@@ -342,17 +386,25 @@ for c in "${cases[@]}"; do
   cp -a "$t" "$tmp/rev-$v"
   expect_rc 0 'reverted' "$v: apply.sh --revert" "$apply" --revert "$tmp/rev-$v"
   check "$v: revert restores the pristine tree" diff -r "$src" "$tmp/rev-$v"
-  structure_checks "$v" "$t/src/modules/transport/libfabric/libfabric.cpp"
+  if [ "$multinic" = 1 ]; then
+    structure_checks_multinic "$v" "$t/src/modules/transport/libfabric/libfabric.cpp"
+  else
+    structure_checks "$v" "$t/src/modules/transport/libfabric/libfabric.cpp"
+  fi
 
   bad=$tmp/bad-$v
   cp -a "$src" "$bad"
   sed -i -E '/^[[:space:]]*project[[:space:]]*\(/,/\)/ s/VERSION[[:space:]]+[0-9.]+/VERSION 9.9.9.0/' "$bad/CMakeLists.txt"
   expect_rc 2 'unsupported NVSHMEM 9.9.9' "$v: unknown version refused (exit 2)" "$apply" "$bad"
   rm -rf "$bad" && cp -a "$src" "$bad"
-  sed -i -E 's/^set\(TRANSPORT_VERSION_MAJOR [0-9]+\)/set(TRANSPORT_VERSION_MAJOR 7)/' "$bad/src/CMakeLists.txt"
-  expect_rc 2 'transport ABI 7' "$v: wrong transport ABI refused (exit 2)" "$apply" "$bad"
+  sed -i -E 's/^set\(TRANSPORT_VERSION_MAJOR [0-9]+\)/set(TRANSPORT_VERSION_MAJOR 99)/' "$bad/src/CMakeLists.txt"
+  expect_rc 2 'transport ABI 99' "$v: wrong transport ABI refused (exit 2)" "$apply" "$bad"
   rm -rf "$bad" && cp -a "$src" "$bad"
-  sed -i '/libfabric_state->local_mem_ptr = buf;/d' "$bad/src/modules/transport/libfabric/libfabric.cpp"
+  if [ "$multinic" = 1 ]; then  # a line the multi-NIC patch's last hunk needs
+    sed -i '/transport->host_ops.enforce_cst = nvshmemt_libfabric_enforce_cst;/d' "$bad/src/modules/transport/libfabric/libfabric.cpp"
+  else
+    sed -i '/libfabric_state->local_mem_ptr = buf;/d' "$bad/src/modules/transport/libfabric/libfabric.cpp"
+  fi
   expect_rc 2 'does not apply' "$v: non-matching tree refused (exit 2)" "$apply" "$bad"
   rm -rf "$bad"
   nested=$tmp/outer-$v
@@ -361,8 +413,80 @@ for c in "${cases[@]}"; do
   check "$v: ... and the nested tree is really patched" \
     grep -q 'nvshmem-efa-gda splice' "$nested/nvshmem/src/modules/transport/libfabric/libfabric.cpp"
 
-  compile_checks "$v" "$src" "$t"
+  if [ "$multinic" = 1 ]; then
+    compile_checks "$v" "$src" "$t" c++17  # NVSHMEM 3.6+ builds with CMAKE_CXX_STANDARD 17
+  else
+    compile_checks "$v" "$src" "$t"
+  fi
   nvshmem_cmake_checks "$v" "$t"
+done
+
+# ---------------------------------------------------------------- (d) the multi-NIC patch alone
+mn_patch=$root/patches/nvshmem-3.6-3.8/0001-libfabric-efa-gda-splice.patch
+mn=$tmp/multinic
+mkdir -p "$mn"
+check "3.6-3.8: the patch parses (git apply --stat)" git apply --stat "$mn_patch"
+check "3.6-3.8: at most two context lines either side of every hunk" awk '
+  function end_hunk() { if (inh && (lead > 2 || trail > 2)) bad = 1; inh = 0 }
+  /^diff --git / { end_hunk(); next }
+  /^@@ / { end_hunk(); inh = 1; lead = 0; trail = 0; seen_plus = 0; next }
+  inh && /^\+/ { seen_plus = 1; trail = 0; next }
+  inh && /^ / { if (seen_plus) trail++; else lead++; next }
+  END { end_hunk(); exit bad }' "$mn_patch"
+# shellcheck disable=SC2016 # the CMake text itself holds ${...}
+check "3.6-3.8: the same CMake additions as the 3.5.x patch" bash -c '
+  adds() { awk "/^diff --git/ { c = (\$0 ~ /CMakeLists/) } c && /^\+[^+]/" "$1"; }
+  [ -n "$(adds "$1")" ] && [ "$(adds "$1")" = "$(adds "$2")" ]' _ "$mn_patch" \
+  "$root/patches/nvshmem-3.5.x/0001-libfabric-efa-gda-splice.patch"
+awk -v out="$mn" '
+  /^diff --git / { inlf = ($0 ~ /libfabric\.cpp$/); next }
+  inlf && /^@@ / { n++; next }
+  inlf && /^\+/ && n >= 1 && n <= 3 {
+    f = (n == 1) ? "splice_include.inc" : (n == 2) ? "splice_block.inc" : "splice_hook.inc"
+    print substr($0, 2) > (out "/" f)
+  }' "$mn_patch"
+if [ "$have_header" -eq 0 ]; then
+  skip "3.6-3.8 harness: $include_dir/nvshmem_efa_gda.h not present"
+elif [ ! -s "$mn/splice_block.inc" ] || [ ! -s "$mn/splice_hook.inc" ]; then
+  fail "3.6-3.8: the patch's libfabric.cpp additions could not be extracted"
+else
+  for variant in "" -DHARNESS_EXTRA_PARAM; do
+    name="ABI 5 host ops"
+    [ -n "$variant" ] && name="an extra parameter on each wrapped host op"
+    if "$cxx" -std=c++11 -Wall -Wextra -Wno-unused-parameter -Werror $variant -I"$mn" \
+         -I"$include_dir" -o "$mn/harness" "$root/tests/splice/multinic_harness.cpp" \
+         >"$tmp/last.log" 2>&1; then
+      pass "3.6-3.8: the splice compiles in the harness ($name, C++11, -Werror)"
+      check "3.6-3.8: the splice behaves in the harness ($name)" "$mn/harness"
+    else
+      fail "3.6-3.8: the splice compiles in the harness ($name, C++11, -Werror)"
+      show "$tmp/last.log"
+    fi
+  done
+  if [ "$have_lib" -eq 1 ]; then
+    missing=()
+    defined=$(nm -D --defined-only "$lib" | awk '{print $NF}')
+    for sym in $(grep -oE 'nvshmemt_efa_gda_[a-z_]+\(' "$mn/splice_block.inc" | tr -d '(' | sort -u); do
+      grep -qx "$sym" <<<"$defined" || missing+=("$sym")
+    done
+    check "3.6-3.8: every GDA call of the splice is defined by $(basename "$lib") (missing: ${missing[*]:-none})" \
+      test ${#missing[@]} -eq 0
+  else
+    skip "3.6-3.8: symbol check: $lib not built (cargo build --release)"
+  fi
+fi
+# apply.sh routes by version and ABI (a minimal tree: it gets as far as choosing the patch).
+for va in "3.6.5 5" "3.7.2 6" "3.8.0 7"; do
+  read -r ver abi <<<"$va"
+  d=$tmp/route-$ver
+  mkdir -p "$d/src/modules/transport/libfabric"
+  printf 'project(\n  NVSHMEM\n  LANGUAGES CXX C\n  VERSION %s.0\n)\n' "$ver" >"$d/CMakeLists.txt"
+  printf 'set(TRANSPORT_VERSION_MAJOR %s)\n' "$abi" >"$d/src/CMakeLists.txt"
+  : >"$d/src/modules/transport/libfabric/libfabric.cpp"
+  expect_rc 2 'using patches/nvshmem-3.6-3.8' "$ver (ABI $abi): apply.sh picks the 3.6-3.8 patch" \
+    "$apply" --check "$d"
+  printf 'set(TRANSPORT_VERSION_MAJOR %s)\n' "$((abi == 5 ? 6 : 5))" >"$d/src/CMakeLists.txt"
+  expect_rc 2 "unsupported NVSHMEM $ver" "$ver with another ABI: refused" "$apply" --check "$d"
 done
 
 # Offsets: the 3.4.5 patch on a 3.5 tree labelled 3.4.5 must land its hunks (offsets of up to
