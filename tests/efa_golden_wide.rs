@@ -160,3 +160,25 @@ fn negative_vectors_are_refused_with_the_named_error() {
         }
     }
 }
+
+/// The checked-in vectors are what the generator writes (skipped, with a message, without python3).
+#[test]
+fn the_vector_file_is_the_generator_output() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = match std::process::Command::new("python3")
+        .arg(format!("{root}/tests/golden/gen_wide_vectors.py"))
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            println!("skipped: python3 is not runnable here ({e})");
+            return;
+        }
+    };
+    assert!(out.status.success(), "the generator failed: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout) == VECTORS,
+        "tests/golden/efa_wide_vectors.txt differs from the generator's output; run\n  python3 \
+         tests/golden/gen_wide_vectors.py > tests/golden/efa_wide_vectors.txt"
+    );
+}
