@@ -19,6 +19,7 @@
 //! - Entry sizes 64 and 128 and the inline room: see [`super::wqe::wide`].
 use core::fmt;
 
+use super::cqe::{RX_CQE_EX_SIZE, TX_CQE_SIZE};
 use super::wqe::{INLINE_MAX, INLINE_MAX_128, WQE_SIZE, WQE_SIZE_128};
 
 /// `FI_EFA_WQ_CAPS_64_BIT_REQ_ID`: request ids of 64 bits in the WQE and the send completion.
@@ -37,6 +38,8 @@ pub enum SqFormatError {
     EntrySize(u32),
     /// The entry count is zero or not a power of two.
     Entries(u32),
+    /// Completion entries are neither 16 nor 32 bytes.
+    CqEntrySize(u32),
     /// `caps` has bits this library does not handle (`unknown`).
     UnknownCaps {
         /// The whole field.
@@ -53,6 +56,11 @@ impl fmt::Display for SqFormatError {
                 f,
                 "send-queue entries of {n} bytes: this library writes {WQE_SIZE}- and \
                  {WQE_SIZE_128}-byte entries only"
+            ),
+            SqFormatError::CqEntrySize(n) => write!(
+                f,
+                "completion entries of {n} bytes: this library reads {TX_CQE_SIZE}- and \
+                 {RX_CQE_EX_SIZE}-byte entries only"
             ),
             SqFormatError::Entries(n) => write!(
                 f,
@@ -130,6 +138,21 @@ impl SqFormat {
             0
         }
     }
+}
+
+/// Checks a completion ring as `query_cq` reported it: 16- or 32-byte entries (efa_io_defs.h:
+/// `efa_io_tx_cdesc` / `efa_io_rx_cdesc`, `efa_io_rx_cdesc_ex`), a non-zero power-of-two count.
+/// A completion of 64-bit request ids keeps those sizes (rdma-core 668d06863f43: `req_id_ex` takes
+/// bytes 6-11 of the 16-byte send completion).
+pub fn check_cq(entry_size: u32, entries: u32) -> Result<(), SqFormatError> {
+    let size = entry_size as usize;
+    if size != TX_CQE_SIZE && size != RX_CQE_EX_SIZE {
+        return Err(SqFormatError::CqEntrySize(entry_size));
+    }
+    if !entries.is_power_of_two() {
+        return Err(SqFormatError::Entries(entries));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -456,6 +456,11 @@ impl HwQueue {
 
     fn check_cqs(&self) -> Result<()> {
         if let Some(c) = &self.tx_cq {
+            // Entry sizes the kernels do not read are refused (crate::efa::sq::check_cq).
+            crate::efa::sq::check_cq(c.attr.entry_size, c.attr.num_entries).map_err(|e| {
+                tracing::error!("GDA hardware queue refused: {e}");
+                GdaError::unsupported(format!("GDA completion ring: {e}"))
+            })?;
             if c.attr.num_entries < self.sq.num_entries || !c.attr.num_entries.is_power_of_two() {
                 return Err(GdaError::unsupported(format!(
                     "GDA completion ring of {} entries for a send queue of {}: needs a power of two at least as large",
