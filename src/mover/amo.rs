@@ -30,10 +30,11 @@ use super::{MResult, MoverError};
 /// waits until a settle frees a slot).
 pub const SLOTS: usize = 256;
 
-/// The claim protocol's parameters for kernel atomics: the launches wait on the lane's stream
-/// behind the copy queue's work, not behind each other's decision, so each is timed from when it
-/// was made; an atomic found in an impossible state may have been applied already, so it is
-/// dropped rather than carried again.
+/// The claim protocol's parameters for kernel atomics: a launch waits behind the copy queue's work
+/// (the event) as well as behind the lane's earlier launches, and the stuck limit bounds that whole
+/// wait, so each is timed from when it was made (a take-over still takes every younger one with
+/// it); an atomic found in an impossible state may have been applied already, so it is dropped
+/// rather than carried again.
 pub const POLICY: Policy = Policy {
     timing: Timing::FromLaunch,
     on_broken: OnBroken::Drop,
