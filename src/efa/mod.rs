@@ -38,6 +38,7 @@ macro_rules! raw_u8_enum {
 
 pub mod cqe;
 mod le;
+pub mod sq;
 pub mod wqe;
 
 #[cfg(test)]

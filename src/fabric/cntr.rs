@@ -30,6 +30,18 @@ impl Counter {
         }))
     }
 
+    /// Takes ownership of a counter the provider opened on `domain` by another call (the GDA ops'
+    /// `cntr_open_ext`).
+    ///
+    /// # Safety
+    /// `raw` is an open counter of `domain`, closed by nobody else.
+    pub(super) unsafe fn from_raw(domain: &Arc<Domain>, raw: *mut fi::fid_cntr) -> Arc<Counter> {
+        Arc::new(Counter {
+            raw,
+            _domain: domain.clone(),
+        })
+    }
+
     /// Successful completions so far.
     pub fn read(&self) -> u64 {
         // SAFETY: open counter.

@@ -1,7 +1,8 @@
 //! Calls into the provider's GPU Direct Async operations table (`fi_open_ops(domain, "efa gda ops")`,
 //! libfabric >= 2.3, `efa-direct` fabric; layout in [`super::efa_gda_abi`]): queries of an
-//! endpoint's rings, of a CQ's ring, of peer address handles and of registration lkeys, and CQs on
-//! caller memory. Errors are fabric errors; whether "no table" means "no GDA here" is the caller's
+//! endpoint's rings, of a CQ's ring, of peer address handles and of registration lkeys, CQs on
+//! caller memory, and (libfabric >= 2.6) hardware completion counters whose counts live in caller
+//! memory. Errors are fabric errors; whether "no table" means "no GDA here" is the caller's
 //! reading.
 use std::ffi::c_void;
 use std::ptr;
@@ -9,11 +10,15 @@ use std::sync::Arc;
 
 use ofi_libfabric_sys::bindgen as fi;
 
+use super::cntr::Counter;
 use super::cq::CompletionQueue;
 use super::domain::{Domain, FiAddr};
 use super::efa_gda_abi::{
-    FiCqAttr, FiEfaCqAttr, FiEfaCqInitAttr, FiEfaOpsGda, FiEfaWqAttr, FidCq, FidDomain, FidEp,
-    FidMr, FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF, FI_EFA_GDA_OPS_CSTR,
+    has_cntr_open_ext, FiCntrAttr, FiCqAttr, FiEfaCompCntrInitAttr, FiEfaCqAttr, FiEfaCqInitAttr,
+    FiEfaMemoryLocation, FiEfaOpsGda, FiEfaWqAttr, FidCntr, FidCq, FidDomain, FidEp, FidMr,
+    FI_EFA_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM, FI_EFA_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM,
+    FI_EFA_CQ_INIT_FLAGS_EXT_MEM_DMABUF, FI_EFA_GDA_OPS_CSTR, FI_EFA_MEMORY_LOCATION_DMABUF,
+    FI_EFA_MEMORY_LOCATION_VA,
 };
 use super::error::{check, Error, Result};
 use super::handle::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
@@ -32,6 +37,58 @@ pub fn is_no_ops_code(code: i32) -> bool {
 pub struct GdaOps {
     table: *const FiEfaOpsGda,
     domain: DomainHandle,
+    /// The running libfabric's `fi_version()`: the table's length depends on it.
+    version: u32,
+}
+
+/// Where a hardware counter keeps one of its counts (a `u64` the device writes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterMemory {
+    /// The provider's own memory.
+    Provider,
+    /// A virtual address (host memory the device can write).
+    Va(*mut u64),
+    /// `offset` bytes into the memory exported as dmabuf `fd` (GPU memory).
+    Dmabuf {
+        /// dmabuf file descriptor.
+        fd: i32,
+        /// Offset of the count within it.
+        offset: u64,
+    },
+}
+
+impl CounterMemory {
+    /// The `fi_efa_memory_location` of this memory (`None` for the provider's own).
+    fn location(self) -> Option<FiEfaMemoryLocation> {
+        let mut l = FiEfaMemoryLocation::zeroed();
+        match self {
+            CounterMemory::Provider => return None,
+            CounterMemory::Va(p) => {
+                l.type_ = FI_EFA_MEMORY_LOCATION_VA;
+                l.ptr = p as *mut u8;
+            }
+            CounterMemory::Dmabuf { fd, offset } => {
+                l.type_ = FI_EFA_MEMORY_LOCATION_DMABUF;
+                l.dmabuf.fd = fd;
+                l.dmabuf.offset = offset;
+            }
+        }
+        Some(l)
+    }
+}
+
+/// The extra attributes of `cntr_open_ext` for counts kept in `comp` and `err`.
+pub fn counter_init_attr(comp: CounterMemory, err: CounterMemory) -> FiEfaCompCntrInitAttr {
+    let mut a = FiEfaCompCntrInitAttr::zeroed();
+    if let Some(l) = comp.location() {
+        a.flags |= FI_EFA_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM;
+        a.comp_cntr_ext_mem = l;
+    }
+    if let Some(l) = err.location() {
+        a.flags |= FI_EFA_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM;
+        a.err_cntr_ext_mem = l;
+    }
+    a
 }
 
 // SAFETY: the table is immutable provider data; the calls are thread-safe on an FI_THREAD_SAFE domain.
@@ -82,6 +139,8 @@ impl GdaOps {
         Ok(GdaOps {
             table: ops as *const FiEfaOpsGda,
             domain,
+            // SAFETY: fi_version has no preconditions.
+            version: unsafe { fi::fi_version() },
         })
     }
 
@@ -198,6 +257,70 @@ impl GdaOps {
     }
 }
 
+impl GdaOps {
+    /// Whether the table has `cntr_open_ext` (libfabric >= 2.6).
+    pub fn has_cntr_open_ext(&self) -> bool {
+        has_cntr_open_ext(self.version)
+    }
+
+    /// Opens a hardware completion counter on `domain` (the ops' domain) whose completion and
+    /// error counts live in `comp` and `err` (libfabric >= 2.6, `cntr_open_ext`; rdma-core's
+    /// `efadv_create_comp_cntr`). Bind it to an endpoint with `fi_ep_bind` as any counter. Older
+    /// libraries have a 40-byte table without the slot: refused with `FI_EOPNOTSUPP`, the slot is
+    /// not read.
+    ///
+    /// # Safety
+    /// Memory named by `comp` or `err` stays valid (and, for a VA, writable by the device) while the
+    /// counter is open.
+    pub unsafe fn cntr_open_ext(
+        &self,
+        domain: &Arc<Domain>,
+        comp: CounterMemory,
+        err: CounterMemory,
+    ) -> Result<Arc<Counter>> {
+        if !self.has_cntr_open_ext() {
+            let (major, minor) = (self.version >> 16, self.version & 0xffff);
+            tracing::warn!(
+                "GDA cntr_open_ext needs libfabric 2.6 or later; this is {major}.{minor}, whose ops \
+                 table has no such slot"
+            );
+            return Err(Error::unsupported(format!(
+                "GDA cntr_open_ext needs libfabric 2.6 or later (running {major}.{minor})"
+            )));
+        }
+        // SAFETY: the table is 48 bytes long from 2.6 on (checked above); valid while the domain
+        // is open.
+        let f = unsafe { (*self.table).cntr_open_ext }
+            .ok_or_else(|| Error::unsupported("GDA ops: cntr_open_ext is missing"))?;
+        if domain.handle() != self.domain {
+            return Err(Error::invalid(
+                "GDA cntr_open_ext: domain is not the ops' domain",
+            ));
+        }
+        // SAFETY: all-zero fi_cntr_attr is valid input.
+        let mut attr: fi::fi_cntr_attr = unsafe { std::mem::zeroed() };
+        attr.events = fi::fi_cntr_events_FI_CNTR_EVENTS_COMP;
+        attr.wait_obj = fi::fi_wait_obj_FI_WAIT_NONE;
+        let mut init = counter_init_attr(comp, err);
+        let mut cntr: *mut FidCntr = ptr::null_mut();
+        // SAFETY: valid domain and attributes; cntr receives the new object.
+        let r = unsafe {
+            f(
+                self.domain.0 as *mut FidDomain,
+                &mut attr as *mut fi::fi_cntr_attr as *mut FiCntrAttr,
+                &mut cntr,
+                ptr::null_mut(),
+                &mut init,
+            )
+        };
+        if r != 0 || cntr.is_null() {
+            return Err(Error::from_ret(r as i64, "GDA cntr_open_ext"));
+        }
+        // SAFETY: a counter the provider just opened on this domain, owned from here on.
+        Ok(unsafe { Counter::from_raw(domain, cntr as *mut fi::fid_cntr) })
+    }
+}
+
 /// The extra attributes of a CQ on caller GPU memory given as a dmabuf: the dmabuf flag, length,
 /// offset and fd, and NO CPU address (see [`GdaOps::cq_open_dmabuf`]).
 pub fn dmabuf_cq_init_attr(len: u64, offset: u64, fd: i32) -> FiEfaCqInitAttr {
@@ -215,7 +338,124 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    use crate::fabric::efa_gda_abi::fi_version as fi_version_of;
     use crate::fabric::{Fabric, Info, InfoRequest, Provider};
+
+    #[test]
+    fn counter_memory_becomes_flags_and_locations() {
+        let a = counter_init_attr(CounterMemory::Provider, CounterMemory::Provider);
+        assert_eq!((a.flags, a.comp_mask), (0, 0));
+        let mut word = 0u64;
+        let a = counter_init_attr(
+            CounterMemory::Dmabuf {
+                fd: 9,
+                offset: 4096,
+            },
+            CounterMemory::Va(&mut word),
+        );
+        assert_eq!(
+            a.flags,
+            FI_EFA_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM
+                | FI_EFA_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM
+        );
+        assert_eq!(a.comp_cntr_ext_mem.type_, FI_EFA_MEMORY_LOCATION_DMABUF);
+        assert_eq!(
+            (
+                a.comp_cntr_ext_mem.dmabuf.fd,
+                a.comp_cntr_ext_mem.dmabuf.offset
+            ),
+            (9, 4096)
+        );
+        assert!(a.comp_cntr_ext_mem.ptr.is_null());
+        assert_eq!(a.err_cntr_ext_mem.type_, FI_EFA_MEMORY_LOCATION_VA);
+        assert_eq!(
+            a.err_cntr_ext_mem.ptr as usize,
+            &mut word as *mut u64 as usize
+        );
+        let a = counter_init_attr(
+            CounterMemory::Provider,
+            CounterMemory::Dmabuf { fd: 3, offset: 8 },
+        );
+        assert_eq!(a.flags, FI_EFA_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM);
+    }
+
+    /// What the fake `cntr_open_ext` was handed: flags, completion location type and fd.
+    static SEEN_CNTR: Mutex<Option<(u32, u8, i32)>> = Mutex::new(None);
+
+    unsafe extern "C" fn fake_cntr_open_ext(
+        _domain: *mut FidDomain,
+        _attr: *mut FiCntrAttr,
+        _cntr: *mut *mut FidCntr,
+        _context: *mut c_void,
+        init: *mut FiEfaCompCntrInitAttr,
+    ) -> i32 {
+        // SAFETY: cntr_open_ext passes a pointer to its local attributes.
+        let i = unsafe { *init };
+        *SEEN_CNTR.lock().unwrap() = Some((
+            i.flags,
+            i.comp_cntr_ext_mem.type_,
+            i.comp_cntr_ext_mem.dmabuf.fd,
+        ));
+        -(fi::FI_ENOSYS as i32)
+    }
+
+    /// The slot is called from 2.6 on, and never read under an older library (whose table is 40
+    /// bytes long).
+    #[test]
+    fn cntr_open_ext_is_gated_by_the_library_version() {
+        let Ok(info) = Info::get(&InfoRequest {
+            provider: Provider::Tcp,
+            hmem: false,
+            atomics: false,
+            msg: false,
+        }) else {
+            eprintln!("no tcp provider: the call path is not exercised");
+            return;
+        };
+        let fabric = Fabric::open(info).expect("fabric");
+        let domain = Domain::open(&fabric).expect("domain");
+        let table = FiEfaOpsGda {
+            query_addr: None,
+            query_qp_wqs: None,
+            query_cq: None,
+            cq_open_ext: None,
+            get_mr_lkey: None,
+            cntr_open_ext: Some(fake_cntr_open_ext),
+        };
+        let mem = CounterMemory::Dmabuf { fd: 5, offset: 0 };
+        let old = GdaOps {
+            table: &table,
+            domain: domain.handle(),
+            version: fi_version_of(2, 5),
+        };
+        assert!(!old.has_cntr_open_ext());
+        // SAFETY: refused before any call.
+        let e = unsafe { old.cntr_open_ext(&domain, mem, CounterMemory::Provider) }
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("2.6"), "{e}");
+        assert!(SEEN_CNTR.lock().unwrap().is_none(), "the slot was read");
+        let new = GdaOps {
+            version: fi_version_of(2, 6),
+            ..old
+        };
+        // SAFETY: the fake records its arguments and opens nothing.
+        let r = unsafe { new.cntr_open_ext(&domain, mem, CounterMemory::Provider) };
+        assert!(r.is_err(), "the fake refuses");
+        let seen = SEEN_CNTR
+            .lock()
+            .unwrap()
+            .take()
+            .expect("cntr_open_ext called");
+        assert_eq!(
+            seen,
+            (
+                FI_EFA_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM,
+                FI_EFA_MEMORY_LOCATION_DMABUF,
+                5
+            )
+        );
+    }
 
     /// What the fake `cq_open_ext` was handed: flags, CPU address, length, offset, fd.
     #[derive(Debug)]
@@ -286,6 +526,7 @@ mod tests {
         let ops = GdaOps {
             table: &table,
             domain: domain.handle(),
+            version: fi_version_of(2, 6),
         };
         // SAFETY: the fake records its arguments and opens nothing.
         let r = unsafe { ops.cq_open_dmabuf(&domain, 64, 8192, 4096, 7) };

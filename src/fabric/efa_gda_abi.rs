@@ -11,8 +11,13 @@
 //! - 2.3.0: the separate `"efa gda ops"` table with `query_addr`, `query_qp_wqs`,
 //!   `query_cq`, `cq_open_ext`, `get_mr_lkey` (40 bytes).
 //! - 2.6.0: `cntr_open_ext` appended (48 bytes), with [`FiEfaMemoryLocation`] and
-//!   [`FiEfaCompCntrInitAttr`].
-//! - after 2.6.0 (main branch only at the time of writing): [`FiEfaWqAttr::caps`].
+//!   [`FiEfaCompCntrInitAttr`] (libfabric commit 5a4ba9b282f9d2fa3d8e045038656d4fcf9cf70e).
+//! - the 2.7.0 line (main, `configure.ac` 2.7.0a1): [`FiEfaWqAttr::caps`] with
+//!   [`FI_EFA_WQ_CAPS_64_BIT_REQ_ID`] (libfabric commit c7f533f793bc6cf0602e776440727962018a2ab0).
+//!
+//! Every size, offset and constant here is compared with the real `prov/efa/src/fi_ext_efa.h` of
+//! v2.5.1, v2.6.0 and main (2.7.0a1) by `tests/efa_ext_header.rs` (numbers recorded in
+//! `tests/golden/libfabric_layouts.txt`; see `docs/efa-hardware.md`).
 //!
 //! libfabric objects appear only behind pointers; they are declared here as opaque
 //! types so this module depends on nothing. Cast to and from the real bindings at the
@@ -93,7 +98,8 @@ opaque!(
 /// `struct fi_efa_wq_attr`: where a work queue lives and how to ring it (32 bytes).
 ///
 /// Zero the struct before the query: releases up to 2.6.0 have no `caps` field, and the
-/// provider clears the whole struct (including the padding where `caps` now sits).
+/// provider clears the whole struct (including the padding where `caps` now sits:
+/// `efa_domain_query_qp_wqs` memsets `sq_attr` and `rq_attr`, v2.6.0 `prov/efa/src/efa_domain.c`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FiEfaWqAttr {
@@ -107,7 +113,8 @@ pub struct FiEfaWqAttr {
     pub doorbell: *mut u32,
     /// Ring the doorbell at least every this many WQEs.
     pub max_batch: u32,
-    /// `fi_efa_wq_caps` bits; present after libfabric 2.6.0 only (zero on older releases).
+    /// `fi_efa_wq_caps` bits; present from the 2.7.0 line on (zero on older releases, where the
+    /// provider leaves this padding as the caller zeroed it). Checked by `efa::sq::SqFormat`.
     pub caps: u16,
 }
 

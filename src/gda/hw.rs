@@ -414,14 +414,23 @@ impl HwQueue {
             rq.num_entries,
             rq.entry_size
         );
-        if !sq.num_entries.is_power_of_two() || (sq.entry_size != 64 && sq.entry_size != 128) {
-            return Err(GdaError::unsupported(format!(
-                "GDA send queue of {} entries of {} bytes: expected a power of two of 64- or 128-byte entries",
-                sq.num_entries, sq.entry_size
-            )));
-        }
-        if sq.has_64_bit_req_id() {
-            tracing::info!("GDA: the send queue carries 64-bit request ids; kernels write the low 16 bits only");
+        // The queue's format against what the library encodes (crate::efa::sq): unknown caps bits
+        // or entry sizes are refused here, before a WQE is written.
+        let (major, minor) = crate::fabric::library_version();
+        let format = crate::efa::sq::SqFormat::from_query(
+            sq.entry_size,
+            sq.num_entries,
+            sq.caps,
+            (major << 16) | minor,
+        )
+        .map_err(|e| {
+            tracing::error!("GDA hardware queue refused: {e}");
+            GdaError::unsupported(format!("GDA send queue: {e}"))
+        })?;
+        if format.req_id_64 {
+            tracing::info!(
+                "GDA: the send queue carries 64-bit request ids; kernels write bits 16-63 as zero"
+            );
         }
         let (sq_map, db_map) = map_send_queue(&sq)?;
         let ctrl = Arc::new(CtrlMem::new(
@@ -447,6 +456,11 @@ impl HwQueue {
 
     fn check_cqs(&self) -> Result<()> {
         if let Some(c) = &self.tx_cq {
+            // Entry sizes the kernels do not read are refused (crate::efa::sq::check_cq).
+            crate::efa::sq::check_cq(c.attr.entry_size, c.attr.num_entries).map_err(|e| {
+                tracing::error!("GDA hardware queue refused: {e}");
+                GdaError::unsupported(format!("GDA completion ring: {e}"))
+            })?;
             if c.attr.num_entries < self.sq.num_entries || !c.attr.num_entries.is_power_of_two() {
                 return Err(GdaError::unsupported(format!(
                     "GDA completion ring of {} entries for a send queue of {}: needs a power of two at least as large",

@@ -10,18 +10,20 @@
 //! very copies, the launch would never run. So each launch has a slot of pinned host memory, and a
 //! launch that has not started within the stuck limit is taken over: the caller gets its payload
 //! back and moves the copies the way it did before (the copy engine's two hops, which need no SM).
-//! Host and kernel decide who moves them with the two flags of [`crate::mover::amo`] (Dekker's:
-//! each side writes its flag, a sequentially consistent system-scope fence, reads the other's), so
-//! a launch's copies are made exactly once, by one side. A late kernel finds the host's flag set,
-//! leaves every destination alone and answers [`LEFT`]; its slot stays in use until then.
+//! Host and kernel decide who moves them with the handshake of [`crate::mover::claim`] (Dekker's
+//! two flags: each side writes its flag, a sequentially consistent system-scope fence, reads the
+//! other's), so a launch's copies are made exactly once, by one side. A late kernel finds the
+//! host's flag set, leaves every destination alone and answers [`LEFT`]; its slot stays in use
+//! until then.
 //!
-//! Launches run in stream order, so once one is taken over the younger ones still waiting are
-//! taken over with it, and for `hold` afterwards batches go the copy engine's way (a grid that
-//! holds every SM usually holds them for a while).
+//! Launches run in stream order ([`POLICY`]: only the oldest undecided launch is timed), so once
+//! one is taken over the younger ones still waiting are taken over with it, and for `hold`
+//! afterwards batches go the copy engine's way (a grid that holds every SM usually holds them for
+//! a while). A launch found in a state the protocol rules out is handed back to the host with an
+//! error: copies of unchanged sources are harmless to make twice, and must not be lost.
 //!
 //! Where CUDA is not usable, [`HostLauncher`] plays the kernel's half on a thread (plain memory,
 //! `memmove`), so the protocol runs in the tests as it does on the GPU.
-use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -30,8 +32,19 @@ use crate::cuda::kernel::{CopyKernel, COPY_MAX};
 use crate::cuda::stream::CopyStream;
 use crate::cuda::MappedHostBuffer;
 
-use super::amo::{Claim, Slots, APPLIED, LEFT, SLOT_BYTES};
+use super::claim::{
+    warn_first, Decided, Ledger, OnBroken, Policy, Slots, Timing, APPLIED, LEFT, SLOT_BYTES,
+};
 use super::MResult;
+
+/// The claim protocol's parameters for the copy kernel: launches wait for each other on one
+/// stream, and copies found in an impossible state go to the host (never lost; making a copy of
+/// an unchanged source twice is harmless).
+pub const POLICY: Policy = Policy {
+    timing: Timing::StreamOrder,
+    on_broken: OnBroken::HandBack,
+    what: "copy kernel",
+};
 
 /// Launches that may be undecided (or waiting for a late kernel) at once.
 pub const KSLOTS: usize = 64;
@@ -190,24 +203,6 @@ impl Mem {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// Launched, not decided.
-    Launched,
-    /// The host claimed it while the kernel had started: the kernel's outcome decides.
-    Racing,
-    /// The host owns the copies (handed back); the slot waits for the late kernel's [`LEFT`].
-    HostOwns,
-}
-
-struct Job<T> {
-    id: u64,
-    slot: u16,
-    at: Instant,
-    state: State,
-    payload: Option<T>,
-}
-
 /// How a launch ended, from [`KernelCopies::settle`].
 #[derive(Debug, PartialEq, Eq)]
 pub enum Done<T> {
@@ -236,14 +231,11 @@ pub enum NotLaunched {
 pub struct KernelCopies<T> {
     launcher: Option<Box<dyn Launcher>>,
     mem: Mem,
-    slots: Slots,
-    jobs: VecDeque<Job<T>>,
+    /// The claim protocol's host side over the slots; the payload comes back on a take-over.
+    ledger: Ledger<T>,
     stuck: Duration,
     hold: Duration,
     host_until: Option<Instant>,
-    /// When settle last saw a launch decided: the next one could start from then on.
-    last_decided: Option<Instant>,
-    next_id: u64,
     warned: bool,
     /// Launches made, applied by the kernel, and taken over by the host (for the log).
     pub launched: u64,
@@ -284,13 +276,10 @@ impl<T> KernelCopies<T> {
         KernelCopies {
             launcher: Some(launcher),
             mem,
-            slots,
-            jobs: VecDeque::new(),
+            ledger: Ledger::new(slots, POLICY),
             stuck,
             hold,
             host_until: None,
-            last_decided: None,
-            next_id: 0,
             warned: false,
             launched: 0,
             applied: 0,
@@ -328,7 +317,7 @@ impl<T> KernelCopies<T> {
             Some(_) => self.host_until = None,
             None => {}
         }
-        let Some(s) = self.slots.take() else {
+        let Some(s) = self.ledger.take_slot() else {
             return Err((NotLaunched::NoSlot, payload));
         };
         let slot_dev = Slots::device_addr(self.mem.device(), s);
@@ -340,21 +329,12 @@ impl<T> KernelCopies<T> {
         self.launch_time += t.elapsed();
         if let Err(e) = r {
             // Nothing will write the slot.
-            self.slots.give_back(s);
+            self.ledger.unlaunched(s);
             tracing::warn!("copy kernel: launch of {} copies failed: {e}", copies.len());
             return Err((NotLaunched::Failed, payload));
         }
-        let id = self.next_id;
-        self.next_id += 1;
         self.launched += 1;
-        self.jobs.push_back(Job {
-            id,
-            slot: s,
-            at: now,
-            state: State::Launched,
-            payload: Some(payload),
-        });
-        Ok(id)
+        Ok(self.ledger.launched(s, now, payload))
     }
 
     /// One look at every pending launch at time `now`: pushes the decided ones to `out`, and takes
@@ -362,95 +342,29 @@ impl<T> KernelCopies<T> {
     /// younger one with it). Launches wait for each other in stream order, so a younger one's
     /// clock starts only when every older one is decided (as seen here). Never blocks.
     pub fn settle(&mut self, now: Instant, out: &mut Vec<Done<T>>) {
-        let mut taking = false;
-        // An older launch is still undecided (a younger one waits behind it).
-        let mut ahead = false;
-        let mut decided = false;
-        let last_decided = self.last_decided;
-        let mut took = 0usize;
         let stuck = self.stuck;
-        let slots = &mut self.slots;
-        let (mut applied, mut taken_over) = (0u64, 0u64);
-        let mut applied_time = Duration::ZERO;
-        self.jobs.retain_mut(|j| {
-            let o = slots.outcome(j.slot);
-            match (j.state, o) {
-                (State::Launched | State::Racing, APPLIED) => {
-                    decided = true;
-                    applied += 1;
-                    applied_time += now.saturating_duration_since(j.at);
-                    slots.give_back(j.slot);
-                    out.push(Done::Applied(j.id));
-                    false
+        let mut decided = Vec::new();
+        let round = self.ledger.settle(now, stuck, &mut decided);
+        for d in decided {
+            out.push(match d {
+                Decided::Applied { id, waited, .. } => {
+                    self.applied_time += waited;
+                    Done::Applied(id)
                 }
-                (State::Launched | State::Racing, LEFT) => {
-                    // The kernel saw the host's flag: the host makes the copies.
-                    decided = true;
-                    taken_over += 1;
-                    slots.give_back(j.slot);
-                    if let Some(p) = j.payload.take() {
-                        out.push(Done::TakenOver(j.id, p));
-                    }
-                    false
-                }
-                (State::HostOwns, 0) => true,
-                (State::HostOwns, o) => {
-                    if o != LEFT {
-                        tracing::error!(
-                            "copy kernel: launch {} answered {o} after the host took it over; \
-                             the slot protocol does not hold here",
-                            j.id
-                        );
-                    }
-                    slots.give_back(j.slot);
-                    false
-                }
-                (State::Racing, _) => {
-                    ahead = true;
-                    true
-                }
-                (State::Launched, _) => {
-                    let since = match last_decided {
-                        _ if decided => now,
-                        Some(t) if t > j.at => t,
-                        _ => j.at,
-                    };
-                    if !taking && (ahead || now.saturating_duration_since(since) < stuck) {
-                        ahead = true;
-                        return true;
-                    }
-                    ahead = true;
-                    match slots.claim(j.slot) {
-                        Claim::Host => {
-                            taking = true;
-                            took += 1;
-                            taken_over += 1;
-                            j.state = State::HostOwns;
-                            if let Some(p) = j.payload.take() {
-                                out.push(Done::TakenOver(j.id, p));
-                            }
-                        }
-                        Claim::Racing => j.state = State::Racing,
-                    }
-                    true
-                }
-            }
-        });
-        self.applied += applied;
-        self.applied_time += applied_time;
-        self.taken_over += taken_over;
-        if decided {
-            self.last_decided = Some(now);
+                Decided::TakenOver { id, payload } => Done::TakenOver(id, payload),
+            });
         }
-        if took > 0 {
+        self.applied = self.ledger.counts.applied;
+        self.taken_over = self.ledger.counts.taken_over + self.ledger.counts.broken;
+        if round.claimed > 0 {
             self.host_until = Some(now + self.hold);
             let msg = format!(
-                "copy kernel: {took} launch(es) had not started after {stuck:?} (a kernel holding \
+                "copy kernel: {} launch(es) had not started after {stuck:?} (a kernel holding \
                  every SM?): the host moves their copies through the copy engine, and so it does \
                  for {:?}",
-                self.hold
+                round.claimed, self.hold
             );
-            super::amo::warn_first(&mut self.warned, &msg);
+            warn_first(&mut self.warned, &msg);
         }
     }
 
@@ -466,7 +380,8 @@ impl<T> KernelCopies<T> {
     pub fn check_claimed_launch(&mut self, deadline: Instant) -> MResult<()> {
         let device = self.mem.device();
         let launcher = self.launcher.as_mut().expect("launcher open");
-        self.slots
+        self.ledger
+            .slots_mut()
             .check_claimed_launch(device, deadline, "copy kernel", |slot| {
                 // SAFETY: no copies, and the kernel finds the host's flag set: it touches nothing
                 // but the slot, which this value owns.
@@ -476,15 +391,12 @@ impl<T> KernelCopies<T> {
 
     /// Launches not yet decided (their copies may still be made by the kernel).
     pub fn undecided(&self) -> usize {
-        self.jobs
-            .iter()
-            .filter(|j| j.state != State::HostOwns)
-            .count()
+        self.ledger.undecided()
     }
 
     /// Launches pending, taken-over ones whose late kernel has not answered included.
     pub fn pending(&self) -> usize {
-        self.jobs.len()
+        self.ledger.pending()
     }
 
     /// Stops: claims every undecided launch, and waits until `deadline` for those racing and for
@@ -494,11 +406,11 @@ impl<T> KernelCopies<T> {
         let now = Instant::now();
         self.stuck = Duration::ZERO;
         self.settle(now, out);
-        while !self.jobs.is_empty() && Instant::now() < deadline {
+        while self.ledger.pending() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(50));
             self.settle(Instant::now(), out);
         }
-        self.jobs.is_empty()
+        self.ledger.pending() == 0
     }
 }
 
@@ -516,7 +428,7 @@ impl<T> Drop for KernelCopies<T> {
                     "copy kernel: {} launch(es) still queued at close; their {MEM_BYTES} bytes of \
                      slots are kept (leaked) so that a late kernel writes into live \
                      memory",
-                    self.jobs.len().max(1)
+                    self.ledger.pending().max(1)
                 );
                 let m = std::mem::replace(&mut self.mem, Mem::Plain(Vec::new()));
                 std::mem::forget(m);
@@ -563,7 +475,7 @@ mod tests {
         let mut k = KernelCopies::<u32>::host(Duration::ZERO, MS, MS).unwrap();
         k.check_claimed_launch(Instant::now() + Duration::from_secs(5))
             .unwrap();
-        assert_eq!(k.slots.in_use(), 0);
+        assert_eq!(k.ledger.slots().in_use(), 0);
         assert!(k.reaches_host_memory());
     }
 

@@ -46,6 +46,7 @@
 //! [`stats`] counts the stages of the staged path and of IPC copies for the debug timeline.
 pub mod amo;
 pub mod amo_lanes;
+pub mod claim;
 pub mod engine;
 pub mod fdshare;
 pub mod handle;

@@ -14,7 +14,7 @@
 # flags cargo-fuzz passes. The sanitizer defaults to none (the decoders are safe
 # Rust; libFuzzer still catches panics, and debug assertions turn on overflow
 # checks); set FUZZ_SANITIZER=address to add AddressSanitizer. The corpus starts
-# from the golden vectors in tests/golden/efa_vectors.txt.
+# from the golden vectors in tests/golden/efa_vectors.txt and efa_wide_vectors.txt.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,25 +33,27 @@ fi
 
 corpus="$here/corpus/wqe_decode"
 mkdir -p "$corpus"
-vectors="$here/../golden/efa_vectors.txt"
-if [ -f "$vectors" ] && [ -z "$(ls -A "$corpus")" ]; then
+if [ -z "$(ls -A "$corpus")" ]; then
     i=0
-    while read -r kind name rest; do
-        case "$kind" in
-            wqe | wqe_bad | tx_cqe | rx_cqe | rx_cqe_ex | cqe_bad) ;;
-            *) continue ;;
-        esac
-        for tok in $rest; do
-            case "$tok" in
-                bytes=*)
-                    hex="${tok#bytes=}"
-                    printf '%b' "$(printf '%s' "$hex" | sed 's/../\\x&/g')" >"$corpus/seed-$i-$name"
-                    i=$((i + 1))
-                    ;;
+    for vectors in "$here/../golden/efa_vectors.txt" "$here/../golden/efa_wide_vectors.txt"; do
+        [ -f "$vectors" ] || continue
+        while read -r kind name rest; do
+            case "$kind" in
+                wqe | wqe_bad | tx_cqe | rx_cqe | rx_cqe_ex | cqe_bad | wide | wide_bad) ;;
+                *) continue ;;
             esac
-        done
-    done <"$vectors"
-    echo "seeded $i corpus entries from $vectors"
+            for tok in $rest; do
+                case "$tok" in
+                    bytes=*)
+                        hex="${tok#bytes=}"
+                        printf '%b' "$(printf '%s' "$hex" | sed 's/../\\x&/g')" >"$corpus/seed-$i-$name"
+                        i=$((i + 1))
+                        ;;
+                esac
+            done
+        done <"$vectors"
+    done
+    echo "seeded $i corpus entries from tests/golden"
 fi
 
 secs="${FUZZ_SECONDS:-30}"

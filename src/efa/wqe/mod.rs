@@ -41,6 +41,7 @@ pub mod error;
 pub mod layout;
 pub mod ring;
 pub mod validate;
+pub mod wide;
 
 pub use decode::{decode, decode_with};
 pub use desc::{LocalBuf, RemoteBuf, SendPayload, WqeDesc, WqeOp};
@@ -51,12 +52,17 @@ pub use layout::{
 };
 pub use ring::{decode_entry, phase_for, slot_for, store_entry};
 pub use validate::validate;
+pub use wide::{
+    decode_entry_128, encode_inline, validate_inline, Entry128, InlineDesc, InlineTarget,
+    INLINE_MAX_128,
+};
 
 /// Size of one TX WQE in bytes.
 pub const WQE_SIZE: usize = 64;
 /// Size of a send-queue entry on queues with wide entries: efa-direct picks them when the device
-/// has 80 bytes of inline room (rdma-core `efa_calc_sq_wqe_size`). The first 64 bytes are laid
-/// out as a 64-byte WQE; this library never sets anything past them, so bytes 64-127 are zero.
+/// has 80 bytes of inline room (rdma-core `efa_calc_sq_wqe_size`). Every WQE but a long inline
+/// one is laid out in the first 64 bytes, bytes 64-127 zero; inline payloads of up to 80 bytes
+/// are in [`wide`].
 pub const WQE_SIZE_128: usize = 128;
 /// Largest inline SEND payload a 64-byte WQE carries.
 pub const INLINE_MAX: usize = 32;

@@ -1,9 +1,10 @@
 //! Feeds arbitrary bytes to the EFA WQE and CQE decoders.
 //!
-//! Input layout: bytes 0-63 are a TX WQE, bytes 64-95 a 32-byte CQE slot; missing
-//! bytes are zero. The first 32 bytes are also decoded as CQEs so short inputs reach
-//! the CQE decoders. For every accepted entry the description must be valid, must
-//! encode back to exactly the input bytes, and must decode again to itself.
+//! Input layout: bytes 0-63 are a TX WQE, bytes 64-95 a 32-byte CQE slot, and bytes 0-127 a
+//! 128-byte send-queue entry (wide inline payloads); missing bytes are zero. The first 32 bytes
+//! are also decoded as CQEs so short inputs reach the CQE decoders. For every accepted entry the
+//! description must be valid, must encode back to exactly the input bytes, and must decode again
+//! to itself.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -38,8 +39,30 @@ fn check_cqes(slot: &[u8; 32]) {
     let _ = cqe::queue_type_of(&[slot[0], slot[1], slot[2], slot[3]]);
 }
 
+fn check_wide(e: &[u8; wqe::WQE_SIZE_128]) {
+    for req_id_64 in [false, true] {
+        match wqe::decode_entry_128(e, req_id_64) {
+            Ok(wqe::Entry128::Inline(d)) => {
+                assert_eq!(wqe::validate_inline(&d), Ok(()));
+                let again = wqe::encode_inline(&d).expect("an accepted entry encodes");
+                assert_eq!(&again, e, "accepted wide bytes are not canonical");
+                assert_eq!(
+                    wqe::decode_entry_128(&again, req_id_64),
+                    Ok(wqe::Entry128::Inline(d))
+                );
+            }
+            Ok(wqe::Entry128::Narrow(d)) => {
+                let mut again = [0u8; wqe::WQE_SIZE_128];
+                wqe::store_entry(&mut again, &wqe::encode(&d)).expect("128-byte entry");
+                assert_eq!(&again, e, "accepted narrow entry is not canonical");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
-    let mut buf = [0u8; 96];
+    let mut buf = [0u8; 128];
     let n = data.len().min(buf.len());
     buf[..n].copy_from_slice(&data[..n]);
 
@@ -61,4 +84,5 @@ fuzz_target!(|data: &[u8]| {
     check_cqes(&slot);
     slot.copy_from_slice(&buf[64..96]);
     check_cqes(&slot);
+    check_wide(&buf);
 });
