@@ -4,7 +4,8 @@
 //! Layout: [`fabric`] is the safe libfabric layer; [`efa`] the EFA queue formats and the GDA ops
 //! binding; [`gda`] the queue geometry shared with the GPU, the hardware mapping and the software
 //! queue; [`nvshmem`] the NVSHMEM transport ABI mirror and the transport; [`capi`] every `extern "C"`
-//! entry point; [`config`] every environment variable.
+//! entry point; [`config`] every environment variable; [`route`] how data moves, decided once
+//! from the provider's capabilities ([`fabric::Caps`]) and the configuration.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod capi;
@@ -23,3 +24,5 @@ pub mod log;
 pub mod mover;
 /// cbindgen:ignore
 pub mod nvshmem;
+/// cbindgen:ignore
+pub mod route;

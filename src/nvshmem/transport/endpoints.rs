@@ -18,7 +18,6 @@ use crate::config::GdaMode;
 use crate::cuda;
 use crate::fabric::{
     AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
-    Provider,
 };
 use crate::mover::handle::HostId;
 
@@ -425,7 +424,7 @@ impl Transport {
         let n = n_pes as usize;
         let av = AddressVector::open(&self.domain, n * NUM_EPS)?;
         let mut eps = Vec::with_capacity(NUM_EPS);
-        let shm = self.provider == Provider::Shm;
+        let caps = &self.route.caps;
         for i in 0..NUM_EPS {
             let cq = CompletionQueue::open(&self.domain, self.cfg.max_inflight.max(1024))?;
             // shm names its region after the endpoint (`/dev/shm/<name>`): by default
@@ -433,12 +432,14 @@ impl Transport {
             // PID. This process's cookie makes the name its own (`<pid>:<cookie>:<n>`; the PID
             // stays first, where cleanup scripts look for it).
             let prefix = format!("fi_shm://{}:{:016x}:{i}", std::process::id(), self.cookie);
-            let ep = if shm {
+            let ep = if caps.named_endpoints {
                 Endpoint::open_named(&self.domain, &av, &cq, format!("{prefix}\0").as_bytes())?
             } else {
                 Endpoint::open(&self.domain, &av, &cq, None)?
             };
-            let lanes = shm.then(|| Lanes::new(&self.domain, &av, &cq, prefix, n));
+            let lanes = caps
+                .per_peer_lanes
+                .then(|| Lanes::new(&self.domain, &av, &cq, prefix, n));
             let ctxs = OpContexts::new(self.cfg.max_inflight);
             let ctx_mr = if self.info.mr_local() {
                 let (p, len) = ctxs.region();
@@ -488,7 +489,7 @@ impl Transport {
         // shm names are C strings whose length varies with the PID: every PE uses the same fixed
         // slot (NUL-padded) and the names are inserted one by one.
         let longest = names.iter().map(|v| v.len()).max().unwrap_or(0);
-        let slot = if shm {
+        let slot = if caps.named_endpoints {
             SHM_NAME_SLOT.max(longest)
         } else {
             longest
@@ -524,7 +525,7 @@ impl Transport {
             let p = ProcId::from_bytes(&rec[HDR + NUM_EPS * slot..]);
             peers.push(PeerState::new(p, pe != my_pe as usize && me.same_host(&p)));
         }
-        let addrs = if shm {
+        let addrs = if caps.named_endpoints {
             let mut v = Vec::with_capacity(n * NUM_EPS);
             for name in flat.chunks(slot) {
                 v.extend(av.insert(name, 1)?);
