@@ -184,9 +184,19 @@ fn open_info(cfg: &Config) -> TResult<(Provider, Info)> {
 }
 
 impl Transport {
+    /// The provider `cfg` leads to (the one named, else the first of the automatic order that
+    /// answers), its answer and the route decided from its capabilities and `cfg`: what
+    /// [`Transport::new`] acts on, also shown by the `nvshmem-efa-gda` tool.
+    pub fn decide_route(cfg: &Config) -> TResult<(Provider, Info, Route)> {
+        let (provider, info) = open_info(cfg)?;
+        let route = Route::decide(Caps::of(&info), cfg, crate::cuda::available())
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok((provider, info, route))
+    }
+
     /// Opens fabric and domain for the configured provider.
     pub fn new(cfg: Config) -> TResult<Transport> {
-        let (provider, info) = open_info(&cfg)?;
+        let (provider, info, route) = Self::decide_route(&cfg)?;
         tracing::debug!(
             "provider {} (fabric {}, domain {}): hmem={} atomics={} delivery_complete={} mr_mode={:#x}",
             info.provider_name(),
@@ -197,8 +207,6 @@ impl Transport {
             info.delivery_complete(),
             info.mr_mode()
         );
-        let route = Route::decide(Caps::of(&info), &cfg, crate::cuda::available())
-            .map_err(|e| invalid(e.to_string()))?;
         tracing::info!("{route}");
         let fabric = Fabric::open(info.clone())?;
         let domain = Domain::open(&fabric)?;
