@@ -62,13 +62,14 @@
 //!   on the next loop turn, after completions released space; the thread never blocks. A WQE larger
 //!   than the ring takes the message path. Where copies are `memcpy` the two hops are two
 //!   `memcpy`s through a plain ring, so host tests exercise the ring.
-//! * `direct`: one device-to-device copy: fastest, but on the H100 node (2 PEs under MPS) it
-//!   deadlocked: a persistent grid of 132 x 256 threads, each posting and waiting for its
-//!   completions, left 256 copies in flight for good (with and without the overlap-with-compute
-//!   hint). Device-to-device copies evidently run as copy kernels, which cannot start while a
-//!   kernel holds every SM of the process; host<->device copies always run on the copy engines (the
-//!   staged path uses only those and works). Hence the copy kernel's take-over, and `direct` logs
-//!   a warning once.
+//!
+//! There is no one-hop device-to-device route of the copy engine: on the H100 node (2 PEs under
+//! MPS) it deadlocked: a persistent grid of 132 x 256 threads, each posting and waiting for its
+//! completions, left 256 copies in flight for good (with and without the overlap-with-compute
+//! hint). Device-to-device copies evidently run as copy kernels, which cannot start while a kernel
+//! holds every SM of the process; host<->device copies always run on the copy engines (the staged
+//! path uses only those and works). Hence the copy kernel's take-over; the former
+//! `NVSHMEM_EFA_SOFT_IPC=direct` is refused at configuration.
 //!
 //! The copies of one doorbell batch share one event (a mark every 32 copies and at the end of the
 //! batch); the consumer polls the events without blocking and writes each WQE's completion once its
