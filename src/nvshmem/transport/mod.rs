@@ -322,11 +322,18 @@ impl Transport {
         s += &format!("\n  {}", self.route);
         if let Some(c) = self.conn.get() {
             for (i, e) in c.eps.iter().enumerate() {
+                let kinds: Vec<String> = e
+                    .ctxs
+                    .in_flight_by_tag()
+                    .into_iter()
+                    .map(|(t, n)| format!("{}: {n}", endpoints::tag_name(t)))
+                    .collect();
                 s += &format!(
-                    "\n  ep {i}: submitted {} completed {} in flight {}",
+                    "\n  ep {i}: submitted {} completed {} in flight {} ({})",
                     e.submitted.load(Ordering::Relaxed),
                     e.completed.load(Ordering::Relaxed),
-                    e.ctxs.in_flight()
+                    e.ctxs.in_flight(),
+                    kinds.join(", ")
                 );
             }
         }
