@@ -70,9 +70,9 @@ pub struct Config {
     /// whose peer range is mapped in this process (same-host peers, CUDA IPC) as copies: `kernel`
     /// (default; also `1`/`on`/`true`): a round's small copies in one launch of the library's copy
     /// kernel, taken over by the host route when it cannot start, larger ones as the host route
-    /// moves them; `host`: two copy-engine hops through a pinned host bounce ring; `direct`: one
-    /// device-to-device copy (may wait behind a kernel holding every SM); `0`: they take the
-    /// message path.
+    /// moves them; `host`: two copy-engine hops through a pinned host bounce ring; `0`: they take
+    /// the message path. (`direct`, one device-to-device copy, was removed: it deadlocks behind a
+    /// kernel holding every SM; the value is refused with an error saying so.)
     pub soft_ipc: crate::gda::softq::CopyRoute,
     /// `NVSHMEM_EFA_SOFT_KERNEL_STUCK_US`: how long a copy kernel launch of
     /// `NVSHMEM_EFA_SOFT_IPC=kernel` may stay unstarted before the host takes its copies over
@@ -146,6 +146,13 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// The values `NVSHMEM_EFA_SOFT_IPC` takes.
+const SOFT_IPC_VALUES: &str = "0, kernel (or 1) or host";
+/// What `NVSHMEM_EFA_SOFT_IPC=direct` is told.
+const SOFT_IPC_DIRECT_REMOVED: &str = "0, kernel (or 1) or host; the direct route was removed \
+     (its device-to-device copies never start while a kernel holds every SM: a persistent kernel \
+     waiting for them deadlocks); kernel, the default, moves small copies in one launch";
 
 fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -385,7 +392,11 @@ impl Config {
             c.soft_ipc = crate::gda::softq::CopyRoute::parse(&v).ok_or_else(|| ConfigError {
                 var: "NVSHMEM_EFA_SOFT_IPC",
                 value: v.clone(),
-                expected: "0, kernel (or 1), host or direct",
+                expected: if v.trim().eq_ignore_ascii_case("direct") {
+                    SOFT_IPC_DIRECT_REMOVED
+                } else {
+                    SOFT_IPC_VALUES
+                },
             })?;
         }
         if let Some(us) = vars.u64(
@@ -566,8 +577,6 @@ mod tests {
             ("1", CopyRoute::Kernel),
             ("on", CopyRoute::Kernel),
             ("true", CopyRoute::Kernel),
-            ("direct", CopyRoute::Direct),
-            ("Direct", CopyRoute::Direct),
             ("kernel", CopyRoute::Kernel),
         ] {
             assert_eq!(
@@ -580,8 +589,21 @@ mod tests {
             let e = cfg(&[("NVSHMEM_EFA_SOFT_IPC", bad)]).unwrap_err();
             assert_eq!(
                 (e.var, e.expected),
-                ("NVSHMEM_EFA_SOFT_IPC", "0, kernel (or 1), host or direct"),
+                ("NVSHMEM_EFA_SOFT_IPC", "0, kernel (or 1) or host"),
                 "{bad:?}"
+            );
+        }
+        // The removed route: refused, naming the values allowed and why it went.
+        for old in ["direct", " Direct "] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_IPC", old)]).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_IPC");
+            assert!(
+                msg.starts_with(&format!(
+                    "NVSHMEM_EFA_SOFT_IPC='{old}' is not valid: expected 0, kernel (or 1) or host; \
+                     the direct route was removed"
+                )),
+                "{msg}"
             );
         }
         let c = cfg(&[("NVSHMEM_EFA_SOFT_IPC_BOUNCE", "65536")]).unwrap();

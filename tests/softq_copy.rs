@@ -113,11 +113,10 @@ fn two_pes_with(map: bool, edit: impl FnOnce(&mut Config)) -> Option<(Vec<Pe>, A
 #[test]
 fn writes_and_reads_to_a_mapped_peer_run_as_copies() {
     // Host hops with the default ring and with a 64 KiB one (the 64 KiB write needs all of it),
-    // the direct copy, and the copy kernel (here its host stand-in).
+    // and the copy kernel (here its host stand-in).
     for (ipc, bounce) in [
         (CopyRoute::Host, None),
         (CopyRoute::Host, Some(64 << 10)),
-        (CopyRoute::Direct, None),
         (CopyRoute::Kernel, None),
         (CopyRoute::Kernel, Some(64 << 10)),
     ] {
@@ -276,7 +275,7 @@ fn immediates_unmapped_ranges_and_the_switch_keep_the_message_path() {
         (CopyRoute::Host, true),
         (CopyRoute::Off, true),
         (CopyRoute::Host, false),
-        (CopyRoute::Direct, true),
+        (CopyRoute::Kernel, true),
     ] {
         let Some((pes, fake)) = two_pes(ipc, map) else {
             return;
@@ -499,11 +498,17 @@ fn copy_route_modes_parse() {
     );
     assert_eq!(parse("0").unwrap(), CopyRoute::Off);
     assert_eq!(parse("host").unwrap(), CopyRoute::Host);
-    assert_eq!(parse("direct").unwrap(), CopyRoute::Direct);
     assert_eq!(parse("1").unwrap(), CopyRoute::Kernel);
     assert_eq!(parse("kernel").unwrap(), CopyRoute::Kernel);
     let e = parse("kernels").unwrap_err();
     assert_eq!(e.var, "NVSHMEM_EFA_SOFT_IPC");
+    // The removed one-hop route is refused, naming the values allowed.
+    let e = parse("direct").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("expected 0, kernel (or 1) or host; the direct route was removed"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -15,6 +15,8 @@ use nvshmem_efa_gda::capi::info::cuda_driver_version;
 use nvshmem_efa_gda::fabric::{self, Domain, Fabric, Info, InfoRequest, Provider};
 use nvshmem_efa_gda::gda::hw::{self, GdaOps};
 use nvshmem_efa_gda::nvshmem::abi::SERVED_MAJORS;
+use nvshmem_efa_gda::nvshmem::Transport;
+use nvshmem_efa_gda::route::Staging;
 use nvshmem_efa_gda::topo;
 
 const USAGE: &str = "\
@@ -27,10 +29,12 @@ info  reports the library version and the NVSHMEM transport ABIs it serves; the 
       (--nvshmem-home, else NVSHMEM_HOME, else a libnvshmem_host.so in LD_LIBRARY_PATH), its version
       and transport ABI (from include/non_abi/nvshmem_version.h, else --nvshmem-version) and whether
       the ABI is served; libfabric's version and, per provider, whether an RDM endpoint with RMA,
-      atomics and FI_HMEM answers; the GDA mode NVSHMEM_EFA_GDA=auto would pick and why; the CUDA
-      driver; each NVIDIA GPU (sysfs, under --sysfs-root, default /) with the NICs a PE on it
-      would use, nearest first (PCI distance, NUMA node; NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE and
-      NVSHMEM_ENABLE_NIC_PE_MAPPING as NVSHMEM reads them); the NVSHMEM_* variables set.
+      atomics and FI_HMEM answers; the GDA mode NVSHMEM_EFA_GDA=auto would pick and why; the route the
+      library would decide (GPU memory staged or moved by the NIC, atomics, CUDA IPC, progress) and
+      the provider capabilities it follows from; the CUDA driver; each NVIDIA GPU (sysfs, under
+      --sysfs-root, default /) with the NICs a PE on it would use, nearest first (PCI distance, NUMA
+      node; NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE and NVSHMEM_ENABLE_NIC_PE_MAPPING as NVSHMEM reads
+      them); the NVSHMEM_* variables set.
 
 exit status: 0 ready (a provider answers, NVSHMEM found and its ABI served), 1 no libfabric provider
 answers, 2 bad usage, 3 NVSHMEM found but its ABI is not served, 4 no NVSHMEM found";
@@ -502,6 +506,12 @@ fn main() -> ExitCode {
     let (gmode, gprov, gwhy) = gda_mode(&reports);
     let nics = nic_report(args.sysfs_root.as_deref());
     let driver = cuda_driver_version();
+    // The route the library would decide here (provider from NVSHMEM_LIBFABRIC_PROVIDER, else the
+    // automatic order; the rest of the configuration from the environment).
+    let route = nvshmem_efa_gda::config::Config::from_env()
+        .map_err(|e| e.to_string())
+        .and_then(|cfg| Transport::decide_route(&cfg).map_err(|e| e.message))
+        .map(|(_, _, r)| r);
     let mut vars: Vec<(String, String)> = start_environment()
         .into_iter()
         .filter(|(k, _)| {
@@ -620,6 +630,25 @@ fn main() -> ExitCode {
                 ]),
             ),
             (
+                "route",
+                match &route {
+                    Ok(r) => J::O(vec![
+                        ("provider", J::s(r.caps.prov_name.clone())),
+                        ("fabric", J::s(r.caps.fabric_name.clone())),
+                        ("staging", J::s(r.staging.to_string())),
+                        ("provider_atomics", J::B(r.provider_atomics)),
+                        ("ipc", J::B(r.ipc)),
+                        ("progress_sleeps", J::B(r.progress_sleeps)),
+                        ("nic_writes_gpu", J::B(r.caps.nic_writes_gpu)),
+                        ("native_atomics", J::B(r.caps.native_atomics)),
+                        ("per_peer_lanes", J::B(r.caps.per_peer_lanes)),
+                        ("gda_ops", J::B(r.caps.gda_ops)),
+                        ("summary", J::s(r.to_string())),
+                    ]),
+                    Err(e) => J::O(vec![("error", J::s(e.clone()))]),
+                },
+            ),
+            (
                 "cuda_driver",
                 driver.map(|v| J::N(v as i64)).unwrap_or(J::Null),
             ),
@@ -715,6 +744,50 @@ fn main() -> ExitCode {
     }
     println!("  why: {gwhy}");
     print_nics(&nics);
+    println!("Route (decided once at initialisation, from the provider's capabilities and the configuration)");
+    match &route {
+        Ok(r) => {
+            println!(
+                "  provider       {} (fabric {})",
+                r.caps.prov_name, r.caps.fabric_name
+            );
+            println!(
+                "  GPU memory     {}",
+                match r.staging {
+                    Staging::Off if r.caps.nic_writes_gpu =>
+                        "the NIC moves it (FI_HMEM)".to_string(),
+                    Staging::Off => "handed to the provider (FI_HMEM)".to_string(),
+                    s => format!("staged through host buffers (staged: {s})"),
+                }
+            );
+            println!(
+                "  atomics        {}",
+                if r.provider_atomics {
+                    "provider atomics"
+                } else {
+                    "applied at the target PE"
+                }
+            );
+            println!(
+                "  same host      {}",
+                if r.ipc {
+                    "GPU memory by CUDA IPC copies"
+                } else {
+                    "as other hosts (no CUDA IPC)"
+                }
+            );
+            println!(
+                "  progress       {}",
+                if r.progress_sleeps {
+                    "thread backs off when idle"
+                } else {
+                    "thread polls (manual progress or software provider)"
+                }
+            );
+            println!("  caps           {}", r.caps);
+        }
+        Err(e) => println!("  none: {e}"),
+    }
     println!("CUDA");
     match driver {
         Some(v) => println!("  driver         {}.{} ({v})", v / 1000, (v % 1000) / 10),

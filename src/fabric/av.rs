@@ -43,7 +43,7 @@ impl AddressVector {
         }
         // shm names are C strings that the provider reads with strlen: a slot without a NUL would
         // make it read past the caller's buffer.
-        if self._domain.info().provider_name() == "shm" {
+        if super::Caps::of(self._domain.info()).named_endpoints {
             let len = names.len() / count;
             if let Some(k) = (0..count).find(|k| !names[k * len..(k + 1) * len].contains(&0)) {
                 return Err(Error::invalid(format!(

@@ -52,15 +52,18 @@ impl OpContexts {
 
     /// Takes a context, or `None` when all are in flight (reap completions, then retry).
     pub fn alloc(&self, tag: u64, data: u64) -> Option<*mut c_void> {
-        let slot = self.free.lock().pop()?;
+        let mut free = self.free.lock();
+        let slot = free.pop()?;
         let p = self.slots[slot as usize].get();
-        // SAFETY: the slot was free, so nobody else refers to it.
+        // SAFETY: the slot was free, so nobody else refers to it. The tag is written under the
+        // free list's lock (see `in_flight_by_tag`).
         unsafe {
             (*p).provider = [0; 8];
             (*p).tag = tag;
             (*p).data = data;
             (*p).scratch = [0; 8];
         }
+        drop(free);
         Some(p as *mut c_void)
     }
 
@@ -101,6 +104,24 @@ impl OpContexts {
     /// Contexts currently handed out.
     pub fn in_flight(&self) -> usize {
         self.slots.len() - self.free.lock().len()
+    }
+
+    /// Contexts currently handed out, counted by tag (ascending), for diagnostics: a snapshot.
+    pub fn in_flight_by_tag(&self) -> Vec<(u64, usize)> {
+        let free = self.free.lock();
+        let mut is_free = vec![false; self.slots.len()];
+        for &f in free.iter() {
+            is_free[f as usize] = true;
+        }
+        let mut by: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if !is_free[i] {
+                // SAFETY: reading a handed-out slot's tag; it is written only at alloc, under the
+                // free list's lock, which is held here.
+                *by.entry(unsafe { (*slot.get()).tag }).or_default() += 1;
+            }
+        }
+        by.into_iter().collect()
     }
 
     fn slot_of(&self, ctx: *mut c_void) -> Option<usize> {

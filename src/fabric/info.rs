@@ -42,6 +42,23 @@ impl Provider {
         }
     }
 
+    /// The provider a `fi_getinfo` answer names (`fabric_attr->prov_name`, `fabric_attr->name`);
+    /// `None` for one this crate does not know. With [`super::caps`]'s identity table, the one
+    /// place a provider's names are matched.
+    pub fn of_answer(prov_name: &str, fabric_name: &str) -> Option<Provider> {
+        // A utility provider layered on a core one is named `core;utility` (`tcp;ofi_rxm`).
+        let core = prov_name.split(';').next().unwrap_or("");
+        match core {
+            "efa" if fabric_name == "efa-direct" => Some(Provider::EfaDirect),
+            "efa" => Some(Provider::Efa),
+            "verbs" => Some(Provider::Verbs),
+            "cxi" => Some(Provider::Cxi),
+            "tcp" => Some(Provider::Tcp),
+            "shm" => Some(Provider::Shm),
+            _ => None,
+        }
+    }
+
     /// The `prov_name` hint given to `fi_getinfo`.
     pub fn prov_name(&self) -> &'static str {
         match self {

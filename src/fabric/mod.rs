@@ -1,9 +1,11 @@
-//! Safe layer over libfabric: provider choice, RAII objects (one file per object: domain, av, cq,
+//! Safe layer over libfabric: provider choice, the provider's capabilities (`caps`: the one place
+//! a provider's identity is turned into what the crate acts on), RAII objects (one file per object: domain, av, cq,
 //! cntr, endpoint, mr), non-owning handles of objects C callers own, typed atomic ops, datatypes,
 //! flags and error numbers, the EFA GDA ops table (`efa_gda`, `efa_gda_abi`), and errors that carry
 //! `fi_strerror` text and context. Every libfabric call of the crate is made here; data-transfer
 //! calls are `unsafe fn`s whose safety contract is that buffers and contexts outlive the operation.
 mod av;
+pub mod caps;
 mod cntr;
 mod context;
 mod cq;
@@ -18,6 +20,7 @@ mod mr;
 mod types;
 
 pub use av::AddressVector;
+pub use caps::Caps;
 pub use cntr::Counter;
 pub use context::{OpContext, OpContexts};
 pub use cq::{CompletionQueue, CqEntry, CqError};

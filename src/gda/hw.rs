@@ -603,10 +603,9 @@ impl Drop for HwQueue {
     }
 }
 
-/// Whether `domain` is an `efa-direct` domain (the only fabric with GDA ops).
+/// Whether `domain` has GDA ops (an `efa-direct` domain; [`crate::fabric::Caps::gda_ops`]).
 pub fn is_efa_direct(domain: &Domain) -> bool {
-    let i = domain.info();
-    i.fabric_name() == "efa-direct" && i.provider_name().starts_with("efa")
+    crate::fabric::Caps::of(domain.info()).gda_ops
 }
 
 /// Entry size the 64-byte WQE format uses.

@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, GdaMode};
 use crate::cuda::{self, DeviceBuffer};
-use crate::fabric::{CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, MemoryRegion};
+use crate::fabric::{Caps, CqHandle, Domain, DomainHandle, EndpointHandle, MemKind, MemoryRegion};
 
 pub use self::error::{GdaError, Result};
 pub use self::global::{
@@ -159,8 +159,7 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.kernel_ahead = cfg.soft_kernel_ahead;
     c.copy_overlap = cfg.copy_overlap;
     c.null_consumer = cfg.soft_null;
-    let info = domain.info();
-    c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());
+    c.staging = Staging::decide(&Caps::of(domain.info()), cfg.gpu_staging);
     c
 }
 

@@ -144,7 +144,8 @@ impl IpcMode {
     }
 }
 
-/// The transport's choices that bear on the means, fixed at initialisation.
+/// The transport's choices that bear on the means, fixed at initialisation: the mover's part of
+/// the route ([`crate::route::Route::mover_policy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// Same-host IPC allowed (`NVSHMEM_EFA_IPC` not `0`, and a CUDA driver present).
@@ -156,6 +157,18 @@ pub struct Policy {
     /// Copies through the batch API with the overlap hint where the driver has it
     /// (`NVSHMEM_EFA_COPY_OVERLAP`).
     pub copy_overlap: bool,
+}
+
+impl Policy {
+    /// The route's staging these flags stand for.
+    pub fn staging_mode(&self) -> crate::route::Staging {
+        use crate::route::Staging;
+        match (self.stage_all, self.staging) {
+            (true, _) => Staging::All,
+            (false, true) => Staging::Device,
+            (false, false) => Staging::Off,
+        }
+    }
 }
 
 /// What the transport knows about the peer of one transfer.
@@ -179,7 +192,7 @@ pub fn choose(policy: Policy, local: Kind, remote: Kind, peer: Peer) -> Means {
         return Means::Ipc;
     }
     let gpu = local == Kind::Device || remote == Kind::Device;
-    if policy.stage_all || (policy.staging && gpu) {
+    if policy.staging_mode().covers(gpu) {
         return Means::Staged;
     }
     Means::Provider

@@ -19,8 +19,8 @@
 // number of WQEs the kernel posted (the queue's reservation counter, read before and after) per
 // microsecond. The column is filled for every gda row (0 for proxy and p2p rows).
 //
-// With NVSHMEM_EFA_SOFT_IPC=host or direct in the environment the gda rows are named gda-host or
-// gda-direct (the software queue's copy route; default kernel, rows gda).
+// With NVSHMEM_EFA_SOFT_IPC=host in the environment the gda rows are named gda-host (the software
+// queue's copy route; default kernel, rows gda).
 //
 // Scope: with --scope warp (default) every warp posts one message at a time (put_nbi_warp /
 // nvshmemx_putmem_nbi_warp); with --scope thread every thread does (put_nbi / nvshmem_putmem_nbi),
@@ -219,10 +219,10 @@ int main(int argc, char **argv) {
     const char *null_env = getenv("NVSHMEM_EFA_SOFT_NULL");
     const bool null_mode = null_env != nullptr && std::string(null_env) == "1";
     // The software queue's copy route, when not the default (kernel): gda rows are then named
-    // gda-host or gda-direct.
+    // gda-host.
     const char *route_env = getenv("NVSHMEM_EFA_SOFT_IPC");
     const std::string route = route_env != nullptr ? std::string(route_env) : std::string();
-    const std::string gda_suffix = (route == "host" || route == "direct") ? "-" + route : "";
+    const std::string gda_suffix = route == "host" ? "-" + route : "";
 
     job_init(&argc, &argv, 120);
     const int me = g_job.pe, npes = g_job.npes;

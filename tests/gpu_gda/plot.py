@@ -4,8 +4,7 @@
 Usage: plot.py OUT_PREFIX CSV [CSV ...]
 
 Inputs: gda_bench CSVs (columns path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s), e.g. the
-library run (paths gda, proxy), the P2P run (path p2p) and other copy routes' runs (gda-host,
-gda-direct).
+library run (paths gda, proxy), the P2P run (path p2p) and the host copy route's run (gda-host).
 Outputs: OUT_PREFIX.csv (all rows, same columns, sorted by path then size), OUT_PREFIX.txt (the
 table printed on stdout) and OUT_PREFIX.png (two panels, log-log: message rate and bandwidth vs
 message size, one line per path). Without matplotlib the PNG is skipped with a message; the
@@ -16,11 +15,10 @@ import csv
 import sys
 
 COLUMNS = ["path", "size_bytes", "msgs", "usec", "msg_rate_mps", "gbytes_per_s"]
-ORDER = {"gda": 0, "gda-host": 1, "gda-direct": 2, "proxy": 3, "p2p": 4}
+ORDER = {"gda": 0, "gda-host": 1, "proxy": 3, "p2p": 4}
 LABELS = {
     "gda": "GDA software queue (device API; copy kernel route)",
     "gda-host": "GDA software queue, host copy route (NVSHMEM_EFA_SOFT_IPC=host)",
-    "gda-direct": "GDA software queue, direct copy route (NVSHMEM_EFA_SOFT_IPC=direct)",
     "proxy": "NVSHMEM proxy via this library",
     "p2p": "NVSHMEM P2P (NVLink)",
 }

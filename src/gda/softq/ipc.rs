@@ -56,10 +56,6 @@ pub enum CopyRoute {
     /// host to device into the destination, in stream order. Host<->device copies always run on
     /// the copy engines, so they progress while a kernel holds every SM.
     Host,
-    /// One device-to-device copy: fastest, but the driver may run it as a copy kernel, which cannot
-    /// start while a kernel of the process holds every SM (a persistent grid waiting for the copy
-    /// deadlocks).
-    Direct,
     /// A round's small copies (up to 128 of at most 64 KiB, GPU memory) as one launch of the
     /// library's copy kernel, one hop; a launch that has not started within the stuck limit is
     /// taken over and its copies go [`CopyRoute::Host`]'s way, as does everything else
@@ -71,13 +67,12 @@ pub enum CopyRoute {
 
 impl CopyRoute {
     /// The route a value of `NVSHMEM_EFA_SOFT_IPC` names: `0` (and the other false spellings),
-    /// `kernel` (the default, and `1`/`on`/`true`/`yes`), `host`, `direct`; case and surrounding
-    /// blanks are ignored.
+    /// `kernel` (the default, and `1`/`on`/`true`/`yes`), `host`; case and surrounding blanks are
+    /// ignored.
     pub fn parse(v: &str) -> Option<CopyRoute> {
         match v.trim().to_ascii_lowercase().as_str() {
             "0" | "off" | "false" | "no" | "n" => Some(CopyRoute::Off),
             "host" => Some(CopyRoute::Host),
-            "direct" => Some(CopyRoute::Direct),
             "kernel" | "1" | "on" | "true" | "yes" | "y" => Some(CopyRoute::Kernel),
             _ => None,
         }
@@ -291,7 +286,7 @@ impl CopyEngine for Engine {
 pub(super) struct CopyRound {
     /// First hops (GPU to the bounce ring) of the host route.
     pub(super) first: Vec<(u64, u64, usize)>,
-    /// Second hops, or the direct copies.
+    /// Second hops (of the host route), or the copies the kernel makes in one hop.
     pub(super) last: Vec<(u64, u64, usize)>,
     /// The WQEs: slot and bounce ring release mark.
     pub(super) waits: Vec<(u32, Option<u64>)>,
@@ -333,9 +328,6 @@ impl Consumer {
                 Ok((e, ring)) => {
                     let what = match (&e, self.inner.ipc) {
                         (Engine::Host(_), _) => "host (memcpy)".to_string(),
-                        (Engine::Cuda(_), CopyRoute::Direct) => {
-                            "single device-to-device".to_string()
-                        }
                         (Engine::Cuda(_), CopyRoute::Kernel) if self.kcopies.is_some() => format!(
                             "copy-kernel launches (a round's copies of up to {} KiB in one launch; \
                              the rest, and launches taken over after {:?}, as two copy-engine hops \
@@ -356,17 +348,8 @@ impl Consumer {
                     };
                     tracing::info!(
                         "software queue: RDMA to same-host peers whose heap is mapped here runs as \
-                         {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, direct, kernel)"
+                         {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, kernel)"
                     );
-                    if self.inner.ipc == CopyRoute::Direct && matches!(e, Engine::Cuda(_)) {
-                        tracing::warn!(
-                            "software queue: NVSHMEM_EFA_SOFT_IPC=direct: device-to-device copies \
-                             may run as copy kernels, which cannot start while a kernel holds every \
-                             SM of the process; a kernel that does so and waits for these copies \
-                             (a persistent grid posting and polling) never sees them complete. \
-                             NVSHMEM_EFA_SOFT_IPC=host (default) avoids this"
-                        );
-                    }
                     self.copyq = Some(CopyQueue::new(e));
                     self.bounce = ring;
                 }
@@ -824,14 +807,16 @@ mod tests {
             ("1", Some(CopyRoute::Kernel)),
             ("ON", Some(CopyRoute::Kernel)),
             ("true", Some(CopyRoute::Kernel)),
-            ("direct", Some(CopyRoute::Direct)),
+            ("direct", None),
             ("d2d", None),
             ("", None),
         ] {
             assert_eq!(CopyRoute::parse(v), want, "{v:?}");
         }
         assert_eq!(CopyRoute::default(), CopyRoute::Kernel);
-        assert!(!CopyRoute::Off.enabled() && CopyRoute::Direct.enabled());
+        assert!(
+            !CopyRoute::Off.enabled() && CopyRoute::Host.enabled() && CopyRoute::Kernel.enabled()
+        );
     }
 
     #[test]

@@ -62,13 +62,14 @@
 //!   on the next loop turn, after completions released space; the thread never blocks. A WQE larger
 //!   than the ring takes the message path. Where copies are `memcpy` the two hops are two
 //!   `memcpy`s through a plain ring, so host tests exercise the ring.
-//! * `direct`: one device-to-device copy: fastest, but on the H100 node (2 PEs under MPS) it
-//!   deadlocked: a persistent grid of 132 x 256 threads, each posting and waiting for its
-//!   completions, left 256 copies in flight for good (with and without the overlap-with-compute
-//!   hint). Device-to-device copies evidently run as copy kernels, which cannot start while a
-//!   kernel holds every SM of the process; host<->device copies always run on the copy engines (the
-//!   staged path uses only those and works). Hence the copy kernel's take-over, and `direct` logs
-//!   a warning once.
+//!
+//! There is no one-hop device-to-device route of the copy engine: on the H100 node (2 PEs under
+//! MPS) it deadlocked: a persistent grid of 132 x 256 threads, each posting and waiting for its
+//! completions, left 256 copies in flight for good (with and without the overlap-with-compute
+//! hint). Device-to-device copies evidently run as copy kernels, which cannot start while a kernel
+//! holds every SM of the process; host<->device copies always run on the copy engines (the staged
+//! path uses only those and works). Hence the copy kernel's take-over; the former
+//! `NVSHMEM_EFA_SOFT_IPC=direct` is refused at configuration.
 //!
 //! The copies of one doorbell batch share one event (a mark every 32 copies and at the end of the
 //! batch); the consumer polls the events without blocking and writes each WQE's completion once its
@@ -279,41 +280,11 @@ pub struct SoftQueueConfig {
 }
 
 /// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
-/// CUDA stream) instead of handing the memory to the provider.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Staging {
-    /// Never: the provider moves every buffer (FI_HMEM for GPU memory).
-    #[default]
-    Off,
-    /// Transfers that touch GPU memory (the local buffer, or this PE's heap, taken as the kind of
-    /// every PE's symmetric heap).
-    Device,
-    /// Every RDMA transfer, host memory included (exercises the path without a GPU).
-    All,
-}
-
-impl Staging {
-    /// The policy `NVSHMEM_EFA_GPU_STAGING` asks for on a provider (`prov_name`, `fabric_name`):
-    /// auto stages GPU memory on every provider but efa-direct, verbs and cxi (whose NICs write GPU
-    /// memory themselves); the software providers copy it with `cudaMemcpy` on the legacy default
-    /// stream, which waits for the very kernel that waits for the copy.
-    pub fn for_provider(gpu_staging: Option<bool>, prov_name: &str, fabric_name: &str) -> Staging {
-        match gpu_staging {
-            Some(true) => Staging::All,
-            Some(false) => Staging::Off,
-            None => {
-                let nic = (prov_name.starts_with("efa") && fabric_name == "efa-direct")
-                    || prov_name.contains("verbs")
-                    || prov_name.contains("cxi");
-                if nic {
-                    Staging::Off
-                } else {
-                    Staging::Device
-                }
-            }
-        }
-    }
-}
+/// CUDA stream) instead of handing the memory to the provider: the route's one staging decision
+/// ([`crate::route::Staging::decide`]). For the queue, [`Staging::Device`] covers transfers whose
+/// local buffer is GPU memory or whose remote side is the symmetric heap when this PE's heap is
+/// (taken as the kind of every PE's heap).
+pub use crate::route::Staging;
 
 impl SoftQueueConfig {
     /// The geometry the configuration asks for, with defaults for the rest.
@@ -940,33 +911,6 @@ mod tests {
         assert_eq!(r.translate(0xfff, 1), None);
         assert_eq!(r.translate(0x1100, 0), Some(0x9100));
         assert_eq!(r.translate(u64::MAX, 2), None);
-    }
-
-    #[test]
-    fn staging_policy() {
-        assert_eq!(Staging::for_provider(None, "shm", "shm"), Staging::Device);
-        assert_eq!(
-            Staging::for_provider(None, "tcp;ofi_rxm", "127.0.0.0/8"),
-            Staging::Device
-        );
-        assert_eq!(Staging::for_provider(None, "efa", "efa"), Staging::Device);
-        assert_eq!(
-            Staging::for_provider(None, "efa", "efa-direct"),
-            Staging::Off
-        );
-        assert_eq!(
-            Staging::for_provider(None, "verbs;ofi_rxm", "IB-0x"),
-            Staging::Off
-        );
-        assert_eq!(Staging::for_provider(None, "cxi", "cxi"), Staging::Off);
-        assert_eq!(
-            Staging::for_provider(Some(true), "cxi", "cxi"),
-            Staging::All
-        );
-        assert_eq!(
-            Staging::for_provider(Some(false), "shm", "shm"),
-            Staging::Off
-        );
     }
 
     #[test]

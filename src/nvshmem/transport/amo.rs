@@ -12,7 +12,6 @@ use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
 use crate::cuda;
 use crate::cuda::kernel::AmoOp;
-use crate::fabric::Provider;
 use crate::mover::amo::{AmoRequest, Launch};
 use crate::mover::handle::IpcDesc;
 use crate::mover::Kind;
@@ -116,12 +115,12 @@ impl Transport {
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
         // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
         self.wait_copies(ep, "amo: earlier puts")?;
-        if self.use_provider_atomics {
+        if self.route.provider_atomics {
             if let Some(pop) = provider_op(opc, elembytes) {
                 let (a, f, cmp) = c.eps[ep].ep.atomic_valid(pop.datatype, pop.op);
                 let ok = if opc == amo::COMPARE_SWAP {
                     cmp
-                } else if fetch || self.provider == Provider::Shm {
+                } else if fetch || self.route.caps.nonfetch_atomics_as_fetch {
                     f
                 } else {
                     a
@@ -388,7 +387,7 @@ impl Transport {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
         let (fop, dt) = (pop.op, pop.datatype);
-        let shm_fetch_workaround = self.provider == Provider::Shm && !fetch;
+        let shm_fetch_workaround = self.route.caps.nonfetch_atomics_as_fetch && !fetch;
         // Plain values only: the operation may wait in the peer's backlog (operands live in the
         // context's scratch, the result buffer stays valid until quiet).
         let ep_addr = e as *const EpState as usize;

@@ -17,8 +17,8 @@ use super::{internal, invalid, Allgather, Connected, TResult, Transport, Transpo
 use crate::config::GdaMode;
 use crate::cuda;
 use crate::fabric::{
-    AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
-    Provider,
+    flags, AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion,
+    OpContexts,
 };
 use crate::mover::handle::HostId;
 
@@ -52,6 +52,19 @@ pub(super) const TAG_AM_WAIT: u64 = 4;
 pub(super) const TAG_SLOT_SEND: u64 = 5;
 /// A lane probe, sent from the receiving endpoint itself (see `lanes`).
 pub(super) const TAG_PROBE: u64 = 6;
+
+/// What contexts of tag `tag` are, for the transport's description.
+pub(super) fn tag_name(tag: u64) -> &'static str {
+    match tag {
+        TAG_OP => "operation",
+        TAG_AM_SEND => "message send",
+        TAG_AM_RECV => "message receive",
+        TAG_AM_WAIT => "waiting for an answer",
+        TAG_SLOT_SEND => "staged send",
+        TAG_PROBE => "lane probe",
+        _ => "unknown",
+    }
+}
 
 /// Whether an operation of context tag `tag` is one quiet waits for (counted as submitted from
 /// the moment its context is taken): an RMA or AMO, or the waiting side of an active message.
@@ -352,21 +365,27 @@ impl EpState {
         self.ctxs.free(ctx);
     }
 
-    /// Sends a lane probe from this endpoint itself, not from the probed lane: shm takes no new
-    /// message on a lane whose oldest operation was dropped (its segmented transfer to that peer
-    /// never finishes).
+    /// Sends a lane probe (or the answer to one) from this endpoint itself, not from the probed
+    /// lane: shm takes no new message on a lane whose oldest operation was dropped (its segmented
+    /// transfer to that peer never finishes).
+    ///
+    /// The send completes once its buffer may be reused (FI_INJECT_COMPLETE), not once delivered:
+    /// the answer to a probe is what tells, and a probe to a peer that dies before it reads it
+    /// would otherwise never complete and hold its context (and, shm completing an endpoint's
+    /// sends in order, the completions of this endpoint's later sends) for good.
     pub(super) fn send_probe(&self, dest: FiAddr, msg: AmMsg) -> crate::fabric::Result<()> {
         self.send_with_ctx(TAG_PROBE, 0, "no context for a probe", |ctx| {
             let s = self.ctxs.scratch(ctx).expect("own context");
             // SAFETY: scratch is 64 bytes owned by the context until its completion.
             unsafe {
                 std::ptr::write_unaligned(s as *mut AmMsg, msg);
-                self.ep.send(
-                    s as *const u8,
+                self.ep.send_msg(
+                    s as *mut u8,
                     std::mem::size_of::<AmMsg>(),
                     self.ctx_desc(),
                     dest,
                     ctx,
+                    flags::INJECT_COMPLETE,
                 )
             }
         })
@@ -425,7 +444,7 @@ impl Transport {
         let n = n_pes as usize;
         let av = AddressVector::open(&self.domain, n * NUM_EPS)?;
         let mut eps = Vec::with_capacity(NUM_EPS);
-        let shm = self.provider == Provider::Shm;
+        let caps = &self.route.caps;
         for i in 0..NUM_EPS {
             let cq = CompletionQueue::open(&self.domain, self.cfg.max_inflight.max(1024))?;
             // shm names its region after the endpoint (`/dev/shm/<name>`): by default
@@ -433,12 +452,14 @@ impl Transport {
             // PID. This process's cookie makes the name its own (`<pid>:<cookie>:<n>`; the PID
             // stays first, where cleanup scripts look for it).
             let prefix = format!("fi_shm://{}:{:016x}:{i}", std::process::id(), self.cookie);
-            let ep = if shm {
+            let ep = if caps.named_endpoints {
                 Endpoint::open_named(&self.domain, &av, &cq, format!("{prefix}\0").as_bytes())?
             } else {
                 Endpoint::open(&self.domain, &av, &cq, None)?
             };
-            let lanes = shm.then(|| Lanes::new(&self.domain, &av, &cq, prefix, n));
+            let lanes = caps
+                .per_peer_lanes
+                .then(|| Lanes::new(&self.domain, &av, &cq, prefix, n));
             let ctxs = OpContexts::new(self.cfg.max_inflight);
             let ctx_mr = if self.info.mr_local() {
                 let (p, len) = ctxs.region();
@@ -488,7 +509,7 @@ impl Transport {
         // shm names are C strings whose length varies with the PID: every PE uses the same fixed
         // slot (NUL-padded) and the names are inserted one by one.
         let longest = names.iter().map(|v| v.len()).max().unwrap_or(0);
-        let slot = if shm {
+        let slot = if caps.named_endpoints {
             SHM_NAME_SLOT.max(longest)
         } else {
             longest
@@ -524,7 +545,7 @@ impl Transport {
             let p = ProcId::from_bytes(&rec[HDR + NUM_EPS * slot..]);
             peers.push(PeerState::new(p, pe != my_pe as usize && me.same_host(&p)));
         }
-        let addrs = if shm {
+        let addrs = if caps.named_endpoints {
             let mut v = Vec::with_capacity(n * NUM_EPS);
             for name in flat.chunks(slot) {
                 v.extend(av.insert(name, 1)?);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::abi::{self, MemHandle, RmaMemdesc};
 use super::{internal, invalid, Connected, TResult, Transport, NUM_EPS};
 use crate::cuda::{self, PtrKind};
-use crate::fabric::{Endpoint, MemKind, MemoryRegion, Provider};
+use crate::fabric::{Endpoint, MemKind, MemoryRegion};
 use crate::mover::handle::{self as mhandle, IpcDesc};
 
 pub(super) const HANDLE_MAGIC: u64 = 0x4144_4741_4645_564e; // "NVEFAGDA"
@@ -136,15 +136,15 @@ impl Transport {
                 legacy_ipc,
             } => {
                 // Staged GPU memory never reaches the provider: only the FI_HMEM path needs it.
-                if !self.staging && !self.info.has_hmem() {
+                if self.route.hands_gpu_memory_to_provider() && !self.route.caps.hmem {
                     return Err(invalid(format!(
                         "get_mem_handle: {buf:p} is GPU memory but provider {} has no FI_HMEM \
                          (and NVSHMEM_EFA_GPU_STAGING=0 hands GPU memory to the provider)",
                         self.provider
                     )));
                 }
-                if self.provider == Provider::Shm
-                    && !self.staging
+                if self.route.caps.hmem_needs_legacy_ipc
+                    && self.route.hands_gpu_memory_to_provider()
                     && !legacy_ipc
                     && !self.cfg.allow_vmm
                 {
@@ -167,7 +167,7 @@ impl Transport {
             }
         };
         let conn = self.conn.get();
-        let staged_device = self.staging && matches!(kind, MemKind::Cuda(_));
+        let staged_device = self.route.stages(matches!(kind, MemKind::Cuda(_)), false);
         // The endpoints to bind the registration to: each one for FI_MR_ENDPOINT providers, else
         // one registration bound to none.
         let bind_to: Vec<Option<&Endpoint>> = if staged_device {

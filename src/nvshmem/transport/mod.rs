@@ -28,6 +28,10 @@
 //! through [`crate::mover`] (CUDA IPC of the peer's registered heap, copy-engine copies on a
 //! non-blocking stream, completion polled by quiet) instead of the staged path; see `rma`.
 //!
+//! Route: how data moves (staged or FI_HMEM GPU memory, provider or target-applied atomics, CUDA
+//! IPC, whether the progress thread sleeps) is decided once in [`Transport::new`] as a
+//! [`crate::route::Route`] and only acted on here.
+//!
 //! Layout: `endpoints` (endpoint state, connect, contexts and posting), `progress` (the progress
 //! thread and completion dispatch), `lanes` (per-peer transmit endpoints on shm), `peers` (liveness,
 //! per-peer accounting), `am` (active messages and staged transfers), `memory` (handles
@@ -56,11 +60,11 @@ use std::thread::JoinHandle;
 use parking_lot::{Mutex, RwLock};
 
 use super::abi;
-use crate::config::{AtomicsPath, Config};
-use crate::fabric::{AddressVector, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
+use crate::config::Config;
+use crate::fabric::{AddressVector, Caps, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
 use crate::gda::GdaHandle;
 use crate::mover::engine::Mover;
-use crate::mover::{IpcMode, Policy};
+use crate::route::{Route, Staging};
 
 use endpoints::EpState;
 use error::{internal, invalid};
@@ -117,20 +121,14 @@ impl Connected {
     }
 }
 
-/// Whether the provider drives a NIC (efa-direct, verbs, cxi), which writes GPU memory itself.
-fn is_nic(p: &Provider) -> bool {
-    matches!(p, Provider::EfaDirect | Provider::Verbs | Provider::Cxi)
-}
-
 /// The transport.
 pub struct Transport {
     cfg: Config,
     provider: Provider,
     domain: Arc<Domain>,
     info: Info,
-    use_provider_atomics: bool,
-    /// GPU memory is moved by staged messages instead of the provider's HMEM path.
-    staging: bool,
+    /// How data moves, decided once from the provider's capabilities and the configuration.
+    route: Route,
     cookie: u64,
     conn: OnceLock<Connected>,
     regs: RwLock<HashMap<u64, Arc<Registration>>>,
@@ -186,10 +184,20 @@ fn open_info(cfg: &Config) -> TResult<(Provider, Info)> {
 }
 
 impl Transport {
+    /// The provider `cfg` leads to (the one named, else the first of the automatic order that
+    /// answers), its answer and the route decided from its capabilities and `cfg`: what
+    /// [`Transport::new`] acts on, also shown by the `nvshmem-efa-gda` tool.
+    pub fn decide_route(cfg: &Config) -> TResult<(Provider, Info, Route)> {
+        let (provider, info) = open_info(cfg)?;
+        let route = Route::decide(Caps::of(&info), cfg, crate::cuda::available())
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok((provider, info, route))
+    }
+
     /// Opens fabric and domain for the configured provider.
     pub fn new(cfg: Config) -> TResult<Transport> {
-        let (provider, info) = open_info(&cfg)?;
-        tracing::info!(
+        let (provider, info, route) = Self::decide_route(&cfg)?;
+        tracing::debug!(
             "provider {} (fabric {}, domain {}): hmem={} atomics={} delivery_complete={} mr_mode={:#x}",
             info.provider_name(),
             info.fabric_name(),
@@ -199,33 +207,7 @@ impl Transport {
             info.delivery_complete(),
             info.mr_mode()
         );
-        let use_provider_atomics = match cfg.atomics {
-            AtomicsPath::Target => false,
-            AtomicsPath::Provider => {
-                if !info.has_atomics() {
-                    return Err(internal(format!(
-                        "NVSHMEM_EFA_ATOMICS=provider but provider {} has no FI_ATOMIC",
-                        provider
-                    )));
-                }
-                true
-            }
-            // Provider atomics by default only where the NIC applies them (verbs, cxi). The
-            // software-emulated atomics of the other providers go through the target's progress
-            // engine anyway, and target-applied AMOs serialise every AMO into a PE under one lock,
-            // GPU memory included, with no GDRCopy. (`provider` still selects them; on shm
-            // non-fetching atomics are then issued as fetching ones, see amo_provider.)
-            AtomicsPath::Auto => {
-                info.has_atomics() && matches!(provider, Provider::Verbs | Provider::Cxi)
-            }
-        };
-        // Software providers copy GPU memory with cudaMemcpy on the legacy default stream, which waits
-        // for the application's running kernel - the one waiting in quiet for this very copy. They get
-        // staged GPU transfers; NIC providers write GPU memory themselves (GPUDirect RDMA).
-        let staging = match cfg.gpu_staging {
-            Some(v) => v,
-            None => !is_nic(&provider),
-        };
+        tracing::info!("{route}");
         let fabric = Fabric::open(info.clone())?;
         let domain = Domain::open(&fabric)?;
         let cookie = {
@@ -237,24 +219,16 @@ impl Transport {
                 ^ (&domain as *const _ as u64)
         };
         // Staged RMA and target-applied AMOs copy GPU memory through the driver from the proxy path.
-        crate::cuda::module_loading::report(staging || !use_provider_atomics);
-        let mover = Mover::new(
-            Policy {
-                ipc: cfg.ipc == IpcMode::Auto && crate::cuda::available(),
-                staging,
-                stage_all: cfg.gpu_staging == Some(true),
-                copy_overlap: cfg.copy_overlap,
-            },
-            NUM_EPS,
-        )
-        .with_timeout(cfg.quiet_timeout);
+        crate::cuda::module_loading::report(
+            route.staging != Staging::Off || !route.provider_atomics,
+        );
+        let mover = Mover::new(route.mover_policy(), NUM_EPS).with_timeout(cfg.quiet_timeout);
         Ok(Transport {
             cfg,
             provider,
             domain,
             info,
-            use_provider_atomics,
-            staging,
+            route,
             cookie,
             conn: OnceLock::new(),
             regs: RwLock::new(HashMap::new()),
@@ -283,7 +257,12 @@ impl Transport {
 
     /// Whether AMOs use provider atomics (else target-applied active messages).
     pub fn uses_provider_atomics(&self) -> bool {
-        self.use_provider_atomics
+        self.route.provider_atomics
+    }
+
+    /// How data moves (decided once, at [`Transport::new`]).
+    pub fn route(&self) -> &Route {
+        &self.route
     }
 
     /// An error once the transport has failed (its progress thread panicked), naming the cause.
@@ -335,18 +314,26 @@ impl Transport {
             self.info.fabric_name(),
             self.info.domain_name(),
             self.info.has_hmem(),
-            if self.use_provider_atomics { "provider" } else { "target-applied" },
+            if self.route.provider_atomics { "provider" } else { "target-applied" },
             self.info.delivery_complete(),
             crate::fabric::library_version().0,
             crate::fabric::library_version().1
         );
+        s += &format!("\n  {}", self.route);
         if let Some(c) = self.conn.get() {
             for (i, e) in c.eps.iter().enumerate() {
+                let kinds: Vec<String> = e
+                    .ctxs
+                    .in_flight_by_tag()
+                    .into_iter()
+                    .map(|(t, n)| format!("{}: {n}", endpoints::tag_name(t)))
+                    .collect();
                 s += &format!(
-                    "\n  ep {i}: submitted {} completed {} in flight {}",
+                    "\n  ep {i}: submitted {} completed {} in flight {} ({})",
                     e.submitted.load(Ordering::Relaxed),
                     e.completed.load(Ordering::Relaxed),
-                    e.ctxs.in_flight()
+                    e.ctxs.in_flight(),
+                    kinds.join(", ")
                 );
             }
         }

@@ -366,6 +366,26 @@ impl Transport {
         }
     }
 
+    /// A quiet towards `pe` timed out with its operations unanswered. A peer whose connection
+    /// broke and was rebuilt ([`Transport::rebuild_peer`]) and that then answers nothing for a
+    /// whole quiet timeout is gone: on another host its process cannot be looked up, and
+    /// tcp;ofi_rxm reports nothing for operations queued on a connection to an address nobody
+    /// serves any more (a killed PE whose host lives on), so they would wait out the quiet
+    /// timeout at every later quiet. A peer that never broke stays (a stopped or busy peer).
+    pub(super) fn unanswered(&self, c: &Connected, pe: usize, waited: Duration) {
+        let Some(p) = c.peers.get(pe) else { return };
+        if p.is_gone() || p.rebuilt.lock().is_none() {
+            return;
+        }
+        self.declare_gone(
+            c,
+            pe,
+            &format!(
+                "its connection broke and it answered nothing for {waited:?} after it was rebuilt"
+            ),
+        );
+    }
+
     /// A connection to a live peer broke (tcp;ofi_rxm tears it down when the peer's provider
     /// refuses an access, e.g. through a released key): its addresses are removed from the AV and
     /// inserted again, which makes the provider connect anew on the next operation. At most once

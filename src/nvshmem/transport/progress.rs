@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::endpoints::{
     EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_PROBE, TAG_SLOT_SEND,
 };
-use super::{is_nic, Connected, Transport};
+use super::{Connected, Transport};
 use crate::cuda;
 use crate::fabric::CqEntry;
 use crate::log::panic_message;
@@ -23,8 +23,9 @@ impl Transport {
         // idle: with manual data progress (software providers) every incoming write waits for this
         // PE to poll, and a sleeping poller costs each of the initiator's operations a sleep (measured
         // on shm: ~130 us per 8-byte put). Such providers are polled continuously (yielding the CPU
-        // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off.
-        let may_sleep = !self.info.manual_progress() && is_nic(&self.provider);
+        // between polls, like NVSHMEM's proxy thread); with automatic progress the thread backs off
+        // (the route decides: `Route::progress_sleeps`).
+        let may_sleep = self.route.progress_sleeps;
         let failed = self.failed.clone();
         #[cfg(any(test, feature = "test-support"))]
         let inject_panic = self.inject_panic.clone();

@@ -47,6 +47,14 @@ impl Transport {
                 "quiet: {outstanding} operation(s) on endpoint {ep} not complete after {:?} (peer gone?)",
                 self.cfg.quiet_timeout
             )
+        })
+        .inspect_err(|_| {
+            // Every peer still owing an answer on this endpoint (see `unanswered`).
+            for (pe, a) in e.peer.iter().enumerate() {
+                if a.completed.load(Ordering::Acquire) < a.submitted.load(Ordering::Acquire) {
+                    self.unanswered(c, pe, self.cfg.quiet_timeout);
+                }
+            }
         })?;
         self.mover.stats().record(Stage::Quiet, t, 0);
         // Atomics the host took over from kernels are complete now.
@@ -90,7 +98,8 @@ impl Transport {
                 "quiet: {outstanding} operation(s) to PE {pe} on endpoint {ep} not complete after {:?} (peer stuck?)",
                 self.cfg.quiet_timeout
             )
-        })?;
+        })
+        .inspect_err(|_| self.unanswered(c, pe as usize, self.cfg.quiet_timeout))?;
         match take_failure(e, std::slice::from_ref(a)) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) to PE {pe} failed on endpoint {ep}: {msg}"

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, EpState, OpRoute};
 use super::memory::{copy_any, is_device, HandleBlob, HANDLE_FLAG_DEVICE};
+use crate::route::Staging;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -261,15 +262,14 @@ impl Transport {
             tracing::trace!("{what} of {len} bytes with PE {pe}: enqueued on copy queue {ep}");
             return Ok(());
         }
-        if self.staging {
-            let raddr = rd.ptr as u64;
-            let local_dev = is_device(ld.ptr);
-            let stage_all = self.cfg.gpu_staging == Some(true);
-            if stage_all || local_dev || b.flags & HANDLE_FLAG_DEVICE != 0 {
-                let laddr = ld.ptr as u64;
-                tracing::trace!("{what} of {len} bytes with PE {pe}: staged");
-                return self.staged(c, &x.resolved(laddr, raddr));
-            }
+        if self.route.staging != Staging::Off
+            && self
+                .route
+                .stages(is_device(ld.ptr), b.flags & HANDLE_FLAG_DEVICE != 0)
+        {
+            let (laddr, raddr) = (ld.ptr as u64, rd.ptr as u64);
+            tracing::trace!("{what} of {len} bytes with PE {pe}: staged");
+            return self.staged(c, &x.resolved(laddr, raddr));
         }
         if len as usize > self.info.max_msg_size() {
             // Split into provider-sized pieces.
