@@ -694,7 +694,16 @@ fn run_job(
     for pe in 0..NP {
         let mut argv: Vec<String> = wrap[pe].clone();
         argv.push(exe.display().to_string());
-        argv.extend([test_name, "--exact", "--nocapture", "--test-threads=1"].map(String::from));
+        argv.extend(
+            [
+                test_name,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ]
+            .map(String::from),
+        );
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .env(ENV_PE, pe.to_string())
@@ -931,8 +940,9 @@ fn hosts(pid: u32) -> Result<(Netns, Vec<String>, Vec<String>), String> {
 /// namespaces, so that neither the data mover (host identity) nor the liveness checks (`/proc`)
 /// take a peer for a local one.
 #[test]
-#[ignore = "open: across hosts tcp;ofi_rxm reports nothing to a PE whose connection to the killed \
-            PE saw no error, and its operations to it wait out every quiet timeout (docs/routing.md)"]
+#[ignore = "needs CAP_NET_ADMIN and CAP_SYS_ADMIN, and is not yet reliable: in 1 of 17 runs one \
+            PE saw no error from tcp;ofi_rxm for the killed PE and waited out every quiet timeout \
+            (docs/routing.md)"]
 fn load_death_tcp_two_hosts() {
     if child_role() {
         return;

@@ -6,13 +6,17 @@
 //!   (boot id, PID namespace, PID, start time); a peer with work outstanding is looked up in
 //!   `/proc` every [`CHECK_EVERY`]; a process that is gone, a zombie, or a reused PID means dead;
 //! * the provider: a connection refused by the peer's address (nobody listens there any more) means
-//!   gone; other connection errors make the peer a suspect, checked as above where possible;
+//!   gone; other connection errors make the peer a suspect, checked as above where possible, and
+//!   its connection is rebuilt; a rebuilt peer that then answers nothing for a whole quiet timeout
+//!   is gone (a killed PE on another host: tcp;ofi_rxm reports nothing for operations queued on a
+//!   connection to an address nobody serves);
 //! * the peer itself: a PE that finalizes says goodbye to every peer.
 //!
 //! A heartbeat is not used: it cannot tell a stopped or busy peer (a debugger, a long kernel, a proxy
 //! thread that does not progress) from a dead one without a timeout, and failing a live peer's
 //! operations is worse than waiting for the quiet timeout. A remote peer on a provider that reports
-//! nothing (a powered-off host behind tcp) is still bounded by the quiet timeout.
+//! nothing (a powered-off host behind tcp, a killed PE whose connection showed no error) is still
+//! bounded by the quiet timeout, at every quiet.
 use std::collections::{HashSet, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
