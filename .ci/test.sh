@@ -24,6 +24,8 @@ stage clippy cargo clippy --all-targets --locked -- -D warnings
 stage build-release cargo build --release --locked
 # Unit, integration (host harness for ABI v3 and v4, software queue, fabric layer), header freshness.
 stage cargo-test cargo test --release --locked -- --test-threads=1
+# The host harness under valgrind: no memcheck error, no definitely lost block.
+stage valgrind bash .ci/valgrind.sh
 stage wheel bash .ci/wheel.sh
 stage efa-golden-cuda bash tests/cuda/run_golden.sh
 stage gpu-tests-compile bash tests/gpu/run.sh --compile-only
