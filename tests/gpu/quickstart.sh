@@ -8,6 +8,8 @@
 #   - LD_LIBRARY_PATH with a libfabric >= 2.0 (an EFA instance has the EFA installer's) and
 #     NVSHMEM's lib/ (for the C++ program, which links libnvshmem_host.so.3);
 #   - OpenMPI run as root on one node (OMPI_ALLOW_RUN_AS_ROOT*, the shared-memory BTLs);
+#   - ./my_nvshmem_app: a two-line wrapper that runs --app with a per-job NVSHMEM_TESTS_UID_FILE
+#     (tests/gpu's programs built without MPI exchange NVSHMEM's unique id through that file);
 #   - NVSHMEM_EFA_LOG=nvshmem_efa_gda=info, so the library's `nvshmemt_init` line shows that NVSHMEM
 #     loaded it.
 #
@@ -153,7 +155,13 @@ done <"$work/blocks/torch-run.txt"
 # ---- C/C++ program with the preload
 [ -x "$app" ] || die "no NVSHMEM program at $app (--app)"
 cdir=$work/cxx
-mkdir -p "$cdir" && cp "$wheels/$wheel_name" "$cdir/" && ln -s "$(cd "$(dirname "$app")" && pwd)/$(basename "$app")" "$cdir/my_nvshmem_app"
+mkdir -p "$cdir" && cp "$wheels/$wheel_name" "$cdir/"
+# ./my_nvshmem_app: the program, with the unique-id file its ranks share when it was built without
+# MPI (tests/gpu/common.cuh), one per mpirun job (PMIx names each job).
+app_abs=$(cd "$(dirname "$app")" && pwd)/$(basename "$app")
+printf '#!/bin/sh\nNVSHMEM_TESTS_UID_FILE=%s/uid-${PMIX_NAMESPACE:-${OMPI_MCA_orte_ess_jobid:-job}} exec %s "$@"\n' \
+    "$cdir" "$app_abs" >"$cdir/my_nvshmem_app"
+chmod +x "$cdir/my_nvshmem_app"
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
 # One shell for the whole block (its eval feeds the lines after it); each line is echoed first.
 (cd "$cdir" && timeout -k 10 600 bash -ev "$work/blocks/cxx.txt") >"$log/cxx.log" 2>&1
