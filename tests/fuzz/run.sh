@@ -20,7 +20,7 @@
 # already there) and the committed tests/fuzz/Cargo.lock, checked to be current before the run
 # (after a dependency change of the main crate: cd tests/fuzz && cargo update -w).
 #
-# Console: one line per target (runs, time, coverage, the count of ERROR lines). The full libFuzzer
+# Console: one line per target (runs, time, coverage, how many refusals the library logged). The full libFuzzer
 # output, including the library's errors about the deliberately bad WQEs and doorbells the inputs
 # post, goes to FUZZ_LOGS/<target>.log (default tests/fuzz/target/logs); it is printed (its tail)
 # only when a target fails.
@@ -63,8 +63,8 @@ fuzz_one() {
         echo "$target: FAILED (exit $rc); full output: $log" >&2
         return 1
     fi
-    echo "$target: ${done:-finished}; $(grep -E '#[0-9]+ *DONE' "$log" | tail -1 | sed 's/^#[0-9]* *DONE *//')" \
-        "($errors ERROR lines of the library about refused input: $log)"
+    echo "$target: ${done:-finished}; $(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 | sed -E 's/^#[0-9]+[[:space:]]+DONE +//; s/ +exec.*//')" \
+        "($errors refusals of bad input logged by the library: $log)"
 }
 
 corpus="$here/corpus/wqe_decode"
