@@ -77,9 +77,15 @@ ft=$LIBFABRIC_HOME/bin
 # Bandwidth runs move 1 GiB in 1 MiB puts (0.3-1 s each at this machine's 1-4 GB/s), a window of 64
 # puts in flight, 10 warm-up puts: the library (host harness --bench, rank 0 -> rank 1, nbi puts,
 # quiet every 64: its puts are delivery complete) and libfabric itself (fi_rma_bw -o writedata -U:
-# one way, client -> server, delivery complete, the client waits for each window's completions).
-# Both figures are the initiator's bytes over its own time from the first timed put to the last
-# completion. (fi_rma_bw -o write is not the same measure: both of its sides write at once.)
+# one way, client -> server, delivery complete, the client waits for each window's completions;
+# -c sread: its waits block instead of busy-polling, see below). Both figures are the initiator's
+# bytes over its own time from the first timed put to the last completion. (fi_rma_bw -o write is
+# not the same measure: both of its sides write at once.) Waiting: the library's waiting threads
+# yield the CPU (sched_yield) and its target rank sleeps in the bootstrap; fabtests' default
+# (-c spin) busy-polls on both sides without yielding, which on 2 cores takes the CPU from the
+# kernel's TCP work or the shm copy: measured 2026-11-28, fi_rma_bw -c spin gave 0.2-0.3x of
+# -c sread on tcp (shm: 0.3x in one pair, 1.2x in another), and with -c spin the library looked
+# 2-5x faster than its fabric (docs/testing.md).
 bw_bytes=$((1 << 30))
 fab() { # tool provider size iters field [flags]
   OOB_PORT=$(( 40000 + RANDOM % 20000 ))
@@ -113,7 +119,7 @@ for prov in tcp shm; do
     bw+=("$(val transport "$prov" 1048576 7 "$csv")")
     lat+=("$(val transport_lat "$prov" 8 7 "$csv")")
     amo+=("$(val transport_amo "$prov" 8 7 "$csv")")
-    fbw+=("$(fab fi_rma_bw "$prov" 1048576 $((bw_bytes >> 20)) 'MB\/sec' -o writedata -U)")
+    fbw+=("$(fab fi_rma_bw "$prov" 1048576 $((bw_bytes >> 20)) 'MB\/sec' -o writedata -U -c sread)")
     # fi_rma_pingpong reports half a round trip; a delivered put is a whole one (data out, ack back).
     half=$(fab fi_rma_pingpong "$prov" 8 10000 'usec\/xfer' -o write)
     [ -z "$half" ] || flat+=("$(awk -v h="$half" 'BEGIN { printf "%.2f", 2 * h }')")
@@ -160,8 +166,8 @@ for prov in tcp shm; do
   echo "  $prov: library / libfabric: bandwidth $r_bw, latency $r_lat"
   # The library runs on libfabric: above it means the runs did not measure what they should.
   if awk -v r="$r_bw" 'BEGIN { exit !(r > 1.1) }'; then
-    echo "  WARNING: $prov: the library's put bandwidth is above libfabric's ($r_bw x); not a result:" \
-      "the machine was busy or the runs unsteady (spreads ${R[$prov,bw]} / ${R[$prov,fbw]}); re-run on an idle machine"
+    echo "  WARNING: $prov: the library's put bandwidth is above libfabric's ($r_bw x), which it runs on:" \
+      "not a result (spreads ${R[$prov,bw]} / ${R[$prov,fbw]}); re-run on an idle machine"
   fi
   for k in bw fbw lat flat; do
     if awk -v x="$(spread "${R[$prov,$k]}")" 'BEGIN { exit !(x > 1.5) }'; then
@@ -175,9 +181,9 @@ cat <<NOTES
 What each row means (figures: median of $reps runs, min-max in brackets):
   put 1 MiB, library: rank 0 puts 1 GiB to rank 1 through NVSHMEM's transport ABI (non-blocking puts,
     quiet every 64, so 64 in flight; the library's puts are delivery complete); initiator's MB/s.
-  put 1 MiB, libfabric: fi_rma_bw -o writedata -U -W 64, 1 GiB one way, delivery complete, same
-    libfabric and provider; client's MB/s. The library runs on top of it, so it should not exceed it;
-    a ratio near 1 means the transport adds little on this path.
+  put 1 MiB, libfabric: fi_rma_bw -o writedata -U -c sread -W 64, 1 GiB one way, delivery
+    complete, blocking waits, same libfabric and provider; client's MB/s. The library runs on top of
+    it, so it should not exceed it; a ratio near 1 means the transport adds little on this path.
   8 B put delivered, library: one blocking put + quiet, i.e. until the target has the data.
   8 B write round trip, libfabric: 2 x fi_rma_pingpong's half round trip (write there, write back).
   64-bit ADD: non-fetching atomics through the transport, quiet every 64, the counter checked after.
