@@ -6,8 +6,10 @@
 #     between 4 processes over tcp;ofi_rxm and shm. One line per run; the full output (including the
 #     harness's deliberate bad-version probe, which the library rightly logs as an error) goes to a
 #     log that is printed only if the run fails. The whole suite, bad input included, is in the tests.
-#  2. Measurements per provider (tcp, shm), then one table: transport put bandwidth at 1 MiB next to
-#     fi_rma_bw on the same libfabric, 8-byte put latency, the AMO rate, the GDA software-queue rate.
+#  2. Measurements per provider (tcp, shm), each the median of DEMO_REPS (5) runs, then one table:
+#     the library's put bandwidth at 1 MiB next to fi_rma_bw measured the same way (one way, window
+#     64, delivery complete, initiator side), 8-byte delivered-put latency next to libfabric's write
+#     round trip, the AMO rate, the GDA software-queue rate, with one line per row saying what it is.
 #  3. GPU (where nvidia-smi lists a GPU and NVSHMEM is installed): the NVSHMEM test suite and benchmark
 #     with the library as NVSHMEM's transport (tests/gpu/run.sh).
 set -euo pipefail
@@ -24,11 +26,12 @@ PREFIX=$prefix bash cmake/install.sh --build-dir "$target/release" >/dev/null
 # kernels do), so it is built with that feature, after the plain library was installed above.
 cargo build --release --locked --quiet --features test-support --bin softq-bench
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 cc -O2 -Wall -o "$work/harness" tests/harness/harness.c -ldl
 logs=${DEMO_LOGS:-$target/demo-logs}
 mkdir -p "$logs"
 t_start=$SECONDS
+# Regions of the demo's processes that did not get to close their endpoints.
+trap 'rm -rf "$work"; bash .ci/clean-shm.sh' EXIT
 
 echo
 echo "=== 0. what this machine offers (nvshmem-efa-gda info; exit 0 ready, 3/4 NVSHMEM not served/found)"
@@ -58,46 +61,77 @@ for abi in 3 4; do
 done
 
 echo
-echo "=== 2. measurements (2 processes, host memory; each number is one short run)"
+reps=${DEMO_REPS:-5}
+t_bench=$SECONDS
+echo "=== 2. measurements: 2 processes, host memory, each figure the median of $reps runs (min-max after it)"
 source tests/bench/lib.sh
 LOG=$logs/bench.log
 : > "$LOG"
 WORK=$work
 PIDS=()
 RUN_TIMEOUT=60
+# No pinning: the harness's two ranks cannot be pinned one CPU each, so fi_rma_bw is not either.
+PIN=${PIN:-0}
 bench_pins
 ft=$LIBFABRIC_HOME/bin
-csv=$work/bench.csv
-: > "$csv"
+# Bandwidth runs move 1 GiB in 1 MiB puts (0.3-1 s each at this machine's 1-4 GB/s), a window of 64
+# puts in flight, 10 warm-up puts: the library (host harness --bench, rank 0 -> rank 1, nbi puts,
+# quiet every 64: its puts are delivery complete) and libfabric itself (fi_rma_bw -o writedata -U:
+# one way, client -> server, delivery complete, the client waits for each window's completions;
+# -c sread: its waits block instead of busy-polling, see below). Both figures are the initiator's
+# bytes over its own time from the first timed put to the last completion. (fi_rma_bw -o write is
+# not the same measure: both of its sides write at once.) Waiting: the library's waiting threads
+# yield the CPU (sched_yield) and its target rank sleeps in the bootstrap; fabtests' default
+# (-c spin) busy-polls on both sides without yielding, which on 2 cores takes the CPU from the
+# kernel's TCP work or the shm copy: measured 2026-11-28, fi_rma_bw -c spin gave 0.2-0.3x of
+# -c sread on tcp (shm: 0.3x in one pair, 1.2x in another), and with -c spin the library looked
+# 2-5x faster than its fabric (docs/testing.md).
+bw_bytes=$((1 << 30))
 fab() { # tool provider size iters field [flags]
   OOB_PORT=$(( 40000 + RANDOM % 20000 ))
-  local args=(-p "$(ft_prov "$2")" -E="$OOB_PORT" -o write -S "$3" -I "$4" -w 10 -m "${@:6}")
+  local args=(-p "$(ft_prov "$2")" -E="$OOB_PORT" -S "$3" -I "$4" -w 10 -m "${@:6}")
   [ "$1" = fi_rma_bw ] && args+=(-W 64)
   run_pair "$1 $2 $3 ${*:6}" "$ft/$1" "${args[@]}" -- "$ft/$1" "${args[@]}" 127.0.0.1 |
     sed -n "s/.*xfer_size: $3,.* $5: \([0-9.]*\),.*/\1/p"
 }
-val() { awk -F, -v k="$1" -v p="$2" -v s="$3" -v f="$4" '$1 == k && $2 == p && $4 == "host" && $5 == s { v = $f } END { print v }' "$csv"; }
+val() { awk -F, -v k="$1" -v p="$2" -v s="$3" -v f="$4" '$1 == k && $2 == p && $4 == "host" && $5 == s { v = $f } END { print v }' "$5"; }
+# summ FORMAT VALUES...: "median (min-max)" in FORMAT, or nothing when a value is missing.
+summ() {
+  local fmt=$1
+  shift
+  [ "$#" -eq "$reps" ] || return 0
+  printf '%s\n' "$@" | sort -g | awk -v f="$fmt" '{ v[NR] = $1 } END {
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf f " (" f "-" f ")", m, v[1], v[NR] }'
+}
+median() { echo "${1%% *}"; }
 declare -A R
 for prov in tcp shm; do
-  echo "  $prov: transport (harness --bench-lat-amo) ..."
-  { echo "## transport $prov"; } >> "$LOG"
-  NVSHMEM_LIBFABRIC_PROVIDER=$prov NVSHMEM_EFA_GDA=off "${BOTH_PIN[@]}" timeout 300 "$work/harness" \
-    --lib "$prefix/lib/nvshmem_transport_libfabric.so.3" --abi 3 --np 2 --bench-lat-amo \
-    --bench-sizes 1048576 --bench-bytes 268435456 --csv "$csv" >> "$LOG" 2>&1 ||
-    { echo "transport bench on $prov failed: $LOG"; tail -20 "$LOG"; exit 1; }
-  R[$prov,bw]=$(val transport "$prov" 1048576 7)
-  R[$prov,lat]=$(val transport_lat "$prov" 8 7)
-  R[$prov,amo]=$(val transport_amo "$prov" 8 7)
-  echo "  $prov: fi_rma_bw, fi_rma_pingpong ..."
-  R[$prov,fbw]=$(fab fi_rma_bw "$prov" 1048576 256 'MB\/sec') || R[$prov,fbw]=
-  R[$prov,fbwdc]=$(fab fi_rma_bw "$prov" 1048576 256 'MB\/sec' -U) || R[$prov,fbwdc]=
-  R[$prov,flat]=$(fab fi_rma_pingpong "$prov" 8 2000 'usec\/xfer') || R[$prov,flat]=
-  echo "  $prov: GDA software queue (softq-bench) ..."
-  "$target/release/softq-bench" --provider "$prov" --sizes 8 --threads 1 --seconds 1.5 \
-    --csv "$work/softq-$prov.csv" >> "$LOG" 2>&1 || { echo "softq-bench on $prov failed: $LOG"; exit 1; }
-  R[$prov,sq]=$(awk -F, 'NR == 2 { printf "%.3f", $6 / 1e6 }' "$work/softq-$prov.csv")
-  for k in bw lat amo fbw fbwdc flat sq; do
-    [ -n "${R[$prov,$k]}" ] || { echo "no $k result for $prov: $LOG"; exit 1; }
+  bw=() lat=() amo=() fbw=() flat=() sq=()
+  echo "  $prov: library (harness --bench-lat-amo), fi_rma_bw, fi_rma_pingpong, softq-bench; $reps runs each ..."
+  for r in $(seq "$reps"); do
+    csv=$work/bench-$prov-$r.csv
+    echo "## transport $prov run $r" >> "$LOG"
+    NVSHMEM_LIBFABRIC_PROVIDER=$prov NVSHMEM_EFA_GDA=off "${BOTH_PIN[@]}" timeout 300 "$work/harness" \
+      --lib "$prefix/lib/nvshmem_transport_libfabric.so.3" --abi 3 --np 2 --bench-lat-amo \
+      --bench-sizes 1048576 --bench-bytes "$bw_bytes" --csv "$csv" >> "$LOG" 2>&1 ||
+      { echo "transport bench on $prov failed: $LOG"; tail -20 "$LOG"; exit 1; }
+    bw+=("$(val transport "$prov" 1048576 7 "$csv")")
+    lat+=("$(val transport_lat "$prov" 8 7 "$csv")")
+    amo+=("$(val transport_amo "$prov" 8 7 "$csv")")
+    fbw+=("$(fab fi_rma_bw "$prov" 1048576 $((bw_bytes >> 20)) 'MB\/sec' -o writedata -U -c sread)")
+    # fi_rma_pingpong reports half a round trip; a delivered put is a whole one (data out, ack back).
+    half=$(fab fi_rma_pingpong "$prov" 8 10000 'usec\/xfer' -o write)
+    [ -z "$half" ] || flat+=("$(awk -v h="$half" 'BEGIN { printf "%.2f", 2 * h }')")
+    "$target/release/softq-bench" --provider "$prov" --sizes 8 --threads 1 --seconds 1 \
+      --csv "$work/softq-$prov-$r.csv" >> "$LOG" 2>&1 || { echo "softq-bench on $prov failed: $LOG"; exit 1; }
+    sq+=("$(awk -F, 'NR == 2 { printf "%.3f", $6 / 1e6 }' "$work/softq-$prov-$r.csv")")
+  done
+  R[$prov,bw]=$(summ %.0f "${bw[@]}") R[$prov,fbw]=$(summ %.0f "${fbw[@]}")
+  R[$prov,lat]=$(summ %.1f "${lat[@]}") R[$prov,flat]=$(summ %.1f "${flat[@]}")
+  R[$prov,amo]=$(summ %.4f "${amo[@]}") R[$prov,sq]=$(summ %.3f "${sq[@]}")
+  for k in bw lat amo fbw flat sq; do
+    [ -n "${R[$prov,$k]}" ] || { echo "fewer than $reps $k results for $prov: $LOG"; exit 1; }
   done
 done
 
@@ -115,25 +149,50 @@ fi
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 echo
-echo "=== summary: $(nproc) CPU cores, libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '?'), $(( SECONDS - t_start )) s"
-printf '%-8s | %-28s | %-26s | %-15s | %-15s\n' "provider" "put 1 MiB, MB/s" "8 B put latency, us" "AMO rate" "GDA soft queue"
-printf '%-8s | %-28s | %-26s | %-15s | %-15s\n' "" "library / fi_rma_bw (-U)" "library / fi_rma_pingpong" "Mops/s" "8 B, Mmsg/s"
-printf '%s\n' "---------+------------------------------+----------------------------+-----------------+----------------"
-for prov in tcp shm; do
-  printf '%-8s | %-28s | %-26s | %-15s | %-15s\n' "$prov" \
-    "$(printf '%.0f / %.0f (%.0f)' "${R[$prov,bw]}" "${R[$prov,fbw]}" "${R[$prov,fbwdc]}")" \
-    "$(printf '%.1f / %.1f' "${R[$prov,lat]}" "${R[$prov,flat]}")" \
-    "$(printf '%.4f' "${R[$prov,amo]}")" "${R[$prov,sq]}"
+echo "=== summary: $(nproc) CPU cores, libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '?'), measurements $(( SECONDS - t_bench )) s"
+row() { printf '  %-44s %-26s %-26s\n' "$@"; }
+row "" "tcp (tcp;ofi_rxm)" "shm"
+for spec in "bw|put 1 MiB, library, MB/s" "fbw|put 1 MiB, libfabric fi_rma_bw, MB/s" \
+            "lat|8 B put delivered, library, us" "flat|8 B write round trip, libfabric, us" \
+            "amo|64-bit ADD, library, Mops/s" "sq|GDA software queue 8 B, Mmsg/s"; do
+  k=${spec%%|*}
+  row "${spec#*|}" "${R[tcp,$k]}" "${R[shm,$k]}"
 done
+# spread "median (min-max)": max / min
+spread() { echo "$1" | sed 's/.*(\(.*\)-\(.*\))/\1 \2/' | awk '{ if ($1 > 0) printf "%.1f", $2 / $1; else print 99 }'; }
+for prov in tcp shm; do
+  r_bw=$(ratio "$(median "${R[$prov,bw]}")" "$(median "${R[$prov,fbw]}")")
+  r_lat=$(ratio "$(median "${R[$prov,lat]}")" "$(median "${R[$prov,flat]}")")
+  echo "  $prov: library / libfabric: bandwidth $r_bw, latency $r_lat"
+  # The library runs on libfabric: above it means the runs did not measure what they should.
+  if awk -v r="$r_bw" 'BEGIN { exit !(r > 1.1) }'; then
+    echo "  WARNING: $prov: the library's put bandwidth is above libfabric's ($r_bw x), which it runs on:" \
+      "not a result (spreads ${R[$prov,bw]} / ${R[$prov,fbw]}); re-run on an idle machine"
+  fi
+  for k in bw fbw lat flat; do
+    if awk -v x="$(spread "${R[$prov,$k]}")" 'BEGIN { exit !(x > 1.5) }'; then
+      echo "  WARNING: $prov $k: runs spread ${R[$prov,$k]} (max/min $(spread "${R[$prov,$k]}")): the machine was busy"
+    fi
+  done
+done
+load=$(cut -d' ' -f1 /proc/loadavg)
+echo "  load average at the end: $load on $(nproc) cores"
 cat <<NOTES
-put 1 MiB: the library's non-blocking puts through NVSHMEM's transport ABI (quiet every 64) vs raw
-  libfabric fi_rma_bw -W 64 (-U: delivery complete, which the library's puts are) on the same provider.
-8 B put latency: library = one blocking put + quiet (until delivered at the target);
-  fi_rma_pingpong = half a write round trip. Not the same measure: the library's includes a completion.
-AMO rate: 64-bit non-fetching ADDs through the transport, quiet every 64, counter checked at the target.
-GDA soft queue: 8-byte RDMA-write WQEs per second through the software EFA queue (one CPU thread posts
-  as a GPU would; softq-bench). Single short runs on $(nproc) shared cores: expect +-30% and more.
+What each row means (figures: median of $reps runs, min-max in brackets):
+  put 1 MiB, library: rank 0 puts 1 GiB to rank 1 through NVSHMEM's transport ABI (non-blocking puts,
+    quiet every 64, so 64 in flight; the library's puts are delivery complete); initiator's MB/s.
+  put 1 MiB, libfabric: fi_rma_bw -o writedata -U -c sread -W 64, 1 GiB one way, delivery
+    complete, blocking waits, same libfabric and provider; client's MB/s. The library runs on top of
+    it, so it should not exceed it; a ratio near 1 means the transport adds little on this path.
+  8 B put delivered, library: one blocking put + quiet, i.e. until the target has the data.
+  8 B write round trip, libfabric: 2 x fi_rma_pingpong's half round trip (write there, write back).
+  64-bit ADD: non-fetching atomics through the transport, quiet every 64, the counter checked after.
+  GDA software queue: 8-byte RDMA-write WQEs per second through the software EFA queue, one CPU
+    thread posting them as a GPU kernel would (softq-bench, 1 s per run).
+  Runs share $(nproc) cores with the progress threads of both sides; the min-max says how steady
+    they were, and other work on the machine widens it (warnings above when max/min > 1.5).
 $gpu_note
 Logs: $logs
+Demo stages (after the build): $(( SECONDS - t_start )) s
 NOTES
 [ -z "${gpu_failed:-}" ]

@@ -9,11 +9,13 @@ deps="$root/.deps"
 venv="$deps/cuda-venv"
 stamp="$venv/.complete-v1"
 mkdir -p "$deps"
+# shellcheck disable=SC1091
+source "$root/.ci/quietly.sh"
 if [ ! -f "$stamp" ]; then
-  echo "[setup-cuda] creating $venv"
+  echo "[setup-cuda] creating $venv (pip output: $deps/logs/setup-cuda-pip.log)"
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check \
+  quietly "$deps/logs/setup-cuda-pip.log" "$venv/bin/pip" install --disable-pip-version-check \
     nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 \
     nvidia-nvvm==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-nvml-dev==13.0.87 \
     nvidia-nvshmem-cu13==3.4.5

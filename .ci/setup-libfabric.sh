@@ -12,6 +12,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps="$root/.deps"
 mkdir -p "$deps"
+logs="$deps/logs"
+# shellcheck disable=SC1091
+source "$root/.ci/quietly.sh"
 ver=2.1.0
 md5=bc33d8524fd8717c627b3cfe045a4ad5
 size=3167432
@@ -54,9 +57,9 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
   o=(-oDir::Etc::SourceList="$tmp/trixie.sources" -oDir::Etc::SourceParts=/dev/null -oDir::State::Lists="$tmp/lists")
-  apt-get "${o[@]}" update >/dev/null
+  quietly "$logs/libfabric-apt-update.log" apt-get "${o[@]}" update
   # The archive serves the upstream tarball but not always the .dsc; the tarball is all we need.
-  (cd "$tmp" && apt-get "${o[@]}" source --download-only libfabric >/dev/null 2>&1 || true)
+  (cd "$tmp" && apt-get "${o[@]}" source --download-only libfabric >"$logs/libfabric-apt-source.log" 2>&1 || true)
   [ -f "$tmp/libfabric_$ver.orig.tar.xz" ] || { echo "[setup-libfabric] tarball not served" >&2; exit 1; }
   mv "$tmp/libfabric_$ver.orig.tar.xz" "$tarball"
   rm -rf "$tmp"
@@ -76,7 +79,8 @@ rm -rf "$src" "$prefix"
 mkdir -p "$src"
 tar -xf "$tarball" -C "$src" --strip-components=1
 cd "$src"
-[ -x ./configure ] || ./autogen.sh >/dev/null
+echo "[setup-libfabric] building libfabric $ver (output: $logs/libfabric-*.log)"
+[ -x ./configure ] || quietly "$logs/libfabric-autogen.log" ./autogen.sh
 extra=()
 if [ -f /usr/include/infiniband/efadv.h ]; then
   extra+=(--enable-efa=dl --enable-verbs=dl)
@@ -85,20 +89,19 @@ else
 fi
 jobs=$(nproc)
 echo "[setup-libfabric] configure (${extra[*]})"
-./configure --prefix="$prefix" --with-cuda="$CUDA_HOME" --enable-cuda-dlopen \
-  --enable-tcp --enable-rxm --enable-shm --enable-sockets --disable-psm3 --disable-opx \
-  --disable-usnic --disable-ucx --disable-lpp "${extra[@]}" > "$deps/libfabric-configure.log" 2>&1 \
-  || { tail -40 "$deps/libfabric-configure.log"; exit 1; }
+quietly "$logs/libfabric-configure.log" ./configure --prefix="$prefix" --with-cuda="$CUDA_HOME" \
+  --enable-cuda-dlopen --enable-tcp --enable-rxm --enable-shm --enable-sockets --disable-psm3 \
+  --disable-opx --disable-usnic --disable-ucx --disable-lpp "${extra[@]}"
 echo "[setup-libfabric] make"
-make -j"$jobs" > "$deps/libfabric-make.log" 2>&1 || { tail -40 "$deps/libfabric-make.log"; exit 1; }
-make install > /dev/null 2>&1
+quietly "$logs/libfabric-make.log" make -j"$jobs"
+quietly "$logs/libfabric-install.log" make install
 echo "[setup-libfabric] fabtests"
 cd fabtests
-[ -x ./configure ] || ./autogen.sh >/dev/null
-./configure --prefix="$prefix" --with-libfabric="$prefix" --with-cuda="$CUDA_HOME" \
-  > "$deps/fabtests-configure.log" 2>&1 || { tail -40 "$deps/fabtests-configure.log"; exit 1; }
-make -j"$jobs" > "$deps/fabtests-make.log" 2>&1 || { tail -40 "$deps/fabtests-make.log"; exit 1; }
-make install > /dev/null 2>&1
+[ -x ./configure ] || quietly "$logs/fabtests-autogen.log" ./autogen.sh
+quietly "$logs/fabtests-configure.log" ./configure --prefix="$prefix" --with-libfabric="$prefix" \
+  --with-cuda="$CUDA_HOME"
+quietly "$logs/fabtests-make.log" make -j"$jobs"
+quietly "$logs/fabtests-install.log" make install
 rm -rf "$src"
 touch "$stamp"
 write_env "$prefix"

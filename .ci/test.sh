@@ -18,6 +18,8 @@ stage() {
     echo "=== $name: FAILED ($((SECONDS - t0)) s)"
     failed+=("$name")
   fi
+  # Regions of test processes killed on purpose; the line says how many a stage left.
+  bash .ci/clean-shm.sh
 }
 stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --all-targets --locked -- -D warnings
@@ -27,7 +29,11 @@ stage cargo-test cargo test --release --locked -- --test-threads=1
 # Two "hosts" on this machine (network + UTS namespaces over a veth pair), host memory, tcp: the
 # harness's cases and its stream benchmark next to fi_rma_bw in the same namespaces (data checked).
 stage twohost-host env OUT="${TMPDIR:-/tmp}/twohost-ci" bash tests/twohost/ci.sh
+# The host harness under valgrind: no memcheck error, no definitely lost block.
+stage valgrind bash .ci/valgrind.sh
 stage wheel bash .ci/wheel.sh
+# The README's quick starts parse and match tests/gpu/quickstart.sh, which runs them on a GPU node.
+stage quickstart-sync bash .ci/quickstart-check.sh
 stage efa-golden-cuda bash tests/cuda/run_golden.sh
 stage gpu-tests-compile bash tests/gpu/run.sh --compile-only
 stage gda-tests-compile bash tests/gpu_gda/run.sh --compile-only

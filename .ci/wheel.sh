@@ -13,6 +13,22 @@ source .ci/env.sh
 repo=$PWD
 keep=
 [ "${1:-}" = --keep ] && keep=${2:?--keep needs a directory}
+# Harness output (each run starts with the deliberate bad-version probe, which the library rightly
+# logs as an error) goes to log files here; the console gets the summary line, the log on failure.
+logs=${CI_LOGS:-${CARGO_TARGET_DIR:-$repo/target}/ci-logs}
+mkdir -p "$logs"
+# harness_run LOG ARGS...: one harness run, its output in $logs/LOG; prints its closing line.
+harness_run() {
+  local log=$logs/$1 rc=0
+  shift
+  timeout 300 "$work/harness" "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    cat "$log"
+    echo "  harness FAILED (exit $rc); log: $log"
+    return 1
+  fi
+  echo "    $(tail -1 "$log") ($log)"
+}
 work=$(mktemp -d)
 trap '[ -n "$keep" ] || rm -rf "$work"' EXIT
 [ -z "$keep" ] || { mkdir -p "$keep"; work=$(cd "$keep" && pwd); }
@@ -23,6 +39,8 @@ python3 -m venv "$work/build-venv"
 "$work/build-venv/bin/python" -m pip wheel -q --no-deps --disable-pip-version-check -w "$work/dist" .
 wheel=$(ls "$work"/dist/nvshmem_efa_gda-*.whl)
 echo "$(basename "$wheel") ($(stat -c %s "$wheel") bytes)"
+# The README's quick starts install the wheel by its file name.
+grep -q "$(basename "$wheel")" README.md || { echo "README.md's quick starts do not name $(basename "$wheel")"; exit 1; }
 
 echo "--- platform tag vs the GLIBC symbol versions the ELF files need"
 mkdir -p "$work/unpacked"
@@ -71,8 +89,8 @@ for shim in "$lib"/nvshmem_transport_libfabric.so.*; do
     continue
   fi
   echo "  ABI $abi, tcp, 2 processes, $shim"
-  NVSHMEM_LIBFABRIC_PROVIDER=tcp NVSHMEM_EFA_GDA=off timeout 300 \
-    "$work/harness" --lib "$shim" --abi "$abi" --np 2 "${cases[@]}"
+  NVSHMEM_LIBFABRIC_PROVIDER=tcp NVSHMEM_EFA_GDA=off \
+    harness_run "wheel-harness-abi$abi-tcp.log" --lib "$shim" --abi "$abi" --np 2 "${cases[@]}"
   ran=$((ran + 1))
 done
 [ "$ran" -gt 0 ] || { echo "no served ABI could be driven by the harness"; exit 1; }
@@ -82,7 +100,7 @@ exports=$(cd /tmp && env -u NVSHMEM_HOME -u NVSHMEM_REMOTE_TRANSPORT -u CUDA_MOD
 echo "$exports" | sed 's/^/    /'
 (
   eval "$exports"
-  NVSHMEM_LIBFABRIC_PROVIDER=shm NVSHMEM_EFA_GDA=off timeout 300 \
-    "$work/harness" --lib nvshmem_transport_libfabric.so.3 --abi 3 --np 2 "${cases[@]}"
+  NVSHMEM_LIBFABRIC_PROVIDER=shm NVSHMEM_EFA_GDA=off \
+    harness_run wheel-harness-abi3-shm-env.log --lib nvshmem_transport_libfabric.so.3 --abi 3 --np 2 "${cases[@]}"
 )
 echo "wheel stage: ok ($(basename "$wheel"))"

@@ -1,7 +1,7 @@
 //! Every environment variable the library reads, parsed and validated once.
 //!
 //! NVSHMEM's own variables keep their meaning (`NVSHMEM_LIBFABRIC_PROVIDER`, `NVSHMEM_DEBUG`); the
-//! library's own are `NVSHMEM_EFA_*`. README.md has the table. One exception is read elsewhere:
+//! library's own are `NVSHMEM_EFA_*`. docs/environment.md has the table. One exception is read elsewhere:
 //! `NVSHMEM_EFA_CUDA_MODULE_LOADING`, in the load-time hook of [`crate::cuda::module_loading`] (it
 //! runs before anything else, when only the raw environment is safe to read).
 use std::fmt;

@@ -12,7 +12,7 @@ pure-Python package. Afterwards it:
   - refuses to pack a file that still names the build tree;
   - tags the wheel manylinux_2_<N>_<arch>, N = the newest GLIBC_2.N symbol version any ELF file in it
     requires (readelf -V), and checks that the ELF files need nothing beyond glibc, libgcc_s and
-    libfabric.so.1 (libfabric is the system's, on purpose; see README "Python package").
+    libfabric.so.1 (libfabric is the system's, on purpose; see docs/python.md).
 
 Environment: CARGO (default cargo), CARGO_TARGET_DIR (as cargo), CC (for the shims),
 NVSHMEM_EFA_GDA_SKIP_CARGO=1 (use an existing target/release build as is).

@@ -427,7 +427,7 @@ def enable(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional[str]
                 "CUDA is already loaded in this process: " + " and ".join(
                     f"{k}={env_set[k]}" for k in cuda_vars) + " apply only if CUDA has not been "
                 "initialised yet (otherwise this library's GPU copies on software providers can "
-                "deadlock behind a waiting kernel; see the README): call enable() before torch or "
+                "deadlock behind a waiting kernel; see docs/nvshmem-transport.md): call enable() before torch or "
                 "CUDA start", RuntimeWarning, stacklevel=2)
 
         shim = shim_path(nv.abi)

@@ -300,7 +300,7 @@ fn loaded_libfabric() -> Option<String> {
 }
 
 /// The environment the process was started with. The library's load-time code may set
-/// `CUDA_MODULE_LOADING=EAGER` and `CUDA_DEVICE_MAX_CONNECTIONS=32` (see README), so `std::env::vars`
+/// `CUDA_MODULE_LOADING=EAGER` and `CUDA_DEVICE_MAX_CONNECTIONS=32` (see docs/nvshmem-transport.md), so `std::env::vars`
 /// would show values the user did not
 /// set; /proc/self/environ keeps what was given at exec.
 fn start_environment() -> Vec<(String, String)> {

@@ -104,8 +104,32 @@ layouts!(
 /// their addresses are never reused, so a stale pointer can never name a newer transport.
 static LIVE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 
+/// Finalized transport structs, kept for the reason above. Holding their pointers here keeps them
+/// reachable, so a leak checker (valgrind `--errors-for-leak-kinds=definite`) does not report the
+/// deliberately kept memory as lost. Nothing reads the list; it only grows, by one per finalize.
+static RETIRED: std::sync::Mutex<Vec<Retired>> = std::sync::Mutex::new(Vec::new());
+
+/// A finalized transport struct (a pointer, not an address, so that it keeps the memory reachable).
+struct Retired(#[cfg_attr(not(test), allow(dead_code))] *mut c_void);
+// SAFETY: the pointer is never dereferenced; it only keeps the allocation reachable.
+unsafe impl Send for Retired {}
+
 fn live_set() -> std::sync::MutexGuard<'static, Vec<usize>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Moves `t` from LIVE to RETIRED; false if it was not live.
+fn retire(t: *mut c_void) -> bool {
+    let mut live = live_set();
+    let Some(i) = live.iter().position(|&x| x == t as usize) else {
+        return false;
+    };
+    live.swap_remove(i);
+    RETIRED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Retired(t));
+    true
 }
 
 fn is_live(t: *mut c_void) -> bool {
@@ -521,23 +545,15 @@ unsafe extern "C" fn finalize<L: Layout>(t: *mut c_void) -> c_int {
             tracing::error!("finalize: null transport");
             return INVALID;
         }
-        {
-            let mut live = live_set();
-            match live.iter().position(|&x| x == t as usize) {
-                Some(i) => {
-                    live.swap_remove(i);
-                }
-                None => {
-                    tracing::error!(
-                        "finalize: {t:p} is not a live transport of this library (finalized twice?)"
-                    );
-                    return INVALID;
-                }
-            }
+        if !retire(t) {
+            tracing::error!(
+                "finalize: {t:p} is not a live transport of this library (finalized twice?)"
+            );
+            return INVALID;
         }
         // SAFETY: t is our struct (it was live); state is the Box<Arc<Plugin>> from nvshmemt_init.
         let state = unsafe { (*(t as *mut L)).tail().state } as *mut Arc<Plugin>;
-        // SAFETY: as above; the struct stays allocated (see LIVE) with its state cleared.
+        // SAFETY: as above; the struct stays allocated (see LIVE, RETIRED) with its state cleared.
         unsafe { (*(t as *mut L)).tail().state = std::ptr::null_mut() };
         if !state.is_null() {
             // SAFETY: taken back exactly once (the struct left LIVE above).
@@ -769,6 +785,20 @@ unsafe extern "C" fn region_flush<L: Layout>(
 #[cfg(test)]
 mod tests {
     use super::check_host_fields;
+
+    #[test]
+    fn retired_structs_stay_listed_once_finalized() {
+        let mut slot = 0u64;
+        let t = &mut slot as *mut u64 as *mut std::ffi::c_void;
+        super::live_set().push(t as usize);
+        assert!(super::retire(t));
+        assert!(!super::is_live(t));
+        let retired = super::RETIRED.lock().unwrap();
+        assert!(retired.iter().any(|r| r.0 == t));
+        drop(retired);
+        // A second finalize of the same struct is refused.
+        assert!(!super::retire(t));
+    }
 
     #[test]
     fn host_fields_matching_the_bootstrap_pass() {

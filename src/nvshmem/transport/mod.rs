@@ -51,6 +51,7 @@ mod progress;
 mod provider_ops;
 mod quiet;
 mod rma;
+mod shm_regions;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -367,6 +368,15 @@ impl Transport {
             );
         }
         self.mover.close_peers();
+        if let Some(c) = self.conn.get() {
+            // Peers killed before they could finalize leave their shm regions behind.
+            for pe in 0..c.peers.len() {
+                let p = &c.peers[pe];
+                if p.same_host && p.proc.gone().is_some() {
+                    self.remove_shm_regions_of(c, pe);
+                }
+            }
+        }
     }
 }
 

@@ -24,9 +24,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::fabric::Provider;
+
 use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING, AM_RECV_BUFS};
 use super::lanes::{Lanes, ProbeStep};
-use super::{Connected, Transport, EP_HOST, NUM_EPS};
+use super::{shm_regions, Connected, Transport, EP_HOST, NUM_EPS};
 
 /// Why a peer that said goodbye is gone.
 pub(super) const DEPARTED: &str = "it finalized";
@@ -327,6 +329,9 @@ impl Transport {
             tracing::info!("PE {pe} finalized: its operations fail from now on");
         } else {
             tracing::error!("PE {pe} is gone ({why}): its operations fail from now on");
+            if p.same_host && p.proc.gone().is_some() {
+                self.remove_shm_regions_of(c, pe);
+            }
         }
         let msg = format!("PE {pe} is gone: {why}");
         for (i, e) in c.eps.iter().enumerate() {
@@ -345,6 +350,28 @@ impl Transport {
             if let Some(l) = &e.lanes {
                 l.close_peer(pe, &msg);
             }
+        }
+    }
+
+    /// Removes the shm regions of `pe`, whose process has exited on this host (shm only; see
+    /// shm_regions.rs). Safe to call more than once.
+    pub(super) fn remove_shm_regions_of(&self, c: &Connected, pe: usize) {
+        if self.provider != Provider::Shm || pe == c.my_pe as usize {
+            return;
+        }
+        let start = pe * NUM_EPS * c.name_len;
+        let Some(name) = c.names.get(start..start + c.name_len) else {
+            return;
+        };
+        let Some(prefix) = shm_regions::region_prefix(name) else {
+            return;
+        };
+        let n = shm_regions::remove_regions(std::path::Path::new(shm_regions::SHM_DIR), &prefix);
+        if n > 0 {
+            tracing::info!(
+                "removed {n} shm regions of PE {pe}, whose process exited ({}/{prefix}*)",
+                shm_regions::SHM_DIR
+            );
         }
     }
 
