@@ -449,7 +449,8 @@ impl Transport {
                 e.transmit(pe, ctx, |ep| {
                     // SAFETY: as above.
                     unsafe {
-                        ep.send(
+                        super::endpoints::send_am(
+                            ep,
                             sp,
                             AM_BYTES + hdr.size as usize,
                             e.send_slab.1.desc(),

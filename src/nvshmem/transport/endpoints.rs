@@ -17,8 +17,8 @@ use super::{internal, invalid, Allgather, Connected, TResult, Transport, Transpo
 use crate::config::GdaMode;
 use crate::cuda;
 use crate::fabric::{
-    AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion, OpContexts,
-    Provider,
+    flags, AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion,
+    OpContexts, Provider,
 };
 use crate::mover::handle::HostId;
 
@@ -89,6 +89,31 @@ pub(super) struct EpState {
     pub(super) backlogged: std::sync::atomic::AtomicUsize,
     /// Transmit endpoints per peer (shm; see `lanes`); `None`: everything leaves through `ep`.
     pub(super) lanes: Option<Lanes>,
+}
+
+/// Flags of every active-message send (requests, responses, staged chunks, probes): complete once
+/// the buffer may be reused, never FI_DELIVERY_COMPLETE. The protocol answers every message that
+/// needs an answer itself, so delivery completion would only add a wait: on shm it forces every
+/// message, 72 bytes or 64 KiB, onto the segmented (SAR) protocol, of which a sender has one
+/// transfer in flight per peer, each waiting for both processes' progress; on tcp;ofi_rxm it adds
+/// an acknowledgement per message.
+pub(super) const AM_SEND_FLAGS: u64 = flags::COMPLETION | flags::TRANSMIT_COMPLETE;
+
+/// `fi_sendmsg` of one active message with [`AM_SEND_FLAGS`].
+///
+/// # Safety
+/// As for [`Endpoint::send_msg`]: `buf` (described by `desc`) and `ctx` stay valid until the
+/// completion is reaped or the endpoint is closed.
+pub(super) unsafe fn send_am(
+    ep: &Endpoint,
+    buf: *const u8,
+    len: usize,
+    desc: *mut c_void,
+    dest: FiAddr,
+    ctx: *mut c_void,
+) -> crate::fabric::Result<()> {
+    // SAFETY: forwarded contract.
+    unsafe { ep.send_msg(buf as *mut u8, len, desc, dest, ctx, AM_SEND_FLAGS) }
 }
 
 /// Bytes of one shm endpoint name in the address exchange (names are shorter, NUL-padded).
@@ -361,7 +386,8 @@ impl EpState {
             // SAFETY: scratch is 64 bytes owned by the context until its completion.
             unsafe {
                 std::ptr::write_unaligned(s as *mut AmMsg, msg);
-                self.ep.send(
+                send_am(
+                    &self.ep,
                     s as *const u8,
                     std::mem::size_of::<AmMsg>(),
                     self.ctx_desc(),
@@ -393,7 +419,8 @@ impl EpState {
         self.transmit(pe, ctx, |ep| {
             // SAFETY: as above; the message stays in the scratch space until the completion.
             unsafe {
-                ep.send(
+                send_am(
+                    ep,
                     s as *const u8,
                     std::mem::size_of::<AmMsg>(),
                     self.ctx_desc(),
