@@ -247,7 +247,8 @@ impl Transport {
             },
             NUM_EPS,
         )
-        .with_timeout(cfg.quiet_timeout);
+        .with_timeout(cfg.quiet_timeout)
+        .with_copy_batch(cfg.copy_batch);
         Ok(Transport {
             cfg,
             provider,

@@ -103,6 +103,8 @@ impl Transport {
             tracing::error!("endpoint {i}: {err}");
             e.record_error(err.to_string());
         }
+        // Same-host copies held back for one submission go once the oldest has waited a while.
+        self.mover.flush_stale(i);
         self.flush_am_pending(c, i);
         handled += self.drain_backlogs(c, i);
         self.check_peers(c);
