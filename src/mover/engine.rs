@@ -569,6 +569,15 @@ impl Mover {
         }
     }
 
+    /// Hands endpoint `ep`'s held copies to the copy engine now, so that a copy enqueued after
+    /// this call runs after them (copies of one submission run in no order among themselves).
+    pub fn flush(&self, ep: usize) -> MResult<()> {
+        match self.queues.get(ep) {
+            Some(q) => q.lock().as_mut().map_or(Ok(()), |q| q.flush()),
+            None => Ok(()),
+        }
+    }
+
     /// Hands endpoint `ep`'s held copies to the copy engine once the oldest has waited
     /// [`super::queue::BATCH_FLUSH_AGE`] (for progress; never waits for a submitting thread).
     pub fn flush_stale(&self, ep: usize) {

@@ -329,6 +329,11 @@ impl Transport {
         if a.completed.load(Ordering::Acquire) < a.submitted.load(Ordering::Acquire) {
             return Ok(false);
         }
+        // The puts held back for one submission go first: the signal is stream-ordered after them
+        // (copies of one submission are not ordered among themselves).
+        self.mover
+            .flush(ep)
+            .map_err(|e| internal(format!("signal to PE {pe}: earlier puts: {e}")))?;
         let bytes = t.val.to_le_bytes();
         // SAFETY: `bytes` lives through the call and an unregistered host source of at most
         // INLINE_BYTES is taken at once (the inline ring); the remote range was checked against
