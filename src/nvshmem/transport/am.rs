@@ -69,7 +69,17 @@ pub(super) enum Pending {
         token: u64,
         addr: u64,
         len: u32,
+        /// The send slot holding the data and the status to answer with, once taken
+        /// ([`Transport::prepare_get_data`]).
+        prep: Option<GetPrep>,
     },
+}
+
+/// A staged get's answer with its data in place: its send slot and the status to answer with.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GetPrep {
+    slot: usize,
+    status: i32,
 }
 
 impl Transport {
@@ -259,6 +269,7 @@ impl Transport {
                     token: m.token,
                     addr: m.addr,
                     len: m.size,
+                    prep: None,
                 });
             }
             AM_GET_DATA => {
@@ -364,26 +375,40 @@ impl Transport {
     /// messages to a peer that is gone are dropped.
     pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
         self.flush_pongs(c, i);
+        self.prepare_get_data(c, i);
         let e = &c.eps[i];
         let mut kept: VecDeque<Pending> = VecDeque::new();
         let mut blocked: Vec<FiAddr> = Vec::new();
         let mut no_slot = false;
         loop {
-            let Some(p) = e.am_pending.lock().pop_front() else {
+            let Some(mut p) = e.am_pending.lock().pop_front() else {
                 break;
             };
             let dest = match &p {
                 Pending::Msg(d, _) => *d,
                 Pending::GetData { dest, .. } => *dest,
             };
+            // A dropped answer gives its slot back.
+            let drop_it = |p: Pending| {
+                if let Pending::GetData {
+                    prep: Some(GetPrep { slot, .. }),
+                    ..
+                } = p
+                {
+                    e.send_free.lock().push(slot);
+                }
+            };
             let Some(pe) = c.pe_of(dest) else {
                 tracing::error!("endpoint {i}: a message to unknown address {dest} dropped");
+                drop_it(p);
                 continue;
             };
             if c.peers[pe].is_gone() {
+                drop_it(p);
                 continue;
             }
-            if blocked.contains(&dest) || (no_slot && matches!(p, Pending::GetData { .. })) {
+            let unprepared = matches!(p, Pending::GetData { prep: None, .. });
+            if blocked.contains(&dest) || (no_slot && unprepared) {
                 kept.push_back(p);
                 continue;
             }
@@ -402,24 +427,31 @@ impl Transport {
                     token,
                     addr,
                     len,
+                    prep,
                 } => {
-                    let Some(slot) = e.send_free.lock().pop() else {
-                        no_slot = true;
-                        kept.push_back(p);
-                        continue;
+                    let (slot, status) = match prep {
+                        Some(GetPrep { slot, status, .. }) => (*slot, *status),
+                        None => {
+                            let Some(slot) = e.send_free.lock().pop() else {
+                                no_slot = true;
+                                kept.push_back(p);
+                                continue;
+                            };
+                            // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+                            let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                            let stats = self.mover.stats();
+                            let t = stats.start();
+                            let status = self.copy_registered(
+                                payload,
+                                *addr as *const u8,
+                                *addr,
+                                *len,
+                                "staged get",
+                            );
+                            stats.record(Stage::TargetCopy, t, *len as u64);
+                            (slot, status)
+                        }
                     };
-                    // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
-                    let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
-                    let stats = self.mover.stats();
-                    let t = stats.start();
-                    let status = self.copy_registered(
-                        payload,
-                        *addr as *const u8,
-                        *addr,
-                        *len,
-                        "staged get",
-                    );
-                    stats.record(Stage::TargetCopy, t, *len as u64);
                     let size = if status == 0 { *len } else { 0 };
                     let hdr = AmMsg {
                         magic: AM_MAGIC,
@@ -430,8 +462,13 @@ impl Transport {
                         ..Default::default()
                     };
                     let r = self.send_slot(e, pe, *dest, slot, hdr, 0, 0, false);
-                    if r.is_err() {
-                        e.send_free.lock().push(slot);
+                    if let (Err(err), Pending::GetData { prep, .. }) = (&r, &mut p) {
+                        if err.is_again() {
+                            // Kept with its data in the slot for the next round.
+                            *prep = Some(GetPrep { slot, status });
+                        } else {
+                            e.send_free.lock().push(slot);
+                        }
                     }
                     r
                 }
@@ -449,6 +486,69 @@ impl Transport {
             let mut q = e.am_pending.lock();
             while let Some(p) = kept.pop_back() {
                 q.push_front(p);
+            }
+        }
+    }
+
+    /// Takes send slots for the staged get answers endpoint `i` owes (as many as are free) and
+    /// copies their data in: the copies out of GPU memory go as one batch with one wait
+    /// ([`copy_many`]), not one synchronous copy each. The queue stays locked meanwhile, so no
+    /// answer leaves before its data is in its slot (the lock is taken once per batch).
+    fn prepare_get_data(&self, c: &Connected, i: usize) {
+        let e = &c.eps[i];
+        let mut q = e.am_pending.lock();
+        // (queue index, slot payload, source, length, status so far, the source is GPU memory)
+        let mut taken: Vec<(usize, usize, u64, u64, usize, i32, bool)> = Vec::new();
+        for (k, p) in q.iter().enumerate() {
+            let Pending::GetData {
+                addr,
+                len,
+                prep: None,
+                ..
+            } = p
+            else {
+                continue;
+            };
+            let Some(slot) = e.send_free.lock().pop() else {
+                break;
+            };
+            let (status, device) = match self.find_registration(*addr, *len as u64) {
+                Some(r) => (0, r.device),
+                None => {
+                    tracing::error!("staged get: {addr:#x}+{len} is not registered here");
+                    (abi::status::INVALID_VALUE, false)
+                }
+            };
+            // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+            let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) } as u64;
+            taken.push((k, slot, payload, *addr, *len as usize, status, device));
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let stats = self.mover.stats();
+        let t = stats.start();
+        for device in [true, false] {
+            let copies: Vec<(u64, u64, usize)> = taken
+                .iter()
+                .filter(|x| x.5 == 0 && x.6 == device)
+                .map(|x| (x.2, x.3, x.4))
+                .collect();
+            if copies.is_empty() {
+                continue;
+            }
+            if let Err(err) = copy_many(&copies, device) {
+                tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
+                for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6 == device) {
+                    x.5 = err.status;
+                }
+            }
+        }
+        let bytes = taken.iter().map(|x| x.4 as u64).sum();
+        stats.record(Stage::TargetCopy, t, bytes);
+        for (k, slot, _, _, _, status, _) in taken {
+            if let Some(Pending::GetData { prep, .. }) = q.get_mut(k) {
+                *prep = Some(GetPrep { slot, status });
             }
         }
     }
