@@ -107,6 +107,10 @@ pub struct Config {
     /// Held copies go at quiet, fence, a blocking operation, 256 KiB held, or 20 us after the
     /// oldest (progress).
     pub copy_batch: usize,
+    /// `NVSHMEM_EFA_STAGE_SLOTS`: send slots (64 KiB each) per endpoint for the staged path:
+    /// chunks and get answers in flight (default 128, at most the provider's transmit queue
+    /// depth); receive buffers are twice as many (at most the receive queue depth).
+    pub stage_slots: usize,
     /// `NVSHMEM_EFA_SIGNAL_COPY`: signals (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory as one
     /// write on the copy queue behind the puts (default), or always through the provider's
     /// atomics (`0`).
@@ -265,6 +269,7 @@ impl Config {
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
             copy_batch: 64,
+            stage_slots: crate::nvshmem::transport::STAGE_SLOTS_DEFAULT,
             signal_copy: true,
             amo_kernel: false,
             amo_kernel_stuck: Duration::from_millis(10),
@@ -361,6 +366,9 @@ impl Config {
         }
         if let Some(n) = vars.u64("NVSHMEM_EFA_COPY_BATCH", (0, 1024), any, "0 to 1024")? {
             c.copy_batch = n as usize;
+        }
+        if let Some(n) = vars.u64("NVSHMEM_EFA_STAGE_SLOTS", (8, 4096), any, "8 to 4096")? {
+            c.stage_slots = n as usize;
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SIGNAL_COPY")? {
             c.signal_copy = b;
@@ -531,6 +539,17 @@ mod tests {
     fn copy_overlap_switch() {
         assert!(cfg(&[]).unwrap().copy_overlap, "on by default");
         assert_eq!(cfg(&[]).unwrap().copy_batch, 64);
+        assert_eq!(cfg(&[]).unwrap().stage_slots, 128);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_STAGE_SLOTS", "32")])
+                .unwrap()
+                .stage_slots,
+            32
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_STAGE_SLOTS", "4")]).unwrap_err().var,
+            "NVSHMEM_EFA_STAGE_SLOTS"
+        );
         assert_eq!(
             cfg(&[("NVSHMEM_EFA_COPY_BATCH", "0")]).unwrap().copy_batch,
             0

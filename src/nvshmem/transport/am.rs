@@ -20,8 +20,20 @@ pub(super) const AM_BYTES: usize = 64;
 pub(super) const STAGE_BYTES: usize = 64 << 10;
 /// Payload bytes per staged message.
 pub(super) const STAGE_CHUNK: usize = STAGE_BYTES - AM_BYTES;
-pub(super) const AM_RECV_BUFS: usize = 64;
-pub(super) const SEND_SLOTS: usize = 32;
+/// The staging window when the provider does not bound it lower ([`staging_window`]): send slots
+/// per endpoint (staged chunks and get answers in flight; `NVSHMEM_EFA_STAGE_SLOTS`).
+pub(super) const SEND_SLOTS: usize = 128;
+
+/// The staging window of an endpoint: `(send slots, receive buffers)`. Send slots: `slots`
+/// (`NVSHMEM_EFA_STAGE_SLOTS`), at most the provider's transmit queue depth; receive buffers twice
+/// as many (the peers' chunks and this PE's answers arrive together), at most its receive queue
+/// depth and at least 64. A chunk that finds no posted receive waits in the provider as an
+/// unexpected message (on tcp;ofi_rxm a rendezvous that only starts once one is posted).
+pub(super) fn staging_window(slots: usize, tx_size: usize, rx_size: usize) -> (usize, usize) {
+    let send = slots.min(tx_size.max(8)).max(8);
+    let recv = (2 * send).min(rx_size.max(64)).max(64);
+    (send, recv)
+}
 /// Staged put: payload to write at `addr`; answered by AM_RESP.
 pub(super) const AM_PUT: u32 = 3;
 /// Staged get: `size` bytes at `addr` wanted; answered by AM_GET_DATA.
@@ -152,7 +164,7 @@ impl Transport {
     pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize, copied: bool) {
         let e = &c.eps[i];
         let Some(base) = e.am_buf(slot) else { return };
-        // SAFETY: slot < AM_RECV_BUFS; the receive completed, so the provider is done writing it.
+        // SAFETY: slot < recv_bufs (am_buf); the receive completed, so the provider is done writing it.
         let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
         if m.magic != AM_MAGIC || len < std::mem::size_of::<AmMsg>() {
             tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
@@ -360,7 +372,7 @@ impl Transport {
         if e.am_bufs.is_none() {
             return Ok(());
         }
-        for slot in 0..AM_RECV_BUFS {
+        for slot in 0..e.recv_bufs {
             let ctx = e.ctxs.alloc(TAG_AM_RECV, slot as u64).ok_or_else(|| {
                 internal(format!("endpoint {i}: no context for AM receive buffers"))
             })?;
@@ -800,4 +812,22 @@ impl Transport {
 /// The error a retried send gets once its peer is gone (not EAGAIN: the retry stops).
 fn gone() -> crate::fabric::Error {
     crate::fabric::Error::from_ret(-(libc::ECONNABORTED as i64), "the peer is gone")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_staging_window_follows_the_provider_queues() {
+        // Room enough: the configured slots, twice as many receive buffers.
+        assert_eq!(staging_window(128, 1024, 1024), (128, 256));
+        // A short transmit queue bounds the slots, a short receive queue the buffers (64 at least).
+        assert_eq!(staging_window(128, 64, 1024), (64, 128));
+        assert_eq!(staging_window(128, 1024, 100), (128, 100));
+        assert_eq!(staging_window(128, 1024, 16), (128, 64));
+        // Never fewer than 8 slots, whatever the provider says.
+        assert_eq!(staging_window(128, 0, 0), (8, 64));
+        assert_eq!(staging_window(32, 1024, 1024), (32, 64));
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::am::{AmMsg, Pending, AM_MAGIC, AM_RECV_BUFS, AM_RESP, SEND_SLOTS, STAGE_BYTES};
+use super::am::{staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, STAGE_BYTES};
 use super::group::{self, Group, SCRATCH_GROUP};
 use super::lanes::{Lanes, LANE_NBI, LANE_WAIT};
 use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
@@ -82,6 +82,9 @@ pub(super) struct EpState {
     pub(super) pongs: Mutex<Vec<(FiAddr, AmMsg)>>,
     /// Registered send slots for staged payloads, and the free ones.
     pub(super) send_slab: (Box<[u8]>, MemoryRegion),
+    /// Send slots and AM receive buffers of this endpoint ([`staging_window`]).
+    pub(super) send_slots: usize,
+    pub(super) recv_bufs: usize,
     pub(super) send_free: Mutex<Vec<usize>>,
     /// Per-peer accounting and backlogs (index: PE).
     pub(super) peer: Vec<PeerAcct>,
@@ -267,10 +270,10 @@ impl EpState {
         self.completed.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Start of AM receive buffer `slot` (< AM_RECV_BUFS); `None` on an endpoint without them.
+    /// Start of AM receive buffer `slot` (< `recv_bufs`); `None` on an endpoint without them.
     pub(super) fn am_buf(&self, slot: usize) -> Option<*mut u8> {
-        debug_assert!(slot < AM_RECV_BUFS);
-        // SAFETY: slot < AM_RECV_BUFS, so the offset lies inside the slab.
+        debug_assert!(slot < self.recv_bufs);
+        // SAFETY: slot < recv_bufs, so the offset lies inside the slab.
         self.am_bufs
             .as_ref()
             .map(|(buf, _)| unsafe { buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8 })
@@ -286,10 +289,10 @@ impl EpState {
         unsafe { self.ep.recv(p, STAGE_BYTES, mr.desc(), ctx) }
     }
 
-    /// Start of send slot `slot` (< SEND_SLOTS).
+    /// Start of send slot `slot` (< `send_slots`).
     pub(super) fn send_slot_ptr(&self, slot: usize) -> *mut u8 {
-        debug_assert!(slot < SEND_SLOTS);
-        // SAFETY: slot < SEND_SLOTS, so the offset lies inside the send slab.
+        debug_assert!(slot < self.send_slots);
+        // SAFETY: slot < send_slots, so the offset lies inside the send slab.
         unsafe { self.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8 }
     }
 
@@ -477,8 +480,13 @@ impl Transport {
                 None
             };
             // Host slabs owned by EpState together with their registrations.
-            let mut send_slab = host_slab(&self.domain, &ep, SEND_SLOTS * STAGE_BYTES)?;
-            let mut am_bufs = host_slab(&self.domain, &ep, AM_RECV_BUFS * STAGE_BYTES)?;
+            let (send_slots, recv_bufs) = staging_window(
+                self.cfg.stage_slots,
+                self.info.tx_size(),
+                self.info.rx_size(),
+            );
+            let mut send_slab = host_slab(&self.domain, &ep, send_slots * STAGE_BYTES)?;
+            let mut am_bufs = host_slab(&self.domain, &ep, recv_bufs * STAGE_BYTES)?;
             // Staged GPU data is copied out of the send slots and into place from the receive
             // buffers: pinned memory makes those copies DMA.
             let pins = [&mut send_slab.0, &mut am_bufs.0]
@@ -501,7 +509,9 @@ impl Transport {
                 am_pending: Mutex::new(VecDeque::new()),
                 pongs: Mutex::new(Vec::new()),
                 send_slab,
-                send_free: Mutex::new((0..SEND_SLOTS).rev().collect()),
+                send_free: Mutex::new((0..send_slots).rev().collect()),
+                send_slots,
+                recv_bufs,
                 peer: (0..n).map(|_| PeerAcct::default()).collect(),
                 backlogged: std::sync::atomic::AtomicUsize::new(0),
                 lanes,

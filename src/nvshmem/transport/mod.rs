@@ -74,6 +74,9 @@ pub const EP_PROXY: usize = 1;
 /// Endpoints per PE.
 pub const NUM_EPS: usize = 2;
 
+/// Default of `NVSHMEM_EFA_STAGE_SLOTS` (staged chunks in flight per endpoint).
+pub const STAGE_SLOTS_DEFAULT: usize = am::SEND_SLOTS;
+
 /// The bootstrap allgather: `send` from every PE lands in `recv`, PE by PE.
 pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;
 

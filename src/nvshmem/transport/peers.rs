@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING, AM_RECV_BUFS};
+use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING};
 use super::lanes::{Lanes, ProbeStep};
 use super::{Connected, Transport, EP_HOST, NUM_EPS};
 
@@ -423,7 +423,7 @@ impl Transport {
             }
         }
         // Let the sends leave (their completions free the contexts).
-        while Instant::now() < deadline && e.ctxs.in_flight() > AM_RECV_BUFS {
+        while Instant::now() < deadline && e.ctxs.in_flight() > e.recv_bufs {
             if self.progress_ep(c, EP_HOST) == 0 {
                 std::thread::yield_now();
             }
