@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::abi::{self, amo, AmoMemdesc, MemHandle, RmaMemdesc};
-use super::am::{AmMsg, AM_MAGIC, AM_REQ};
 use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
+use super::wire::{AmMsg, AM_MAGIC, AM_REQ};
 use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
 use crate::cuda;

@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::am::{staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, STAGE_BYTES};
 use super::group::{self, Group, SCRATCH_GROUP};
 use super::lanes::{Lanes, LANE_NBI, LANE_WAIT};
 use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
 use super::provider_ops::again;
+use super::wire::{staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, STAGE_BYTES};
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
 use crate::config::GdaMode;
 use crate::cuda;
@@ -318,7 +318,7 @@ impl EpState {
             token: m.token,
             status,
             addr: m.addr,
-            reserved: m.reserved & super::am::AM_TRACED,
+            reserved: m.reserved & AM_TRACED,
             ..Default::default()
         };
         self.am_pending.lock().push_back(Pending::Msg(dest, resp));

@@ -47,6 +47,7 @@ mod progress;
 mod provider_ops;
 mod quiet;
 mod rma;
+mod wire;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,7 +76,7 @@ pub const EP_PROXY: usize = 1;
 pub const NUM_EPS: usize = 2;
 
 /// Default of `NVSHMEM_EFA_STAGE_SLOTS` (staged chunks in flight per endpoint).
-pub const STAGE_SLOTS_DEFAULT: usize = am::SEND_SLOTS;
+pub const STAGE_SLOTS_DEFAULT: usize = wire::SEND_SLOTS;
 
 /// The bootstrap allgather: `send` from every PE lands in `recv`, PE by PE.
 pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;

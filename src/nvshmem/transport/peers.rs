@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING};
+use super::error::broken_connection;
 use super::lanes::{Lanes, ProbeStep};
+use super::wire::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING};
 use super::{Connected, Transport, EP_HOST, NUM_EPS};
 
 /// Why a peer that said goodbye is gone.
@@ -361,7 +362,7 @@ impl Transport {
                 return;
             }
         }
-        if super::rma::broken_connection(err) {
+        if broken_connection(err) {
             self.rebuild_peer(c, pe, err);
         }
     }
