@@ -93,6 +93,63 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_header_layout_is_the_wire_format() {
+        // Both PEs read the header with read_unaligned from a receive buffer: its fields sit at
+        // fixed offsets, little-endian on every supported host.
+        let m = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_PUT,
+            token: 0x1122_3344_5566_7788,
+            op: -3,
+            size: 0xabcd,
+            addr: 0x0102_0304_0506_0708,
+            val: 9,
+            cmp: 10,
+            result: 11,
+            status: -12,
+            reserved: AM_TRACED,
+        };
+        let mut buf = [0u8; AM_BYTES];
+        // SAFETY: the buffer holds AM_BYTES >= size_of::<AmMsg>() bytes.
+        unsafe { std::ptr::write_unaligned(buf.as_mut_ptr() as *mut AmMsg, m) };
+        let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap());
+        assert_eq!(std::mem::size_of::<AmMsg>(), 64);
+        assert_eq!(u32_at(0), AM_MAGIC);
+        assert_eq!(&buf[0..4], b"EFAM");
+        assert_eq!(u32_at(4), AM_PUT);
+        assert_eq!(u64_at(8), m.token);
+        assert_eq!(u32_at(16) as i32, -3);
+        assert_eq!(u32_at(20), 0xabcd);
+        assert_eq!(u64_at(24), m.addr);
+        assert_eq!((u64_at(32), u64_at(40), u64_at(48)), (9, 10, 11));
+        assert_eq!(u32_at(56) as i32, -12);
+        assert_eq!(u32_at(60), AM_TRACED);
+        // SAFETY: as above.
+        let back: AmMsg = unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const AmMsg) };
+        assert_eq!(
+            (back.token, back.addr, back.status),
+            (m.token, m.addr, m.status)
+        );
+        // A staged message is the header and at most one chunk: one receive buffer.
+        assert_eq!(AM_BYTES + STAGE_CHUNK, STAGE_BYTES);
+        // The kinds are distinct.
+        let kinds = [
+            AM_REQ,
+            AM_RESP,
+            AM_PUT,
+            AM_GET,
+            AM_GET_DATA,
+            AM_GOODBYE,
+            AM_PING,
+            AM_PONG,
+        ];
+        for (i, a) in kinds.iter().enumerate() {
+            assert!(!kinds[i + 1..].contains(a), "kind {a} twice");
+        }
+    }
+
+    #[test]
     fn the_staging_window_follows_the_provider_queues() {
         // Room enough: the configured slots, twice as many receive buffers.
         assert_eq!(staging_window(128, 1024, 1024), (128, 256));
