@@ -108,7 +108,7 @@ pub struct Config {
     /// oldest (progress).
     pub copy_batch: usize,
     /// `NVSHMEM_EFA_STAGE_SLOTS`: send slots (64 KiB each) per endpoint for the staged path:
-    /// chunks and get answers in flight (default 128, at most the provider's transmit queue
+    /// chunks and get answers in flight (default 32, at most the provider's transmit queue
     /// depth); receive buffers are twice as many (at most the receive queue depth).
     pub stage_slots: usize,
     /// `NVSHMEM_EFA_SIGNAL_COPY`: signals (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory as one
@@ -539,7 +539,7 @@ mod tests {
     fn copy_overlap_switch() {
         assert!(cfg(&[]).unwrap().copy_overlap, "on by default");
         assert_eq!(cfg(&[]).unwrap().copy_batch, 64);
-        assert_eq!(cfg(&[]).unwrap().stage_slots, 128);
+        assert_eq!(cfg(&[]).unwrap().stage_slots, 32);
         assert_eq!(
             cfg(&[("NVSHMEM_EFA_STAGE_SLOTS", "32")])
                 .unwrap()
