@@ -109,6 +109,15 @@ pub struct Config {
     /// `cuMemcpyBatchAsync` with the overlap-with-compute hint where the driver has it (default), or
     /// through `cuMemcpyAsync` only (`0`).
     pub copy_overlap: bool,
+    /// `NVSHMEM_EFA_COPY_BATCH`: same-host copies an endpoint's copy queue holds back to hand to
+    /// the copy engine as one submission (default 64; `0` or `1`: each copy is submitted at once).
+    /// Held copies go at quiet, fence, a blocking operation, 256 KiB held, or 20 us after the
+    /// oldest (progress).
+    pub copy_batch: usize,
+    /// `NVSHMEM_EFA_STAGE_SLOTS`: send slots (64 KiB each) per endpoint for the staged path:
+    /// chunks and get answers in flight (default 32, at most the provider's transmit queue
+    /// depth); receive buffers are twice as many (at most the receive queue depth).
+    pub stage_slots: usize,
     /// `NVSHMEM_EFA_SIGNAL_COPY`: signals (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory as one
     /// write on the copy queue behind the puts (default), or always through the provider's
     /// atomics (`0`).
@@ -273,6 +282,8 @@ impl Config {
             soft_ipc: crate::gda::softq::CopyRoute::Kernel,
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
+            copy_batch: 64,
+            stage_slots: crate::nvshmem::transport::STAGE_SLOTS_DEFAULT,
             signal_copy: true,
             amo_kernel: false,
             amo_kernel_stuck: Duration::from_millis(10),
@@ -367,6 +378,12 @@ impl Config {
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_COPY_OVERLAP")? {
             c.copy_overlap = b;
+        }
+        if let Some(n) = vars.u64("NVSHMEM_EFA_COPY_BATCH", (0, 1024), any, "0 to 1024")? {
+            c.copy_batch = n as usize;
+        }
+        if let Some(n) = vars.u64("NVSHMEM_EFA_STAGE_SLOTS", (8, 4096), any, "8 to 4096")? {
+            c.stage_slots = n as usize;
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SIGNAL_COPY")? {
             c.signal_copy = b;
@@ -544,6 +561,26 @@ mod tests {
     #[test]
     fn copy_overlap_switch() {
         assert!(cfg(&[]).unwrap().copy_overlap, "on by default");
+        assert_eq!(cfg(&[]).unwrap().copy_batch, 64);
+        assert_eq!(cfg(&[]).unwrap().stage_slots, 32);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_STAGE_SLOTS", "32")])
+                .unwrap()
+                .stage_slots,
+            32
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_STAGE_SLOTS", "4")]).unwrap_err().var,
+            "NVSHMEM_EFA_STAGE_SLOTS"
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_COPY_BATCH", "0")]).unwrap().copy_batch,
+            0
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_COPY_BATCH", "1025")]).unwrap_err().var,
+            "NVSHMEM_EFA_COPY_BATCH"
+        );
         assert!(
             !cfg(&[("NVSHMEM_EFA_COPY_OVERLAP", "0")])
                 .unwrap()

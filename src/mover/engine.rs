@@ -81,6 +81,8 @@ pub struct Mover {
     stats: Arc<Stats>,
     /// How long a submission may wait for a free inline slot.
     timeout: std::time::Duration,
+    /// Copies a queue holds back for one submission ([`CopyQueue::with_batch`]).
+    copy_batch: usize,
     /// The device of the mover's context (for [`MapSlot::atomics`] and kernel results).
     device: std::sync::atomic::AtomicI32,
     /// Kernel atomics, one lane per endpoint (loaded at connect by
@@ -102,6 +104,7 @@ impl Mover {
             queues: (0..queues).map(|_| Mutex::new(None)).collect(),
             stats: Arc::new(Stats::default()),
             timeout: std::time::Duration::from_secs(60),
+            copy_batch: 0,
             device: std::sync::atomic::AtomicI32::new(-1),
             amos: AmoLanes::new(queues),
         }
@@ -110,6 +113,13 @@ impl Mover {
     /// Sets how long a submission may wait for resources (the transport's quiet timeout).
     pub fn with_timeout(mut self, timeout: std::time::Duration) -> Mover {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sets how many copies an endpoint's queue holds back for one submission
+    /// (`NVSHMEM_EFA_COPY_BATCH`; 0 or 1: each copy is submitted at once).
+    pub fn with_copy_batch(mut self, batch: usize) -> Mover {
+        self.copy_batch = batch;
         self
     }
 
@@ -463,10 +473,13 @@ impl Mover {
             .ok_or_else(|| MoverError::Invalid(format!("copy queue {ep} does not exist")))?;
         let mut q = q.lock();
         if q.is_none() {
-            *q = Some(CopyQueue::new(CudaEngine::new(
-                self.ctx.load(Ordering::Relaxed),
-                self.policy.copy_overlap,
-            )?));
+            *q = Some(
+                CopyQueue::new(CudaEngine::new(
+                    self.ctx.load(Ordering::Relaxed),
+                    self.policy.copy_overlap,
+                )?)
+                .with_batch(self.copy_batch),
+            );
         }
         let t = self.stats.start();
         let r = f(q.as_mut().expect("created above"));
@@ -553,6 +566,25 @@ impl Mover {
                 .and_then(|mut q| q.as_mut().map(|q| q.poll()))
                 .unwrap_or(0),
             None => 0,
+        }
+    }
+
+    /// Hands endpoint `ep`'s held copies to the copy engine now, so that a copy enqueued after
+    /// this call runs after them (copies of one submission run in no order among themselves).
+    pub fn flush(&self, ep: usize) -> MResult<()> {
+        match self.queues.get(ep) {
+            Some(q) => q.lock().as_mut().map_or(Ok(()), |q| q.flush()),
+            None => Ok(()),
+        }
+    }
+
+    /// Hands endpoint `ep`'s held copies to the copy engine once the oldest has waited
+    /// [`super::queue::BATCH_FLUSH_AGE`] (for progress; never waits for a submitting thread).
+    pub fn flush_stale(&self, ep: usize) {
+        if let Some(mut q) = self.queues.get(ep).and_then(|q| q.try_lock()) {
+            if let Some(q) = q.as_mut() {
+                q.flush_stale();
+            }
         }
     }
 

@@ -93,6 +93,41 @@ fn copy_queue_on_the_copy_engine() {
     assert!(d2h(b.ptr(), LEN) == src, "device-to-device copies wrong");
 }
 
+/// The stream pattern on the copy engine: k = 200 small copies in flight, then one quiet, with and
+/// without batching (`NVSHMEM_EFA_COPY_BATCH`); every byte lands either way, and the time per copy
+/// of each is printed (--nocapture) for the record.
+#[test]
+fn k_copies_in_flight_then_one_quiet_batched_and_not() {
+    if !cuda_context() {
+        return;
+    }
+    const K: usize = 200;
+    const SIZE: usize = 64;
+    let a = DeviceBuffer::new(K * SIZE).unwrap();
+    let b = DeviceBuffer::new(K * SIZE).unwrap();
+    let src = pattern(11, K * SIZE);
+    h2d(a.ptr(), &src);
+    for batch in [0usize, 64] {
+        h2d(b.ptr(), &vec![0u8; K * SIZE]);
+        let mut q = CopyQueue::new(CudaEngine::new(cuda::current_context(), true).unwrap())
+            .with_batch(batch);
+        let mut best = f64::MAX;
+        for _round in 0..20 {
+            let t = Instant::now();
+            for i in 0..K {
+                let o = (i * SIZE) as u64;
+                // SAFETY: both ranges lie in live device buffers until quiet returns.
+                unsafe { q.submit(b.ptr() + o, a.ptr() + o, SIZE).unwrap() };
+            }
+            q.quiet_for(Duration::from_secs(10)).unwrap();
+            best = best.min(t.elapsed().as_secs_f64() * 1e6 / K as f64);
+        }
+        assert_eq!(q.outstanding(), 0);
+        assert!(d2h(b.ptr(), K * SIZE) == src, "batch {batch}: copies wrong");
+        println!("k={K} copies of {SIZE} B then one quiet, batch {batch}: {best:.2} us per copy (best of 20)");
+    }
+}
+
 #[test]
 fn registration_decides_kind_and_exports_device_memory() {
     let Some((m, buf)) = mover_and_buffer() else {

@@ -29,8 +29,11 @@
 //! finalize ([`engine::Mover::close_peers`]) stops the server. Peers keep what they mapped until
 //! their own finalize.
 //!
-//! Ordering: the copies of one endpoint's queue run on one stream, so they complete in submission
-//! order (a fence between two IPC copies costs nothing); against operations carried by other means
+//! Ordering: the copies of one endpoint's queue run on one stream, in submissions of up to
+//! `NVSHMEM_EFA_COPY_BATCH` copies ([`queue::CopyQueue::with_batch`]) that are ordered among
+//! themselves while the copies inside one are not (NVSHMEM orders non-blocking puts only by fence
+//! and quiet, which wait for the queue; a signal by copy flushes the puts before it); against
+//! operations carried by other means
 //! (staged messages, provider operations, target-applied AMOs such as a put-with-signal's signal)
 //! the transport's fence and quiet wait for the queue first.
 //!

@@ -66,9 +66,30 @@ const QUIET_UNMARKED_SPINS: u32 = 16;
 /// before quiet); quiet and poll mark whatever is unmarked.
 pub const MARK_EVERY: u64 = 32;
 
+/// Copies held back by a batching queue ([`CopyQueue::with_batch`]) are handed to the engine
+/// once they add up to this many bytes (a large copy starts at once, with whatever is held).
+pub const BATCH_FLUSH_BYTES: usize = 256 << 10;
+
+/// Copies held back by a batching queue go to the engine at the next [`CopyQueue::flush_stale`]
+/// once the oldest of them has waited this long (a put nobody quiets still lands).
+pub const BATCH_FLUSH_AGE: Duration = Duration::from_micros(20);
+
 /// The queue: counts copies submitted and completed, in marked groups.
+///
+/// A batching queue ([`CopyQueue::with_batch`]) holds copies back and hands them to the engine
+/// as one submission ([`CopyEngine::submit_many`]: one `cuMemcpyBatchAsync` for the copy engine)
+/// when `batch` are held, when they add up to [`BATCH_FLUSH_BYTES`], at every poll and quiet, and
+/// from progress once the oldest has waited [`BATCH_FLUSH_AGE`]. Copies of one batch run in no
+/// particular order among themselves: the queue's ordering promise is then the one NVSHMEM makes
+/// for non-blocking operations (complete at quiet, ordered by fence, which waits for the queue).
 pub struct CopyQueue<E: CopyEngine> {
     engine: E,
+    /// Copies held back for one submission (batching queues only), and since when.
+    held: Vec<(u64, u64, usize)>,
+    held_bytes: usize,
+    held_since: Option<Instant>,
+    /// Copies per submission (0 or 1: every copy is handed to the engine at once).
+    batch: usize,
     /// Copies covered by each outstanding mark, oldest first.
     groups: VecDeque<u64>,
     /// Copies submitted after the newest mark.
@@ -85,6 +106,10 @@ impl<E: CopyEngine> CopyQueue<E> {
     pub fn new(engine: E) -> CopyQueue<E> {
         CopyQueue {
             engine,
+            held: Vec::new(),
+            held_bytes: 0,
+            held_since: None,
+            batch: 0,
             groups: VecDeque::new(),
             unmarked: 0,
             submitted: 0,
@@ -94,11 +119,36 @@ impl<E: CopyEngine> CopyQueue<E> {
         }
     }
 
-    /// Enqueues one copy (non-blocking). An error is returned here and not counted.
+    /// The queue holding up to `batch` copies back for one submission (0 or 1: none held).
+    pub fn with_batch(mut self, batch: usize) -> CopyQueue<E> {
+        self.batch = batch;
+        self
+    }
+
+    /// Copies held back, not yet handed to the engine.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Enqueues one copy (non-blocking). An error is returned here and not counted (a batching
+    /// queue: the error of the submission this copy completed, whose copies are counted complete
+    /// and whose error quiet reports too).
     ///
     /// # Safety
     /// Both ranges must be valid for `len` bytes until [`CopyQueue::quiet`] returned.
     pub unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+        if self.batch > 1 {
+            if self.held.is_empty() {
+                self.held_since = Some(Instant::now());
+            }
+            self.held.push((dst, src, len));
+            self.held_bytes += len;
+            self.submitted += 1;
+            if self.held.len() >= self.batch || self.held_bytes >= BATCH_FLUSH_BYTES {
+                return self.flush();
+            }
+            return Ok(());
+        }
         // SAFETY: the caller's guarantee is the engine's.
         unsafe { self.engine.submit(dst, src, len)? };
         self.submitted += 1;
@@ -126,6 +176,51 @@ impl<E: CopyEngine> CopyQueue<E> {
         match err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Hands the held copies to the engine as one submission. Copies the engine refused are
+    /// counted complete and their error kept for quiet (and returned).
+    pub fn flush(&mut self) -> MResult<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.held);
+        self.held_bytes = 0;
+        self.held_since = None;
+        // SAFETY: every held copy came through `submit`, whose caller vouched for its ranges until
+        // quiet.
+        let (n, err) = unsafe { self.engine.submit_many(&held) };
+        self.unmarked += n as u64;
+        let mut r = Ok(());
+        if let Some(e) = err {
+            // The refused ones never run: counted complete, the error waits for quiet.
+            tracing::error!(
+                "copy queue: {} of {} copies not enqueued: {e}",
+                held.len() - n,
+                held.len()
+            );
+            self.completed += (held.len() - n) as u64;
+            self.error.get_or_insert(e.clone());
+            r = Err(e);
+        }
+        let mut held = held;
+        held.clear();
+        self.held = held;
+        if self.unmarked >= MARK_EVERY {
+            self.mark()?;
+        }
+        r
+    }
+
+    /// Flushes the held copies when the oldest has waited [`BATCH_FLUSH_AGE`] (for progress);
+    /// an error is kept for quiet.
+    pub fn flush_stale(&mut self) {
+        if self
+            .held_since
+            .is_some_and(|t| t.elapsed() >= BATCH_FLUSH_AGE)
+        {
+            let _ = self.flush();
         }
     }
 
@@ -187,6 +282,8 @@ impl<E: CopyEngine> CopyQueue<E> {
     /// this call. Errors are kept for quiet (and the affected copies counted complete).
     pub fn poll(&mut self) -> u64 {
         let before = self.completed;
+        // A flush error is kept for quiet (its copies counted complete).
+        let _ = self.flush();
         if let Err(e) = self.mark() {
             self.fail(e);
         }
@@ -210,7 +307,7 @@ impl<E: CopyEngine> CopyQueue<E> {
     /// counted complete and the error waits for quiet.
     fn fail(&mut self, e: MoverError) {
         tracing::error!("copy queue: {e}");
-        self.completed = self.submitted;
+        self.completed = self.submitted - self.held.len() as u64;
         self.groups.clear();
         self.unmarked = 0;
         self.error.get_or_insert(e);
@@ -222,7 +319,8 @@ impl<E: CopyEngine> CopyQueue<E> {
     fn retire_all_if_done(&mut self) -> bool {
         match self.engine.all_done() {
             Ok(true) => {
-                self.completed = self.submitted;
+                // Held copies are not in the engine yet (quiet flushes before it asks).
+                self.completed = self.submitted - self.held.len() as u64;
                 self.groups.clear();
                 self.unmarked = 0;
                 true
@@ -253,6 +351,8 @@ impl<E: CopyEngine> CopyQueue<E> {
     /// then costs no mark (one driver call less, and no wait for the mark to pass the copy).
     pub fn quiet(&mut self, deadline: Instant) -> MResult<()> {
         let started = Instant::now();
+        // Held copies go now (an error is kept for the end of this quiet).
+        let _ = self.flush();
         let mut spins = 0u32;
         loop {
             if self.outstanding() > 0 && self.retire_all_if_done() {
@@ -354,6 +454,7 @@ impl CopyQueue<CudaEngine> {
     /// be running (`Ok(false)`, nothing recorded, when none is outstanding): work that waits for
     /// `ev` runs after them.
     pub fn record_order(&mut self, ev: &Event) -> MResult<bool> {
+        self.flush()?;
         if self.outstanding() == 0 {
             return Ok(false);
         }
@@ -436,6 +537,8 @@ mod tests {
         whole: Option<Result<bool, ()>>,
         /// `all_done` calls made.
         whole_asked: u64,
+        /// `submit_many` calls made.
+        many_calls: u64,
     }
 
     /// A queue on a gate engine whose marks up to `release` may complete, and that count.
@@ -455,6 +558,19 @@ mod tests {
             }
             self.submitted.push((dst, src, len));
             Ok(())
+        }
+        unsafe fn submit_many(
+            &mut self,
+            copies: &[(u64, u64, usize)],
+        ) -> (usize, Option<MoverError>) {
+            self.many_calls += 1;
+            for (i, &(d, s, n)) in copies.iter().enumerate() {
+                // SAFETY: the gate only records.
+                if let Err(e) = unsafe { self.submit(d, s, n) } {
+                    return (i, Some(e));
+                }
+            }
+            (copies.len(), None)
         }
         fn mark(&mut self) -> MResult<()> {
             self.marks.push_back(self.submitted.len() as u64);
@@ -726,6 +842,101 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { *ring }, 0xff);
         assert_eq!(q.engine.submitted.last(), Some(&(7, ring as u64, 8)));
+    }
+
+    #[test]
+    fn a_batching_queue_holds_copies_until_the_batch_is_full_and_submits_them_once() {
+        let (_r, q) = gated(u64::MAX);
+        let mut q = q.with_batch(8);
+        for i in 0..7u64 {
+            // SAFETY: the gate only records.
+            unsafe { q.submit(0x1000 + i, 0x2000 + i, 8) }.unwrap();
+        }
+        assert!(q.engine.submitted.is_empty(), "held back");
+        assert_eq!((q.held(), q.outstanding()), (7, 7));
+        // SAFETY: as above.
+        unsafe { q.submit(0x1007, 0x2007, 8) }.unwrap();
+        assert_eq!(q.held(), 0);
+        assert_eq!(q.engine.many_calls, 1, "one submission for the eight");
+        assert_eq!(q.engine.submitted.len(), 8);
+        assert_eq!(q.engine.submitted[7], (0x1007, 0x2007, 8), "in order");
+        q.quiet_for(Duration::from_secs(5)).unwrap();
+        assert_eq!(q.outstanding(), 0);
+        assert_eq!(q.engine.many_calls, 1, "quiet had nothing left to submit");
+    }
+
+    #[test]
+    fn k_copies_in_flight_then_one_quiet_land_every_byte() {
+        // The stream pattern: k non-blocking copies, then one quiet, on a batching queue.
+        let mut q = CopyQueue::new(HostEngine::default()).with_batch(64);
+        let k = 200usize;
+        let src: Vec<u64> = (0..k as u64).map(|i| i * 0x0101_0101).collect();
+        let mut dst = vec![0u64; k];
+        for i in 0..k {
+            // SAFETY: both elements live until quiet returns below.
+            unsafe {
+                q.submit(
+                    &mut dst[i] as *mut u64 as u64,
+                    &src[i] as *const u64 as u64,
+                    8,
+                )
+            }
+            .unwrap();
+        }
+        assert_eq!(q.held(), k % 64, "full batches went, the rest is held");
+        q.quiet_for(Duration::from_secs(5)).unwrap();
+        assert_eq!(dst, src);
+        assert_eq!(q.counts().0, k as u64);
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_large_copy_goes_at_once_with_what_is_held() {
+        let (_r, q) = gated(u64::MAX);
+        let mut q = q.with_batch(64);
+        // SAFETY: the gate only records.
+        unsafe { q.submit(1, 2, 8) }.unwrap();
+        assert_eq!(q.held(), 1);
+        // SAFETY: as above.
+        unsafe { q.submit(3, 4, BATCH_FLUSH_BYTES) }.unwrap();
+        assert_eq!(q.held(), 0);
+        assert_eq!(
+            q.engine.submitted,
+            vec![(1, 2, 8), (3, 4, BATCH_FLUSH_BYTES)]
+        );
+    }
+
+    #[test]
+    fn held_copies_go_from_progress_once_the_oldest_has_waited() {
+        let (_r, q) = gated(u64::MAX);
+        let mut q = q.with_batch(64);
+        // SAFETY: the gate only records.
+        unsafe { q.submit(1, 2, 8) }.unwrap();
+        std::thread::sleep(BATCH_FLUSH_AGE * 5);
+        q.flush_stale();
+        assert_eq!(q.held(), 0);
+        assert_eq!(q.engine.submitted, vec![(1, 2, 8)]);
+        // Nothing held: nothing to do.
+        q.flush_stale();
+        assert_eq!(q.engine.many_calls, 1);
+    }
+
+    #[test]
+    fn a_refused_batch_is_counted_complete_and_reported_by_quiet_once() {
+        let (_r, q) = gated(u64::MAX);
+        let mut q = q.with_batch(4);
+        q.engine.fail_submit = true;
+        for i in 0..3 {
+            // SAFETY: the gate only records.
+            unsafe { q.submit(i, i, 8) }.unwrap();
+        }
+        // SAFETY: as above.
+        let e = unsafe { q.submit(3, 3, 8) }.unwrap_err();
+        assert!(e.to_string().contains("CUDA error 1"), "{e}");
+        assert_eq!(q.outstanding(), 0, "the refused copies never run");
+        let e = q.quiet_for(Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("CUDA error 1"), "{e}");
+        q.quiet_for(Duration::from_secs(5)).unwrap();
     }
 
     #[test]

@@ -74,7 +74,7 @@ if want 1 && fits "mover GPU tests" 60 120; then
     LD_LIBRARY_PATH=$LIBFABRIC_HOME/lib timeout $tmo .gpu/t/libtests mover::gpu_tests --test-threads=1 \
         --nocapture >"$L/libtests.log" 2>&1
     echo "libtests rc $?"
-    grep -E "^test |copy kernel|kernel atomic|test result|panicked" "$L/libtests.log" | head -20
+    grep -E "^test |copy kernel|kernel atomic|then one quiet|test result|panicked" "$L/libtests.log" | head -20
 fi
 
 # The GDA programs are built by the first GDA step and reused by the next.

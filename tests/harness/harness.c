@@ -8,12 +8,14 @@
  *   (ABI 5, 6 and 7 use the v4 view of the struct; 6 and 7 call amo/put_signal with the 20-byte verb)
  *           [--case-timeout S] [--boot-timeout S] [--timeout S]
  *   harness --lib <path> --abi 3|4 --np N --bench [--bench-sizes a,b,...] [--bench-bytes N] [--csv FILE]
+ *           [--bench-get]
  *
  * --bench replaces the cases (init, connect and register run as usual, then `bench`, then
  * finalize): rank 0 measures non-blocking put bandwidth to rank 1 through host_ops.rma, on the host
  * endpoint and then on the proxy endpoint, prints a table and appends one CSV line per endpoint and
  * size, `transport,<provider>,<abi>,<endpoint>,<size>,<iters>,<mbps>` (provider: the value of
  * NVSHMEM_LIBFABRIC_PROVIDER, or "auto"; MB/s = 10^6 bytes per second) to --csv FILE, or to stdout.
+ * --bench-get measures non-blocking gets from rank 1 instead (lines start with `transport_get`).
  *
  * The launcher forks N processes (ranks). They bootstrap over AF_UNIX socketpairs made before the
  * fork (a star through rank 0): allgather, alltoall and barrier of any byte count, every blocking
@@ -1783,7 +1785,8 @@ static void case_finalize(void) {
  * and a quiet, then the timed loop, which stops after bench.limit_ms or bench.bytes bytes, whichever
  * comes first (it looks at the clock at every quiet). The other ranks wait in a bootstrap barrier
  * while the library's own progress thread (or --proxy-progress) drives their side; afterwards
- * rank 1 checks the first and the last destination slot against the source. */
+ * rank 1 checks the first and the last destination slot against the source (--bench-get: the
+ * other way round, rank 0 checks its slots). */
 #define BENCH_WINDOW 64
 #define BENCH_WARMUP 10
 #define BENCH_MAX_SIZES 32
@@ -1801,10 +1804,11 @@ static struct {
     int64_t limit_ms;   /* per size and endpoint */
     const char *csv;    /* --csv FILE (appended to); NULL: CSV lines on stdout after the table */
     int lat_amo;        /* --bench-lat-amo: also 8 B put latency and the AMO rate (host endpoint) */
+    int get;            /* --bench-get: rank 0 gets from rank 1 (source on rank 1, slots on rank 0) */
     /* results, rank 0 */
     uint64_t iters[2][BENCH_MAX_SIZES];
     double mbps[2][BENCH_MAX_SIZES];
-} bench = {0, {8, 4096, 65536, 1 * MiB, 4 * MiB}, 5, 256 * MiB, 2000, NULL, 0, {{0}}, {{0}}};
+} bench = {0, {8, 4096, 65536, 1 * MiB, 4 * MiB}, 5, 256 * MiB, 2000, NULL, 0, 0, {{0}}, {{0}}};
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -1820,16 +1824,19 @@ static size_t bench_nslots(size_t size) {
     return n ? n : 1;
 }
 
-/* Posts puts number [from, to) of one size (slot = number mod nslots); 0 or the first error. */
+/* Posts puts (gets with --bench-get) number [from, to) of one size (slot = number mod nslots): a put
+ * writes rank 1's slot from rank 0's source, a get reads rank 1's source into rank 0's slot; 0 or
+ * the first error. */
 static int bench_post(int qp, size_t size, uint64_t from, uint64_t to) {
     const size_t stride = bench_stride(size), nslots = bench_nslots(size);
-    harness_rma_memdesc l = ldesc(BENCH_SRC_OFF);
     for (uint64_t i = from; i < to; i++) {
-        harness_rma_memdesc r = rdesc(1, BENCH_DST_OFF + (size_t)(i % nslots) * stride);
-        int rc = h_rma(1, HARNESS_OP_PUT, 1, &r, &l, size, 1, 1, 1, qp);
+        const size_t slot = BENCH_DST_OFF + (size_t)(i % nslots) * stride;
+        harness_rma_memdesc l = ldesc(bench.get ? slot : BENCH_SRC_OFF);
+        harness_rma_memdesc r = rdesc(1, bench.get ? BENCH_SRC_OFF : slot);
+        int rc = h_rma(1, bench.get ? HARNESS_OP_GET : HARNESS_OP_PUT, 1, &r, &l, size, 1, 1, 1, qp);
         if (rc) {
-            failf("bench: put nbi #%" PRIu64 " of %zu bytes to PE 1 (%s) returned %d", i, size,
-                  qp ? "proxy" : "host", rc);
+            failf("bench: %s nbi #%" PRIu64 " of %zu bytes with PE 1 (%s) returned %d", bench.get ? "get" : "put",
+                  i, size, qp ? "proxy" : "host", rc);
             return rc;
         }
     }
@@ -1874,8 +1881,8 @@ static void bench_check(int qp, size_t size, uint64_t posted) {
         unsigned got = 0, want = 0;
         const unsigned char *p = g.heap + BENCH_DST_OFF + slots[k] * stride;
         if (check_pattern(p, size, 0, 0, BENCH_SALT, &first, &got, &want))
-            failf("bench (%s): %zu-byte puts: slot %zu wrong at byte %zu: got 0x%02x, want 0x%02x",
-                  qp ? "proxy" : "host", size, slots[k], first, got, want);
+            failf("bench (%s): %zu-byte %s: slot %zu wrong at byte %zu: got 0x%02x, want 0x%02x",
+                  qp ? "proxy" : "host", size, bench.get ? "gets" : "puts", slots[k], first, got, want);
     }
 }
 
@@ -1894,8 +1901,9 @@ static void bench_report(void) {
         }
     }
     const char *prov = bench_provider();
-    printf("transport put bandwidth, rank 0 -> rank 1 (provider %s, abi %d, np %d, nbi puts, quiet every %d)\n",
-           prov, g.abi, g.np, BENCH_WINDOW);
+    printf("transport %s bandwidth, rank 0 %s rank 1 (provider %s, abi %d, np %d, nbi %s, quiet every %d)\n",
+           bench.get ? "get" : "put", bench.get ? "<-" : "->", prov, g.abi, g.np, bench.get ? "gets" : "puts",
+           BENCH_WINDOW);
     printf("%-8s %10s %10s %12s\n", "endpoint", "size", "iters", "MB/s");
     for (int qp = 0; qp < 2; qp++)
         for (int s = 0; s < bench.nsizes; s++)
@@ -1904,7 +1912,8 @@ static void bench_report(void) {
     fflush(stdout);
     for (int qp = 0; qp < 2; qp++)
         for (int s = 0; s < bench.nsizes; s++)
-            fprintf(csv, "transport,%s,%d,%s,%zu,%" PRIu64 ",%.2f\n", prov, g.abi, qp ? "proxy" : "host",
+            fprintf(csv, "%s,%s,%d,%s,%zu,%" PRIu64 ",%.2f\n", bench.get ? "transport_get" : "transport", prov,
+                    g.abi, qp ? "proxy" : "host",
                     bench.sizes[s], bench.iters[qp][s], bench.mbps[qp][s]);
     if (csv != stdout) fclose(csv);
     else fflush(stdout);
@@ -2010,12 +2019,14 @@ static void case_bench(void) {
     size_t maxsize = 0;
     for (int s = 0; s < bench.nsizes; s++)
         if (bench.sizes[s] > maxsize) maxsize = bench.sizes[s];
-    if (me == 0) fill_pattern(g.heap + BENCH_SRC_OFF, maxsize, 0, 0, BENCH_SALT);
+    /* the source: rank 0's for puts, rank 1's for gets; the slots: the other rank's */
+    const int src_rank = bench.get ? 1 : 0, dst_rank = 1 - src_rank;
+    if (me == src_rank) fill_pattern(g.heap + BENCH_SRC_OFF, maxsize, 0, 0, BENCH_SALT);
     int ok = 1;
     for (int qp = 0; qp < 2 && ok; qp++) {
         for (int s = 0; s < bench.nsizes; s++) {
             const size_t size = bench.sizes[s];
-            if (me == 1) memset(g.heap + BENCH_DST_OFF, 0, bench_nslots(size) * bench_stride(size));
+            if (me == dst_rank) memset(g.heap + BENCH_DST_OFF, 0, bench_nslots(size) * bench_stride(size));
             BARRIER_OR_FAIL("before a bench size");
             if (me == 0) {
                 if (bench_one(qp, size, &bench.iters[qp][s], &bench.mbps[qp][s])) ok = 0;
@@ -2032,7 +2043,7 @@ static void case_bench(void) {
             }
             ok = (int)all[0][0];
             if (!ok) break; /* rank 0 has reported its failure; the other ranks stop with it */
-            if (me == 1) bench_check(qp, size, all[0][1]);
+            if (me == dst_rank) bench_check(qp, size, all[0][1]);
         }
     }
     if (me == 0 && ok) bench_report();
@@ -3082,6 +3093,7 @@ static void usage(FILE *f) {
             "  (stdout without --csv); no other case runs\n"
             "  --bench-lat-amo: --bench, then (host endpoint, ~1 s each) 8-byte blocking put + quiet latency and\n"
             "  the rate of 64-bit amo ADDs (quiet every %d), CSV transport_lat,...,<us> and transport_amo,...,<Mops/s>\n"
+            "  --bench-get: --bench with nbi gets from rank 1 instead of puts (CSV lines transport_get,...)\n"
             "cases (default: all that apply to the ABI; init/connect/register/finalize always run):\n",
             BENCH_WINDOW, BENCH_WINDOW);
     for (size_t i = 0; i < NCASES; i++)
@@ -3136,6 +3148,9 @@ int main(int argc, char **argv) {
             g.proxy_progress = 1;
         } else if (!strcmp(a, "--bench")) {
             bench.on = 1;
+        } else if (!strcmp(a, "--bench-get")) {
+            bench.on = 1;
+            bench.get = 1;
         } else if (!strcmp(a, "--bench-lat-amo")) {
             bench.on = 1;
             bench.lat_amo = 1;

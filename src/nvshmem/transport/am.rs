@@ -1,83 +1,90 @@
-//! Active messages: the wire format, receive buffers, request and response handling, and the send
-//! slots that carry staged payloads.
+//! Active messages: receive buffers, request and response handling, and the send slots that carry
+//! staged payloads (the message format and the window: [`super::wire`]).
 use std::collections::VecDeque;
 use std::ffi::c_void;
 
 use super::endpoints::{EpState, OpRoute, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
-use super::memory::{copy_any, write_any};
+use super::memory::{copy_any, copy_many, is_device, write_any};
 use super::rma::Transfer;
+use super::wire::{
+    AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
+    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK,
+};
 use super::{abi, internal, Connected, TResult, Transport};
-use crate::fabric::FiAddr;
+use crate::fabric::{CqEntry, FiAddr};
 use crate::mover::stats::Stage;
 
-// Active-message format (64 bytes, in a context's scratch space).
-pub(super) const AM_MAGIC: u32 = 0x4d41_4645; // "EFAM"
-pub(super) const AM_REQ: u32 = 1;
-pub(super) const AM_RESP: u32 = 2;
-/// Header of every active message; staged payloads follow it.
-pub(super) const AM_BYTES: usize = 64;
-/// Size of a receive or send slot: a header plus up to `STAGE_CHUNK` payload bytes.
-pub(super) const STAGE_BYTES: usize = 64 << 10;
-/// Payload bytes per staged message.
-pub(super) const STAGE_CHUNK: usize = STAGE_BYTES - AM_BYTES;
-pub(super) const AM_RECV_BUFS: usize = 64;
-pub(super) const SEND_SLOTS: usize = 32;
-/// Staged put: payload to write at `addr`; answered by AM_RESP.
-pub(super) const AM_PUT: u32 = 3;
-/// Staged get: `size` bytes at `addr` wanted; answered by AM_GET_DATA.
-pub(super) const AM_GET: u32 = 4;
-/// Staged get answer: payload (or a status).
-pub(super) const AM_GET_DATA: u32 = 5;
-/// `AmMsg::reserved` bit: the chunk belongs to an operation on the debug timeline (echoed in the
-/// response, so both PEs log the same chunk).
-pub(super) const AM_TRACED: u32 = 1;
-/// The sender (PE in `val`) finalizes: operations to it from now on fail at once.
-pub(super) const AM_GOODBYE: u32 = 6;
-/// Probe of a transmit lane (sender PE in `val`, sequence number in `token`): answered by AM_PONG
-/// as soon as the target handles it, which proves that the target has processed every command
-/// posted to it before (see `lanes`).
-pub(super) const AM_PING: u32 = 7;
-/// Answer to AM_PING (`token` echoed, sender PE in `val`).
-pub(super) const AM_PONG: u32 = 8;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct AmMsg {
-    pub(super) magic: u32,
-    pub(super) kind: u32,
-    /// Initiator's waiting context (returned in the response).
-    pub(super) token: u64,
-    pub(super) op: i32,
-    pub(super) size: u32,
-    pub(super) addr: u64,
-    pub(super) val: u64,
-    pub(super) cmp: u64,
-    /// Response: old value; request: initiator PE.
-    pub(super) result: u64,
-    pub(super) status: i32,
-    pub(super) reserved: u32,
-}
-const _: () = assert!(std::mem::size_of::<AmMsg>() <= AM_BYTES);
-
-/// Messages the progress path owes a peer (sent as soon as resources allow).
-pub(super) enum Pending {
-    /// A header-only message.
-    Msg(FiAddr, AmMsg),
-    /// Data for a staged get.
-    GetData {
-        dest: FiAddr,
-        token: u64,
-        addr: u64,
-        len: u32,
-    },
-}
-
 impl Transport {
-    /// Applies an AM request, or completes a waiting AMO with a response.
-    pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize) {
+    /// The copies of received staged payloads into GPU memory among the completions `ents` of
+    /// endpoint `i` (put chunks into this PE's registered memory, get data into the initiator's
+    /// buffer), enqueued together and waited for once; `true` at the index of each completion
+    /// whose payload is in place. Messages that fail a check, host memory, and a batch the driver
+    /// refused are left to [`Transport::handle_am`], which copies (or refuses) each itself.
+    pub(super) fn copy_in_batch(&self, c: &Connected, i: usize, ents: &[CqEntry]) -> [bool; 16] {
+        let mut done = [false; 16];
+        let e = &c.eps[i];
+        let mut copies: Vec<(u64, u64, usize)> = Vec::new();
+        let mut at: Vec<usize> = Vec::new();
+        for (k, ent) in ents.iter().enumerate().take(16) {
+            let Some((TAG_AM_RECV, slot)) = e.ctxs.get(ent.op_context) else {
+                continue;
+            };
+            let Some(base) = e.am_buf(slot as usize) else {
+                continue;
+            };
+            // SAFETY: the receive completed, so the provider is done writing the slot.
+            let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
+            if m.magic != AM_MAGIC
+                || m.size == 0
+                || m.size as usize > STAGE_CHUNK
+                || ent.len < AM_BYTES + m.size as usize
+            {
+                continue;
+            }
+            let dst = match m.kind {
+                AM_PUT if self.find_registration(m.addr, m.size as u64).is_some() => m.addr,
+                AM_GET_DATA if m.status == 0 => match e.ctxs.get(m.token as *mut c_void) {
+                    Some((TAG_AM_WAIT, dst)) => dst,
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            if !is_device(dst as *const c_void) {
+                continue;
+            }
+            // SAFETY: the payload follows the header inside the slot (length checked above).
+            let payload = unsafe { base.add(AM_BYTES) } as u64;
+            copies.push((dst, payload, m.size as usize));
+            at.push(k);
+        }
+        if copies.is_empty() {
+            return done;
+        }
+        let stats = self.mover.stats();
+        let t = stats.start();
+        match copy_many(&copies, true) {
+            Ok(()) => {
+                let bytes = copies.iter().map(|c| c.2 as u64).sum();
+                stats.record(Stage::TargetCopy, t, bytes);
+                for k in at {
+                    done[k] = true;
+                }
+            }
+            Err(err) => tracing::warn!(
+                "endpoint {i}: {} staged copies in one batch failed ({}); copying each alone",
+                copies.len(),
+                err.message
+            ),
+        }
+        done
+    }
+
+    /// Applies an AM request, or completes a waiting AMO with a response. `copied`: the payload of
+    /// a staged put or get answer is in place already ([`Transport::copy_in_batch`]).
+    pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize, copied: bool) {
         let e = &c.eps[i];
         let Some(base) = e.am_buf(slot) else { return };
-        // SAFETY: slot < AM_RECV_BUFS; the receive completed, so the provider is done writing it.
+        // SAFETY: slot < recv_bufs (am_buf); the receive completed, so the provider is done writing it.
         let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
         if m.magic != AM_MAGIC || len < std::mem::size_of::<AmMsg>() {
             tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
@@ -159,15 +166,20 @@ impl Transport {
                 if traced {
                     stats.timeline(Stage::TargetCopy, "start", m.token, m.addr, m.size as u64);
                 }
-                let t = stats.start();
-                let status = self.copy_registered(
-                    m.addr as *mut u8,
-                    payload,
-                    m.addr,
-                    m.size,
-                    &format!("staged put from PE {src_pe}"),
-                );
-                stats.record(Stage::TargetCopy, t, m.size as u64);
+                let status = if copied {
+                    0
+                } else {
+                    let t = stats.start();
+                    let status = self.copy_registered(
+                        m.addr as *mut u8,
+                        payload,
+                        m.addr,
+                        m.size,
+                        &format!("staged put from PE {src_pe}"),
+                    );
+                    stats.record(Stage::TargetCopy, t, m.size as u64);
+                    status
+                };
                 stats.record(Stage::Response, None, 0);
                 if traced {
                     stats.timeline(Stage::TargetCopy, "end", m.token, m.addr, 0);
@@ -189,6 +201,7 @@ impl Transport {
                     token: m.token,
                     addr: m.addr,
                     len: m.size,
+                    prep: None,
                 });
             }
             AM_GET_DATA => {
@@ -203,6 +216,8 @@ impl Transport {
                 let mut error = None;
                 if m.status != 0 {
                     error = Some(format!("remote get failed with status {}", m.status));
+                } else if copied {
+                    // In place already.
                 } else if let Err(err) = copy_any(dst as *mut u8, payload, m.size as usize) {
                     error = Some(err.message);
                 }
@@ -277,7 +292,7 @@ impl Transport {
         if e.am_bufs.is_none() {
             return Ok(());
         }
-        for slot in 0..AM_RECV_BUFS {
+        for slot in 0..e.recv_bufs {
             let ctx = e.ctxs.alloc(TAG_AM_RECV, slot as u64).ok_or_else(|| {
                 internal(format!("endpoint {i}: no context for AM receive buffers"))
             })?;
@@ -292,26 +307,40 @@ impl Transport {
     /// messages to a peer that is gone are dropped.
     pub(super) fn flush_am_pending(&self, c: &Connected, i: usize) {
         self.flush_pongs(c, i);
+        self.prepare_get_data(c, i);
         let e = &c.eps[i];
         let mut kept: VecDeque<Pending> = VecDeque::new();
         let mut blocked: Vec<FiAddr> = Vec::new();
         let mut no_slot = false;
         loop {
-            let Some(p) = e.am_pending.lock().pop_front() else {
+            let Some(mut p) = e.am_pending.lock().pop_front() else {
                 break;
             };
             let dest = match &p {
                 Pending::Msg(d, _) => *d,
                 Pending::GetData { dest, .. } => *dest,
             };
+            // A dropped answer gives its slot back.
+            let drop_it = |p: Pending| {
+                if let Pending::GetData {
+                    prep: Some(GetPrep { slot, .. }),
+                    ..
+                } = p
+                {
+                    e.send_free.lock().push(slot);
+                }
+            };
             let Some(pe) = c.pe_of(dest) else {
                 tracing::error!("endpoint {i}: a message to unknown address {dest} dropped");
+                drop_it(p);
                 continue;
             };
             if c.peers[pe].is_gone() {
+                drop_it(p);
                 continue;
             }
-            if blocked.contains(&dest) || (no_slot && matches!(p, Pending::GetData { .. })) {
+            let unprepared = matches!(p, Pending::GetData { prep: None, .. });
+            if blocked.contains(&dest) || (no_slot && unprepared) {
                 kept.push_back(p);
                 continue;
             }
@@ -330,24 +359,31 @@ impl Transport {
                     token,
                     addr,
                     len,
+                    prep,
                 } => {
-                    let Some(slot) = e.send_free.lock().pop() else {
-                        no_slot = true;
-                        kept.push_back(p);
-                        continue;
+                    let (slot, status) = match prep {
+                        Some(GetPrep { slot, status, .. }) => (*slot, *status),
+                        None => {
+                            let Some(slot) = e.send_free.lock().pop() else {
+                                no_slot = true;
+                                kept.push_back(p);
+                                continue;
+                            };
+                            // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+                            let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                            let stats = self.mover.stats();
+                            let t = stats.start();
+                            let status = self.copy_registered(
+                                payload,
+                                *addr as *const u8,
+                                *addr,
+                                *len,
+                                "staged get",
+                            );
+                            stats.record(Stage::TargetCopy, t, *len as u64);
+                            (slot, status)
+                        }
                     };
-                    // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
-                    let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
-                    let stats = self.mover.stats();
-                    let t = stats.start();
-                    let status = self.copy_registered(
-                        payload,
-                        *addr as *const u8,
-                        *addr,
-                        *len,
-                        "staged get",
-                    );
-                    stats.record(Stage::TargetCopy, t, *len as u64);
                     let size = if status == 0 { *len } else { 0 };
                     let hdr = AmMsg {
                         magic: AM_MAGIC,
@@ -358,8 +394,13 @@ impl Transport {
                         ..Default::default()
                     };
                     let r = self.send_slot(e, pe, *dest, slot, hdr, 0, 0, false);
-                    if r.is_err() {
-                        e.send_free.lock().push(slot);
+                    if let (Err(err), Pending::GetData { prep, .. }) = (&r, &mut p) {
+                        if err.is_again() {
+                            // Kept with its data in the slot for the next round.
+                            *prep = Some(GetPrep { slot, status });
+                        } else {
+                            e.send_free.lock().push(slot);
+                        }
                     }
                     r
                 }
@@ -377,6 +418,69 @@ impl Transport {
             let mut q = e.am_pending.lock();
             while let Some(p) = kept.pop_back() {
                 q.push_front(p);
+            }
+        }
+    }
+
+    /// Takes send slots for the staged get answers endpoint `i` owes (as many as are free) and
+    /// copies their data in: the copies out of GPU memory go as one batch with one wait
+    /// ([`copy_many`]), not one synchronous copy each. The queue stays locked meanwhile, so no
+    /// answer leaves before its data is in its slot (the lock is taken once per batch).
+    fn prepare_get_data(&self, c: &Connected, i: usize) {
+        let e = &c.eps[i];
+        let mut q = e.am_pending.lock();
+        // (queue index, slot payload, source, length, status so far, the source is GPU memory)
+        let mut taken: Vec<(usize, usize, u64, u64, usize, i32, bool)> = Vec::new();
+        for (k, p) in q.iter().enumerate() {
+            let Pending::GetData {
+                addr,
+                len,
+                prep: None,
+                ..
+            } = p
+            else {
+                continue;
+            };
+            let Some(slot) = e.send_free.lock().pop() else {
+                break;
+            };
+            let (status, device) = match self.find_registration(*addr, *len as u64) {
+                Some(r) => (0, r.device),
+                None => {
+                    tracing::error!("staged get: {addr:#x}+{len} is not registered here");
+                    (abi::status::INVALID_VALUE, false)
+                }
+            };
+            // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+            let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) } as u64;
+            taken.push((k, slot, payload, *addr, *len as usize, status, device));
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let stats = self.mover.stats();
+        let t = stats.start();
+        for device in [true, false] {
+            let copies: Vec<(u64, u64, usize)> = taken
+                .iter()
+                .filter(|x| x.5 == 0 && x.6 == device)
+                .map(|x| (x.2, x.3, x.4))
+                .collect();
+            if copies.is_empty() {
+                continue;
+            }
+            if let Err(err) = copy_many(&copies, device) {
+                tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
+                for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6 == device) {
+                    x.5 = err.status;
+                }
+            }
+        }
+        let bytes = taken.iter().map(|x| x.4 as u64).sum();
+        stats.record(Stage::TargetCopy, t, bytes);
+        for (k, slot, _, _, _, status, _) in taken {
+            if let Some(Pending::GetData { prep, .. }) = q.get_mut(k) {
+                *prep = Some(GetPrep { slot, status });
             }
         }
     }
@@ -449,7 +553,8 @@ impl Transport {
                 e.transmit(pe, ctx, |ep| {
                     // SAFETY: as above.
                     unsafe {
-                        ep.send(
+                        super::endpoints::send_am(
+                            ep,
                             sp,
                             AM_BYTES + hdr.size as usize,
                             e.send_slab.1.desc(),
@@ -463,86 +568,136 @@ impl Transport {
     }
 
     /// Staged put or get of `len` bytes: GPU memory never reaches the provider. Each chunk is a
-    /// message the target applies with a copy on a non-blocking stream (puts) or answers with data
-    /// (gets); the waiting context completes on the answer, so quiet covers it.
+    /// message the target applies with a copy (puts) or answers with data (gets); the waiting
+    /// context completes on the answer, so quiet covers it. A put takes as many send slots as are
+    /// free (at least one, waiting for it), copies its chunks into them with one wait for the lot
+    /// ([`copy_many`]), then posts them; chunks and operations stay in flight up to the slots.
     pub(super) fn staged(&self, c: &Connected, t: &Transfer) -> TResult<()> {
         let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
-        let (laddr, raddr) = (t.local, t.remote);
+        let laddr = t.local;
+        let e = &c.eps[ep];
+        let stats = self.mover.stats();
+        let traced = stats.sample(len);
+        if !is_put {
+            let mut off = 0u64;
+            while off < len {
+                let n = (STAGE_CHUNK as u64).min(len - off);
+                self.post_chunk(c, t, off, n, None, traced)?;
+                off += n;
+            }
+            return Ok(());
+        }
+        // Whether the source is GPU memory: asked once for the whole put.
+        let device = is_device(laddr as *const c_void);
+        let mut off = 0u64;
+        while off < len {
+            let chunks_left = (len - off).div_ceil(STAGE_CHUNK as u64) as usize;
+            let t0 = stats.start();
+            let mut slots = vec![self.alloc_slot(c, ep, pe as usize)?];
+            stats.record(Stage::SlotWait, t0, 0);
+            {
+                let mut free = e.send_free.lock();
+                while slots.len() < chunks_left {
+                    match free.pop() {
+                        Some(s) => slots.push(s),
+                        None => break,
+                    }
+                }
+            }
+            let copies: Vec<(u64, u64, usize)> = slots
+                .iter()
+                .enumerate()
+                .map(|(k, &slot)| {
+                    let at = off + (k * STAGE_CHUNK) as u64;
+                    let n = (STAGE_CHUNK as u64).min(len - at) as usize;
+                    // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
+                    let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    (sp as u64, laddr + at, n)
+                })
+                .collect();
+            let t1 = stats.start();
+            let bytes: u64 = copies.iter().map(|c| c.2 as u64).sum();
+            if let Err(err) = copy_many(&copies, device) {
+                e.send_free.lock().extend(slots.iter().copied());
+                return Err(err);
+            }
+            stats.record(Stage::CopyOut, t1, bytes);
+            for (k, &slot) in slots.iter().enumerate() {
+                let (_, _, n) = copies[k];
+                if let Err(err) = self.post_chunk(c, t, off, n as u64, Some(slot), traced) {
+                    // This chunk's slot came back in post_chunk; the rest were never posted.
+                    e.send_free.lock().extend(slots[k + 1..].iter().copied());
+                    return Err(err);
+                }
+                off += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one staged chunk of `t` at `off` (`n` bytes): a put's message from send `slot` (its
+    /// payload in place; the slot comes back on failure), a get's request. Takes the waiting
+    /// context the answer completes (given back on failure).
+    fn post_chunk(
+        &self,
+        c: &Connected,
+        t: &Transfer,
+        off: u64,
+        n: u64,
+        slot: Option<usize>,
+        traced: bool,
+    ) -> TResult<()> {
+        let (pe, ep, is_put) = (t.pe, t.ep, t.is_put);
         let e = &c.eps[ep];
         let dest = c.addr(pe, ep);
         let stats = self.mover.stats();
-        let traced = stats.sample(len);
-        let mut off = 0u64;
-        while off < len {
-            let n = (STAGE_CHUNK as u64).min(len - off);
-            let wait_data = if is_put { 0 } else { laddr + off };
-            let wait =
-                self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, wait_data))?;
-            let hdr = AmMsg {
-                magic: AM_MAGIC,
-                kind: if is_put { AM_PUT } else { AM_GET },
-                token: wait as u64,
-                size: n as u32,
-                addr: raddr + off,
-                val: c.my_pe as u64,
-                reserved: if traced { AM_TRACED } else { 0 },
-                ..Default::default()
+        let wait_data = if is_put { 0 } else { t.local + off };
+        let wait =
+            match self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, wait_data)) {
+                Ok(w) => w,
+                Err(err) => {
+                    if let Some(s) = slot {
+                        e.send_free.lock().push(s);
+                    }
+                    return Err(err);
+                }
             };
-            let stamp = stats.stamp();
-            // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace flag for
-            // the answer (scratch[0] stays 0: no AMO operand size).
-            unsafe {
-                let sc = e.ctxs.scratch(wait).expect("own context");
-                *sc.add(1) = stamp;
-                *sc.add(2) = traced as u64;
+        let hdr = AmMsg {
+            magic: AM_MAGIC,
+            kind: if is_put { AM_PUT } else { AM_GET },
+            token: wait as u64,
+            size: n as u32,
+            addr: t.remote + off,
+            val: c.my_pe as u64,
+            reserved: if traced { AM_TRACED } else { 0 },
+            ..Default::default()
+        };
+        let stamp = stats.stamp();
+        // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace flag for
+        // the answer (scratch[0] stays 0: no AMO operand size).
+        unsafe {
+            let sc = e.ctxs.scratch(wait).expect("own context");
+            *sc.add(1) = stamp;
+            *sc.add(2) = traced as u64;
+        }
+        let t0 = stats.start();
+        let r = self.retry_again(c, ep, || {
+            self.check_peer(c, pe as usize).map_err(|_| gone())?;
+            match slot {
+                Some(s) => self.send_slot(e, pe as usize, dest, s, hdr, wait as u64, stamp, traced),
+                None => self.send_small(e, pe as usize, dest, hdr),
             }
-            let r = if is_put {
-                // Every failure below gives the slot back; the cleanup below gives back `wait`.
-                let t = stats.start();
-                self.alloc_slot(c, ep, pe as usize).and_then(|slot| {
-                    stats.record(Stage::SlotWait, t, 0);
-                    // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
-                    let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
-                    let t = stats.start();
-                    copy_any(sp, (laddr + off) as *const u8, n as usize)
-                        .and_then(|()| {
-                            stats.record(Stage::CopyOut, t, n);
-                            let t = stats.start();
-                            let r = self.retry_again(c, ep, || {
-                                self.check_peer(c, pe as usize).map_err(|_| gone())?;
-                                self.send_slot(
-                                    e,
-                                    pe as usize,
-                                    dest,
-                                    slot,
-                                    hdr,
-                                    wait as u64,
-                                    stamp,
-                                    traced,
-                                )
-                            });
-                            stats.record(Stage::ChunkPost, t, n);
-                            r
-                        })
-                        .inspect_err(|_| e.send_free.lock().push(slot))
-                })
-            } else {
-                let t = stats.start();
-                let r = self.retry_again(c, ep, || {
-                    self.check_peer(c, pe as usize).map_err(|_| gone())?;
-                    self.send_small(e, pe as usize, dest, hdr)
-                });
-                stats.record(Stage::ChunkPost, t, 0);
-                r
-            };
-            if let Err(err) = r {
-                e.uncount(wait);
-                return Err(err);
+        });
+        stats.record(Stage::ChunkPost, t0, if is_put { n } else { 0 });
+        if let Err(err) = r {
+            if let Some(s) = slot {
+                e.send_free.lock().push(s);
             }
-            if traced {
-                stats.timeline(Stage::ChunkPost, "", wait as u64, raddr + off, n);
-            }
-            off += n;
+            e.uncount(wait);
+            return Err(err);
+        }
+        if traced {
+            stats.timeline(Stage::ChunkPost, "", wait as u64, t.remote + off, n);
         }
         Ok(())
     }

@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::abi::{self, amo, AmoMemdesc, MemHandle, RmaMemdesc};
-use super::am::{AmMsg, AM_MAGIC, AM_REQ};
 use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
+use super::wire::{AmMsg, AM_MAGIC, AM_REQ};
 use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
 use crate::cuda;
@@ -328,6 +328,11 @@ impl Transport {
         if a.completed.load(Ordering::Acquire) < a.submitted.load(Ordering::Acquire) {
             return Ok(false);
         }
+        // The puts held back for one submission go first: the signal is stream-ordered after them
+        // (copies of one submission are not ordered among themselves).
+        self.mover
+            .flush(ep)
+            .map_err(|e| internal(format!("signal to PE {pe}: earlier puts: {e}")))?;
         let bytes = t.val.to_le_bytes();
         // SAFETY: `bytes` lives through the call and an unregistered host source of at most
         // INLINE_BYTES is taken at once (the inline ring); the remote range was checked against

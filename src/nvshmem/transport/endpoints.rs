@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::am::{AmMsg, Pending, AM_MAGIC, AM_RECV_BUFS, AM_RESP, SEND_SLOTS, STAGE_BYTES};
 use super::group::{self, Group, SCRATCH_GROUP};
 use super::lanes::{Lanes, LANE_NBI, LANE_WAIT};
 use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
 use super::provider_ops::again;
+use super::wire::{staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, STAGE_BYTES};
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
 use crate::config::GdaMode;
 use crate::cuda;
@@ -95,6 +95,9 @@ pub(super) struct EpState {
     pub(super) pongs: Mutex<Vec<(FiAddr, AmMsg)>>,
     /// Registered send slots for staged payloads, and the free ones.
     pub(super) send_slab: (Box<[u8]>, MemoryRegion),
+    /// Send slots and AM receive buffers of this endpoint ([`staging_window`]).
+    pub(super) send_slots: usize,
+    pub(super) recv_bufs: usize,
     pub(super) send_free: Mutex<Vec<usize>>,
     /// Per-peer accounting and backlogs (index: PE).
     pub(super) peer: Vec<PeerAcct>,
@@ -102,6 +105,31 @@ pub(super) struct EpState {
     pub(super) backlogged: std::sync::atomic::AtomicUsize,
     /// Transmit endpoints per peer (shm; see `lanes`); `None`: everything leaves through `ep`.
     pub(super) lanes: Option<Lanes>,
+}
+
+/// Flags of every active-message send (requests, responses, staged chunks, probes): complete once
+/// the buffer may be reused, never FI_DELIVERY_COMPLETE. The protocol answers every message that
+/// needs an answer itself, so delivery completion would only add a wait: on shm it forces every
+/// message, 72 bytes or 64 KiB, onto the segmented (SAR) protocol, of which a sender has one
+/// transfer in flight per peer, each waiting for both processes' progress; on tcp;ofi_rxm it adds
+/// an acknowledgement per message.
+pub(super) const AM_SEND_FLAGS: u64 = flags::COMPLETION | flags::TRANSMIT_COMPLETE;
+
+/// `fi_sendmsg` of one active message with [`AM_SEND_FLAGS`].
+///
+/// # Safety
+/// As for [`Endpoint::send_msg`]: `buf` (described by `desc`) and `ctx` stay valid until the
+/// completion is reaped or the endpoint is closed.
+pub(super) unsafe fn send_am(
+    ep: &Endpoint,
+    buf: *const u8,
+    len: usize,
+    desc: *mut c_void,
+    dest: FiAddr,
+    ctx: *mut c_void,
+) -> crate::fabric::Result<()> {
+    // SAFETY: forwarded contract.
+    unsafe { ep.send_msg(buf as *mut u8, len, desc, dest, ctx, AM_SEND_FLAGS) }
 }
 
 /// Bytes of one shm endpoint name in the address exchange (names are shorter, NUL-padded).
@@ -255,10 +283,10 @@ impl EpState {
         self.completed.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Start of AM receive buffer `slot` (< AM_RECV_BUFS); `None` on an endpoint without them.
+    /// Start of AM receive buffer `slot` (< `recv_bufs`); `None` on an endpoint without them.
     pub(super) fn am_buf(&self, slot: usize) -> Option<*mut u8> {
-        debug_assert!(slot < AM_RECV_BUFS);
-        // SAFETY: slot < AM_RECV_BUFS, so the offset lies inside the slab.
+        debug_assert!(slot < self.recv_bufs);
+        // SAFETY: slot < recv_bufs, so the offset lies inside the slab.
         self.am_bufs
             .as_ref()
             .map(|(buf, _)| unsafe { buf.as_ptr().add(slot * STAGE_BYTES) as *mut u8 })
@@ -274,10 +302,10 @@ impl EpState {
         unsafe { self.ep.recv(p, STAGE_BYTES, mr.desc(), ctx) }
     }
 
-    /// Start of send slot `slot` (< SEND_SLOTS).
+    /// Start of send slot `slot` (< `send_slots`).
     pub(super) fn send_slot_ptr(&self, slot: usize) -> *mut u8 {
-        debug_assert!(slot < SEND_SLOTS);
-        // SAFETY: slot < SEND_SLOTS, so the offset lies inside the send slab.
+        debug_assert!(slot < self.send_slots);
+        // SAFETY: slot < send_slots, so the offset lies inside the send slab.
         unsafe { self.send_slab.0.as_ptr().add(slot * STAGE_BYTES) as *mut u8 }
     }
 
@@ -303,7 +331,7 @@ impl EpState {
             token: m.token,
             status,
             addr: m.addr,
-            reserved: m.reserved & super::am::AM_TRACED,
+            reserved: m.reserved & AM_TRACED,
             ..Default::default()
         };
         self.am_pending.lock().push_back(Pending::Msg(dest, resp));
@@ -412,7 +440,8 @@ impl EpState {
         self.transmit(pe, ctx, |ep| {
             // SAFETY: as above; the message stays in the scratch space until the completion.
             unsafe {
-                ep.send(
+                send_am(
+                    ep,
                     s as *const u8,
                     std::mem::size_of::<AmMsg>(),
                     self.ctx_desc(),
@@ -471,8 +500,13 @@ impl Transport {
                 None
             };
             // Host slabs owned by EpState together with their registrations.
-            let mut send_slab = host_slab(&self.domain, &ep, SEND_SLOTS * STAGE_BYTES)?;
-            let mut am_bufs = host_slab(&self.domain, &ep, AM_RECV_BUFS * STAGE_BYTES)?;
+            let (send_slots, recv_bufs) = staging_window(
+                self.cfg.stage_slots,
+                self.info.tx_size(),
+                self.info.rx_size(),
+            );
+            let mut send_slab = host_slab(&self.domain, &ep, send_slots * STAGE_BYTES)?;
+            let mut am_bufs = host_slab(&self.domain, &ep, recv_bufs * STAGE_BYTES)?;
             // Staged GPU data is copied out of the send slots and into place from the receive
             // buffers: pinned memory makes those copies DMA.
             let pins = [&mut send_slab.0, &mut am_bufs.0]
@@ -495,7 +529,9 @@ impl Transport {
                 am_pending: Mutex::new(VecDeque::new()),
                 pongs: Mutex::new(Vec::new()),
                 send_slab,
-                send_free: Mutex::new((0..SEND_SLOTS).rev().collect()),
+                send_free: Mutex::new((0..send_slots).rev().collect()),
+                send_slots,
+                recv_bufs,
                 peer: (0..n).map(|_| PeerAcct::default()).collect(),
                 backlogged: std::sync::atomic::AtomicUsize::new(0),
                 lanes,

@@ -17,6 +17,18 @@ impl std::fmt::Display for TransportError {
     }
 }
 
+/// Whether a provider error says the connection to the peer broke (see `Transport::suspect`).
+pub(super) fn broken_connection(err: &str) -> bool {
+    [
+        "Broken pipe",
+        "not connected",
+        "Connection reset",
+        "Operation canceled",
+    ]
+    .iter()
+    .any(|w| err.contains(w))
+}
+
 /// Result of a transport op.
 pub type TResult<T> = Result<T, TransportError>;
 

@@ -537,6 +537,31 @@ pub(super) fn copy_any(dst: *mut u8, src: *const u8, n: usize) -> TResult<()> {
     unsafe { crate::mover::copy_bytes(dst, src, n, device) }.map_err(|e| internal(e.to_string()))
 }
 
+/// Copies `(dst, src, len)` entries between host memory and, where `device` says so, GPU memory:
+/// `memcpy` each when `device` is false, else all enqueued on one non-blocking stream and waited
+/// for once ([`crate::cuda::CopyBatch`]), not one synchronisation per copy.
+pub(super) fn copy_many(copies: &[(u64, u64, usize)], device: bool) -> TResult<()> {
+    if !device {
+        for &(d, s, n) in copies {
+            // SAFETY: callers pass ranges of this process that do not overlap (a send slot or a
+            // receive buffer against a registered buffer).
+            unsafe { crate::mover::copy_bytes(d as *mut u8, s as *const u8, n, false) }
+                .map_err(|e| internal(e.to_string()))?;
+        }
+        return Ok(());
+    }
+    let mut batch = crate::cuda::CopyBatch::new().map_err(|e| internal(e.to_string()))?;
+    for &(d, s, n) in copies {
+        // SAFETY: as above; the batch is waited for before returning, also after an error (the
+        // copies enqueued before it must not outlive the call).
+        if let Err(e) = unsafe { batch.copy(d as *mut c_void, s as *const c_void, n) } {
+            let _ = batch.wait();
+            return Err(internal(e.to_string()));
+        }
+    }
+    batch.wait().map_err(|e| internal(e.to_string()))
+}
+
 /// Whether every page of `[addr, addr+len)` is mapped in this process (`mincore` fails with ENOMEM
 /// on any page that is not).
 fn host_range_mapped(addr: usize, len: usize) -> Result<(), String> {

@@ -52,6 +52,7 @@ mod provider_ops;
 mod quiet;
 mod rma;
 mod shm_regions;
+mod wire;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,6 +79,9 @@ pub const EP_HOST: usize = 0;
 pub const EP_PROXY: usize = 1;
 /// Endpoints per PE.
 pub const NUM_EPS: usize = 2;
+
+/// Default of `NVSHMEM_EFA_STAGE_SLOTS` (staged chunks in flight per endpoint).
+pub const STAGE_SLOTS_DEFAULT: usize = wire::SEND_SLOTS;
 
 /// The bootstrap allgather: `send` from every PE lands in `recv`, PE by PE.
 pub type Allgather<'a> = dyn Fn(&[u8], &mut [u8]) -> TResult<()> + 'a;
@@ -223,7 +227,9 @@ impl Transport {
         crate::cuda::module_loading::report(
             route.staging != Staging::Off || !route.provider_atomics,
         );
-        let mover = Mover::new(route.mover_policy(), NUM_EPS).with_timeout(cfg.quiet_timeout);
+        let mover = Mover::new(route.mover_policy(), NUM_EPS)
+            .with_timeout(cfg.quiet_timeout)
+            .with_copy_batch(cfg.copy_batch);
         Ok(Transport {
             cfg,
             provider,

@@ -24,10 +24,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::fabric::Provider;
-
-use super::am::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING, AM_RECV_BUFS};
+use super::error::broken_connection;
 use super::lanes::{Lanes, ProbeStep};
+use super::wire::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING};
 use super::{shm_regions, Connected, Transport, EP_HOST, NUM_EPS};
 
 /// Why a peer that said goodbye is gone.
@@ -353,10 +352,11 @@ impl Transport {
         }
     }
 
-    /// Removes the shm regions of `pe`, whose process has exited on this host (shm only; see
-    /// shm_regions.rs). Safe to call more than once.
+    /// Removes the shm regions of `pe`, whose process has exited on this host (providers whose
+    /// endpoint names are shared-memory regions, i.e. shm; see shm_regions.rs). Safe to call more
+    /// than once.
     pub(super) fn remove_shm_regions_of(&self, c: &Connected, pe: usize) {
-        if self.provider != Provider::Shm || pe == c.my_pe as usize {
+        if !self.route.caps.named_endpoints || pe == c.my_pe as usize {
             return;
         }
         let start = pe * NUM_EPS * c.name_len;
@@ -392,7 +392,7 @@ impl Transport {
                 return;
             }
         }
-        if super::rma::broken_connection(err) {
+        if broken_connection(err) {
             self.rebuild_peer(c, pe, err);
         }
     }
@@ -474,7 +474,7 @@ impl Transport {
             }
         }
         // Let the sends leave (their completions free the contexts).
-        while Instant::now() < deadline && e.ctxs.in_flight() > AM_RECV_BUFS {
+        while Instant::now() < deadline && e.ctxs.in_flight() > e.recv_bufs {
             if self.progress_ep(c, EP_HOST) == 0 {
                 std::thread::yield_now();
             }

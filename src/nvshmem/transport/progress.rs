@@ -104,6 +104,8 @@ impl Transport {
             tracing::error!("endpoint {i}: {err}");
             e.record_error(err.to_string());
         }
+        // Same-host copies held back for one submission go once the oldest has waited a while.
+        self.mover.flush_stale(i);
         self.flush_am_pending(c, i);
         handled += self.drain_backlogs(c, i);
         self.check_peers(c);
@@ -120,9 +122,12 @@ impl Transport {
             match e.cq.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    for ent in &buf[..n] {
+                    // The copies into GPU memory that this batch's staged messages carry go as
+                    // one submission with one wait, before the messages are handled.
+                    let copied = self.copy_in_batch(c, i, &buf[..n]);
+                    for (k, ent) in buf[..n].iter().enumerate() {
                         if self.claimed(e, ent.op_context) {
-                            self.complete(c, i, ent.op_context, ent.len, None);
+                            self.complete_copied(c, i, ent.op_context, ent.len, None, copied[k]);
                         }
                     }
                     handled += n;
@@ -205,6 +210,20 @@ impl Transport {
         len: usize,
         error: Option<String>,
     ) {
+        self.complete_copied(c, i, ctx, len, error, false)
+    }
+
+    /// [`Transport::complete`]; `copied`: a received staged message's payload is in place already
+    /// ([`Transport::copy_in_batch`]).
+    fn complete_copied(
+        &self,
+        c: &Connected,
+        i: usize,
+        ctx: *mut c_void,
+        len: usize,
+        error: Option<String>,
+        copied: bool,
+    ) {
         let e = &c.eps[i];
         let Some((tag, data)) = e.ctxs.get(ctx) else {
             tracing::warn!("endpoint {i}: completion with a foreign context {ctx:p}");
@@ -239,7 +258,7 @@ impl Transport {
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: active message receive failed: {msg}");
                 } else {
-                    self.handle_am(c, i, data as usize, len);
+                    self.handle_am(c, i, data as usize, len, copied);
                 }
                 // Repost the same buffer with the same context.
                 if let Err(err) = e.post_am_recv(data as usize, ctx) {

@@ -7,6 +7,7 @@ use std::ffi::c_void;
 
 use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, EpState, OpRoute};
+use super::error::broken_connection;
 use super::memory::{copy_any, is_device, HandleBlob, HANDLE_FLAG_DEVICE};
 use crate::route::Staging;
 use std::sync::Arc;
@@ -498,18 +499,6 @@ impl Transport {
 
 /// How often a blocking put or get runs again after meeting a broken connection.
 const BROKEN_RETRIES: u32 = 4;
-
-/// Whether a provider error says the connection to the peer broke (see `Transport::suspect`).
-pub(super) fn broken_connection(err: &str) -> bool {
-    [
-        "Broken pipe",
-        "not connected",
-        "Connection reset",
-        "Operation canceled",
-    ]
-    .iter()
-    .any(|w| err.contains(w))
-}
 
 /// A checked RMA request (`Transport::rma_check`): its extents cannot overflow.
 pub(super) struct RmaPlan {

@@ -1,0 +1,167 @@
+//! The wire format of the active-message and staging protocol: the 64-byte header every message
+//! carries ([`AmMsg`]), its kinds, the staged chunk size, the window of an endpoint
+//! ([`staging_window`]), and the messages the progress path owes a peer ([`Pending`]). The
+//! modules that send, receive and account for messages (`am`, `endpoints`, `peers`) import it.
+use crate::fabric::FiAddr;
+
+// Active-message format (64 bytes, in a context's scratch space).
+pub(super) const AM_MAGIC: u32 = 0x4d41_4645; // "EFAM"
+pub(super) const AM_REQ: u32 = 1;
+pub(super) const AM_RESP: u32 = 2;
+/// Header of every active message; staged payloads follow it.
+pub(super) const AM_BYTES: usize = 64;
+/// Size of a receive or send slot: a header plus up to `STAGE_CHUNK` payload bytes.
+pub(super) const STAGE_BYTES: usize = 64 << 10;
+/// Payload bytes per staged message.
+pub(super) const STAGE_CHUNK: usize = STAGE_BYTES - AM_BYTES;
+/// The staging window when the provider does not bound it lower ([`staging_window`]): send slots
+/// per endpoint (staged chunks and get answers in flight; `NVSHMEM_EFA_STAGE_SLOTS`). With 128,
+/// shm refused a chunk's send (EAGAIN) for a whole quiet timeout once about 112 chunks were in
+/// flight to one peer (2 of 5 host runs, docs/staged-path.md); until that is understood the
+/// default stays at the window the path always had.
+pub(super) const SEND_SLOTS: usize = 32;
+
+/// The staging window of an endpoint: `(send slots, receive buffers)`. Send slots: `slots`
+/// (`NVSHMEM_EFA_STAGE_SLOTS`), at most the provider's transmit queue depth; receive buffers twice
+/// as many (the peers' chunks and this PE's answers arrive together), at most its receive queue
+/// depth and at least 64. A chunk that finds no posted receive waits in the provider as an
+/// unexpected message (on tcp;ofi_rxm a rendezvous that only starts once one is posted).
+pub(super) fn staging_window(slots: usize, tx_size: usize, rx_size: usize) -> (usize, usize) {
+    let send = slots.min(tx_size.max(8)).max(8);
+    let recv = (2 * send).min(rx_size.max(64)).max(64);
+    (send, recv)
+}
+/// Staged put: payload to write at `addr`; answered by AM_RESP.
+pub(super) const AM_PUT: u32 = 3;
+/// Staged get: `size` bytes at `addr` wanted; answered by AM_GET_DATA.
+pub(super) const AM_GET: u32 = 4;
+/// Staged get answer: payload (or a status).
+pub(super) const AM_GET_DATA: u32 = 5;
+/// `AmMsg::reserved` bit: the chunk belongs to an operation on the debug timeline (echoed in the
+/// response, so both PEs log the same chunk).
+pub(super) const AM_TRACED: u32 = 1;
+/// The sender (PE in `val`) finalizes: operations to it from now on fail at once.
+pub(super) const AM_GOODBYE: u32 = 6;
+/// Probe of a transmit lane (sender PE in `val`, sequence number in `token`): answered by AM_PONG
+/// as soon as the target handles it, which proves that the target has processed every command
+/// posted to it before (see `lanes`).
+pub(super) const AM_PING: u32 = 7;
+/// Answer to AM_PING (`token` echoed, sender PE in `val`).
+pub(super) const AM_PONG: u32 = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct AmMsg {
+    pub(super) magic: u32,
+    pub(super) kind: u32,
+    /// Initiator's waiting context (returned in the response).
+    pub(super) token: u64,
+    pub(super) op: i32,
+    pub(super) size: u32,
+    pub(super) addr: u64,
+    pub(super) val: u64,
+    pub(super) cmp: u64,
+    /// Response: old value; request: initiator PE.
+    pub(super) result: u64,
+    pub(super) status: i32,
+    pub(super) reserved: u32,
+}
+const _: () = assert!(std::mem::size_of::<AmMsg>() <= AM_BYTES);
+
+/// Messages the progress path owes a peer (sent as soon as resources allow).
+pub(super) enum Pending {
+    /// A header-only message.
+    Msg(FiAddr, AmMsg),
+    /// Data for a staged get.
+    GetData {
+        dest: FiAddr,
+        token: u64,
+        addr: u64,
+        len: u32,
+        /// The send slot holding the data and the status to answer with, once taken
+        /// (the active-message module's `prepare_get_data`).
+        prep: Option<GetPrep>,
+    },
+}
+
+/// A staged get's answer with its data in place: its send slot and the status to answer with.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GetPrep {
+    pub(super) slot: usize,
+    pub(super) status: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_layout_is_the_wire_format() {
+        // Both PEs read the header with read_unaligned from a receive buffer: its fields sit at
+        // fixed offsets, little-endian on every supported host.
+        let m = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_PUT,
+            token: 0x1122_3344_5566_7788,
+            op: -3,
+            size: 0xabcd,
+            addr: 0x0102_0304_0506_0708,
+            val: 9,
+            cmp: 10,
+            result: 11,
+            status: -12,
+            reserved: AM_TRACED,
+        };
+        let mut buf = [0u8; AM_BYTES];
+        // SAFETY: the buffer holds AM_BYTES >= size_of::<AmMsg>() bytes.
+        unsafe { std::ptr::write_unaligned(buf.as_mut_ptr() as *mut AmMsg, m) };
+        let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap());
+        assert_eq!(std::mem::size_of::<AmMsg>(), 64);
+        assert_eq!(u32_at(0), AM_MAGIC);
+        assert_eq!(&buf[0..4], b"EFAM");
+        assert_eq!(u32_at(4), AM_PUT);
+        assert_eq!(u64_at(8), m.token);
+        assert_eq!(u32_at(16) as i32, -3);
+        assert_eq!(u32_at(20), 0xabcd);
+        assert_eq!(u64_at(24), m.addr);
+        assert_eq!((u64_at(32), u64_at(40), u64_at(48)), (9, 10, 11));
+        assert_eq!(u32_at(56) as i32, -12);
+        assert_eq!(u32_at(60), AM_TRACED);
+        // SAFETY: as above.
+        let back: AmMsg = unsafe { std::ptr::read_unaligned(buf.as_ptr() as *const AmMsg) };
+        assert_eq!(
+            (back.token, back.addr, back.status),
+            (m.token, m.addr, m.status)
+        );
+        // A staged message is the header and at most one chunk: one receive buffer.
+        assert_eq!(AM_BYTES + STAGE_CHUNK, STAGE_BYTES);
+        // The kinds are distinct.
+        let kinds = [
+            AM_REQ,
+            AM_RESP,
+            AM_PUT,
+            AM_GET,
+            AM_GET_DATA,
+            AM_GOODBYE,
+            AM_PING,
+            AM_PONG,
+        ];
+        for (i, a) in kinds.iter().enumerate() {
+            assert!(!kinds[i + 1..].contains(a), "kind {a} twice");
+        }
+    }
+
+    #[test]
+    fn the_staging_window_follows_the_provider_queues() {
+        // Room enough: the configured slots, twice as many receive buffers.
+        assert_eq!(staging_window(128, 1024, 1024), (128, 256));
+        // A short transmit queue bounds the slots, a short receive queue the buffers (64 at least).
+        assert_eq!(staging_window(128, 64, 1024), (64, 128));
+        assert_eq!(staging_window(128, 1024, 100), (128, 100));
+        assert_eq!(staging_window(128, 1024, 16), (128, 64));
+        // Never fewer than 8 slots, whatever the provider says.
+        assert_eq!(staging_window(128, 0, 0), (8, 64));
+        assert_eq!(staging_window(32, 1024, 1024), (32, 64));
+    }
+}
