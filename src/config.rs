@@ -91,6 +91,10 @@ pub struct Config {
     /// `NVSHMEM_EFA_SOFT_NULL`: benchmark mode of the software queue: WQEs are completed with success
     /// after the request id and phase checks, without moving data (the GPU's post rate).
     pub soft_null: bool,
+    /// `NVSHMEM_EFA_SOFT_UNORDERED_US`: a model of the fabric's lack of order (tests): the software
+    /// queue issues every RDMA write this many microseconds after it took it, while the WQEs after
+    /// it go on, so a SEND can overtake the writes before it as on SRD. 0 (default): off.
+    pub soft_unordered: Duration,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
@@ -266,6 +270,7 @@ impl Config {
             soft_kernel_host_delay: Duration::ZERO,
             soft_kernel_ahead: 1,
             soft_null: false,
+            soft_unordered: Duration::ZERO,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
         };
@@ -407,6 +412,14 @@ impl Config {
         if let Some(b) = vars.bool("NVSHMEM_EFA_SOFT_NULL")? {
             c.soft_null = b;
         }
+        if let Some(us) = vars.u64(
+            "NVSHMEM_EFA_SOFT_UNORDERED_US",
+            (0, 10_000_000),
+            any,
+            "microseconds, 0 to 10000000",
+        )? {
+            c.soft_unordered = Duration::from_micros(us);
+        }
         if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
             c.sq_entry_size = match v.trim() {
                 "64" => 64,
@@ -479,6 +492,17 @@ mod tests {
         let e = cfg(&[("NVSHMEM_EFA_AMO_KERNEL_STUCK_US", "-1")]).unwrap_err();
         assert_eq!(e.var, "NVSHMEM_EFA_AMO_KERNEL_STUCK_US");
         assert!(cfg(&[("NVSHMEM_EFA_AMO_KERNEL", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn soft_unordered_model() {
+        assert_eq!(cfg(&[]).unwrap().soft_unordered, Duration::ZERO);
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_UNORDERED_US", "2500")]).unwrap();
+        assert_eq!(c.soft_unordered, Duration::from_micros(2500));
+        for bad in ["-1", "late", "10000001"] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_UNORDERED_US", bad)]).unwrap_err();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_UNORDERED_US");
+        }
     }
 
     #[test]

@@ -159,6 +159,7 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.kernel_ahead = cfg.soft_kernel_ahead;
     c.copy_overlap = cfg.copy_overlap;
     c.null_consumer = cfg.soft_null;
+    c.unordered = cfg.soft_unordered;
     let info = domain.info();
     c.staging = Staging::for_provider(cfg.gpu_staging, &info.provider_name(), &info.fabric_name());
     c
