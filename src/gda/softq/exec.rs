@@ -55,7 +55,6 @@ impl Consumer {
 
     /// Records WQE `f` in flight in consumer slot `slot`.
     pub(super) fn occupy(&mut self, slot: u32, f: InFlight) {
-        self.order.opened(f.peer, f.pc);
         self.slots[slot as usize] = Some(f);
         self.in_flight += 1;
     }

@@ -276,6 +276,7 @@ impl Consumer {
             match verdict {
                 Ok(p) => {
                     // The ordering rule: an AMO announcing data waits for the WQEs before it.
+                    self.order.taken(p.peer, p.pc);
                     let announcing = p.announces();
                     let held = self.order.hold_if_needed(p);
                     if announcing {
@@ -288,7 +289,6 @@ impl Consumer {
                     };
                     if !self.inner.unordered.is_zero() && p.writes() {
                         // The unordered fabric model: this write goes later, what follows goes on.
-                        self.order.opened(p.peer, p.pc);
                         self.late
                             .push_back((Instant::now() + self.inner.unordered, p));
                         continue;

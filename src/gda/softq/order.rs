@@ -8,21 +8,38 @@
 //! route once the copy engine finished, a staged write once the target acknowledged every chunk
 //! after copying it into place. The GPU never waits for this: the AMO's WQE simply completes later.
 //!
-//! The bookkeeping here is per peer: the producer counts of WQEs taken and not yet completed
+//! The bookkeeping here is per peer: the WQEs taken and not yet completed, in the order taken
 //! (`open`), and the announcing AMOs held back (`held`, in the order taken). An AMO at producer
-//! count `n` to PE `p` may go when no WQE to `p` with a count below `n` is open and no earlier AMO
-//! to `p` is still held (so announcing AMOs to one PE also leave in order).
-use std::collections::{BTreeSet, VecDeque};
+//! count `n` to PE `p` may go when no WQE to `p` with a count below `n` is open; an earlier
+//! announcing AMO to `p` is such a WQE until it completes, so announcing AMOs to one PE also
+//! leave, and are applied, in order.
+use std::collections::VecDeque;
 
 use super::intake::{Action, Pending};
 
-/// Per-peer state of the ordering rule.
+/// One peer's side of the ordering rule.
+#[derive(Default)]
+struct PeerOrder {
+    /// Producer counts of the WQEs to this peer taken and not yet known complete, in the order
+    /// taken (so in increasing producer count), each with a "completed" mark; completed entries
+    /// leave from the front.
+    open: VecDeque<(u64, bool)>,
+    /// Announcing AMOs held back, in the order taken.
+    held: VecDeque<Pending>,
+}
+
+impl PeerOrder {
+    /// Producer count of the oldest WQE to this peer not yet complete.
+    fn oldest_open(&self) -> Option<u64> {
+        self.open.front().map(|&(pc, _)| pc)
+    }
+}
+
+/// Per-peer state of the ordering rule. O(1) per WQE: a push when it is taken, a mark when it
+/// completes (completions arrive in any order), pops of the completed prefix.
 #[derive(Default)]
 pub(super) struct Order {
-    /// Per peer: producer counts of WQEs taken and not yet completed.
-    open: Vec<BTreeSet<u64>>,
-    /// Per peer: announcing AMOs held until the WQEs before them completed, in the order taken.
-    held: Vec<VecDeque<Pending>>,
+    peers: Vec<PeerOrder>,
     /// AMOs held now, over all peers.
     n_held: usize,
     /// AMOs that had to wait (for the stop summary and the tests' counters).
@@ -42,9 +59,7 @@ impl Pending {
             }
         )
     }
-}
 
-impl Pending {
     /// Whether this WQE is an RDMA write (through the provider or staged).
     pub(super) fn writes(&self) -> bool {
         matches!(
@@ -55,80 +70,75 @@ impl Pending {
 }
 
 impl Order {
-    fn grow(&mut self, peer: u16) {
-        let n = usize::from(peer) + 1;
-        if self.open.len() < n {
-            self.open.resize_with(n, BTreeSet::new);
-            self.held.resize_with(n, VecDeque::new);
-        }
-    }
-
-    /// WQE `pc` to `peer` is in flight.
-    pub(super) fn opened(&mut self, peer: u16, pc: u64) {
-        self.grow(peer);
-        self.open[usize::from(peer)].insert(pc);
-    }
-
-    /// WQE `pc` to `peer` completed (with any status).
-    pub(super) fn closed(&mut self, peer: u16, pc: u64) {
-        if let Some(s) = self.open.get_mut(usize::from(peer)) {
-            s.remove(&pc);
-        }
-    }
-
-    /// Whether an announcing AMO at `pc` to `peer` must wait.
-    fn blocked(&self, peer: u16, pc: u64) -> bool {
+    fn peer(&mut self, peer: u16) -> &mut PeerOrder {
         let i = usize::from(peer);
-        self.held
-            .get(i)
-            .is_some_and(|h| h.iter().any(|p| p.pc < pc))
-            || self
-                .open
-                .get(i)
-                .and_then(|s| s.first())
-                .is_some_and(|&first| first < pc)
+        if self.peers.len() <= i {
+            self.peers.resize_with(i + 1, PeerOrder::default);
+        }
+        &mut self.peers[i]
     }
 
-    /// Takes `p` if it is an announcing AMO that must wait; hands it back otherwise.
+    /// WQE `pc` to `peer` was taken (validated): it is open until [`Order::closed`]. Called in
+    /// producer order.
+    pub(super) fn taken(&mut self, peer: u16, pc: u64) {
+        self.peer(peer).open.push_back((pc, false));
+    }
+
+    /// WQE `pc` to `peer` completed (with any status). A binary search: the entries are in
+    /// increasing producer count.
+    pub(super) fn closed(&mut self, peer: u16, pc: u64) {
+        let Some(p) = self.peers.get_mut(usize::from(peer)) else {
+            return;
+        };
+        let Ok(i) = p.open.binary_search_by_key(&pc, |&(pc, _)| pc) else {
+            return;
+        };
+        p.open[i].1 = true;
+        while p.open.front().is_some_and(|&(_, done)| done) {
+            p.open.pop_front();
+        }
+    }
+
+    /// Takes `p` (already [`Order::taken`]) if it is an announcing AMO that must wait: a WQE to
+    /// its peer taken before it is still open (an earlier held AMO is one of them). Hands it back
+    /// otherwise.
     pub(super) fn hold_if_needed(&mut self, p: Pending) -> Option<Pending> {
         if !p.announces() {
             return Some(p);
         }
         self.announced += 1;
-        if !self.blocked(p.peer, p.pc) {
+        let peer = self.peer(p.peer);
+        if peer.oldest_open().is_none_or(|first| first >= p.pc) {
             return Some(p);
         }
-        self.grow(p.peer);
+        peer.held.push_back(p);
         self.waited += 1;
         self.n_held += 1;
-        self.held[usize::from(p.peer)].push_back(p);
         None
     }
 
-    /// The next held AMO that may go now (its peer's earlier WQEs all completed), if any.
+    /// The next held AMO that may go now (every WQE to its peer taken before it completed), if any.
     pub(super) fn next_ready(&mut self) -> Option<Pending> {
         if self.n_held == 0 {
             return None;
         }
-        for i in 0..self.held.len() {
-            let Some(front) = self.held[i].front() else {
+        for peer in &mut self.peers {
+            let Some(front) = peer.held.front() else {
                 continue;
             };
-            let pc = front.pc;
-            if self.open[i].first().is_some_and(|&first| first < pc) {
+            if peer.oldest_open().is_some_and(|first| first < front.pc) {
                 continue;
             }
             self.n_held -= 1;
-            return self.held[i].pop_front();
+            return peer.held.pop_front();
         }
         None
     }
 
     /// Puts back an AMO [`Order::next_ready`] gave out that could not be posted yet.
     pub(super) fn put_back(&mut self, p: Pending) {
-        self.grow(p.peer);
+        self.peer(p.peer).held.push_front(p);
         self.n_held += 1;
-        self.held[usize::from(p.peer)].push_front(p);
     }
 
     /// Whether nothing is held.
@@ -144,7 +154,10 @@ impl Order {
     /// Everything held, for a stopping queue.
     pub(super) fn drain(&mut self) -> Vec<Pending> {
         self.n_held = 0;
-        self.held.iter_mut().flat_map(|h| h.drain(..)).collect()
+        self.peers
+            .iter_mut()
+            .flat_map(|p| p.held.drain(..))
+            .collect()
     }
 }
 
@@ -152,7 +165,6 @@ impl Order {
 mod tests {
     use super::*;
     use crate::efa::wqe::OpType;
-    use crate::fabric::FiAddr;
     use crate::gda::wire::SendHdr;
 
     fn send(pc: u64, peer: u16, after_data: bool) -> Pending {
@@ -161,7 +173,7 @@ mod tests {
             req_id: pc as u16,
             op: OpType::Send,
             action: Action::Send {
-                dest: FiAddr::default(),
+                dest: 0,
                 hdr: SendHdr {
                     src_pe: 0,
                     imm: None,
@@ -176,48 +188,70 @@ mod tests {
         }
     }
 
+    /// Takes `p` as the consumer does (bookkeeping, then the hold decision).
+    fn take(o: &mut Order, p: Pending) -> (u64, Option<Pending>) {
+        o.taken(p.peer, p.pc);
+        (p.pc, o.hold_if_needed(p))
+    }
+
     #[test]
     fn an_announcing_amo_waits_for_earlier_wqes_to_its_peer_only() {
         let mut o = Order::default();
-        o.opened(1, 0); // a write to PE 1
-        o.opened(2, 1); // a write to PE 2
+        let (w0, w1) = (0, 1);
+        o.taken(1, w0); // a write to PE 1
+        o.taken(2, w1); // a write to PE 2
                         // An AMO that does not announce never waits.
-        assert!(o.hold_if_needed(send(2, 1, false)).is_some());
-        // The announcing AMO to PE 1 waits for WQE 0; one to PE 2 waits for WQE 1.
-        assert!(o.hold_if_needed(send(3, 1, true)).is_none());
-        assert!(o.hold_if_needed(send(4, 2, true)).is_none());
-        // A later write to PE 1 does not hold the AMO back.
-        o.opened(1, 5);
-        // A second announcing AMO to PE 1 waits behind the first even with nothing open before
-        // it but WQE 0 (order among announcing AMOs of one peer).
-        assert!(o.hold_if_needed(send(6, 1, true)).is_none());
+        let (plain, p) = take(&mut o, send(2, 1, false));
+        assert!(p.is_some());
+        // The announcing AMO to PE 1 waits for WQEs 0 and 2; one to PE 2 waits for WQE 1.
+        let (a3, p) = take(&mut o, send(3, 1, true));
+        assert!(p.is_none());
+        let (a4, p) = take(&mut o, send(4, 2, true));
+        assert!(p.is_none());
+        // A later write to PE 1 does not hold the first AMO back.
+        let w5 = 5;
+        o.taken(1, w5);
+        // A second announcing AMO to PE 1 waits behind the first.
+        let (a6, p) = take(&mut o, send(6, 1, true));
+        assert!(p.is_none());
         assert_eq!(o.held(), 3);
         assert!(o.next_ready().is_none());
-        o.closed(2, 1);
+        o.closed(2, w1);
         let p = o.next_ready().expect("PE 2's AMO may go");
         assert_eq!((p.pc, p.peer), (4, 2));
+        o.closed(2, a4);
         assert!(o.next_ready().is_none());
-        o.closed(1, 0);
+        // Completions out of order: the plain AMO first, then the write before it.
+        o.closed(1, plain);
+        assert!(o.next_ready().is_none(), "WQE 0 is still open");
+        o.closed(1, w0);
         let p = o.next_ready().expect("PE 1's first AMO may go");
         assert_eq!(p.pc, 3);
-        // The second one waits for WQE 5 (and would wait for the first AMO once it is in flight).
-        o.opened(1, 3);
+        // The second one waits for the first AMO (in flight now) and for WQE 5.
         assert!(o.next_ready().is_none());
-        o.closed(1, 3);
-        assert!(o.next_ready().is_none(), "WQE 5 is still open");
-        o.closed(1, 5);
+        o.closed(1, w5);
+        assert!(o.next_ready().is_none(), "AMO 3 is still open");
+        o.closed(1, a3);
         assert_eq!(o.next_ready().map(|p| p.pc), Some(6));
+        o.closed(1, a6);
         assert!(o.idle());
         assert_eq!((o.announced, o.waited), (3, 3));
+        // Everything closed: a new announcing AMO goes at once; closing twice or an unknown
+        // producer count changes nothing.
+        o.closed(1, a6);
+        o.closed(9, 0);
+        let (_, p) = take(&mut o, send(7, 1, true));
+        assert!(p.is_some());
     }
 
     #[test]
     fn put_back_keeps_the_order_and_drain_empties() {
         let mut o = Order::default();
-        o.opened(0, 0);
-        assert!(o.hold_if_needed(send(1, 0, true)).is_none());
-        assert!(o.hold_if_needed(send(2, 0, true)).is_none());
-        o.closed(0, 0);
+        let w = 0;
+        o.taken(0, w);
+        assert!(take(&mut o, send(1, 0, true)).1.is_none());
+        assert!(take(&mut o, send(2, 0, true)).1.is_none());
+        o.closed(0, w);
         let p = o.next_ready().unwrap();
         assert_eq!(p.pc, 1);
         o.put_back(p);
