@@ -21,8 +21,10 @@ use nvshmem_efa_gda::config::GdaMode;
 use nvshmem_efa_gda::efa::cqe::CqStatus;
 use nvshmem_efa_gda::efa::wqe;
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
+use nvshmem_efa_gda::gda::softq::CopyRoute;
 use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
 use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_AFTER_DATA, AMO_OP_ADD};
+use nvshmem_efa_gda::gda::PeerMemory;
 use softq_common::*;
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
@@ -458,17 +460,49 @@ fn data_then_count(pes: &[Pe], flags: u32) -> (u64, u64, u64) {
     (stale, st.amos_announcing, st.amos_waited)
 }
 
-/// Two PEs; `staged`: writes travel as staged messages; `unordered`: the unordered fabric model
-/// (every write issued that long after it was taken, so the SEND after it overtakes it).
+/// Maps PE 1's heap at its own addresses (the PEs are threads of one process): PE 0's queue then
+/// runs its writes to PE 1 as copies (the copy route).
+struct SameProcess {
+    base: u64,
+    len: u64,
+}
+
+impl PeerMemory for SameProcess {
+    fn local_addr(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
+        let inside = addr >= self.base && len <= self.len && addr - self.base <= self.len - len;
+        (pe == 1 && inside).then_some(addr)
+    }
+}
+
+/// How the writes of [`data_then_count`] travel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    Provider,
+    Staged,
+    /// The copy route through the bounce ring (`memcpy` here).
+    Copy,
+}
+
+/// Two PEs with writes going `route`; `unordered`: the unordered fabric model (every provider or
+/// staged write issued that long after it was taken, so the SEND after it overtakes it).
 fn data_then_count_setup(
     p: &nvshmem_efa_gda::fabric::Provider,
-    staged: bool,
+    route: Route,
     unordered: Duration,
 ) -> Vec<Pe> {
     let mut cfg = config(GdaMode::Soft);
-    cfg.gpu_staging = Some(staged);
+    cfg.gpu_staging = Some(route == Route::Staged);
     cfg.soft_unordered = unordered;
-    setup_with(p, 2, 2 << 20, 64, 16, &cfg)
+    cfg.soft_ipc = CopyRoute::Host;
+    let mut pes = setup_with(p, 2, 2 << 20, 64, 16, &cfg);
+    if route == Route::Copy {
+        let pm: Arc<dyn PeerMemory> = Arc::new(SameProcess {
+            base: pes[1].heap.addr(),
+            len: pes[1].heap.len() as u64,
+        });
+        pes[0].gda.set_peer_memory(Some(pm)).unwrap();
+    }
+    pes
 }
 
 /// How late the unordered model issues writes: far longer than a SEND takes to be applied.
@@ -477,32 +511,38 @@ const LATE: Duration = Duration::from_millis(20);
 /// The ordering rule (docs/ordering.md): an AMO flagged `AMO_AFTER_DATA` is not applied at the
 /// target before the writes its queue took before it for that PE have landed. Through the
 /// provider and staged, in order and with the unordered fabric model (writes issued 20 ms late:
-/// without the rule every count would be seen before its data, see the control below).
+/// without the rule every count would be seen before its data, see the control below), and on
+/// the copy route.
 #[test]
 fn an_announcing_amo_is_applied_after_the_data_it_announces() {
     for p in providers() {
-        for (staged, late) in [
-            (false, Duration::ZERO),
-            (true, Duration::ZERO),
-            (false, LATE),
-            (true, LATE),
+        for (route, late) in [
+            (Route::Provider, Duration::ZERO),
+            (Route::Staged, Duration::ZERO),
+            (Route::Copy, Duration::ZERO),
+            (Route::Provider, LATE),
+            (Route::Staged, LATE),
         ] {
-            let pes = data_then_count_setup(&p, staged, late);
+            let pes = data_then_count_setup(&p, route, late);
             let (stale, announcing, waited) = data_then_count(&pes, AMO_AFTER_DATA);
             eprintln!(
-                "{p} staged={staged} late={late:?}: {announcing} announcing AMOs, {waited} waited \
+                "{p} {route:?} late={late:?}: {announcing} announcing AMOs, {waited} waited \
                  for their data, {stale} stale bytes"
             );
             assert_eq!(
                 stale, 0,
-                "{p} staged={staged} late={late:?}: rule violated: an AMO announcing data was \
+                "{p} {route:?} late={late:?}: rule violated: an AMO announcing data was \
                  applied before {stale} bytes of the writes before it had landed"
             );
             assert_eq!(announcing, 24);
             assert!(
                 waited > 0,
-                "{p} staged={staged}: no AMO ever had to wait, so the test exercised nothing"
+                "{p} {route:?}: no AMO ever had to wait, so the test exercised nothing"
             );
+            if route == Route::Copy {
+                let copies = pes[0].gda.soft_queue().unwrap().stats().ipc_copies;
+                assert_eq!(copies, 24 * 8, "{p}: every write went the copy route");
+            }
         }
     }
 }
@@ -512,15 +552,15 @@ fn an_announcing_amo_is_applied_after_the_data_it_announces() {
 #[test]
 fn a_plain_amo_overtakes_the_data_on_an_unordered_fabric() {
     for p in providers() {
-        for staged in [false, true] {
-            let pes = data_then_count_setup(&p, staged, LATE);
+        for route in [Route::Provider, Route::Staged] {
+            let pes = data_then_count_setup(&p, route, LATE);
             let (stale, announcing, _) = data_then_count(&pes, 0);
-            eprintln!("{p} staged={staged}: plain AMOs, {stale} stale bytes");
+            eprintln!("{p} {route:?}: plain AMOs, {stale} stale bytes");
             assert_eq!(announcing, 0);
             assert!(
                 stale > 0,
-                "{p} staged={staged}: no count overtook its data although every write was \
-                 issued {LATE:?} late"
+                "{p} {route:?}: no count overtook its data although every write was issued \
+                 {LATE:?} late"
             );
         }
     }
