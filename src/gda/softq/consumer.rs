@@ -360,9 +360,10 @@ impl Consumer {
              first error {:#x}, CQ lock {}. Consumer: doorbell {db}, {} WQEs taken ({pending_wqes} \
              announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
              ({} free), {} WQE waiting for the provider, {} AMOs waiting for the data they \
-             announce, {} TX completions written, {} receive completions waiting for ring space. Staged path: {} messages sent, {} send completions, \
-             {} received ({} acknowledgements), {} sends refused by the provider (try again){}, {} held \
-             for want of an operation context",
+             announce, {} TX completions written, {} receive completions waiting for ring space. \
+             Staged path: {} messages sent, {} send completions, {} received ({} \
+             acknowledgements), {} sends refused by the provider (try again){}, {} held for want \
+             of an operation context",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
             self.ci,
