@@ -141,6 +141,8 @@
 //! * `consumer`: the consumer thread's state, loop and idle policy;
 //! * `intake`: doorbell, flow control, request id/phase and semantic checks of each WQE;
 //! * `exec`: posting on the private endpoint; `completion`: TX completions and the CQ;
+//! * `order`: the ordering rule (an AMO that announces data waits for the WQEs before it to its
+//!   PE, docs/ordering.md);
 //! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA;
 //! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk.
 
