@@ -9,7 +9,7 @@
 //! | the NIC's RX CQ does not see the consumer index: undrained entries are overwritten (opt-in model, `NVSHMEM_EFA_SOFT_RX_OVERWRITE=1`) | `undrained_rx_entries_are_overwritten_as_on_the_nic` |
 //! | (same) a receiver that stops draining finds its next entry overwritten and waits on it | `a_receiver_that_stops_draining_finds_its_next_entry_overwritten` |
 //! | a receive whose completion waits for RX ring room stays unposted: at most the receives' worth wait (opt-in model, `NVSHMEM_EFA_SOFT_RX_CREDITS=1`) | `a_receiver_that_does_not_drain_holds_its_receives` |
-//! | an AMO that announces data (`AMO_AFTER_DATA`) is applied at the target only after every earlier WQE of its queue to that PE completed (docs/ordering.md) | `an_announcing_amo_is_applied_after_the_data_it_announces` |
+//! | an AMO that announces data (`AMO_AFTER_DATA`) is applied at the target only after every earlier WQE of its queue to that PE completed (docs/ordering.md) | `an_announcing_amo_is_applied_after_the_data_it_announces`; control: `a_plain_amo_overtakes_the_data_on_an_unordered_fabric`; stop: `a_stopping_queue_settles_the_amos_it_holds` |
 mod softq_common;
 
 use std::collections::BTreeMap;
@@ -561,6 +561,64 @@ fn a_plain_amo_overtakes_the_data_on_an_unordered_fabric() {
                 stale > 0,
                 "{p} {route:?}: no count overtook its data although every write was issued \
                  {LATE:?} late"
+            );
+        }
+    }
+}
+
+/// A queue stopped while an announcing AMO waits for its data: within the stop's drain the late
+/// writes go and the AMO follows them (applied at the target); past it (writes later than the
+/// drain) the writes and the AMO complete as flushed and the AMO is never applied. Either way
+/// every WQE gets its completion and the consumer ends.
+#[test]
+fn a_stopping_queue_settles_the_amos_it_holds() {
+    let p = providers().into_iter().next().unwrap();
+    for (late, applied) in [(LATE, true), (Duration::from_secs(8), false)] {
+        let pes = data_then_count_setup(&p, Route::Provider, late);
+        let q0 = pes[0].gda.soft_queue().unwrap();
+        let poster = HostPoster::new(q0).unwrap();
+        let peer = pes[0].peer(1);
+        let mut ds: Vec<_> = (0..2u64)
+            .map(|i| {
+                write(
+                    &peer,
+                    pes[0].heap.addr() + 4096 + 4096 * i,
+                    pes[0].heap_lkey(),
+                    pes[1].heap.addr() + 4096 + 4096 * i,
+                    4096,
+                    None,
+                )
+            })
+            .collect();
+        let amo = AmoMsg {
+            op: AMO_OP_ADD,
+            size: 8,
+            offset: 0,
+            value: 1,
+            flags: AMO_AFTER_DATA,
+        };
+        ds.push(send_inline(&peer, &amo.encode(), None));
+        poster.post(&ds).unwrap();
+        wait_until("the AMO held", || q0.stats().amos_waited == 1);
+        let t = Instant::now();
+        q0.stop();
+        let st = q0.stats();
+        eprintln!(
+            "{p} late={late:?}: stopped after {:?}, {} completions",
+            t.elapsed(),
+            st.completed
+        );
+        assert_eq!(st.completed, 3, "every WQE completed (late={late:?})");
+        // SAFETY: the first 8-byte word of PE 1's live heap; its queue applies adds atomically.
+        let count = unsafe { AtomicU64::from_ptr(pes[1].heap.ptr() as *mut u64) };
+        if applied {
+            wait_until("the AMO applied", || count.load(Ordering::Acquire) == 1);
+        } else {
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(
+                count.load(Ordering::Acquire),
+                0,
+                "a flushed AMO was applied although its data never went"
             );
         }
     }
