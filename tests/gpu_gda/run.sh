@@ -617,7 +617,7 @@ if [ $do_bench = 1 ]; then
         echo "blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps" >"$sweep_csv"
         for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
             b=${bw%x*} w=${bw#*x}
-            case "$b$w" in *[!0-9]*) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
+            case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
             for kind in null data; do
                 [ $kind = null ] && envname=null_env || envname=bench_env
                 bench_one "bench-sweep-$kind-$bw" $envname 90 gda --blocks "$b" --warps "$w" \
