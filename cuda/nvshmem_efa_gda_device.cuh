@@ -1130,9 +1130,10 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes
 
 // Posts one inline SEND carrying an AMO message. Returns 0 or an error code.
 // With has_imm the SEND also carries `imm`: the target applies the AMO first, then delivers the
-// immediate in its RX ring.
+// immediate in its RX ring. `flags`: 0 or NVSHMEM_EFA_GDA_AMO_AFTER_DATA (docs/ordering.md).
 NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size, uint64_t value,
-                                      int pe, bool has_imm = false, uint32_t imm = 0u) {
+                                      int pe, bool has_imm = false, uint32_t imm = 0u,
+                                      uint32_t flags = 0u) {
     const View v = view();
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
     // EFA has no RDMA atomics: on a hardware queue the target's receive path (host-posted
@@ -1158,7 +1159,7 @@ NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size,
     m.magic = NVSHMEM_EFA_GDA_AMO_MAGIC;
     m.op = op;
     m.size = size;
-    m.reserved = 0;
+    m.flags = flags;
     m.offset = roff;
     m.value = value;
     nvshmem_efa_route r;
@@ -1387,6 +1388,42 @@ NVSHMEM_EFA_GDA_DEV unsigned amo_set_offset(uint64_t offset, T value, int pe) {
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_set(T *heap_ptr, T value, int pe) {
     return amo_set_offset<T>(heap_offset(heap_ptr), value, pe);
+}
+
+// ---- signals: an AMO that announces data (docs/ordering.md) -----------------------------------------
+// signal_add / signal_set: the AMO is applied at the target only after every WQE this queue took
+// before it for the same PE has completed there (its puts have landed), like an RC atomic after
+// writes on one QP, without a quiet: the caller does not wait. On the software queue the consumer
+// enforces it (the message carries NVSHMEM_EFA_GDA_AMO_AFTER_DATA). A hardware queue has no agent
+// between the GPU and the NIC to hold the SEND back, so there these calls first wait for the
+// queue's completions (quiet), then post the AMO: the same guarantee, paid with a wait.
+namespace detail {
+NVSHMEM_EFA_GDA_DEV unsigned post_signal(uint32_t op, uint64_t offset, uint32_t size,
+                                         uint64_t raw, int pe) {
+    const View v = view();
+    if (v.ready && v.mode == NVSHMEM_EFA_GDA_MODE_HW) {
+        const unsigned q = quiet();
+        if (q != 0u) return q;
+        return post_amo(op, offset, size, raw, pe);
+    }
+    return post_amo(op, offset, size, raw, pe, false, 0u, NVSHMEM_EFA_GDA_AMO_AFTER_DATA);
+}
+}  // namespace detail
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned signal_add(T *heap_ptr, T value, int pe) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_signal(NVSHMEM_EFA_GDA_AMO_ADD, heap_offset(heap_ptr), (uint32_t)sizeof(T),
+                               raw, pe);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned signal_set(T *heap_ptr, T value, int pe) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_signal(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T),
+                               raw, pe);
 }
 
 // amo_set that also delivers `imm` to the target's RX ring once the value is stored there (one

@@ -28,9 +28,11 @@
 //
 // Semantics that differ from mlx5 RC and what this layer does about them
 //   * EFA does not order operations, even on one queue. DeepEP relies on RC ordering between its
-//     data puts and the tail-counter AMO that follows them. nvshmemi_ibgda_amo_nonfetch_add therefore
-//     completes every WQE committed before it (quiet) before it posts the AMO, unless
-//     NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO is defined to 0.
+//     data puts and the tail-counter AMO that follows them. nvshmemi_ibgda_amo_nonfetch_add is
+//     therefore a signal (signal_add of nvshmem_efa_gda_device.cuh): the target applies it only
+//     after every WQE posted before it for that PE has landed, with no wait on the GPU (software
+//     queue: its consumer holds the AMO back; hardware queue: a quiet first). docs/ordering.md.
+//     NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO=0 posts a plain, unordered AMO instead.
 //   * EFA has no RDMA atomics: the AMO is an inline SEND that the target applies (see
 //     nvshmem_efa_gda_device.cuh). Like IBGDA's masked fetch-add, the remote add is 32 bits wide.
 //   * nvshmemi_ibgda_rma_p stores its 4 bytes with an AMO SET message (a 64-byte WQE has no inline
@@ -199,15 +201,13 @@ __device__ __forceinline__ void nvshmemi_ibgda_amo_nonfetch_add(void *rptr, cons
     }
     if (::nvshmem_efa_gda::ready()) {
 #if NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO
-        // EFA does not order WQEs: the puts this AMO announces must be complete first.
-        const unsigned q = ::nvshmem_efa_gda::quiet();
-        if (q != 0u) {
-            detail::report(q, "nvshmemi_ibgda_amo_nonfetch_add (ordering quiet)");
-            return;
-        }
-#endif
+        // EFA does not order WQEs: the AMO announces the puts before it (applied after them).
+        detail::report(::nvshmem_efa_gda::signal_add<int>(static_cast<int *>(rptr), value, pe),
+                       "nvshmemi_ibgda_amo_nonfetch_add");
+#else
         detail::report(::nvshmem_efa_gda::amo_nonfetch_add<int>(static_cast<int *>(rptr), value, pe),
                        "nvshmemi_ibgda_amo_nonfetch_add");
+#endif
         return;
     }
     detail::not_ready("nvshmemi_ibgda_amo_nonfetch_add");
@@ -226,8 +226,9 @@ __device__ __forceinline__ void nvshmemi_ibgda_rma_p(int *rptr, const int value,
         return;
     }
     if (::nvshmem_efa_gda::ready()) {
+        // Without an immediate the store is a signal (after the puts before it, as on RC).
         const unsigned st = imm == 0xffffffffu
-                                ? ::nvshmem_efa_gda::amo_set<int>(rptr, value, dst_pe)
+                                ? ::nvshmem_efa_gda::signal_set<int>(rptr, value, dst_pe)
                                 : ::nvshmem_efa_gda::amo_set_imm<int>(rptr, value, imm, dst_pe);
         detail::report(st, "nvshmemi_ibgda_rma_p");
         return;

@@ -78,6 +78,14 @@ struct fid_cq;
 // AMO message op: store `value`.
 #define NVSHMEM_EFA_GDA_AMO_SET 2
 
+// AMO message flag: the AMO announces data. The target applies it only after every WQE that the
+// sending queue took before it and that is aimed at the same PE has completed at the target
+// (docs/ordering.md). Without the flag an AMO is unordered, like every EFA operation.
+#define NVSHMEM_EFA_GDA_AMO_AFTER_DATA 1
+
+// Every AMO message flag the library knows; a message with another bit set is refused.
+#define NVSHMEM_EFA_GDA_AMO_FLAGS_KNOWN NVSHMEM_EFA_GDA_AMO_AFTER_DATA
+
 // Current layout version of `NvshmemEfaGdaDeviceState`.
 #define NVSHMEM_EFA_GDA_STATE_VERSION 2
 
@@ -228,8 +236,8 @@ typedef struct NvshmemEfaGdaAmoMsg {
   uint32_t op;
   // Operand size in bytes: 4 or 8.
   uint32_t size;
-  // Reserved, zero.
-  uint32_t reserved;
+  // `NVSHMEM_EFA_GDA_AMO_AFTER_DATA` or 0 (other bits: refused).
+  uint32_t flags;
   // Byte offset of the target word in the target's heap (aligned to `size`).
   uint64_t offset;
   // Operand (low `size` bytes used).

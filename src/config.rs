@@ -98,6 +98,10 @@ pub struct Config {
     /// (`NVSHMEMI_AMO_SIGNAL`, `ACK`) still run, so the job keeps synchronising. Logged as a
     /// warning at init and at finalize (with the count). Default off.
     pub bench_null: bool,
+    /// `NVSHMEM_EFA_SOFT_UNORDERED_US`: a model of the fabric's lack of order (tests): the software
+    /// queue issues every RDMA write this many microseconds after it took it, while the WQEs after
+    /// it go on, so a SEND can overtake the writes before it as on SRD. 0 (default): off.
+    pub soft_unordered: Duration,
     /// `NVSHMEM_EFA_GPU_STAGING`: `None` (auto): GPU memory moves by staged messages with
     /// non-blocking-stream copies on software providers, through FI_HMEM on NIC providers;
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
@@ -292,6 +296,7 @@ impl Config {
             soft_kernel_ahead: 1,
             soft_null: false,
             bench_null: false,
+            soft_unordered: Duration::ZERO,
             gpu_staging: None,
             ipc: crate::mover::IpcMode::Auto,
         };
@@ -446,6 +451,14 @@ impl Config {
         if let Some(b) = vars.bool("NVSHMEM_EFA_BENCH_NULL")? {
             c.bench_null = b;
         }
+        if let Some(us) = vars.u64(
+            "NVSHMEM_EFA_SOFT_UNORDERED_US",
+            (0, 10_000_000),
+            any,
+            "microseconds, 0 to 10000000",
+        )? {
+            c.soft_unordered = Duration::from_micros(us);
+        }
         if let Some(v) = get("NVSHMEM_EFA_SQ_ENTRY_SIZE") {
             c.sq_entry_size = match v.trim() {
                 "64" => 64,
@@ -519,6 +532,17 @@ mod tests {
         let e = cfg(&[("NVSHMEM_EFA_AMO_KERNEL_STUCK_US", "-1")]).unwrap_err();
         assert_eq!(e.var, "NVSHMEM_EFA_AMO_KERNEL_STUCK_US");
         assert!(cfg(&[("NVSHMEM_EFA_AMO_KERNEL", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn soft_unordered_model() {
+        assert_eq!(cfg(&[]).unwrap().soft_unordered, Duration::ZERO);
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_UNORDERED_US", "2500")]).unwrap();
+        assert_eq!(c.soft_unordered, Duration::from_micros(2500));
+        for bad in ["-1", "late", "10000001"] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_UNORDERED_US", bad)]).unwrap_err();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_UNORDERED_US");
+        }
     }
 
     #[test]

@@ -168,6 +168,7 @@ fn amo_add(me: &ChunkPe, to: usize, off: u64, v: u64) -> nvshmem_efa_gda::efa::w
         size: 8,
         offset: off,
         value: v,
+        flags: 0,
     };
     send_inline(&me.gda.peers()[to], &m.encode(), None)
 }

@@ -275,6 +275,7 @@ fn amo_messages_built_as_wqes_are_applied_exactly() {
                                 size: 8,
                                 offset: 8 * w,
                                 value: k + 1,
+                                flags: 0,
                             }
                         } else {
                             AmoMsg {
@@ -282,6 +283,7 @@ fn amo_messages_built_as_wqes_are_applied_exactly() {
                                 size: 4,
                                 offset: 2 * CHUNK + 8 * w,
                                 value: 1,
+                                flags: 0,
                             }
                         };
                         snd.amo(&m, (i as usize) % SLOTS, &mut out);
@@ -325,6 +327,7 @@ fn bad_messages_are_rejected_with_an_error_entry() {
             size: 8,
             offset,
             value: 0xfeed,
+            flags: 0,
         };
         let bad = [
             (AmoMsg { op: 9, ..good(0) }, CqStatus::LocalUnsupportedOp),

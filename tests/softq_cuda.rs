@@ -180,6 +180,7 @@ fn gpu_heaps_over_shm() {
                         size: 8,
                         offset: 8,
                         value: i * 1_000_003,
+                        flags: 0,
                     },
                     None,
                 )
@@ -192,6 +193,7 @@ fn gpu_heaps_over_shm() {
                         size: 4,
                         offset: 16,
                         value: u64::from((i as u32) << 24),
+                        flags: 0,
                     },
                     None,
                 )
@@ -202,6 +204,7 @@ fn gpu_heaps_over_shm() {
                     size: 8,
                     offset: 24,
                     value: i,
+                    flags: 0,
                 },
                 Some(i as u32),
             ),

@@ -329,3 +329,19 @@ fn c_api_lifecycle_and_argument_checks() {
     std::env::remove_var("NVSHMEM_EFA_GDA");
     drop(heap);
 }
+
+/// The limits hardware GDA sizes its queues by (docs/gda-queues.md) come from the provider: every
+/// software provider admits endpoints with at least one transmit context each.
+#[test]
+fn the_domain_reports_its_endpoint_limits() {
+    for p in providers() {
+        let d = domain(&p).expect("domain");
+        let (ep_cnt, tx_ctx, per_ep) = d.info().endpoint_limits();
+        eprintln!("{p}: ep_cnt {ep_cnt}, tx_ctx_cnt {tx_ctx}, max_ep_tx_ctx {per_ep}");
+        assert!(ep_cnt >= 1, "{p}: ep_cnt {ep_cnt}");
+        assert!(
+            tx_ctx >= 1 && per_ep >= 1,
+            "{p}: {tx_ctx} / {per_ep} transmit contexts"
+        );
+    }
+}

@@ -9,6 +9,7 @@
 //! | the NIC's RX CQ does not see the consumer index: undrained entries are overwritten (opt-in model, `NVSHMEM_EFA_SOFT_RX_OVERWRITE=1`) | `undrained_rx_entries_are_overwritten_as_on_the_nic` |
 //! | (same) a receiver that stops draining finds its next entry overwritten and waits on it | `a_receiver_that_stops_draining_finds_its_next_entry_overwritten` |
 //! | a receive whose completion waits for RX ring room stays unposted: at most the receives' worth wait (opt-in model, `NVSHMEM_EFA_SOFT_RX_CREDITS=1`) | `a_receiver_that_does_not_drain_holds_its_receives` |
+//! | an AMO that announces data (`AMO_AFTER_DATA`) is applied at the target only after every earlier WQE of its queue to that PE completed (docs/ordering.md) | `an_announcing_amo_is_applied_after_the_data_it_announces`; control: `a_plain_amo_overtakes_the_data_on_an_unordered_fabric`; stop: `a_stopping_queue_settles_the_amos_it_holds` |
 mod softq_common;
 
 use std::collections::BTreeMap;
@@ -20,7 +21,10 @@ use nvshmem_efa_gda::config::GdaMode;
 use nvshmem_efa_gda::efa::cqe::CqStatus;
 use nvshmem_efa_gda::efa::wqe;
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
+use nvshmem_efa_gda::gda::softq::CopyRoute;
 use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
+use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_AFTER_DATA, AMO_OP_ADD};
+use nvshmem_efa_gda::gda::PeerMemory;
 use softq_common::*;
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
@@ -388,5 +392,242 @@ fn a_receiver_that_stops_draining_finds_its_next_entry_overwritten() {
             0,
             "the overwritten entry still looked ready: {after:?}"
         );
+    }
+}
+
+/// Data, then a count: rounds of large writes from PE 0 into PE 1's heap, each followed at once
+/// (no quiet in between) by an 8-byte add to a counter in PE 1's heap. A thread playing PE 1's
+/// kernel waits for each count and checks that every byte of that round has landed. Returns the
+/// number of bytes found stale when their count was visible, and the queue's counters.
+fn data_then_count(pes: &[Pe], flags: u32) -> (u64, u64, u64) {
+    const ROUNDS: u8 = 24;
+    const WRITES: usize = 8;
+    const LEN: usize = 128 << 10;
+    const DATA: usize = 4096;
+    let q0 = pes[0].gda.soft_queue().unwrap();
+    let poster = HostPoster::new(q0).unwrap();
+    let peer = pes[0].peer(1);
+    let src = pes[0].heap.ptr();
+    let dst = pes[1].heap.ptr() as usize;
+    let total = WRITES * LEN;
+    let checker = std::thread::spawn(move || {
+        let dst = dst as *mut u8;
+        // SAFETY: the counter is the first 8-byte word of PE 1's live heap (page aligned); the
+        // software queue's consumer applies the adds to it with atomics.
+        let count = unsafe { AtomicU64::from_ptr(dst as *mut u64) };
+        let mut stale = 0u64;
+        for round in 1..=u64::from(ROUNDS) {
+            wait_until("the round's count", || {
+                count.load(Ordering::Acquire) >= round
+            });
+            // SAFETY: the data range lies inside PE 1's heap; bytes are read once the count says
+            // they landed (the property under test); writers only ever raise them.
+            let data = unsafe { std::slice::from_raw_parts(dst.add(DATA), total) };
+            stale += data.iter().filter(|&&b| u64::from(b) < round).count() as u64;
+        }
+        stale
+    });
+    for round in 1..=ROUNDS {
+        // SAFETY: the source range lies inside PE 0's heap; the previous round's writes have
+        // completed (quiet below), so nothing reads it now.
+        unsafe { std::ptr::write_bytes(src.add(DATA), round, total) };
+        let mut ds: Vec<_> = (0..WRITES)
+            .map(|i| {
+                write(
+                    &peer,
+                    pes[0].heap.addr() + (DATA + i * LEN) as u64,
+                    pes[0].heap_lkey(),
+                    pes[1].heap.addr() + (DATA + i * LEN) as u64,
+                    LEN as u32,
+                    None,
+                )
+            })
+            .collect();
+        let amo = AmoMsg {
+            op: AMO_OP_ADD,
+            size: 8,
+            offset: 0,
+            value: 1,
+            flags,
+        };
+        ds.push(send_inline(&peer, &amo.encode(), None));
+        poster.post(&ds).unwrap();
+        poster.quiet().unwrap();
+        assert_eq!(poster.errors(), 0, "round {round}: error completions");
+    }
+    let stale = checker.join().unwrap();
+    let st = q0.stats();
+    (stale, st.amos_announcing, st.amos_waited)
+}
+
+/// Maps PE 1's heap at its own addresses (the PEs are threads of one process): PE 0's queue then
+/// runs its writes to PE 1 as copies (the copy route).
+struct SameProcess {
+    base: u64,
+    len: u64,
+}
+
+impl PeerMemory for SameProcess {
+    fn local_addr(&self, pe: i32, addr: u64, len: u64) -> Option<u64> {
+        let inside = addr >= self.base && len <= self.len && addr - self.base <= self.len - len;
+        (pe == 1 && inside).then_some(addr)
+    }
+}
+
+/// How the writes of [`data_then_count`] travel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    Provider,
+    Staged,
+    /// The copy route through the bounce ring (`memcpy` here).
+    Copy,
+}
+
+/// Two PEs with writes going `route`; `unordered`: the unordered fabric model (every provider or
+/// staged write issued that long after it was taken, so the SEND after it overtakes it).
+fn data_then_count_setup(
+    p: &nvshmem_efa_gda::fabric::Provider,
+    route: Route,
+    unordered: Duration,
+) -> Vec<Pe> {
+    let mut cfg = config(GdaMode::Soft);
+    cfg.gpu_staging = Some(route == Route::Staged);
+    cfg.soft_unordered = unordered;
+    cfg.soft_ipc = CopyRoute::Host;
+    let mut pes = setup_with(p, 2, 2 << 20, 64, 16, &cfg);
+    if route == Route::Copy {
+        let pm: Arc<dyn PeerMemory> = Arc::new(SameProcess {
+            base: pes[1].heap.addr(),
+            len: pes[1].heap.len() as u64,
+        });
+        pes[0].gda.set_peer_memory(Some(pm)).unwrap();
+    }
+    pes
+}
+
+/// How late the unordered model issues writes: far longer than a SEND takes to be applied.
+const LATE: Duration = Duration::from_millis(20);
+
+/// The provider the ordering tests run on: the first that opens (tcp where it does). The rule
+/// lives in the consumer, above the provider, and one provider keeps the number of shm pairs this
+/// test binary opens where it was (shm pairs opened late in one process can find every send
+/// refused with -FI_EAGAIN).
+fn ordering_provider() -> nvshmem_efa_gda::fabric::Provider {
+    providers().into_iter().next().expect("a software provider")
+}
+
+/// The ordering rule (docs/ordering.md): an AMO flagged `AMO_AFTER_DATA` is not applied at the
+/// target before the writes its queue took before it for that PE have landed. Through the
+/// provider and staged, in order and with the unordered fabric model (writes issued 20 ms late:
+/// without the rule every count would be seen before its data, see the control below), and on
+/// the copy route.
+#[test]
+fn an_announcing_amo_is_applied_after_the_data_it_announces() {
+    for p in [ordering_provider()] {
+        for (route, late) in [
+            (Route::Provider, Duration::ZERO),
+            (Route::Staged, Duration::ZERO),
+            (Route::Copy, Duration::ZERO),
+            (Route::Provider, LATE),
+            (Route::Staged, LATE),
+        ] {
+            let pes = data_then_count_setup(&p, route, late);
+            let (stale, announcing, waited) = data_then_count(&pes, AMO_AFTER_DATA);
+            eprintln!(
+                "{p} {route:?} late={late:?}: {announcing} announcing AMOs, {waited} waited \
+                 for their data, {stale} stale bytes"
+            );
+            assert_eq!(
+                stale, 0,
+                "{p} {route:?} late={late:?}: rule violated: an AMO announcing data was \
+                 applied before {stale} bytes of the writes before it had landed"
+            );
+            assert_eq!(announcing, 24);
+            assert!(
+                waited > 0,
+                "{p} {route:?}: no AMO ever had to wait, so the test exercised nothing"
+            );
+            if route == Route::Copy {
+                let copies = pes[0].gda.soft_queue().unwrap().stats().ipc_copies;
+                assert_eq!(copies, 24 * 8, "{p}: every write went the copy route");
+            }
+        }
+    }
+}
+
+/// Control for the rule: the same traffic with plain (unordered) AMOs on the unordered fabric
+/// model: the counts overtake their data and the check above sees it.
+#[test]
+fn a_plain_amo_overtakes_the_data_on_an_unordered_fabric() {
+    for p in [ordering_provider()] {
+        for route in [Route::Provider, Route::Staged] {
+            let pes = data_then_count_setup(&p, route, LATE);
+            let (stale, announcing, _) = data_then_count(&pes, 0);
+            eprintln!("{p} {route:?}: plain AMOs, {stale} stale bytes");
+            assert_eq!(announcing, 0);
+            assert!(
+                stale > 0,
+                "{p} {route:?}: no count overtook its data although every write was issued \
+                 {LATE:?} late"
+            );
+        }
+    }
+}
+
+/// A queue stopped while an announcing AMO waits for its data: within the stop's drain the late
+/// writes go and the AMO follows them (applied at the target); past it (writes later than the
+/// drain) the writes and the AMO complete as flushed and the AMO is never applied. Either way
+/// every WQE gets its completion and the consumer ends.
+#[test]
+fn a_stopping_queue_settles_the_amos_it_holds() {
+    let p = ordering_provider();
+    for (late, applied) in [(LATE, true), (Duration::from_secs(8), false)] {
+        let pes = data_then_count_setup(&p, Route::Provider, late);
+        let q0 = pes[0].gda.soft_queue().unwrap();
+        let poster = HostPoster::new(q0).unwrap();
+        let peer = pes[0].peer(1);
+        let mut ds: Vec<_> = (0..2u64)
+            .map(|i| {
+                write(
+                    &peer,
+                    pes[0].heap.addr() + 4096 + 4096 * i,
+                    pes[0].heap_lkey(),
+                    pes[1].heap.addr() + 4096 + 4096 * i,
+                    4096,
+                    None,
+                )
+            })
+            .collect();
+        let amo = AmoMsg {
+            op: AMO_OP_ADD,
+            size: 8,
+            offset: 0,
+            value: 1,
+            flags: AMO_AFTER_DATA,
+        };
+        ds.push(send_inline(&peer, &amo.encode(), None));
+        poster.post(&ds).unwrap();
+        wait_until("the AMO held", || q0.stats().amos_waited == 1);
+        let t = Instant::now();
+        q0.stop();
+        let st = q0.stats();
+        eprintln!(
+            "{p} late={late:?}: stopped after {:?}, {} completions",
+            t.elapsed(),
+            st.completed
+        );
+        assert_eq!(st.completed, 3, "every WQE completed (late={late:?})");
+        // SAFETY: the first 8-byte word of PE 1's live heap; its queue applies adds atomically.
+        let count = unsafe { AtomicU64::from_ptr(pes[1].heap.ptr() as *mut u64) };
+        if applied {
+            wait_until("the AMO applied", || count.load(Ordering::Acquire) == 1);
+        } else {
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(
+                count.load(Ordering::Acquire),
+                0,
+                "a flushed AMO was applied although its data never went"
+            );
+        }
     }
 }

@@ -434,6 +434,7 @@ fn poster(c: &Ctx, pe: usize, thread: u64, quota: u64, poster: &HostPoster, seed
                         size: 8,
                         offset: SET_OFF + slot,
                         value: v,
+                        flags: 0,
                     }
                 } else if rng.below(2) == 0 {
                     let ctr = rng.below(N_CTR64);
@@ -444,6 +445,7 @@ fn poster(c: &Ctx, pe: usize, thread: u64, quota: u64, poster: &HostPoster, seed
                         size: 8,
                         offset: AMO_OFF + 8 * ctr,
                         value: v,
+                        flags: 0,
                     }
                 } else {
                     let ctr = rng.below(N_CTR32);
@@ -454,6 +456,7 @@ fn poster(c: &Ctx, pe: usize, thread: u64, quota: u64, poster: &HostPoster, seed
                         size: 4,
                         offset: CTR32_OFF + 4 * ctr,
                         value: v,
+                        flags: 0,
                     }
                 };
                 let imm = c.rx.expect(target, pe, 32, OpType::Send);
@@ -521,6 +524,7 @@ fn poster(c: &Ctx, pe: usize, thread: u64, quota: u64, poster: &HostPoster, seed
                             size: 8,
                             offset: c.pes[target].heap.len() as u64,
                             value: 1,
+                            flags: 0,
                         };
                         send_inline(peer, &m.encode(), None)
                     }
@@ -530,6 +534,7 @@ fn poster(c: &Ctx, pe: usize, thread: u64, quota: u64, poster: &HostPoster, seed
                             size: 8,
                             offset: 0,
                             value: 1,
+                            flags: 0,
                         }
                         .encode();
                         b[4] = 9;

@@ -341,6 +341,15 @@ impl Info {
         unsafe { (*(*self.raw).rx_attr).size }
     }
 
+    /// How many endpoints the domain admits (`domain_attr->ep_cnt`) and how many transmit contexts
+    /// (`domain_attr->tx_ctx_cnt`, `domain_attr->max_ep_tx_ctx` per endpoint): the bound on GDA
+    /// queues with a send queue of their own (docs/gda-queues.md).
+    pub fn endpoint_limits(&self) -> (usize, usize, usize) {
+        // SAFETY: domain_attr is always set in a getinfo answer.
+        let d = unsafe { &*(*self.raw).domain_attr };
+        (d.ep_cnt, d.tx_ctx_cnt, d.max_ep_tx_ctx)
+    }
+
     /// Largest message.
     pub fn max_msg_size(&self) -> usize {
         // SAFETY: ep_attr is always set in a getinfo answer.

@@ -48,7 +48,7 @@ pub enum Outcome {
 pub fn amo_status(e: &AmoError) -> CqStatus {
     match e {
         AmoError::BadOp(_) => CqStatus::LocalUnsupportedOp,
-        AmoError::BadSize(_) | AmoError::Reserved => CqStatus::LocalBadLength,
+        AmoError::BadSize(_) | AmoError::UnknownFlags(_) => CqStatus::LocalBadLength,
         AmoError::Misaligned(_) | AmoError::OutOfRange(_) => CqStatus::RemoteBadAddress,
     }
 }
@@ -186,6 +186,7 @@ mod tests {
             size,
             offset,
             value,
+            flags: 0,
         }
         .encode()
     }
@@ -208,7 +209,8 @@ mod tests {
                 op: AMO_OP_ADD,
                 size: 8,
                 offset: 8,
-                value: 5
+                value: 5,
+                flags: 0,
             })
         );
         assert!(matches!(

@@ -334,6 +334,12 @@ impl HwQueue {
             ));
         }
         let info = domain.info();
+        let (ep_cnt, tx_ctx, per_ep) = info.endpoint_limits();
+        tracing::info!(
+            "hardware GDA: the domain admits {ep_cnt} endpoints, {tx_ctx} transmit contexts ({per_ep} \
+             per endpoint); the library opens one GDA queue (one QP) per PE, which every \
+             (dst_pe, qp_id) shares (docs/gda-queues.md)"
+        );
         let rx_cfg = RxConfig::default();
         let tx_view = open_gpu_cq(&ops, domain, info.tx_size().max(64))?;
         let tx_cq = tx_view.cq.clone().expect("CQ opened here");

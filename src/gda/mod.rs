@@ -159,6 +159,7 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.kernel_ahead = cfg.soft_kernel_ahead;
     c.copy_overlap = cfg.copy_overlap;
     c.null_consumer = cfg.soft_null;
+    c.unordered = cfg.soft_unordered;
     c.staging = Staging::decide(&Caps::of(domain.info()), cfg.gpu_staging);
     c
 }

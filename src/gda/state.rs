@@ -218,6 +218,12 @@ pub const NVSHMEM_EFA_GDA_AMO_MAGIC: u32 = 0x4f4d_4145;
 pub const NVSHMEM_EFA_GDA_AMO_ADD: u32 = 1;
 /// AMO message op: store `value`.
 pub const NVSHMEM_EFA_GDA_AMO_SET: u32 = 2;
+/// AMO message flag: the AMO announces data. The target applies it only after every WQE that the
+/// sending queue took before it and that is aimed at the same PE has completed at the target
+/// (docs/ordering.md). Without the flag an AMO is unordered, like every EFA operation.
+pub const NVSHMEM_EFA_GDA_AMO_AFTER_DATA: u32 = 1;
+/// Every AMO message flag the library knows; a message with another bit set is refused.
+pub const NVSHMEM_EFA_GDA_AMO_FLAGS_KNOWN: u32 = NVSHMEM_EFA_GDA_AMO_AFTER_DATA;
 
 /// Payload of an inline SEND (exactly 32 bytes, the WQE's inline room) that asks the target to apply
 /// an atomic to its own heap. EFA has no RDMA atomics, so the target applies it: the software queue's
@@ -232,8 +238,8 @@ pub struct NvshmemEfaGdaAmoMsg {
     pub op: u32,
     /// Operand size in bytes: 4 or 8.
     pub size: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// `NVSHMEM_EFA_GDA_AMO_AFTER_DATA` or 0 (other bits: refused).
+    pub flags: u32,
     /// Byte offset of the target word in the target's heap (aligned to `size`).
     pub offset: u64,
     /// Operand (low `size` bytes used).
@@ -271,5 +277,6 @@ const _: () = {
     assert!(offset_of!(NvshmemEfaGdaDeviceState, heap_base) == 104);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, peers) == 128);
     assert!(size_of::<NvshmemEfaGdaAmoMsg>() == 32);
+    assert!(offset_of!(NvshmemEfaGdaAmoMsg, flags) == 12);
     assert!(offset_of!(NvshmemEfaGdaAmoMsg, offset) == 16);
 };

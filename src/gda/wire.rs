@@ -13,7 +13,8 @@
 //!
 //! # AMO message (32 bytes, a SEND payload)
 //! The layout is [`NvshmemEfaGdaAmoMsg`] of the device state (magic `NVSHMEM_EFA_GDA_AMO_MAGIC`, the
-//! ASCII bytes `EAMO`; op `NVSHMEM_EFA_GDA_AMO_ADD` or `_SET`; size 4 or 8; reserved 0; offset from the
+//! ASCII bytes `EAMO`; op `NVSHMEM_EFA_GDA_AMO_ADD` or `_SET`; size 4 or 8; flags 0 or
+//! `NVSHMEM_EFA_GDA_AMO_AFTER_DATA` (the AMO announces data: docs/ordering.md); offset from the
 //! target heap's base, aligned to the size; value, the low 4 bytes for size 4; little-endian). A SEND
 //! (inline or not) whose payload is exactly 32 bytes and starts with the magic is applied by the
 //! target's software queue to the target's local heap before its RX completion is produced.
@@ -46,8 +47,8 @@
 use std::mem::offset_of;
 
 use super::state::{
-    NvshmemEfaGdaAmoMsg, NVSHMEM_EFA_GDA_AMO_ADD, NVSHMEM_EFA_GDA_AMO_MAGIC,
-    NVSHMEM_EFA_GDA_AMO_SET,
+    NvshmemEfaGdaAmoMsg, NVSHMEM_EFA_GDA_AMO_ADD, NVSHMEM_EFA_GDA_AMO_AFTER_DATA,
+    NVSHMEM_EFA_GDA_AMO_FLAGS_KNOWN, NVSHMEM_EFA_GDA_AMO_MAGIC, NVSHMEM_EFA_GDA_AMO_SET,
 };
 
 /// `lkey` of the first local registration of a software queue.
@@ -63,6 +64,8 @@ pub const AMO_MAGIC: u32 = NVSHMEM_EFA_GDA_AMO_MAGIC;
 pub const AMO_OP_ADD: u32 = NVSHMEM_EFA_GDA_AMO_ADD;
 /// AMO op: store the value.
 pub const AMO_OP_SET: u32 = NVSHMEM_EFA_GDA_AMO_SET;
+/// AMO flag: the AMO announces data and is applied after the WQEs before it (docs/ordering.md).
+pub const AMO_AFTER_DATA: u32 = NVSHMEM_EFA_GDA_AMO_AFTER_DATA;
 /// Size of an AMO message.
 pub const AMO_MSG_SIZE: usize = std::mem::size_of::<NvshmemEfaGdaAmoMsg>();
 
@@ -103,6 +106,8 @@ pub struct AmoMsg {
     pub offset: u64,
     /// Operand.
     pub value: u64,
+    /// 0 or [`AMO_AFTER_DATA`].
+    pub flags: u32,
 }
 
 /// Why an AMO message is not acceptable.
@@ -112,8 +117,8 @@ pub enum AmoError {
     BadOp(u32),
     /// Size other than 4 or 8.
     BadSize(u32),
-    /// Reserved bytes non-zero.
-    Reserved,
+    /// A flag bit the library does not know.
+    UnknownFlags(u32),
     /// Offset not aligned to the size.
     Misaligned(u64),
     /// Offset outside the heap (or no heap).
@@ -125,7 +130,11 @@ impl std::fmt::Display for AmoError {
         match self {
             AmoError::BadOp(o) => write!(f, "unknown AMO op {o}"),
             AmoError::BadSize(s) => write!(f, "AMO size {s} (expected 4 or 8)"),
-            AmoError::Reserved => write!(f, "AMO reserved bytes are not zero"),
+            AmoError::UnknownFlags(b) => write!(
+                f,
+                "AMO flags {b:#x} (known: {:#x})",
+                NVSHMEM_EFA_GDA_AMO_FLAGS_KNOWN
+            ),
             AmoError::Misaligned(o) => write!(f, "AMO offset {o:#x} is not aligned to its size"),
             AmoError::OutOfRange(o) => write!(f, "AMO offset {o:#x} is outside the target heap"),
         }
@@ -139,7 +148,7 @@ impl AmoMsg {
             magic: AMO_MAGIC,
             op: self.op,
             size: self.size,
-            reserved: 0,
+            flags: self.flags,
             offset: self.offset,
             value: self.value,
         }
@@ -154,7 +163,7 @@ impl AmoMsg {
             (offset_of!(M, magic), &r.magic.to_le_bytes()[..]),
             (offset_of!(M, op), &r.op.to_le_bytes()[..]),
             (offset_of!(M, size), &r.size.to_le_bytes()[..]),
-            (offset_of!(M, reserved), &r.reserved.to_le_bytes()[..]),
+            (offset_of!(M, flags), &r.flags.to_le_bytes()[..]),
             (offset_of!(M, offset), &r.offset.to_le_bytes()[..]),
             (offset_of!(M, value), &r.value.to_le_bytes()[..]),
         ] {
@@ -178,19 +187,20 @@ impl AmoMsg {
             size: u32_at(8),
             offset: u64_at(16),
             value: u64_at(24),
+            flags: u32_at(12),
         };
-        Some(m.check(u32_at(12), heap_size))
+        Some(m.check(heap_size))
     }
 
-    fn check(self, reserved: u32, heap_size: u64) -> std::result::Result<AmoMsg, AmoError> {
+    fn check(self, heap_size: u64) -> std::result::Result<AmoMsg, AmoError> {
         if self.op != AMO_OP_ADD && self.op != AMO_OP_SET {
             return Err(AmoError::BadOp(self.op));
         }
         if self.size != 4 && self.size != 8 {
             return Err(AmoError::BadSize(self.size));
         }
-        if reserved != 0 {
-            return Err(AmoError::Reserved);
+        if self.flags & !NVSHMEM_EFA_GDA_AMO_FLAGS_KNOWN != 0 {
+            return Err(AmoError::UnknownFlags(self.flags));
         }
         if self.offset % u64::from(self.size) != 0 {
             return Err(AmoError::Misaligned(self.offset));
@@ -402,6 +412,7 @@ mod tests {
             size: 8,
             offset: 64,
             value: 5,
+            flags: 0,
         };
         let b = m.encode();
         assert_eq!(&b[0..4], b"EAMO");
@@ -422,6 +433,7 @@ mod tests {
                 size,
                 offset,
                 value: 1,
+                flags: 0,
             };
             AmoMsg::parse(&m.encode(), 4096)
         };
@@ -429,7 +441,16 @@ mod tests {
         assert_eq!(set(3, 0), Some(Err(AmoError::BadSize(3))));
         let mut r = m.encode();
         r[13] = 1;
-        assert_eq!(AmoMsg::parse(&r, 4096), Some(Err(AmoError::Reserved)));
+        assert_eq!(
+            AmoMsg::parse(&r, 4096),
+            Some(Err(AmoError::UnknownFlags(0x100)))
+        );
+        let after = AmoMsg {
+            flags: AMO_AFTER_DATA,
+            ..m
+        };
+        assert_eq!(after.encode()[12], 1);
+        assert_eq!(AmoMsg::parse(&after.encode(), 4096), Some(Ok(after)));
     }
 
     #[test]

@@ -18,7 +18,8 @@ NVSHMEM_EFA_GDA_IBGDA_USING_DECLARATIONS
 // Senders: every warp of blocks [0, senders) puts one region to `peer` with
 // nvshmemi_ibgda_put_nbi_warp and then bumps the peer's counter with
 // nvshmemi_ibgda_amo_nonfetch_add (the counter reaching its final value proves that every region
-// is in place: EFA has no ordering, the compatibility layer completes the puts first).
+// is in place: EFA has no ordering; the AMO is a signal the target applies only after the puts
+// posted before it landed, docs/ordering.md).
 // nvshmemi_ibgda_rma_p stores a flag at the peer with an immediate (the flag must be in place when
 // the immediate arrives). Receiver: the last block polls this PE's counter, flag and RX ring and
 // then checks every region.

@@ -34,8 +34,11 @@ usage: tests/gpu_gda/run.sh [options]
 environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARGS,
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
   NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), GDA_TESTS_CASE_TIMEOUT (s per case),
-  GDA_BENCH_SETS (comma list of main, null, thread, host, gda; default the first three; host: the gda
-  path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone), GDA_BENCH_EXTRA (more
+  GDA_BENCH_SETS (comma list of main, null, thread, host, gda, sweep; default the first three; host: the
+  gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone; sweep:
+  8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
+  GDA_SWEEP (the sweep's points BLOCKSxWARPS, default "1x1 1x4 4x4 16x4 32x8 66x8 132x8"),
+  GDA_SWEEP_BUDGET_S (seconds per sweep run, default 8), GDA_BENCH_EXTRA (more
   gda_bench options for every benchmark run, e.g. "--blocks 16 --warps 8"), GDA_NVCC_DEFINES (extra
   nvcc options for the programs, e.g. -DNVSHMEM_EFA_GDA_PROFILE: gda_bench prints where the device's
   posting time goes),
@@ -605,6 +608,29 @@ if [ $do_bench = 1 ]; then
     if want_set thread; then
         bench_one bench-null-thread null_env 90 gda --scope thread --max-bytes 65536 --budget-s 40
         bench_one bench-thread bench_env 120 gda,proxy --scope thread --max-bytes 65536 --budget-s 60
+    fi
+    # Sweep over posting warps (blocks x warps per block), 8-byte messages: the null consumer's post
+    # rate (WQEs/s) and the message rate with data, one row per point and kind in bench-sweep.csv
+    # (queues: the send queues the PE posts to; the library has one per PE, docs/gda-queues.md).
+    if want_set sweep; then
+        sweep_csv=$OUT/bench-sweep.csv
+        echo "blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps" >"$sweep_csv"
+        for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
+            b=${bw%x*} w=${bw#*x}
+            case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
+            for kind in null data; do
+                [ $kind = null ] && envname=null_env || envname=bench_env
+                bench_one "bench-sweep-$kind-$bw" $envname 90 gda --blocks "$b" --warps "$w" \
+                    --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
+                f=$OUT/bench-sweep-$kind-$bw.csv
+                [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind \
+                    'NR > 1 { print b "," w "," b * w ",1," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 }' \
+                    "$f" >>"$sweep_csv"
+            done
+        done
+        rows=$(($(wc -l <"$sweep_csv") - 1))
+        [ "$rows" -gt 0 ] && record "bench-sweep" ok "$rows rows -> $sweep_csv" ||
+            record "bench-sweep" FAILED "no sweep rows (see $OUT/bench-sweep-*.log)"
     fi
     inputs=()
     for f in "$OUT/bench-gda-proxy.csv" "$OUT/bench-p2p.csv"; do [ -s "$f" ] && inputs+=("$f"); done

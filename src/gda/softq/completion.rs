@@ -51,6 +51,7 @@ impl Consumer {
         if let Some(b) = f.bounce {
             self.free_bounce.push(b);
         }
+        self.order.closed(f.peer, f.pc);
         self.in_flight -= 1;
         self.push_tx_cqe(f.req_id, status, f.op);
     }
@@ -66,6 +67,18 @@ impl Consumer {
         }
         if let Some(p) = self.stalled.take() {
             self.finish_failed(p, CqStatus::Flushed, "queue stopped");
+            n += 1;
+        }
+        while let Some((_, p)) = self.late.pop_front() {
+            self.finish_failed(p, CqStatus::Flushed, "queue stopped");
+            n += 1;
+        }
+        for p in self.order.drain() {
+            self.finish_failed(
+                p,
+                CqStatus::Flushed,
+                "queue stopped while the AMO waited for the data it announces",
+            );
             n += 1;
         }
         if n > 0 {

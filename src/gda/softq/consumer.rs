@@ -71,6 +71,10 @@ pub(super) struct Consumer {
     pub(super) null_batch: Vec<(u16, CqStatus, OpType)>,
     /// Intake rounds, for the stop summary.
     pub(super) rounds: RoundStats,
+    /// The ordering rule's bookkeeping (announcing AMOs wait for the data they announce).
+    pub(super) order: super::order::Order,
+    /// RDMA writes held back by the unordered fabric model, with the time each may go.
+    pub(super) late: VecDeque<(Instant, Pending)>,
 }
 
 /// How the consumer's loop went, printed when it stops (debug level): tells a queue whose
@@ -164,6 +168,8 @@ impl Consumer {
             kdone: Default::default(),
             null_batch: Vec::new(),
             rounds: RoundStats::default(),
+            order: Default::default(),
+            late: VecDeque::new(),
             inner,
         }
     }
@@ -209,6 +215,7 @@ impl Consumer {
             let mut work = self.poll_cq();
             let t1 = timing.then(Instant::now);
             work += self.poll_copies();
+            work += self.release_held();
             let t2 = timing.then(Instant::now);
             work += self.flush_rx();
             work += self.pump_outbox();
@@ -218,7 +225,12 @@ impl Consumer {
             }
             if self.inner.stop.load(Ordering::Acquire) {
                 let deadline = *stop_deadline.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
-                if self.in_flight == 0 && self.stalled.is_none() && self.outbox.is_empty() {
+                if self.in_flight == 0
+                    && self.stalled.is_none()
+                    && self.outbox.is_empty()
+                    && self.order.idle()
+                    && self.late.is_empty()
+                {
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -277,6 +289,14 @@ impl Consumer {
                 k.applied_time.as_secs_f64() * 1e6 / k.applied.max(1) as f64
             );
         }
+        if self.order.announced > 0 {
+            tracing::debug!(
+                "software queue: {} AMOs announced data, {} of them waited for earlier WQEs to \
+                 their PE",
+                self.order.announced,
+                self.order.waited
+            );
+        }
         let r = self.rounds;
         let busy = match (r.first, r.last) {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),
@@ -325,6 +345,8 @@ impl Consumer {
             && self.stalled.is_none()
             && pending_wqes == 0
             && self.pending_rx.is_empty()
+            && self.order.idle()
+            && self.late.is_empty()
             && resv <= self.ci
         {
             return;
@@ -337,10 +359,11 @@ impl Consumer {
             "GPU side: {resv} slots reserved, {ready} committed, {done} done, CQ consumer {cq_ci}, \
              first error {:#x}, CQ lock {}. Consumer: doorbell {db}, {} WQEs taken ({pending_wqes} \
              announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
-             ({} free), {} WQE waiting for the provider, {} TX completions written, {} receive \
-             completions waiting for ring space. Staged path: {} messages sent, {} send completions, \
-             {} received ({} acknowledgements), {} sends refused by the provider (try again){}, {} held \
-             for want of an operation context",
+             ({} free), {} WQE waiting for the provider, {} AMOs waiting for the data they \
+             announce, {} TX completions written, {} receive completions waiting for ring space. \
+             Staged path: {} messages sent, {} send completions, {} received ({} \
+             acknowledgements), {} sends refused by the provider (try again){}, {} held for want \
+             of an operation context",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
             self.ci,
@@ -348,6 +371,7 @@ impl Consumer {
             self.outbox.len(),
             self.free_bounce.len(),
             usize::from(self.stalled.is_some()),
+            self.order.held(),
             self.cq_pc,
             self.pending_rx.len(),
             self.stats.sent,

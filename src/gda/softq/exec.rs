@@ -3,6 +3,9 @@ use super::*;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct InFlight {
+    /// Producer count and target PE (the ordering rule's bookkeeping).
+    pub(super) pc: u64,
+    pub(super) peer: u16,
     pub(super) req_id: u16,
     pub(super) op: OpType,
     pub(super) bounce: Option<u32>,
@@ -48,6 +51,38 @@ impl Consumer {
             Staging::All => true,
             Staging::Device => reg.device || self.tables.heap_device(),
         }
+    }
+
+    /// Records WQE `f` in flight in consumer slot `slot`.
+    pub(super) fn occupy(&mut self, slot: u32, f: InFlight) {
+        self.slots[slot as usize] = Some(f);
+        self.in_flight += 1;
+    }
+
+    /// Posts the held AMOs whose covered WQEs have completed (the ordering rule, `order.rs`), and
+    /// the writes of the unordered fabric model whose time has come.
+    pub(super) fn release_held(&mut self) -> usize {
+        let mut n = 0;
+        while self.late.front().is_some_and(|(t, _)| *t <= Instant::now()) {
+            let (t, p) = self.late.pop_front().expect("front checked");
+            match self.post(p) {
+                Ok(()) => n += 1,
+                Err(p) => {
+                    self.late.push_front((t, p));
+                    break;
+                }
+            }
+        }
+        while let Some(p) = self.order.next_ready() {
+            match self.post(p) {
+                Ok(()) => n += 1,
+                Err(p) => {
+                    self.order.put_back(p);
+                    break;
+                }
+            }
+        }
+        n
     }
 
     pub(super) fn retry_stalled(&mut self) -> usize {
@@ -116,7 +151,12 @@ impl Consumer {
                             || e.code == -(errno::EOPNOTSUPP as i32)
                             || e.code == -(errno::ENOSYS as i32)) =>
                 {
-                    tracing::info!("software queue: provider refuses FI_DELIVERY_COMPLETE ({e}); using its default completion");
+                    tracing::warn!(
+                        "software queue: provider refuses FI_DELIVERY_COMPLETE ({e}); using its \
+                         default completion. An AMO that announces data then waits only for the \
+                         transmit completions of the writes before it: the order at the target \
+                         is the provider's (docs/ordering.md)"
+                    );
                     self.delivery_flags = 0;
                 }
                 other => break other,
@@ -124,13 +164,17 @@ impl Consumer {
         };
         match r {
             Ok(()) => {
-                self.slots[slot as usize] = Some(InFlight {
-                    req_id: p.req_id,
-                    op: p.op,
-                    bounce: p.bounce,
-                    stage: None,
-                });
-                self.in_flight += 1;
+                self.occupy(
+                    slot,
+                    InFlight {
+                        pc: p.pc,
+                        peer: p.peer,
+                        req_id: p.req_id,
+                        op: p.op,
+                        bounce: p.bounce,
+                        stage: None,
+                    },
+                );
                 Ok(())
             }
             Err(e) if e.is_again() => {
@@ -245,6 +289,7 @@ impl Consumer {
             "software queue: WQE with request id {} failed at post ({status}): {why}",
             p.req_id
         );
+        self.order.closed(p.peer, p.pc);
         if let Some(s) = p.slot {
             self.free_slots.push(s);
         }

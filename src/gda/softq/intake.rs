@@ -16,10 +16,12 @@ pub(super) enum Action {
         key: u64,
         data: Option<u64>,
     },
+    /// SEND; `after_data`: an AMO message that announces data (the ordering rule, `order.rs`).
     Send {
         dest: FiAddr,
         hdr: SendHdr,
         payload: Payload,
+        after_data: bool,
     },
     /// RDMA write (with immediate) or read by staged messages: `off` is the offset in the target's
     /// heap.
@@ -66,6 +68,8 @@ pub(super) struct Pending {
     pub(super) action: Action,
     pub(super) slot: Option<u32>,
     pub(super) bounce: Option<u32>,
+    /// The PE it is aimed at (the WQE's address handle).
+    pub(super) peer: u16,
 }
 
 /// A rejection: the completion status and the reason for the log.
@@ -271,6 +275,24 @@ impl Consumer {
             }
             match verdict {
                 Ok(p) => {
+                    // The ordering rule: an AMO announcing data waits for the WQEs before it.
+                    self.order.taken(p.peer, p.pc);
+                    let announcing = p.announces();
+                    let held = self.order.hold_if_needed(p);
+                    if announcing {
+                        let c = &self.inner.order_counts;
+                        c[0].store(self.order.announced, Ordering::Release);
+                        c[1].store(self.order.waited, Ordering::Release);
+                    }
+                    let Some(p) = held else {
+                        continue;
+                    };
+                    if !self.inner.unordered.is_zero() && p.writes() {
+                        // The unordered fabric model: this write goes later, what follows goes on.
+                        self.late
+                            .push_back((Instant::now() + self.inner.unordered, p));
+                        continue;
+                    }
                     if let Err(p) = self.post(p) {
                         self.stalled = Some(p);
                         break;
@@ -350,6 +372,7 @@ impl Consumer {
             action,
             slot: None,
             bounce: None,
+            peer: desc.ah,
         })
     }
 
@@ -484,6 +507,7 @@ impl Consumer {
                         format!("SEND of {len} bytes (the software queue carries {SOFT_SEND_MAX})"),
                     ));
                 }
+                let mut after_data = false;
                 if let Payload::Inline(data, n) = payload {
                     match AmoMsg::parse(&data[..n], peer.heap_extent()) {
                         Some(Err(e)) => {
@@ -501,7 +525,8 @@ impl Consumer {
                                 ),
                             ))
                         }
-                        _ => {}
+                        Some(Ok(m)) => after_data = m.flags & wire::AMO_AFTER_DATA != 0,
+                        None => {}
                     }
                 }
                 let hdr = SendHdr {
@@ -513,6 +538,7 @@ impl Consumer {
                     dest: peer.fi_addr,
                     hdr,
                     payload,
+                    after_data,
                 })
             }
         }

@@ -436,13 +436,17 @@ impl Consumer {
         } else {
             self.round.last.push((dst, src, len));
         }
-        self.slots[slot as usize] = Some(InFlight {
-            req_id: p.req_id,
-            op: p.op,
-            bounce: None,
-            stage: None,
-        });
-        self.in_flight += 1;
+        self.occupy(
+            slot,
+            InFlight {
+                pc: p.pc,
+                peer: p.peer,
+                req_id: p.req_id,
+                op: p.op,
+                bounce: None,
+                stage: None,
+            },
+        );
         self.ipc_copies += 1;
         self.round.waits.push((slot, bounce));
         self.round.host_memory |= len > 0 && !device;

@@ -142,6 +142,8 @@
 //! * `consumer`: the consumer thread's state, loop and idle policy;
 //! * `intake`: doorbell, flow control, request id/phase and semantic checks of each WQE;
 //! * `exec`: posting on the private endpoint; `completion`: TX completions and the CQ;
+//! * `order`: the ordering rule (an AMO that announces data waits for the WQEs before it to its
+//!   PE, docs/ordering.md);
 //! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA;
 //! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk.
 
@@ -151,6 +153,7 @@ mod exec;
 mod intake;
 mod ipc;
 mod layout;
+mod order;
 mod receive;
 mod staging;
 mod tables;
@@ -277,6 +280,9 @@ pub struct SoftQueueConfig {
     /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
     /// id and phase checks, nothing else is validated or executed.
     pub null_consumer: bool,
+    /// Model of an unordered fabric (`NVSHMEM_EFA_SOFT_UNORDERED_US`, tests): every RDMA write is
+    /// issued this long after it was taken while later WQEs go on. Zero: off.
+    pub unordered: Duration,
 }
 
 /// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
@@ -307,6 +313,7 @@ impl SoftQueueConfig {
             kernel_host_delay: Duration::ZERO,
             kernel_ahead: 1,
             null_consumer: false,
+            unordered: Duration::ZERO,
         }
     }
 
@@ -383,6 +390,10 @@ pub struct SoftQueueStats {
     pub kernel_launches: u64,
     pub kernel_applied: u64,
     pub kernel_taken_over: u64,
+    /// AMO messages that announce data ([`super::wire::AMO_AFTER_DATA`]) taken, and how many of
+    /// them waited for earlier WQEs to their PE (the ordering rule, docs/ordering.md).
+    pub amos_announcing: u64,
+    pub amos_waited: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -430,8 +441,12 @@ struct Inner {
     /// [`SoftQueueConfig::kernel_ahead`].
     kernel_ahead: usize,
     null_consumer: bool,
+    /// [`SoftQueueConfig::unordered`].
+    unordered: Duration,
     ipc_copies: AtomicU64,
     ipc_ring_waits: AtomicU64,
+    /// [`SoftQueueStats::amos_announcing`], `amos_waited`.
+    order_counts: [AtomicU64; 2],
     /// [`SoftQueueStats::kernel_launches`], `kernel_applied`, `kernel_taken_over`.
     kernel_counts: [AtomicU64; 3],
 }
@@ -516,13 +531,22 @@ impl SoftQueue {
             kernel_stuck: cfg.kernel_stuck,
             kernel_ahead: cfg.kernel_ahead.max(1),
             null_consumer: cfg.null_consumer,
+            unordered: cfg.unordered,
             ipc_copies: AtomicU64::new(0),
             ipc_ring_waits: AtomicU64::new(0),
+            order_counts: Default::default(),
             kernel_counts: Default::default(),
         });
         if cfg.null_consumer {
             tracing::warn!(
                 "software queue: NULL CONSUMER (NVSHMEM_EFA_SOFT_NULL=1, benchmarks only): WQEs are                  completed with success after the request id and phase checks; NO DATA MOVES and                  nothing else is validated"
+            );
+        }
+        if !cfg.unordered.is_zero() {
+            tracing::warn!(
+                "software queue: unordered fabric model (NVSHMEM_EFA_SOFT_UNORDERED_US, tests): \
+                 every RDMA write is issued {} us after it was taken, later WQEs overtake it",
+                cfg.unordered.as_micros()
             );
         }
         if cfg.rx_credits && cfg.staging != Staging::Off {
@@ -822,6 +846,8 @@ impl SoftQueue {
             kernel_launches: i.kernel_counts[0].load(Ordering::Acquire),
             kernel_applied: i.kernel_counts[1].load(Ordering::Acquire),
             kernel_taken_over: i.kernel_counts[2].load(Ordering::Acquire),
+            amos_announcing: i.order_counts[0].load(Ordering::Acquire),
+            amos_waited: i.order_counts[1].load(Ordering::Acquire),
         }
     }
 

@@ -108,23 +108,27 @@ impl Consumer {
             } => (local, device, len as u64),
             _ => (0, false, 0),
         };
-        self.slots[slot as usize] = Some(InFlight {
-            req_id: p.req_id,
-            op: p.op,
-            bounce: None,
-            stage: Some(Stage {
-                token: item.token,
-                awaiting: 0,
-                queued: true,
-                deferred: None,
-                status: CqStatus::Ok,
-                read_dst,
-                read_device,
-                read_len: read_left,
-                read_left,
-            }),
-        });
-        self.in_flight += 1;
+        self.occupy(
+            slot,
+            InFlight {
+                pc: p.pc,
+                peer: p.peer,
+                req_id: p.req_id,
+                op: p.op,
+                bounce: None,
+                stage: Some(Stage {
+                    token: item.token,
+                    awaiting: 0,
+                    queued: true,
+                    deferred: None,
+                    status: CqStatus::Ok,
+                    read_dst,
+                    read_device,
+                    read_len: read_left,
+                    read_left,
+                }),
+            },
+        );
         self.outbox.push_back(item);
     }
 
