@@ -26,7 +26,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::config::Config;
@@ -99,49 +99,9 @@ fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-// ---------------------------------------------------------------------------------------------
-// Hub framing: a child sends [tag][payload] (each u32 length + bytes); the hub answers every
-// participant of the round with the payloads of all participants, in PE order.
-// ---------------------------------------------------------------------------------------------
-fn write_frame(s: &mut UnixStream, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    for p in parts {
-        buf.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        buf.extend_from_slice(p);
-    }
-    s.write_all(&buf)
-}
-
-fn read_chunk(s: &mut UnixStream) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let mut v = vec![0u8; u32::from_le_bytes(len) as usize];
-    s.read_exact(&mut v)?;
-    Ok(v)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Child side
-// ---------------------------------------------------------------------------------------------
-static HUB: OnceLock<Mutex<UnixStream>> = OnceLock::new();
-static ME: OnceLock<usize> = OnceLock::new();
-
-fn fail(msg: &str) -> ! {
-    eprintln!("PE {}: FAILED: {msg}", ME.get().copied().unwrap_or(99));
-    std::process::exit(1);
-}
-
-fn note(msg: &str) {
-    eprintln!("PE {}: {msg}", ME.get().copied().unwrap_or(99));
-}
-
-fn hub_round(tag: &str, payload: &[u8]) -> Vec<u8> {
-    let mut s = HUB.get().expect("hub").lock().unwrap();
-    if let Err(e) = write_frame(&mut s, &[tag.as_bytes(), payload]) {
-        fail(&format!("hub round {tag}: send: {e}"));
-    }
-    read_chunk(&mut s).unwrap_or_else(|e| fail(&format!("hub round {tag}: receive: {e}")))
-}
+// The hub's framing and the child side of its rounds: tests/hub_common.
+mod hub_common;
+use hub_common::{fail, hub_round, note, read_chunk, write_frame, HUB, ME};
 
 struct Pe {
     me: usize,

@@ -18,7 +18,7 @@ use std::ffi::{c_int, c_void};
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::capi::transport::nvshmemt_init;
@@ -57,53 +57,9 @@ fn pattern(src: usize, salt: u8, i: usize) -> u8 {
         .wrapping_add(salt)
 }
 
-// ---------------------------------------------------------------------------------------------
-// Hub framing: a child sends [tag len u32][tag][payload len u32][payload]; the hub answers every
-// participant of the round with [len u32][the payloads of all participants, in PE order].
-// ---------------------------------------------------------------------------------------------
-fn write_frame(s: &mut UnixStream, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    for p in parts {
-        buf.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        buf.extend_from_slice(p);
-    }
-    s.write_all(&buf)
-}
-
-fn read_chunk(s: &mut UnixStream) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let mut v = vec![0u8; u32::from_le_bytes(len) as usize];
-    s.read_exact(&mut v)?;
-    Ok(v)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Child side
-// ---------------------------------------------------------------------------------------------
-static HUB: OnceLock<Mutex<UnixStream>> = OnceLock::new();
-static ME: OnceLock<usize> = OnceLock::new();
-
-/// One round through the hub: returns the concatenated payloads of the round's participants.
-fn hub_round(tag: &str, payload: &[u8]) -> Vec<u8> {
-    let mut s = HUB.get().expect("hub").lock().unwrap();
-    if let Err(e) = write_frame(&mut s, &[tag.as_bytes(), payload]) {
-        fail(&format!("hub round {tag}: send: {e}"));
-    }
-    match read_chunk(&mut s) {
-        Ok(v) => v,
-        Err(e) => fail(&format!("hub round {tag}: receive: {e}")),
-    }
-}
-
-fn fail(msg: &str) -> ! {
-    eprintln!("PE {}: FAILED: {msg}", ME.get().copied().unwrap_or(99));
-    std::process::exit(1);
-}
-
-fn note(msg: &str) {
-    eprintln!("PE {}: {msg}", ME.get().copied().unwrap_or(99));
-}
+// The hub's framing and the child side of its rounds: tests/hub_common.
+mod hub_common;
+use hub_common::{fail, hub_round, note, read_chunk, write_frame, HUB, ME};
 
 unsafe extern "C" fn boot_allgather(
     s: *const c_void,
