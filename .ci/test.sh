@@ -25,7 +25,7 @@ stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --all-targets --locked -- -D warnings
 stage build-release cargo build --release --locked
 # Unit, integration (host harness for ABI v3 and v4, software queue, fabric layer), header freshness.
-stage cargo-test cargo test --release --locked -- --test-threads=1
+stage cargo-test bash .ci/cargo-test.sh
 # Two "hosts" on this machine (network + UTS namespaces over a veth pair), host memory, tcp: the
 # harness's cases and its stream benchmark next to fi_rma_bw in the same namespaces (data checked).
 stage twohost-host env OUT="${TMPDIR:-/tmp}/twohost-ci" bash tests/twohost/ci.sh
