@@ -101,7 +101,7 @@ fn mono_ns() -> u64 {
 
 // The hub's framing and the child side of its rounds: tests/hub_common.
 mod hub_common;
-use hub_common::{fail, hub_round, note, read_chunk, write_frame, HUB, ME};
+use hub_common::{fail, hub_round, note, HUB, ME};
 
 struct Pe {
     me: usize,
@@ -544,53 +544,15 @@ impl Job {
 
     /// Serves library rounds until every participant reaches the round `tag`, and that round.
     fn serve_until(&mut self, tag: &str, participants: &[usize]) {
-        loop {
-            let mut tags = Vec::new();
-            let mut payloads = Vec::new();
-            for &pe in participants {
-                let s = self.streams[pe].as_mut().expect("stream");
-                s.set_read_timeout(Some(ROUND_LIMIT)).unwrap();
-                match read_chunk(s).and_then(|t| read_chunk(s).map(|p| (t, p))) {
-                    Ok((t, p)) => {
-                        tags.push(String::from_utf8_lossy(&t).into_owned());
-                        payloads.push(p);
-                    }
-                    Err(e) => self.abort(&format!("PE {pe} left before round {tag}: {e}")),
-                }
-            }
-            if tags.iter().any(|t| t != &tags[0]) {
-                self.abort(&format!(
-                    "PEs {participants:?} are in different rounds: {tags:?}"
-                ));
-            }
-            let all: Vec<u8> = payloads.concat();
-            for &pe in participants {
-                let s = self.streams[pe].as_mut().expect("stream");
-                if let Err(e) = write_frame(s, &[&all]) {
-                    self.abort(&format!("reply to PE {pe} in round {}: {e}", tags[0]));
-                }
-            }
-            if tags[0] == tag {
-                return;
-            }
-            if tags[0] != "lib" {
-                self.abort(&format!(
-                    "PEs reached round {} while {tag} was expected",
-                    tags[0]
-                ));
-            }
+        if let Err(e) = hub_common::serve_until(&mut self.streams, tag, participants, ROUND_LIMIT) {
+            self.abort(&e);
         }
     }
 
     fn wait_exit(&mut self, pe: usize, limit: Duration) -> std::process::ExitStatus {
-        let t = Instant::now();
-        loop {
-            match self.children[pe].try_wait() {
-                Ok(Some(st)) => return st,
-                Ok(None) if t.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
-                Ok(None) => self.abort(&format!("PE {pe} did not exit within {limit:?}")),
-                Err(e) => self.abort(&format!("waiting for PE {pe}: {e}")),
-            }
+        match hub_common::wait_exit(&mut self.children[pe], pe, limit) {
+            Ok(st) => st,
+            Err(e) => self.abort(&e),
         }
     }
 }

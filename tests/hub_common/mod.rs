@@ -52,3 +52,67 @@ pub fn hub_round(tag: &str, payload: &[u8]) -> Vec<u8> {
     }
     read_chunk(&mut s).unwrap_or_else(|e| fail(&format!("hub round {tag}: receive: {e}")))
 }
+
+/// Parent side: serves the library's rounds ("lib") of `participants` until all of them reach the
+/// round `tag`, and that round (each child's stream read with `limit`). `Err` says what went wrong:
+/// a PE that left, PEs in different rounds, a round other than "lib" or `tag`.
+pub fn serve_until(
+    streams: &mut [Option<UnixStream>],
+    tag: &str,
+    participants: &[usize],
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    loop {
+        let mut tags = Vec::new();
+        let mut payloads = Vec::new();
+        for &pe in participants {
+            let s = streams[pe].as_mut().expect("stream");
+            s.set_read_timeout(Some(limit))
+                .map_err(|e| format!("PE {pe}: read timeout: {e}"))?;
+            let (t, p) = read_chunk(s)
+                .and_then(|t| read_chunk(s).map(|p| (t, p)))
+                .map_err(|e| format!("PE {pe} left before round {tag}: {e}"))?;
+            tags.push(String::from_utf8_lossy(&t).into_owned());
+            payloads.push(p);
+        }
+        if tags.iter().any(|t| t != &tags[0]) {
+            return Err(format!(
+                "PEs {participants:?} are in different rounds: {tags:?}"
+            ));
+        }
+        let all: Vec<u8> = payloads.concat();
+        for &pe in participants {
+            let s = streams[pe].as_mut().expect("stream");
+            write_frame(s, &[&all])
+                .map_err(|e| format!("reply to PE {pe} in round {}: {e}", tags[0]))?;
+        }
+        if tags[0] == tag {
+            return Ok(());
+        }
+        if tags[0] != "lib" {
+            return Err(format!(
+                "PEs reached round {} while {tag} was expected",
+                tags[0]
+            ));
+        }
+    }
+}
+
+/// Parent side: waits up to `limit` for child `pe` to exit.
+pub fn wait_exit(
+    child: &mut std::process::Child,
+    pe: usize,
+    limit: std::time::Duration,
+) -> Result<std::process::ExitStatus, String> {
+    let t = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Ok(st),
+            Ok(None) if t.elapsed() < limit => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Ok(None) => return Err(format!("PE {pe} did not exit within {limit:?}")),
+            Err(e) => return Err(format!("waiting for PE {pe}: {e}")),
+        }
+    }
+}
