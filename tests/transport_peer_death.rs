@@ -15,7 +15,7 @@
 //! A survivor stops at its first failed check (so a library that waits out the quiet timeout costs
 //! one timeout, not one per check); the test then reports every process's output.
 use std::ffi::{c_int, c_void};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -711,44 +711,12 @@ fn run_job(provider: &'static str, test_name: &str) {
             cmd.env("FI_TCP_IFACE", "lo");
         }
         let mut child = cmd.spawn().expect("spawn a PE");
-        let out = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let o2 = out.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                o2.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let out = hub_common::capture_stderr(&mut child);
         job.children.push(child);
         job.output.push(out);
     }
-    listener.set_nonblocking(true).unwrap();
-    let t = Instant::now();
-    let mut joined = 0;
-    while joined < NP {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false).unwrap();
-                let mut id = [0u8; 4];
-                s.read_exact(&mut id).unwrap();
-                let pe = u32::from_le_bytes(id) as usize;
-                job.streams[pe] = Some(s);
-                joined += 1;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if t.elapsed() > ROUND_LIMIT {
-                    job.abort("PEs did not connect to the hub");
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => job.abort(&format!("accept: {e}")),
-        }
+    if let Err(e) = hub_common::accept_all(&listener, &mut job.streams, ROUND_LIMIT) {
+        job.abort(&e);
     }
     let all: Vec<usize> = (0..NP).collect();
     job.serve_until("setup", &all);

@@ -116,3 +116,61 @@ pub fn wait_exit(
         }
     }
 }
+
+/// Parent side: collects a child's stderr in the background (for the failure report).
+pub fn capture_stderr(child: &mut std::process::Child) -> std::sync::Arc<Mutex<String>> {
+    let out = std::sync::Arc::new(Mutex::new(String::new()));
+    let mut err = child.stderr.take().expect("stderr piped");
+    let o2 = out.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = err.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            o2.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    out
+}
+
+/// Parent side: accepts the connections of `streams.len()` children (each first sends its PE as a
+/// u32) within `limit`.
+pub fn accept_all(
+    listener: &std::os::unix::net::UnixListener,
+    streams: &mut [Option<UnixStream>],
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listener: {e}"))?;
+    let t = std::time::Instant::now();
+    let mut joined = 0;
+    while joined < streams.len() {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                s.set_nonblocking(false)
+                    .map_err(|e| format!("accepted stream: {e}"))?;
+                let mut id = [0u8; 4];
+                s.read_exact(&mut id)
+                    .map_err(|e| format!("a PE's first word: {e}"))?;
+                let pe = u32::from_le_bytes(id) as usize;
+                let slot = streams
+                    .get_mut(pe)
+                    .ok_or_else(|| format!("a child named PE {pe}"))?;
+                *slot = Some(s);
+                joined += 1;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if t.elapsed() > limit {
+                    return Err("PEs did not connect to the hub".into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
+    Ok(())
+}
