@@ -12,6 +12,20 @@ pub(super) struct InFlight {
     pub(super) stage: Option<Stage>,
 }
 
+impl InFlight {
+    /// The in-flight record of pending WQE `p`, with its bounce range and staging state.
+    pub(super) fn of(p: &Pending, bounce: Option<u32>, stage: Option<Stage>) -> InFlight {
+        InFlight {
+            pc: p.pc,
+            peer: p.peer,
+            req_id: p.req_id,
+            op: p.op,
+            bounce,
+            stage,
+        }
+    }
+}
+
 /// Maps a libfabric error code (negative or positive errno) to the EFA status closest in meaning.
 pub fn fabric_error_status(code: i32) -> CqStatus {
     let e = code.unsigned_abs();
@@ -164,17 +178,7 @@ impl Consumer {
         };
         match r {
             Ok(()) => {
-                self.occupy(
-                    slot,
-                    InFlight {
-                        pc: p.pc,
-                        peer: p.peer,
-                        req_id: p.req_id,
-                        op: p.op,
-                        bounce: p.bounce,
-                        stage: None,
-                    },
-                );
+                self.occupy(slot, InFlight::of(&p, p.bounce, None));
                 Ok(())
             }
             Err(e) if e.is_again() => {

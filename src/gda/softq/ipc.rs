@@ -436,17 +436,7 @@ impl Consumer {
         } else {
             self.round.last.push((dst, src, len));
         }
-        self.occupy(
-            slot,
-            InFlight {
-                pc: p.pc,
-                peer: p.peer,
-                req_id: p.req_id,
-                op: p.op,
-                bounce: None,
-                stage: None,
-            },
-        );
+        self.occupy(slot, InFlight::of(&p, None, None));
         self.ipc_copies += 1;
         self.round.waits.push((slot, bounce));
         self.round.host_memory |= len > 0 && !device;

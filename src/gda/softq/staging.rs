@@ -110,13 +110,10 @@ impl Consumer {
         };
         self.occupy(
             slot,
-            InFlight {
-                pc: p.pc,
-                peer: p.peer,
-                req_id: p.req_id,
-                op: p.op,
-                bounce: None,
-                stage: Some(Stage {
+            InFlight::of(
+                &p,
+                None,
+                Some(Stage {
                     token: item.token,
                     awaiting: 0,
                     queued: true,
@@ -127,7 +124,7 @@ impl Consumer {
                     read_len: read_left,
                     read_left,
                 }),
-            },
+            ),
         );
         self.outbox.push_back(item);
     }
