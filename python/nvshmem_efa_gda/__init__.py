@@ -18,6 +18,7 @@ For launchers: `python -m nvshmem_efa_gda env` prints the equivalent shell expor
 import ctypes
 import os
 import re
+import subprocess
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -287,35 +288,99 @@ def find_nvshmem(nvshmem_home: Optional[str] = None, nvshmem_version: Optional[s
     )
 
 
+_FABRIC_VERSION = re.compile(rb"FABRIC_(\d+)\.(\d+)\x00")
+
+
+def _fabric_versions(path: str) -> set:
+    """The libfabric symbol versions (FABRIC_x.y) named in a shared object's version sections: what a
+    libfabric.so defines, or what this library needs. Read from the file, never by loading it (a
+    loaded libfabric.so.1 of the wrong release would be the one every later lookup gets)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return set()
+    return {(int(a), int(b)) for a, b in _FABRIC_VERSION.findall(data)}
+
+
+def _needed_fabric_versions() -> set:
+    return _fabric_versions(library_path())
+
+
+def _ldconfig_libfabric() -> List[str]:
+    for tool in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+        try:
+            out = subprocess.run([tool, "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return [ln.split("=>", 1)[1].strip() for ln in out.splitlines()
+                if ln.strip().startswith("libfabric.so.1 ") and "=>" in ln]
+    return []
+
+
+def _libfabric_candidates() -> List[str]:
+    """Every libfabric.so.1 in the order the dynamic loader tries them for this library:
+    LD_LIBRARY_PATH, its RUNPATH (the EFA installer's directory), the ldconfig cache."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + [EFA_LIBDIR]
+    seen, out = set(), []
+    for c in [os.path.join(d, "libfabric.so.1") for d in dirs] + _ldconfig_libfabric():
+        real = os.path.realpath(c)
+        if os.path.exists(c) and real not in seen:
+            seen.add(real)
+            out.append(c)
+    return out
+
+
+def _too_old(path: str, need: set) -> Optional[str]:
+    """Why the libfabric at `path` cannot serve this library (None: it can)."""
+    have = _fabric_versions(path)
+    missing = sorted(need - have)
+    if not need or not missing:
+        return None
+    newest = max(have) if have else None
+    return (f"{os.path.realpath(path)} lacks symbol version "
+            + ", ".join(f"FABRIC_{a}.{b}" for a, b in missing)
+            + (f" (it stops at FABRIC_{newest[0]}.{newest[1]}: a libfabric older than 2.0)"
+               if newest else ""))
+
+
 def find_libfabric(load: bool = False) -> Tuple[Optional[str], List[str]]:
-    """Where libfabric.so.1 comes from: (path or None, places looked at). Already loaded in this
-    process, else what the dynamic loader finds (LD_LIBRARY_PATH, the ldconfig cache), else the EFA
-    installer's /opt/amazon/efa/lib. With load=True the library found is loaded (RTLD_GLOBAL)."""
+    """Where libfabric.so.1 comes from: (path or None, places looked at and why each was passed
+    over). Already loaded in this process, else the first libfabric >= 2.0 in the loader's order
+    (LD_LIBRARY_PATH, the EFA installer's /opt/amazon/efa/lib, the ldconfig cache); a libfabric
+    that lacks the symbol versions this library needs (an older release, such as Debian's or
+    Ubuntu's 1.x) is passed over and named. With load=True the library found is loaded by its full
+    path (RTLD_GLOBAL), so the plugin's own lookup of libfabric.so.1 gets that one."""
     looked = ["this process", "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""),
-              "the ldconfig cache", EFA_LIBDIR]
+              EFA_LIBDIR, "the ldconfig cache"]
+    need = _needed_fabric_versions()
     mapped = _mapped("libfabric.so")
     if mapped:
-        return mapped[0], looked
-    for cand in ("libfabric.so.1", os.path.join(EFA_LIBDIR, "libfabric.so.1")):
-        if "/" in cand and not os.path.exists(cand):
+        why = _too_old(mapped[0], need)
+        if why is None:
+            return mapped[0], looked
+        return None, looked + ["already loaded in this process: " + why]
+    rejected = []
+    for cand in _libfabric_candidates():
+        why = _too_old(cand, need)
+        if why is not None:
+            rejected.append(why)
             continue
         try:
-            h = ctypes.CDLL(cand, mode=os.RTLD_NOW | (os.RTLD_GLOBAL if load else os.RTLD_LOCAL))
-        except OSError:
+            ctypes.CDLL(cand, mode=os.RTLD_NOW | (os.RTLD_GLOBAL if load else os.RTLD_LOCAL))
+        except OSError as e:
+            rejected.append(f"{cand}: {e}")
             continue
         found = _mapped("libfabric.so")
-        path = found[0] if found else cand
-        if not load:
-            del h  # ctypes never dlcloses; the mapping stays, harmlessly
-        return path, looked
-    return None, looked
+        return (found[0] if found else cand), looked + rejected
+    return None, looked + rejected
 
 
 def _no_libfabric_message(looked: List[str]) -> str:
     return (
-        "libfabric.so.1 not found (looked in: " + "; ".join(looked) + "). nvshmem-efa-gda uses the "
+        "no usable libfabric.so.1 (looked in: " + "; ".join(looked) + "). nvshmem-efa-gda uses the "
         "system's libfabric (>= 2.0) and does not bundle one: install the AWS EFA installer "
-        "(it puts libfabric in /opt/amazon/efa/lib) or your distribution's libfabric, or add its "
+        "(it puts libfabric in /opt/amazon/efa/lib) or a libfabric >= 2.0, and add its "
         "lib directory to LD_LIBRARY_PATH before starting Python."
     )
 
@@ -476,4 +541,10 @@ def env_exports(nvshmem_version: Optional[str] = None, *, nvshmem_home: Optional
         lines.append("# WARNING: " + _no_libfabric_message(looked))
     else:
         lines.append(f"# libfabric: {fabric}")
+        passed_over = [w for w in looked if "lacks symbol version" in w]
+        if passed_over:
+            # The launched process's loader would meet the old one first: put this one ahead.
+            lines.append("# passed over: " + "; ".join(passed_over))
+            d = os.path.dirname(fabric)
+            lines.append(f"export LD_LIBRARY_PATH={d}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
     return lines

@@ -77,6 +77,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+# The blocks run in a scratch directory: every path given becomes absolute first.
+abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+wheels=$(abspath "$wheels") fabric=$(abspath "$fabric") app=$(abspath "$app")
 OUT=${OUT:-$PWD/gpu-out}
 log=$OUT/quickstart
 mkdir -p "$log" || exit 2
