@@ -139,6 +139,8 @@ say "torch python $PY; NVSHMEM $nvshmem_dir; libfabric $fabric_lib; $ngpu GPUs; 
 # ---- PyTorch
 (cd "$wheels" && bash -e "$work/blocks/torch-install.txt") >"$log/torch-install.log" 2>&1
 result "torch-install: $(cat "$work/blocks/torch-install.txt")" $?
+# count PATTERN FILE: occurrences, not lines (the ranks' prints can share a line).
+count() { grep -o "$1" "$2" | wc -l; }
 tdir=$work/torch
 mkdir -p "$tdir" && cp "$work/blocks/$(script_name)" "$tdir/"
 i=0
@@ -148,9 +150,9 @@ while IFS= read -r line; do
     l=$log/torch-run-$i.log
     (cd "$tdir" && timeout -k 10 300 bash -c "$line") >"$l" 2>&1
     rc=$?
-    ok=$([ $rc = 0 ] && [ "$(grep -c 'nvshmem_all_to_all ok' "$l")" -ge 2 ] && echo 0 || echo 1)
+    ok=$([ $rc = 0 ] && [ "$(count 'rank [0-9]*: nvshmem_all_to_all ok' "$l")" -ge 2 ] && echo 0 || echo 1)
     case "$line" in *NVSHMEM_DISABLE_P2P=1*)
-        [ "$(grep -c 'nvshmemt_init: transport ABI' "$l")" -ge 2 ] || ok=1 ;;
+        [ "$(count 'nvshmemt_init: transport ABI' "$l")" -ge 2 ] || ok=1 ;;
     esac
     result "torch-run: $line" "$ok" "exit $rc; $l"
 done <"$work/blocks/torch-run.txt"
@@ -170,7 +172,7 @@ export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
 (cd "$cdir" && timeout -k 10 600 bash -ev "$work/blocks/cxx.txt") >"$log/cxx.log" 2>&1
 rc=$?
 ok=$rc
-[ "$(grep -c 'nvshmemt_init: transport ABI' "$log/cxx.log")" -ge 2 ] || ok=1
+[ "$(count 'nvshmemt_init: transport ABI' "$log/cxx.log")" -ge 2 ] || ok=1
 result "cxx block (pip install, eval env, mpirun with P2P and with NVSHMEM_DISABLE_P2P=1)" "$ok" "exit $rc; $log/cxx.log"
 say "$npass passed, $nfail failed"
 [ "$nfail" = 0 ]
