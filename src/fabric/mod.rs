@@ -17,6 +17,8 @@ mod error;
 mod handle;
 mod info;
 mod mr;
+#[cfg(test)]
+mod mr_gpu_tests;
 mod types;
 
 pub use av::AddressVector;
