@@ -272,9 +272,14 @@ const char *nvshmem_efa_gda_version(void);
 
 // Starts hardware GDA on an endpoint the caller owns (a patched NVSHMEM's own libfabric transport).
 //
-// The endpoint must be enabled, belong to `domain`, and be dedicated to GDA from now on (libfabric
-// must not post sends on it); both stay open until `nvshmemt_efa_gda_fini`. Its transmit CQ is named
-// afterwards with `nvshmemt_efa_gda_set_cq`. The software queue cannot run on an external endpoint:
+// The endpoint must be enabled, belong to `domain`, and be dedicated to GDA: the GPU writes work
+// requests into its send queue, so libfabric must never post on it (not NVSHMEM's proxy endpoint,
+// which its proxy thread keeps using: the splice patches open an endpoint of its own, with its own
+// CQs and AV, on the proxy endpoint's domain). Both stay open until `nvshmemt_efa_gda_fini`. Its
+// transmit CQ is named next with `nvshmemt_efa_gda_set_cq`; without it the GPU has no completions
+// to read. Peers are then connected with `nvshmemt_efa_gda_connect` and `fi_addrs` of the caller's
+// AV (the caller takes the endpoint's name with `fi_getname`: `nvshmemt_efa_gda_get_address` names
+// only an endpoint the library opened). The software queue cannot run on an external endpoint:
 // with `NVSHMEM_EFA_GDA=soft`, or `auto` without GDA ops, this returns
 // `NVSHMEM_EFA_ERROR_NOT_SUPPORTED` and logs that the library must be used as NVSHMEM's transport
 // instead. With `NVSHMEM_EFA_GDA=off` it returns 0 and GDA stays off. Idempotent for the same
@@ -283,12 +288,13 @@ const char *nvshmem_efa_gda_version(void);
 //
 // # Safety
 // `domain` and `ep` must be open libfabric objects as described above (or null, rejected).
-int32_t nvshmemt_efa_gda_init_on_ep(struct fid_domain *domain,
-                                    struct fid_ep *ep);
+int32_t nvshmemt_efa_gda_init_on_ep(struct fid_domain *domain, struct fid_ep *ep);
 
 // Names the transmit CQ bound to the endpoint given to `nvshmemt_efa_gda_init_on_ep` (hardware GDA
-// on the caller's endpoint). The CQ is queried and mapped for the GPU; the caller must not read
-// completions from it afterwards.
+// on the caller's endpoint), right after that call. The CQ is queried and mapped for the GPU; the
+// caller must not read completions from it afterwards. Its ring must hold a power of two of
+// entries, at least as many as the send queue (the splice opens it with the provider's transmit
+// queue size rounded up to a power of two); another is refused with NOT_SUPPORTED.
 //
 // # Safety
 // `cq` must be the open CQ bound to that endpoint for transmit completions, open until fini.
@@ -301,7 +307,9 @@ void nvshmemt_efa_gda_fini(void);
 
 // Copies the raw name of the GDA endpoint into `buf` (`*len` bytes of room) and sets `*len` to its
 // length. With `buf` null only the length is returned. `NVSHMEM_EFA_ERROR_BUFFER_TOO_SMALL` (and the length) when the buffer is
-// too small.
+// too small. Only for an endpoint the library opened: on the caller's endpoint
+// (`nvshmemt_efa_gda_init_on_ep`) it returns `NVSHMEM_EFA_ERROR_INVALID_VALUE`, the caller naming
+// its endpoint itself (`fi_getname`).
 //
 // # Safety
 // `len` must point to a `size_t`; `buf`, when not null, to `*len` writable bytes.

@@ -107,6 +107,11 @@ pub struct Config {
     /// `Some(true)`: every transfer is staged, host memory too (exercises the path without a GPU);
     /// `Some(false)`: never staged.
     pub gpu_staging: Option<bool>,
+    /// `NVSHMEM_EFA_DMABUF`: how GPU memory handed to the provider is registered. `None` (auto): by
+    /// dmabuf where the provider's NIC maps GPU memory that way (efa, efa-direct), else by address;
+    /// `Some(true)`: by dmabuf on every provider with FI_HMEM (libfabric's utility providers accept
+    /// it as an address range: runs the dmabuf path on shm and tcp); `Some(false)`: by address.
+    pub dmabuf: Option<bool>,
     /// `NVSHMEM_EFA_IPC`: same-host GPU memory through CUDA IPC copies (`auto`) or never (`0`).
     pub ipc: crate::mover::IpcMode,
     /// `NVSHMEM_EFA_COPY_OVERLAP`: copies of the mover and of the software queue go through
@@ -298,6 +303,7 @@ impl Config {
             bench_null: false,
             soft_unordered: Duration::ZERO,
             gpu_staging: None,
+            dmabuf: None,
             ipc: crate::mover::IpcMode::Auto,
         };
         if let Some(v) = get("NVSHMEM_LIBFABRIC_PROVIDER") {
@@ -365,6 +371,18 @@ impl Config {
                 _ => Some(
                     parse_bool("NVSHMEM_EFA_GPU_STAGING", &v).map_err(|_| ConfigError {
                         var: "NVSHMEM_EFA_GPU_STAGING",
+                        value: v.clone(),
+                        expected: "auto, 1 or 0",
+                    })?,
+                ),
+            };
+        }
+        if let Some(v) = get("NVSHMEM_EFA_DMABUF") {
+            c.dmabuf = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "" => None,
+                _ => Some(
+                    parse_bool("NVSHMEM_EFA_DMABUF", &v).map_err(|_| ConfigError {
+                        var: "NVSHMEM_EFA_DMABUF",
                         value: v.clone(),
                         expected: "auto, 1 or 0",
                     })?,
@@ -704,6 +722,22 @@ mod tests {
             cfg(&[("NVSHMEM_EFA_IPC", "later")]).unwrap_err().var,
             "NVSHMEM_EFA_IPC"
         );
+    }
+
+    #[test]
+    fn dmabuf_switch() {
+        assert_eq!(cfg(&[]).unwrap().dmabuf, None);
+        assert_eq!(cfg(&[("NVSHMEM_EFA_DMABUF", "auto")]).unwrap().dmabuf, None);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_DMABUF", "1")]).unwrap().dmabuf,
+            Some(true)
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_DMABUF", "0")]).unwrap().dmabuf,
+            Some(false)
+        );
+        let e = cfg(&[("NVSHMEM_EFA_DMABUF", "peermem")]).unwrap_err();
+        assert_eq!(e.var, "NVSHMEM_EFA_DMABUF");
     }
 
     #[test]

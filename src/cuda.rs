@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+pub mod dmabuf;
 pub mod ipc;
 pub mod kernel;
 pub mod stream;

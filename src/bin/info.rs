@@ -510,8 +510,14 @@ fn main() -> ExitCode {
     // automatic order; the rest of the configuration from the environment).
     let route = nvshmem_efa_gda::config::Config::from_env()
         .map_err(|e| e.to_string())
-        .and_then(|cfg| Transport::decide_route(&cfg).map_err(|e| e.message))
-        .map(|(_, _, r)| r);
+        .and_then(|cfg| {
+            Transport::decide_route(&cfg)
+                .map_err(|e| e.message)
+                .map(|(_, _, r)| {
+                    let line = r.provider_line(cfg.provider.as_ref());
+                    (r, line)
+                })
+        });
     let mut vars: Vec<(String, String)> = start_environment()
         .into_iter()
         .filter(|(k, _)| {
@@ -632,7 +638,8 @@ fn main() -> ExitCode {
             (
                 "route",
                 match &route {
-                    Ok(r) => J::O(vec![
+                    Ok((r, line)) => J::O(vec![
+                        ("line", J::s(line.clone())),
                         ("provider", J::s(r.caps.prov_name.clone())),
                         ("fabric", J::s(r.caps.fabric_name.clone())),
                         ("staging", J::s(r.staging.to_string())),
@@ -643,6 +650,8 @@ fn main() -> ExitCode {
                         ("native_atomics", J::B(r.caps.native_atomics)),
                         ("per_peer_lanes", J::B(r.caps.per_peer_lanes)),
                         ("gda_ops", J::B(r.caps.gda_ops)),
+                        ("gpu_registration", J::s(r.gpu_registration.to_string())),
+                        ("note", J::opt_s(r.note.clone())),
                         ("summary", J::s(r.to_string())),
                     ]),
                     Err(e) => J::O(vec![("error", J::s(e.clone()))]),
@@ -746,7 +755,8 @@ fn main() -> ExitCode {
     print_nics(&nics);
     println!("Route (decided once at initialisation, from the provider's capabilities and the configuration)");
     match &route {
-        Ok(r) => {
+        Ok((r, line)) => {
+            println!("  {line}");
             println!(
                 "  provider       {} (fabric {})",
                 r.caps.prov_name, r.caps.fabric_name
@@ -760,6 +770,10 @@ fn main() -> ExitCode {
                     s => format!("staged through host buffers (staged: {s})"),
                 }
             );
+            println!("  registration   GPU memory {}", r.gpu_registration);
+            if let Some(n) = &r.note {
+                println!("  note           {n}");
+            }
             println!(
                 "  atomics        {}",
                 if r.provider_atomics {

@@ -83,6 +83,15 @@ struct Identity {
     hmem_needs_legacy_ipc: bool,
     /// The domain has EFA's GPU Direct Async ops table (`efa gda ops`; efa-direct only).
     gda_ops: bool,
+    /// GPU memory is registered by dmabuf (`FI_MR_DMABUF`): the NIC maps it through a dmabuf the
+    /// driver exports. efa's implicit path registered CUDA memory by address (`ibv_reg_mr`, which
+    /// needs nvidia-peermem) up to libfabric 2.4 (ofiwg/libfabric#12019); an explicit dmabuf works
+    /// from API 1.20 on, in every release.
+    gpu_by_dmabuf: bool,
+    /// CUDA VMM memory handed to the provider fails its first RMA: the RDM protocols set
+    /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` per pointer, which VMM allocations refuse
+    /// (ofiwg/libfabric#12853; efa's RDM fabric).
+    hmem_vmm_sync_memops: bool,
 }
 
 impl Identity {
@@ -94,9 +103,15 @@ impl Identity {
                 nic: true,
                 nic_moves_gpu_memory: true,
                 gda_ops: true,
+                gpu_by_dmabuf: true,
                 ..none
             },
-            Some(Provider::Efa) => Identity { nic: true, ..none },
+            Some(Provider::Efa) => Identity {
+                nic: true,
+                gpu_by_dmabuf: true,
+                hmem_vmm_sync_memops: true,
+                ..none
+            },
             Some(Provider::Verbs) | Some(Provider::Cxi) => Identity {
                 nic: true,
                 nic_moves_gpu_memory: true,
@@ -150,6 +165,12 @@ pub struct Caps {
     pub manual_progress: bool,
     /// EFA's GPU Direct Async ops exist on the domain.
     pub gda_ops: bool,
+    /// GPU memory is registered by dmabuf by default (FI_HMEM granted and a provider whose NIC maps
+    /// GPU memory through a dmabuf; see [`Identity`]).
+    pub gpu_by_dmabuf: bool,
+    /// CUDA VMM memory handed to the provider fails at its first RMA (FI_HMEM granted; efa RDM,
+    /// ofiwg/libfabric#12853).
+    pub hmem_vmm_sync_memops: bool,
     /// Largest injected message.
     pub inject_size: usize,
     /// Largest message.
@@ -186,6 +207,8 @@ impl Caps {
             hmem_needs_legacy_ipc: a.hmem && id.hmem_needs_legacy_ipc,
             manual_progress: a.manual_progress,
             gda_ops: id.gda_ops,
+            gpu_by_dmabuf: a.hmem && id.gpu_by_dmabuf,
+            hmem_vmm_sync_memops: a.hmem && id.hmem_vmm_sync_memops,
             inject_size: a.inject_size,
             max_msg_size: a.max_msg_size,
             delivery_complete: a.delivery_complete,
@@ -203,7 +226,7 @@ impl fmt::Display for Caps {
         write!(
             f,
             "{name} ({} / {} / {}): hmem={} nic={} nic_writes_gpu={} atomics={} native_atomics={} \
-             per_peer_lanes={} manual_progress={} gda_ops={} inject={} max_msg={} \
+             per_peer_lanes={} manual_progress={} gda_ops={} gpu_by_dmabuf={} inject={} max_msg={} \
              delivery_complete={} domains={}",
             self.prov_name,
             self.fabric_name,
@@ -216,6 +239,7 @@ impl fmt::Display for Caps {
             self.per_peer_lanes,
             self.manual_progress,
             self.gda_ops,
+            self.gpu_by_dmabuf,
             self.inject_size,
             self.max_msg_size,
             self.delivery_complete,
@@ -260,6 +284,27 @@ pub(crate) mod tests {
         }
     }
 
+    /// `efa` tries the efa-direct fabric first (FI_HMEM required), then the RDM fabric; other names
+    /// are one fabric; the automatic order expands `efa` the same way.
+    #[test]
+    fn efa_tries_efa_direct_first() {
+        use Provider::*;
+        assert_eq!(
+            Provider::candidates(Some(&Efa)),
+            vec![(EfaDirect, true), (Efa, false)]
+        );
+        assert_eq!(
+            Provider::candidates(Some(&EfaDirect)),
+            vec![(EfaDirect, false)]
+        );
+        assert_eq!(Provider::candidates(Some(&Shm)), vec![(Shm, false)]);
+        let auto: Vec<Provider> = Provider::candidates(None)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(auto, vec![EfaDirect, Efa, Cxi, Verbs, Shm, Tcp]);
+    }
+
     /// The capability table docs/routing.md shows.
     #[test]
     fn capability_table() {
@@ -269,6 +314,7 @@ pub(crate) mod tests {
             native_atomics: bool,
             lanes: bool,
             gda: bool,
+            dmabuf: bool,
         }
         let rows = [
             Row {
@@ -277,6 +323,7 @@ pub(crate) mod tests {
                 native_atomics: false,
                 lanes: false,
                 gda: false,
+                dmabuf: true,
             },
             Row {
                 a: answer("efa", "efa-direct", true, false),
@@ -284,6 +331,7 @@ pub(crate) mod tests {
                 native_atomics: false,
                 lanes: false,
                 gda: true,
+                dmabuf: true,
             },
             Row {
                 a: answer("verbs;ofi_rxm", "IB-0x", true, true),
@@ -291,6 +339,7 @@ pub(crate) mod tests {
                 native_atomics: true,
                 lanes: false,
                 gda: false,
+                dmabuf: false,
             },
             Row {
                 a: answer("cxi", "cxi", true, true),
@@ -298,6 +347,7 @@ pub(crate) mod tests {
                 native_atomics: true,
                 lanes: false,
                 gda: false,
+                dmabuf: false,
             },
             Row {
                 a: answer("tcp;ofi_rxm", "127.0.0.0/8", true, true),
@@ -305,6 +355,7 @@ pub(crate) mod tests {
                 native_atomics: false,
                 lanes: false,
                 gda: false,
+                dmabuf: false,
             },
             Row {
                 a: answer("shm", "shm", true, true),
@@ -312,6 +363,7 @@ pub(crate) mod tests {
                 native_atomics: false,
                 lanes: true,
                 gda: false,
+                dmabuf: false,
             },
         ];
         for r in rows {
@@ -322,6 +374,12 @@ pub(crate) mod tests {
             assert_eq!(c.per_peer_lanes, r.lanes, "{what}: lanes");
             assert_eq!(c.named_endpoints, r.lanes, "{what}: named endpoints");
             assert_eq!(c.gda_ops, r.gda, "{what}: gda ops");
+            assert_eq!(c.gpu_by_dmabuf, r.dmabuf, "{what}: GPU memory by dmabuf");
+            assert_eq!(
+                c.hmem_vmm_sync_memops,
+                c.provider == Some(Provider::Efa),
+                "{what}: VMM memory and SYNC_MEMOPS"
+            );
             assert_eq!(c.domains, 1);
             assert_eq!(c.inject_size, 32);
         }
@@ -333,6 +391,11 @@ pub(crate) mod tests {
         // native atomics.
         let c = Caps::from_answer(&answer("verbs;ofi_rxm", "IB-0x", false, false));
         assert!(c.nic && !c.nic_writes_gpu && !c.native_atomics);
+        // efa without FI_HMEM: no GPU registration rule applies.
+        let c = Caps::from_answer(&answer("efa", "efa-direct", false, false));
+        assert!(c.nic && !c.nic_writes_gpu && !c.gpu_by_dmabuf && !c.hmem_vmm_sync_memops);
+        let c = Caps::from_answer(&answer("efa", "efa", false, true));
+        assert!(!c.gpu_by_dmabuf && !c.hmem_vmm_sync_memops);
         // shm without FI_HMEM or FI_ATOMIC: no HMEM or atomics quirk applies.
         let c = Caps::from_answer(&answer("shm", "shm", false, false));
         assert!(!c.hmem_needs_legacy_ipc && !c.nonfetch_atomics_as_fetch && c.per_peer_lanes);

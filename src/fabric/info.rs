@@ -91,6 +91,23 @@ impl Provider {
         }
     }
 
+    /// The fabrics tried, in order, for `NVSHMEM_LIBFABRIC_PROVIDER` (`named`; `None`: the
+    /// automatic order), each with whether FI_HMEM is required of it. `efa` tries the `efa-direct`
+    /// fabric first, taken only with FI_HMEM (its NIC then reads and writes GPU memory itself), and
+    /// then the RDM fabric (GPU memory staged); `efa-direct` names the one fabric.
+    pub fn candidates(named: Option<&Provider>) -> Vec<(Provider, bool)> {
+        let list: Vec<Provider> = match named {
+            Some(p) => vec![p.clone()],
+            None => Provider::auto_order().to_vec(),
+        };
+        list.into_iter()
+            .flat_map(|p| match p {
+                Provider::Efa => vec![(Provider::EfaDirect, true), (Provider::Efa, false)],
+                p => vec![(p, false)],
+            })
+            .collect()
+    }
+
     /// Order tried when no provider is named: hardware first, then the software fabrics.
     pub fn auto_order() -> [Provider; 5] {
         [

@@ -17,6 +17,8 @@ mod error;
 mod handle;
 mod info;
 mod mr;
+#[cfg(test)]
+mod mr_gpu_tests;
 mod types;
 
 pub use av::AddressVector;
@@ -31,7 +33,7 @@ pub use handle::{CqHandle, DomainHandle, EndpointHandle, MrHandle};
 pub use info::{
     library_version, list_nics, list_providers, Info, InfoRequest, NicAddr, Provider, API_VERSION,
 };
-pub use mr::{MemKind, MemoryRegion};
+pub use mr::{mr_attr_layout, DmabufSource, GpuRegistration, MemKind, MemoryRegion};
 /// Raw libfabric bindings, for the crate's own tests only (they compare error texts with
 /// libfabric's); the library itself uses the typed names of this module outside `fabric`.
 #[cfg(any(test, feature = "test-support"))]

@@ -179,8 +179,26 @@ int main(void)
 }
 "#;
 
+/// `include/rdma/fi_domain.h`: `struct fi_mr_dmabuf` and the `struct fi_mr_attr` fields a
+/// registration sets (src/fabric/mr.rs builds them through the bindings of the libfabric it is
+/// compiled against; the structs are libfabric's ABI, the same in every release it runs with).
+const MR_ATTR: &str = r#"
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+int main(void)
+{
+    SZ(fi_mr_dmabuf); OFF(fi_mr_dmabuf, fd); OFF(fi_mr_dmabuf, offset); OFF(fi_mr_dmabuf, len);
+    OFF(fi_mr_dmabuf, base_addr);
+    OFF(fi_mr_attr, mr_iov); OFF(fi_mr_attr, dmabuf); OFF(fi_mr_attr, iov_count);
+    OFF(fi_mr_attr, access); OFF(fi_mr_attr, requested_key); OFF(fi_mr_attr, iface);
+    OFF(fi_mr_attr, device);
+    VAL(FI_MR_DMABUF); VAL(FI_HMEM_DEVICE_ONLY); VAL(FI_HMEM_CUDA);
+    return 0;
+}
+"#;
+
 /// The programs by name, and whether the header they need is `fi_ext_efa.h` (else `efa_io_defs.h`).
-pub const PROGRAMS: [(&str, &str, bool); 7] = [
+pub const PROGRAMS: [(&str, &str, bool); 8] = [
     ("ext_base", EXT_BASE, true),
     ("ext_cntr", EXT_CNTR, true),
     ("ext_caps", EXT_CAPS, true),
@@ -188,6 +206,7 @@ pub const PROGRAMS: [(&str, &str, bool); 7] = [
     ("io_hints", IO_HINTS, false),
     ("io_reqid", IO_REQID, false),
     ("io_wide", IO_WIDE, false),
+    ("mr_attr", MR_ATTR, true),
 ];
 
 /// A libfabric tree (source checkout, installation prefix, or an export of
@@ -290,6 +309,7 @@ macro_rules! off {
 /// value depends on the version (the table's size, `caps`) are checked in [`compare`].
 pub fn mirror() -> BTreeMap<&'static str, u64> {
     let mut m = BTreeMap::new();
+    m.extend(nvshmem_efa_gda::fabric::mr_attr_layout());
     m.insert("sizeof.fi_efa_wq_attr", size_of::<FiEfaWqAttr>() as u64);
     off!(m, "fi_efa_wq_attr.buffer", FiEfaWqAttr, buffer);
     off!(m, "fi_efa_wq_attr.entry_size", FiEfaWqAttr, entry_size);

@@ -32,9 +32,11 @@
 # (d) the 3.6-3.8 (multi-NIC) patch without an NVSHMEM tree: it parses, keeps at most two lines of
 #     context on either side of each hunk, adds the same CMake as the 3.5.x patch; its additions
 #     to libfabric.cpp compile (C++11, -Werror) against tests/splice/multinic_harness.cpp's
-#     stand-ins for the transport and run there (GDA on the first proxy endpoint, fi_addrs
-#     pe * n_eps + proxy, the heap and keys of the proxy domain, agreement of every PE, GDA stopped
-#     before the stock release and finalize), with the ABI 5 host-op signatures and with an extra
+#     stand-ins for the transport and libfabric and run there (GDA on an endpoint of its own, with
+#     its own CQs and AV, on the first proxy endpoint's domain; its transmit CQ to set_cq; fi_addrs
+#     from every PE's endpoint name inserted into the GDA AV; the heap and keys of the proxy domain;
+#     agreement of every PE; GDA stopped and its endpoint closed before the stock release and
+#     finalize; failures to open the endpoint or to take its CQ), with the ABI 5 host-op signatures and with an extra
 #     parameter on each; every GDA call it makes is defined by libnvshmem_efa_gda.so; apply.sh
 #     routes 3.6/3.7/3.8 trees with ABIs 5/6/7 to it and refuses other ABIs for them.
 #
@@ -50,7 +52,7 @@ mirror=${NVSHMEM_MIRROR:-/work/.mirror/NVIDIA+nvshmem/repo}
 lib=${NVSHMEM_EFA_GDA_BUILD_DIR:-$root/target/release}/libnvshmem_efa_gda.so
 include_dir=${NVSHMEM_EFA_GDA_INCLUDE_DIR:-$root/include}
 cxx=${CXX:-g++}
-gda_funcs="nvshmemt_efa_gda_init_on_ep nvshmemt_efa_gda_fini nvshmemt_efa_gda_get_address
+gda_funcs="nvshmemt_efa_gda_init_on_ep nvshmemt_efa_gda_fini nvshmemt_efa_gda_set_cq
 nvshmemt_efa_gda_connect nvshmemt_efa_gda_set_local_heap nvshmemt_efa_gda_set_remote_heap
 nvshmemt_efa_gda_mode"
 
@@ -155,11 +157,12 @@ structure_checks() {  # <label> <patched libfabric.cpp>
   local v=$1 f=$2 s e l1 l2
   # The include sits at preprocessor depth 0 (not under NVSHMEM_USE_GDRCOPY or anything else).
   check "$v: nvshmem_efa_gda.h included outside any #if" include_at_top_level "$f"
-  check "$v: GDA bound to the proxy endpoint, never eps[0]" bash -c '
-    grep -q "const int proxy = NVSHMEMT_LIBFABRIC_PROXY_EP_IDX;" "$1" &&
-    grep -q "nvshmemt_efa_gda_init_on_ep(state->domain, state->eps\[proxy\].endpoint)" "$1" &&
-    ! grep -q "nvshmemt_efa_gda_init_on_ep([^)]*eps\[0\]" "$1" &&
-    grep -q "pe \* NVSHMEMT_LIBFABRIC_DEFAULT_NUM_EPS + proxy" "$1" &&
+  check "$v: GDA on an endpoint of its own (own CQs and AV), its transmit CQ to set_cq, never NVSHMEM's endpoints" bash -c '
+    grep -q "ret = nvshmemt_libfabric_gda_open_ep(state->domain, state->prov_info);" "$1" &&
+    grep -q "nvshmemt_efa_gda_init_on_ep(state->domain, nvshmemt_libfabric_gda_ep)" "$1" &&
+    grep -q "nvshmemt_efa_gda_set_cq(nvshmemt_libfabric_gda_tx_cq)" "$1" &&
+    ! grep -q "nvshmemt_efa_gda_init_on_ep([^)]*eps\[" "$1" &&
+    grep -q "fi_av_insert(nvshmemt_libfabric_gda_av, addrs" "$1" &&
     grep -q "t->boot_handle->allgather(&self, peers" "$1"' _ "$f"
   read -r s e < <(func_range "$f" nvshmemt_libfabric_connect_endpoints)
   l1=$(last_line "$f" 'fi_av_insert\(' "$s" "$e")
@@ -183,10 +186,12 @@ structure_checks() {  # <label> <patched libfabric.cpp>
 structure_checks_multinic() {  # <label> <patched libfabric.cpp>
   local v=$1 f=$2 s e l1 l2 l3 last_def
   check "$v: nvshmem_efa_gda.h included outside any #if" include_at_top_level "$f"
-  check "$v: GDA bound to the first proxy endpoint (index num_host_domains)" bash -c '
+  check "$v: GDA on an endpoint of its own on the first proxy endpoint's domain (index num_host_domains)" bash -c '
     grep -q "const int proxy = state->num_host_domains;" "$1" &&
-    grep -q "nvshmemt_efa_gda_init_on_ep(state->domains\[state->eps\[proxy\]->domain_index\]," "$1" &&
-    grep -q "fi_addrs\[pe\] = (uint64_t)pe \* n_eps + proxy;" "$1"' _ "$f"
+    grep -q "ret = nvshmemt_libfabric_gda_open_ep(state->domains\[d\], state->prov_infos\[d\]);" "$1" &&
+    grep -q "nvshmemt_efa_gda_init_on_ep(state->domains\[d\], nvshmemt_libfabric_gda_ep)" "$1" &&
+    grep -q "nvshmemt_efa_gda_set_cq(nvshmemt_libfabric_gda_tx_cq)" "$1" &&
+    ! grep -q "nvshmemt_efa_gda_init_on_ep([^)]*eps\[" "$1"' _ "$f"
   # The wrappers call the stock functions, so they must come after their definitions.
   last_def=$(awk '/^static int nvshmemt_libfabric_(connect_endpoints|get_mem_handle|release_mem_handle|finalize)\(/ { n = NR } END { print n + 0 }' "$f")
   l1=$(first_line "$f" '^static void nvshmemt_libfabric_gda_hook_host_ops\(' 1 999999)

@@ -153,6 +153,25 @@ impl Transport {
                          export; run with NVSHMEM_DISABLE_CUDA_VMM=1 (or NVSHMEM_EFA_ALLOW_VMM=1 to try anyway)"
                     )));
                 }
+                // libfabric's rule for VMM memory on efa's RDM fabric (ofiwg/libfabric#12853): it
+                // registers, but the first RMA fails, the provider setting a pointer attribute VMM
+                // allocations refuse. Refused here, at registration, with the ways out.
+                if self.route.caps.hmem_vmm_sync_memops
+                    && self.route.hands_gpu_memory_to_provider()
+                    && !legacy_ipc
+                    && !self.cfg.allow_vmm
+                {
+                    let m = format!(
+                        "get_mem_handle: {buf:p} is CUDA VMM memory, and provider {} fails RMA on it \
+                         (it sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, which VMM allocations refuse: \
+                         ofiwg/libfabric#12853); leave NVSHMEM_EFA_GPU_STAGING unset (GPU memory staged), \
+                         use the efa-direct fabric, or run with NVSHMEM_DISABLE_CUDA_VMM=1 \
+                         (NVSHMEM_EFA_ALLOW_VMM=1 to try anyway)",
+                        self.provider
+                    );
+                    tracing::error!("{m}");
+                    return Err(invalid(m));
+                }
                 // SAFETY: size >= 1 and buf + size does not wrap (checked above).
                 let last = unsafe { (buf as *const u8).add(size - 1) } as *const c_void;
                 match cuda::pointer_kind(last) {
@@ -184,7 +203,15 @@ impl Transport {
             .into_iter()
             // SAFETY: NVSHMEM keeps the memory allocated until release_mem_handle.
             .map(|ep| unsafe {
-                MemoryRegion::register(&self.domain, buf as *const u8, size, kind, !local_only, ep)
+                MemoryRegion::register_gpu(
+                    &self.domain,
+                    buf as *const u8,
+                    size,
+                    kind,
+                    !local_only,
+                    ep,
+                    self.route.gpu_registration,
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let reg_id = self.next_reg.fetch_add(1, Ordering::Relaxed);

@@ -66,7 +66,7 @@ use crate::config::Config;
 use crate::fabric::{AddressVector, Caps, Domain, Fabric, FiAddr, Info, InfoRequest, Provider};
 use crate::gda::GdaHandle;
 use crate::mover::engine::Mover;
-use crate::route::{Route, Staging};
+use crate::route::{Host, Route, Staging};
 
 use endpoints::EpState;
 use error::{internal, invalid};
@@ -163,28 +163,41 @@ fn provider_request(p: &Provider) -> InfoRequest {
     }
 }
 
-fn open_info(cfg: &Config) -> TResult<(Provider, Info)> {
-    let candidates: Vec<Provider> = match &cfg.provider {
-        Some(p) => vec![p.clone()],
-        None => Provider::auto_order().to_vec(),
+/// The first fabric of [`Provider::candidates`] that answers, and why each fabric of the same
+/// provider before it was not taken (`efa-direct` before `efa`'s RDM fabric).
+fn open_info(cfg: &Config) -> TResult<(Provider, Info, Vec<String>)> {
+    let mut errors: Vec<(Provider, String)> = Vec::new();
+    let found = |p: Provider, i: Info, errors: Vec<(Provider, String)>| {
+        let same: Vec<String> = errors
+            .into_iter()
+            .filter(|(q, _)| q.prov_name() == p.prov_name())
+            .map(|(_, e)| e)
+            .collect();
+        Ok((p, i, same))
     };
-    let mut errors = Vec::new();
-    for p in candidates {
+    for (p, hmem_required) in Provider::candidates(cfg.provider.as_ref()) {
         // Prefer FI_HMEM; software providers without it still serve host memory.
         let mut req = provider_request(&p);
         match Info::get(&req) {
-            Ok(i) => return Ok((p, i)),
-            Err(e) => errors.push(e.to_string()),
+            Ok(i) => return found(p, i, errors),
+            Err(e) => errors.push((p.clone(), format!("{p} with FI_HMEM: {e}"))),
+        }
+        if hmem_required {
+            continue;
         }
         req.hmem = false;
         match Info::get(&req) {
-            Ok(i) => return Ok((p, i)),
-            Err(e) => errors.push(e.to_string()),
+            Ok(i) => return found(p, i, errors),
+            Err(e) => errors.push((p.clone(), format!("{p} without FI_HMEM: {e}"))),
         }
     }
     Err(internal(format!(
         "no usable libfabric provider: {}",
-        errors.join("; ")
+        errors
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect::<Vec<_>>()
+            .join("; ")
     )))
 }
 
@@ -193,9 +206,10 @@ impl Transport {
     /// answers), its answer and the route decided from its capabilities and `cfg`: what
     /// [`Transport::new`] acts on, also shown by the `nvshmem-efa-gda` tool.
     pub fn decide_route(cfg: &Config) -> TResult<(Provider, Info, Route)> {
-        let (provider, info) = open_info(cfg)?;
-        let route = Route::decide(Caps::of(&info), cfg, crate::cuda::available())
+        let (provider, info, passed_over) = open_info(cfg)?;
+        let mut route = Route::decide(Caps::of(&info), cfg, &Host::probe())
             .map_err(|e| invalid(e.to_string()))?;
+        route.passed_over = passed_over;
         Ok((provider, info, route))
     }
 
@@ -212,6 +226,10 @@ impl Transport {
             info.delivery_complete(),
             info.mr_mode()
         );
+        tracing::info!("{}", route.provider_line(cfg.provider.as_ref()));
+        if let Some(n) = &route.note {
+            tracing::warn!("{n}");
+        }
         tracing::info!("{route}");
         let fabric = Fabric::open(info.clone())?;
         let domain = Domain::open(&fabric)?;
