@@ -54,10 +54,10 @@ bash "$repo/patches/deepep/apply.sh" >"$work/apply-usage.log" 2>&1
 rc=$?
 if [ $rc = 2 ]; then ok "apply.sh without a tree: usage error"; else bad "apply.sh usage (rc=$rc)" "$work/apply-usage.log"; fi
 
-# 2. our kernels with DeepEP's calls, against the generated header (state version 2: the
-#    granule-indexed heap-key table)
-if ! grep -q '^#define NVSHMEM_EFA_GDA_STATE_VERSION 2$' "$repo/include/nvshmem_efa_gda.h"; then
-    bad "include/nvshmem_efa_gda.h does not publish state version 2"
+# 2. our kernels with DeepEP's calls, against the generated header (state version 3: the
+#    granule-indexed heap-key table and the queue table of one queue per (dst_pe, qp_id))
+if ! grep -q '^#define NVSHMEM_EFA_GDA_STATE_VERSION 3$' "$repo/include/nvshmem_efa_gda.h"; then
+    bad "include/nvshmem_efa_gda.h does not publish state version 3"
 fi
 what="ll_calls.cu, generated state header"
 if "$NVCC" "${NVCC_FLAGS[@]}" -I"$repo/include" -I"$repo/cuda" -c "$here/ll_calls.cu" -o "$work/ll_calls.o" \

@@ -38,6 +38,7 @@ environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARG
   gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone; sweep:
   8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
   GDA_SWEEP (the sweep's points BLOCKSxWARPS, default "1x1 1x4 4x4 16x4 32x8 66x8 132x8"),
+  GDA_SWEEP_QUEUES (the sweep's queue counts per PE, default "1 4 16 64"),
   GDA_SWEEP_BUDGET_S (seconds per sweep run, default 8), GDA_BENCH_EXTRA (more
   gda_bench options for every benchmark run, e.g. "--blocks 16 --warps 8"), GDA_NVCC_DEFINES (extra
   nvcc options for the programs, e.g. -DNVSHMEM_EFA_GDA_PROFILE: gda_bench prints where the device's
@@ -609,23 +610,37 @@ if [ $do_bench = 1 ]; then
         bench_one bench-null-thread null_env 90 gda --scope thread --max-bytes 65536 --budget-s 40
         bench_one bench-thread bench_env 120 gda,proxy --scope thread --max-bytes 65536 --budget-s 60
     fi
-    # Sweep over posting warps (blocks x warps per block), 8-byte messages: the null consumer's post
-    # rate (WQEs/s) and the message rate with data, one row per point and kind in bench-sweep.csv
-    # (queues: the send queues the PE posts to; the library has one per PE, docs/gda-queues.md).
+    # Sweep over posting warps (blocks x warps per block) and queues, 8-byte messages: the null
+    # consumer's post rate (WQEs/s) and the message rate with data, one row per point, queue count
+    # and kind in bench-sweep.csv. Queues Q (GDA_SWEEP_QUEUES): NVSHMEM_IBGDA_NUM_RC_PER_PE=Q and
+    # gda_bench --queues Q, warp w posting on qp_id w % Q (docs/gda-queues.md); a point with fewer
+    # posting warps than Q is skipped. The queues column is Q; how many distinct queues the table
+    # has behind it is in each run's log ("queue table: ... distinct queue(s)").
     if want_set sweep; then
         sweep_csv=$OUT/bench-sweep.csv
         echo "blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps" >"$sweep_csv"
-        for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
-            b=${bw%x*} w=${bw#*x}
-            case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
-            for kind in null data; do
-                [ $kind = null ] && envname=null_env || envname=bench_env
-                bench_one "bench-sweep-$kind-$bw" $envname 90 gda --blocks "$b" --warps "$w" \
-                    --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
-                f=$OUT/bench-sweep-$kind-$bw.csv
-                [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind \
-                    'NR > 1 { print b "," w "," b * w ",1," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 }' \
-                    "$f" >>"$sweep_csv"
+        for q in ${GDA_SWEEP_QUEUES:-1 4 16 64}; do
+            case "$q" in '' | *[!0-9]* | 0) record "bench-sweep-q$q" FAILED "GDA_SWEEP_QUEUES entry '$q' is not a positive number"; continue ;; esac
+            for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
+                b=${bw%x*} w=${bw#*x}
+                case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
+                if [ $((b * w)) -lt "$q" ]; then
+                    record "bench-sweep-$bw-q$q" skipped "$((b * w)) posting warps < $q queues"
+                    continue
+                fi
+                for kind in null data; do
+                    if [ $kind = null ]; then
+                        sweep_env=("${null_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q")
+                    else
+                        sweep_env=("${bench_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q")
+                    fi
+                    bench_one "bench-sweep-$kind-$bw-q$q" sweep_env 90 gda --blocks "$b" --warps "$w" \
+                        --queues "$q" --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
+                    f=$OUT/bench-sweep-$kind-$bw-q$q.csv
+                    [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind -v q="$q" \
+                        'NR > 1 { print b "," w "," b * w "," q "," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 }' \
+                        "$f" >>"$sweep_csv"
+                done
             done
         done
         rows=$(($(wc -l <"$sweep_csv") - 1))
