@@ -372,6 +372,13 @@ impl GdaQueue for HwQueue {
         HwQueue::queue_desc(self)
     }
 
+    /// Every entry on the queue's one QP (logged once with the device's limit).
+    fn queue_table(&self, n_pes: i32, queues_per_pe: u32) -> Result<Vec<NvshmemEfaGdaQueue>> {
+        let t = super::queues::build(n_pes, queues_per_pe, &[self.queue_desc()])?;
+        self.log_plan(t.len());
+        Ok(t)
+    }
+
     fn stop(&self) {
         HwQueue::stop(self)
     }

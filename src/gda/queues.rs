@@ -110,6 +110,46 @@ pub fn build(
         .collect())
 }
 
+/// How many GDA QPs a hardware device admits for one context, from the provider's domain limits
+/// (`Info::endpoint_limits()`: `ep_cnt`, `tx_ctx_cnt`, `max_ep_tx_ctx`): the endpoint count, capped
+/// by the transmit contexts where the provider reports them (each QP is an endpoint with one
+/// transmit context). `None` when the provider reports no endpoint count (0): the caller then
+/// opens one QP and warns.
+pub fn qp_limit(ep_cnt: usize, tx_ctx_cnt: usize, _max_ep_tx_ctx: usize) -> Option<usize> {
+    if ep_cnt == 0 {
+        return None;
+    }
+    Some(if tx_ctx_cnt > 0 {
+        ep_cnt.min(tx_ctx_cnt)
+    } else {
+        ep_cnt
+    })
+}
+
+/// Hardware queues for `n` table entries: how many QPs serve them (`opened` of them open now,
+/// at most `limit`) and the line that says so.
+pub fn hw_plan(n: usize, limit: Option<usize>, opened: usize) -> (usize, String) {
+    let qps = opened.max(1);
+    let why = match limit {
+        None => "no endpoint limit known from the provider".to_string(),
+        Some(l) if l < n => format!("the device admits {l} endpoints"),
+        Some(l) => format!(
+            "the device admits {l} endpoints; this library opens {qps} GDA QP per context (a QP per \
+             queue is not built)"
+        ),
+    };
+    let line = if qps >= n {
+        format!("hardware GDA: {n} queue(s) on {qps} QP(s), one each")
+    } else {
+        format!(
+            "hardware GDA: {n} queues (dst_pe x qp_id) share {qps} QP(s), queue i on QP i % {qps} \
+             ({why}); a shared QP shares its commit order, and the ordering rule (a quiet of the \
+             signal's queue) then covers the other queues on it too"
+        )
+    };
+    (qps, line)
+}
+
 /// Distinct queues among the entries (by control block).
 pub fn distinct_count(table: &[NvshmemEfaGdaQueue]) -> usize {
     let mut ctrls: Vec<u64> = table.iter().map(|q| q.ctrl).collect();
@@ -178,6 +218,24 @@ mod tests {
         assert_eq!(queue_index(1, 6, 4), 6);
         assert_eq!(queue_index(3, 0, 1), 3);
         assert_eq!(queue_index(3, 9, 1), 3);
+    }
+
+    #[test]
+    fn hardware_limits_and_plan() {
+        assert_eq!(qp_limit(0, 0, 0), None);
+        assert_eq!(qp_limit(32768, 0, 1), Some(32768));
+        assert_eq!(qp_limit(256, 64, 1), Some(64));
+        let (qps, line) = hw_plan(288, Some(256), 1);
+        assert_eq!(qps, 1);
+        assert!(line.contains("share 1 QP"), "{line}");
+        assert!(line.contains("admits 256"), "{line}");
+        let (_, line) = hw_plan(8, None, 1);
+        assert!(line.contains("no endpoint limit known"), "{line}");
+        let (_, line) = hw_plan(8, Some(32768), 1);
+        assert!(line.contains("not built"), "{line}");
+        let (qps, line) = hw_plan(1, Some(16), 1);
+        assert_eq!(qps, 1);
+        assert!(line.contains("one each"), "{line}");
     }
 
     #[test]
