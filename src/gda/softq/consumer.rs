@@ -239,6 +239,8 @@ impl Consumer {
                     };
                 }
                 self.cur = 0;
+                // The copies every ring's WQEs of this round asked for, together.
+                self.flush_copies();
                 if let Some(t) = t {
                     self.rounds.intake += t.elapsed();
                 }
