@@ -303,3 +303,28 @@ fn the_copy_route_serves_every_ring() {
     }
     assert_eq!(q0.stats().ipc_copies, u64::from(QUEUES_PER_PE));
 }
+
+/// Past `max_rings` the table's entries share rings round-robin (entry `i` on ring
+/// `i % max_rings`), and asking again for fewer or as many rings changes nothing.
+#[test]
+fn rings_beyond_the_cap_are_shared() {
+    use nvshmem_efa_gda::gda::mem::CtrlPlacement;
+    use nvshmem_efa_gda::gda::queue::GdaQueue;
+    use nvshmem_efa_gda::gda::softq::{SoftQueue, SoftQueueConfig};
+    let d = domain(&provider()).expect("domain");
+    let mut cfg = SoftQueueConfig::new(64, 16, CtrlPlacement::Host);
+    cfg.max_rings = 3;
+    let q = SoftQueue::new(&d, &cfg).unwrap();
+    assert_eq!(q.rings(), 1);
+    assert_eq!(q.add_rings(8).unwrap(), 3);
+    assert_eq!(q.add_rings(2).unwrap(), 3);
+    assert!(q.ring_desc(2).is_some() && q.ring_desc(3).is_none());
+    let t = GdaQueue::queue_table(&q, 2, 4).unwrap();
+    assert_eq!(t.len(), 8);
+    for (i, e) in t.iter().enumerate() {
+        assert_eq!(e.ctrl, t[i % 3].ctrl, "entry {i} on ring {}", i % 3);
+    }
+    assert_ne!(t[0].ctrl, t[1].ctrl);
+    assert_ne!(t[1].ctrl, t[2].ctrl);
+    assert_eq!(t[0], q.queue_desc());
+}
