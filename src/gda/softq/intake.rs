@@ -144,11 +144,13 @@ impl Consumer {
     /// already holds its WQE for this pass (meta_desc set, request id and phase of that count) was
     /// written too early if the doorbell, read again AFTER the slots, is still at least B below it
     /// (a poster that obeys the rule stored the doorbell it waited for before writing). Such WQEs
-    /// are logged and remembered, and rejected when the consumer reaches them. Rate-limited: the
-    /// look costs up to B reads of ring memory.
+    /// are logged and remembered, and rejected when the consumer reaches them. Rate-limited (each
+    /// ring every 50 us times the number of rings): the look costs up to B reads of ring memory.
     pub(super) fn check_written_ahead(&mut self) {
         const EVERY: Duration = Duration::from_micros(50);
-        if self.r().ahead_checked.is_some_and(|t| t.elapsed() < EVERY) {
+        // Each ring every EVERY x rings: the look costs the same over all rings as for one.
+        let every = EVERY * self.rings.len() as u32;
+        if self.r().ahead_checked.is_some_and(|t| t.elapsed() < every) {
             return;
         }
         self.r().ahead_checked = Some(Instant::now());
