@@ -1303,20 +1303,27 @@ NVSHMEM_EFA_GDA_DEV void progress() {
 }
 
 namespace detail {
-// quiet of one queue: waits until every WQE committed to it before the call has completed.
-NVSHMEM_EFA_GDA_DEV unsigned quiet_view(const View &v) {
-    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
-    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+// Waits until every WQE committed to the queue of `v` before the call has completed (no fence);
+// returns 0, the wait's error, or the queue's first recorded error.
+NVSHMEM_EFA_GDA_DEV unsigned quiet_wait(const View &v) {
     const uint64_t target = ld_acquire_u64(&v.ctrl->ready);
-    unsigned e = wait_done(v, target);
-    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
-    __threadfence_system();
+    const unsigned e = wait_done(v, target);
     if (e) return e;
     if (ld_volatile_u64(&v.ctrl->errors) != 0ull) {
         unsigned f = ld_volatile_u32(&v.ctrl->first_error);
         return f != 0u ? f : NVSHMEM_EFA_GDA_ERR_FAILED;
     }
     return 0u;
+}
+
+// quiet of one queue: quiet_wait, then a system fence (what the completions cover is visible).
+NVSHMEM_EFA_GDA_DEV unsigned quiet_view(const View &v) {
+    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    const unsigned e = quiet_wait(v);
+    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
+    __threadfence_system();
+    return e;
 }
 }  // namespace detail
 
@@ -1326,15 +1333,19 @@ NVSHMEM_EFA_GDA_DEV unsigned quiet_view(const View &v) {
 // queue table (entries that name queue 0 again are skipped); quiet_qp() waits for one queue.
 NVSHMEM_EFA_GDA_DEV unsigned quiet() {
     const detail::View v0 = detail::view(0u);
-    unsigned first = detail::quiet_view(v0);
-    if (first == NVSHMEM_EFA_GDA_ERR_NOT_READY) return first;
+    if (!v0.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    unsigned first = detail::quiet_wait(v0);
     const uint32_t nq = detail::queue_count();
     for (uint32_t i = 1u; i < nq; ++i) {
         const detail::View v = detail::view(i);
         if (v.ctrl == v0.ctrl) continue;
-        const unsigned e = detail::quiet_view(v);
+        const unsigned e = detail::quiet_wait(v);
         if (first == 0u) first = e;
     }
+    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
+    // One system fence for every queue waited for.
+    __threadfence_system();
     return first;
 }
 
