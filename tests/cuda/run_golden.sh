@@ -13,7 +13,7 @@ nvcc -std=c++17 -x cu tests/cuda/efa_golden_test.cu -L"$CUDA_HOME/lib" -o "$tmp/
 "$tmp/efa_golden_test" tests/golden/efa_vectors.txt
 nvcc -std=c++17 -x cu tests/cuda/efa_wide_golden_test.cu -L"$CUDA_HOME/lib" -o "$tmp/efa_wide_golden_test"
 "$tmp/efa_wide_golden_test" tests/golden/efa_wide_vectors.txt
-nvcc -std=c++17 -x cu -Iinclude tests/cuda/gda_state_layout_test.cu -o "$tmp/gda_state_layout_test"
+nvcc -std=c++17 -x cu -Iinclude tests/cuda/gda_state_layout_test.cu -L"$CUDA_HOME/lib" -o "$tmp/gda_state_layout_test"
 "$tmp/gda_state_layout_test" tests/golden/gda_state_layout.txt
 archs="80 90"
 nvcc --list-gpu-arch 2>/dev/null | grep -q compute_100 && archs="$archs 100"
