@@ -6,7 +6,7 @@
 #
 # 1. patches/deepep/apply.sh rejects what is not a DeepEP V1 tree, with status 1 / 2 and a message.
 # 2. tests/deepep/ll_calls.cu (this project's kernels making DeepEP's V1 calls in DeepEP's shapes)
-#    for sm_90 against NVSHMEM 3.4.5's headers and the generated state header (version 2); then the
+#    for sm_90 against NVSHMEM 3.4.5's headers and the generated state header (version 3); then the
 #    device link with cuda/nvshmem_efa_gda_state.cu and libnvshmem_device.a (DeepEP's -dlink step) and, when
 #    target/{release,debug}/libnvshmem_efa_gda.so exists, a shared-object link with --no-undefined.
 # 3. the kit's replacement headers (patches/deepep/*ibgda_device.cuh) in DeepEP's namespaces, with
