@@ -33,7 +33,8 @@ usage: tests/gpu_gda/run.sh [options]
   --save-bins DIR     copy the built programs to DIR (with --compile-only: the MPI ones, sm_90)
 environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARGS,
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
-  NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), GDA_TESTS_CASE_TIMEOUT (s per case),
+  NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), NVSHMEM_IBGDA_NUM_RC_PER_PE (queues per
+  PE of the tests' runs, default 4), GDA_TESTS_CASE_TIMEOUT (s per case),
   GDA_BENCH_SETS (comma list of main, null, thread, host, gda, sweep; default the first three; host: the
   gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone; sweep:
   8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
@@ -465,6 +466,9 @@ done
 bench_env=("${lib_env[@]}")
 [ -n "${NVSHMEM_EFA_SQ_DEPTH:-}" ] && bench_env+=("NVSHMEM_EFA_SQ_DEPTH=$NVSHMEM_EFA_SQ_DEPTH")
 lib_env+=("NVSHMEM_EFA_SQ_DEPTH=${NVSHMEM_EFA_SQ_DEPTH:-256}")
+# The tests with 4 queues per PE (docs/gda-queues.md), so that ibgda_compat's qp ids 0-3 post on
+# queues of their own; the caller's NVSHMEM_IBGDA_NUM_RC_PER_PE wins (1: the one-queue layout).
+lib_env+=("NVSHMEM_IBGDA_NUM_RC_PER_PE=${NVSHMEM_IBGDA_NUM_RC_PER_PE:-4}")
 # NVSHMEM's own P2P path: no remote transport, nothing preloaded (the programs still need
 # libnvshmem_efa_gda.so and its libfabric to load).
 p2p_env=(
