@@ -51,8 +51,9 @@ pub(super) struct Consumer {
     /// The bounce ring of the copy route's host hops ([`CopyRoute::Host`]), created with the copy
     /// queue.
     pub(super) bounce: Option<BounceRing>,
-    /// The copy WQE last seen waiting for bounce ring room, and how many WQEs waited.
-    pub(super) ring_wait_pc: Option<u64>,
+    /// The copy WQE last seen waiting for bounce ring room (its ring and producer count), and how
+    /// many WQEs waited.
+    pub(super) ring_wait_pc: Option<(u16, u64)>,
     pub(super) ipc_ring_waits: u64,
     /// The copy kernel of [`CopyRoute::Kernel`] (made with the queue, where the launches could be
     /// checked before any kernel of the application runs).

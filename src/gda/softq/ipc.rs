@@ -419,8 +419,8 @@ impl Consumer {
             // Nothing moves: the WQE completes with the copies of its round.
         } else if let Some(ring) = self.bounce.as_mut() {
             let Some((mid, mark)) = ring.reserve(len as u64) else {
-                if self.ring_wait_pc != Some(p.pc) {
-                    self.ring_wait_pc = Some(p.pc);
+                if self.ring_wait_pc != Some((p.q, p.pc)) {
+                    self.ring_wait_pc = Some((p.q, p.pc));
                     self.ipc_ring_waits += 1;
                     self.inner
                         .ipc_ring_waits
