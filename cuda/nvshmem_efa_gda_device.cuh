@@ -290,32 +290,75 @@ struct View {
     uint32_t n_granules;
 };
 
-NVSHMEM_EFA_GDA_DEV View view() {
+// The queue of table entry `qi` (state version 3; entry 0, `state.queue`, when the state has no
+// table or `qi` lies outside it).
+NVSHMEM_EFA_GDA_DEV const NvshmemEfaGdaQueue *queue_entry(uint32_t qi) {
     const NvshmemEfaGdaDeviceState *s = &nvshmem_efa_gda_state_d;
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 3
+    const NvshmemEfaGdaQueue *t = reinterpret_cast<const NvshmemEfaGdaQueue *>(
+        __ldg(reinterpret_cast<const unsigned long long *>(&s->queues)));
+    if (t != nullptr && qi < __ldg(&s->n_queues)) return t + qi;
+#else
+    (void)qi;
+#endif
+    return &s->queue;
+}
+
+// Entries of the queue table (1 without one).
+NVSHMEM_EFA_GDA_DEV uint32_t queue_count() {
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 3
+    const NvshmemEfaGdaDeviceState *s = &nvshmem_efa_gda_state_d;
+    if (__ldg(reinterpret_cast<const unsigned long long *>(&s->queues)) != 0ull) {
+        const uint32_t n = __ldg(&s->n_queues);
+        return n != 0u ? n : 1u;
+    }
+#endif
+    return 1u;
+}
+
+// Table entry of (dst_pe, qp_id): dst_pe * queues_per_pe + qp_id % queues_per_pe (IBGDA's
+// ibgda_get_rc). A PE or qp id outside the table gives an index queue_entry() maps to entry 0; the
+// operation's own checks reject a bad PE.
+NVSHMEM_EFA_GDA_DEV uint32_t queue_index(int pe, int qp) {
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 3
+    const uint32_t per = __ldg(&nvshmem_efa_gda_state_d.queues_per_pe);
+    if (per == 0u || pe < 0) return 0u;
+    return (uint32_t)pe * per + (uint32_t)qp % per;
+#else
+    (void)pe;
+    (void)qp;
+    return 0u;
+#endif
+}
+
+// `qi`: the queue table entry the operation posts to (queue_index()); 0: the first queue.
+NVSHMEM_EFA_GDA_DEV View view(uint32_t qi = 0u) {
+    const NvshmemEfaGdaDeviceState *s = &nvshmem_efa_gda_state_d;
+    const NvshmemEfaGdaQueue *q = queue_entry(qi);
     View v;
     v.ready = __ldg(&s->ready);
     v.my_pe = __ldg(&s->my_pe);
     v.n_pes = __ldg(&s->n_pes);
-    v.sq = __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.sq));
+    v.sq = __ldg(reinterpret_cast<const unsigned long long *>(&q->sq));
     v.sq_doorbell = reinterpret_cast<uint32_t *>(
-        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.sq_doorbell)));
+        __ldg(reinterpret_cast<const unsigned long long *>(&q->sq_doorbell)));
     v.cq = reinterpret_cast<const uint8_t *>(
-        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.cq)));
+        __ldg(reinterpret_cast<const unsigned long long *>(&q->cq)));
     v.rx_cq = reinterpret_cast<const uint8_t *>(
-        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.rx_cq)));
+        __ldg(reinterpret_cast<const unsigned long long *>(&q->rx_cq)));
     v.ctrl = reinterpret_cast<NvshmemEfaGdaQueueCtrl *>(
-        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.ctrl)));
+        __ldg(reinterpret_cast<const unsigned long long *>(&q->ctrl)));
     v.slot_status = reinterpret_cast<uint32_t *>(
-        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.slot_status)));
+        __ldg(reinterpret_cast<const unsigned long long *>(&q->slot_status)));
     v.host_ctrl = reinterpret_cast<const NvshmemEfaGdaHostCtrl *>(
-        __ldg(reinterpret_cast<const unsigned long long *>(&s->queue.host_ctrl)));
-    v.sq_entries = __ldg(&s->queue.sq_entries);
-    v.sq_entry_size = __ldg(&s->queue.sq_entry_size);
-    v.cq_entries = __ldg(&s->queue.cq_entries);
-    v.cq_entry_size = __ldg(&s->queue.cq_entry_size);
-    v.rx_entries = __ldg(&s->queue.rx_entries);
-    v.max_batch = __ldg(&s->queue.max_batch);
-    v.mode = __ldg(&s->queue.mode);
+        __ldg(reinterpret_cast<const unsigned long long *>(&q->host_ctrl)));
+    v.sq_entries = __ldg(&q->sq_entries);
+    v.sq_entry_size = __ldg(&q->sq_entry_size);
+    v.cq_entries = __ldg(&q->cq_entries);
+    v.cq_entry_size = __ldg(&q->cq_entry_size);
+    v.rx_entries = __ldg(&q->rx_entries);
+    v.max_batch = __ldg(&q->max_batch);
+    v.mode = __ldg(&q->mode);
     v.heap_base = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_base));
     v.heap_size = __ldg(reinterpret_cast<const unsigned long long *>(&s->heap_size));
     v.heap_lkey = __ldg(&s->heap_lkey);
@@ -1084,8 +1127,8 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_range(const View &v, const PeerView &p, i
 // on it.)
 NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes, RdmaKind kind,
                                              uint64_t laddr, uint64_t roff, uint64_t bytes,
-                                             int pe, uint32_t imm) {
-    const View v = view();
+                                             int pe, uint32_t imm, int qp = 0) {
+    const View v = view(queue_index(pe, qp));
     PeerView p;
     unsigned e = check_rdma(v, pe, laddr, roff, bytes, &p);
     if (e) {
@@ -1133,8 +1176,8 @@ NVSHMEM_EFA_GDA_DEV unsigned post_rdma_lanes(unsigned mask, int lane, int nlanes
 // immediate in its RX ring. `flags`: 0 or NVSHMEM_EFA_GDA_AMO_AFTER_DATA (docs/ordering.md).
 NVSHMEM_EFA_GDA_DEV unsigned post_amo(uint32_t op, uint64_t roff, uint32_t size, uint64_t value,
                                       int pe, bool has_imm = false, uint32_t imm = 0u,
-                                      uint32_t flags = 0u) {
-    const View v = view();
+                                      uint32_t flags = 0u, int qp = 0) {
+    const View v = view(queue_index(pe, qp));
     if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
     // EFA has no RDMA atomics: on a hardware queue the target's receive path (host-posted
     // receives, a host thread applying the message; src/gda/hw_rx.rs) applies these SENDs. A
@@ -1185,8 +1228,19 @@ NVSHMEM_EFA_GDA_DEV unsigned block_thread() {
 NVSHMEM_EFA_GDA_DEV unsigned block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
 
 static_assert(sizeof(NvshmemEfaGdaAmoMsg) == 32, "AMO message must fill the 32-byte inline room");
-static_assert(sizeof(NvshmemEfaGdaDeviceState) == (NVSHMEM_EFA_GDA_STATE_VERSION >= 2 ? 160 : 136),
+static_assert(sizeof(NvshmemEfaGdaDeviceState) ==
+                  (NVSHMEM_EFA_GDA_STATE_VERSION >= 3 ? 176
+                   : NVSHMEM_EFA_GDA_STATE_VERSION >= 2 ? 160 : 136),
               "device state layout changed");
+static_assert(sizeof(NvshmemEfaGdaQueue) == 88, "queue layout changed");
+static_assert(offsetof(NvshmemEfaGdaDeviceState, queue) == 16, "device state layout changed");
+static_assert(offsetof(NvshmemEfaGdaDeviceState, peers) == 128, "device state layout changed");
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 3
+static_assert(offsetof(NvshmemEfaGdaDeviceState, queues) == 160, "device state layout changed");
+static_assert(offsetof(NvshmemEfaGdaDeviceState, n_queues) == 168, "device state layout changed");
+static_assert(offsetof(NvshmemEfaGdaDeviceState, queues_per_pe) == 172,
+              "device state layout changed");
+#endif
 static_assert(sizeof(NvshmemEfaGdaPeer) == 32, "peer layout changed");
 static_assert(sizeof(NvshmemEfaGdaQueueCtrl) == 64, "queue control layout changed");
 
@@ -1207,43 +1261,98 @@ NVSHMEM_EFA_GDA_DEV uint64_t heap_offset(const void *sym) {
            __ldg(reinterpret_cast<const unsigned long long *>(&nvshmem_efa_gda_state_d.heap_base));
 }
 
-// Completions with an error status, plus the library's own errors, since the queue was set up.
+// Queues: every (dst_pe, qp_id) pair has a queue of the table (state version 3, docs/gda-queues.md);
+// calls without a qp id use qp 0 of their PE, the *_qp variants take one. Queues never wait for
+// each other; quiet() covers all of them, quiet_qp() one.
+
+// Completions with an error status, plus the library's own errors, since the queues were set up
+// (summed over the table's entries; entries that share a queue count it once).
 NVSHMEM_EFA_GDA_DEV unsigned long long error_count() {
-    const detail::View v = detail::view();
-    if (!v.ready) return 0ull;
-    return detail::ld_volatile_u64(&v.ctrl->errors);
+    const detail::View v0 = detail::view(0u);
+    if (!v0.ready) return 0ull;
+    unsigned long long n = detail::ld_volatile_u64(&v0.ctrl->errors);
+    const uint32_t nq = detail::queue_count();
+    for (uint32_t i = 1u; i < nq; ++i) {
+        const detail::View v = detail::view(i);
+        if (v.ctrl != v0.ctrl) n += detail::ld_volatile_u64(&v.ctrl->errors);
+    }
+    return n;
 }
 
-// First error status recorded on the queue (0 if none).
+// First error status recorded on a queue (0 if none); the lowest table entry with one.
 NVSHMEM_EFA_GDA_DEV unsigned first_error() {
-    const detail::View v = detail::view();
-    if (!v.ready) return 0u;
-    return detail::ld_volatile_u32(&v.ctrl->first_error);
+    if (!detail::view(0u).ready) return 0u;
+    const uint32_t nq = detail::queue_count();
+    for (uint32_t i = 0u; i < nq; ++i) {
+        const unsigned f = detail::ld_volatile_u32(&detail::view(i).ctrl->first_error);
+        if (f != 0u) return f;
+    }
+    return 0u;
 }
 
-// Consumes available completions (non-blocking). Any thread may call it at any time.
+// Consumes available completions of every queue (non-blocking). Any thread may call it at any time.
 NVSHMEM_EFA_GDA_DEV void progress() {
-    const detail::View v = detail::view();
-    if (v.ready) (void)detail::poll_cq(v);
+    const detail::View v0 = detail::view(0u);
+    if (!v0.ready) return;
+    (void)detail::poll_cq(v0);
+    const uint32_t nq = detail::queue_count();
+    for (uint32_t i = 1u; i < nq; ++i) {
+        const detail::View v = detail::view(i);
+        if (v.ctrl != v0.ctrl) (void)detail::poll_cq(v);
+    }
 }
 
-// Waits until every WQE committed before the call has completed. Returns 0 when no error was ever
-// recorded on the queue, else the first error status (EFA status or NVSHMEM_EFA_GDA_ERR_*).
-// Thread scope; any number of threads may call it concurrently.
-NVSHMEM_EFA_GDA_DEV unsigned quiet() {
-    const detail::View v = detail::view();
-    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
-    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
-    const uint64_t target = detail::ld_acquire_u64(&v.ctrl->ready);
-    unsigned e = detail::wait_done(v, target);
-    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
-    __threadfence_system();
+namespace detail {
+// Waits until every WQE committed to the queue of `v` before the call has completed (no fence);
+// returns 0, the wait's error, or the queue's first recorded error.
+NVSHMEM_EFA_GDA_DEV unsigned quiet_wait(const View &v) {
+    const uint64_t target = ld_acquire_u64(&v.ctrl->ready);
+    const unsigned e = wait_done(v, target);
     if (e) return e;
-    if (detail::ld_volatile_u64(&v.ctrl->errors) != 0ull) {
-        unsigned f = detail::ld_volatile_u32(&v.ctrl->first_error);
+    if (ld_volatile_u64(&v.ctrl->errors) != 0ull) {
+        unsigned f = ld_volatile_u32(&v.ctrl->first_error);
         return f != 0u ? f : NVSHMEM_EFA_GDA_ERR_FAILED;
     }
     return 0u;
+}
+
+// quiet of one queue: quiet_wait, then a system fence (what the completions cover is visible).
+NVSHMEM_EFA_GDA_DEV unsigned quiet_view(const View &v) {
+    if (!v.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    const unsigned e = quiet_wait(v);
+    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
+    __threadfence_system();
+    return e;
+}
+}  // namespace detail
+
+// Waits until every WQE committed before the call, to any queue, has completed. Returns 0 when no
+// error was ever recorded on a queue, else the first error status (EFA status or
+// NVSHMEM_EFA_GDA_ERR_*). Thread scope; any number of threads may call it concurrently. Walks the
+// queue table (entries that name queue 0 again are skipped); quiet_qp() waits for one queue.
+NVSHMEM_EFA_GDA_DEV unsigned quiet() {
+    const detail::View v0 = detail::view(0u);
+    if (!v0.ready) return NVSHMEM_EFA_GDA_ERR_NOT_READY;
+    NVSHMEM_EFA_GDA_PROF_T0(prof_t0);
+    unsigned first = detail::quiet_wait(v0);
+    const uint32_t nq = detail::queue_count();
+    for (uint32_t i = 1u; i < nq; ++i) {
+        const detail::View v = detail::view(i);
+        if (v.ctrl == v0.ctrl) continue;
+        const unsigned e = detail::quiet_wait(v);
+        if (first == 0u) first = e;
+    }
+    NVSHMEM_EFA_GDA_PROF_ADD(NVSHMEM_EFA_GDA_PROF_QUIET, prof_t0, 1);
+    // One system fence for every queue waited for.
+    __threadfence_system();
+    return first;
+}
+
+// Waits until every WQE committed before the call to the queue of (pe, qp) has completed (as
+// IBGDA's quiet of one RC QP); other queues are not waited for. Returns as quiet().
+NVSHMEM_EFA_GDA_DEV unsigned quiet_qp(int pe, int qp) {
+    return detail::quiet_view(detail::view(detail::queue_index(pe, qp)));
 }
 
 // EFA has no ordering between operations: fence is quiet.
@@ -1253,9 +1362,9 @@ NVSHMEM_EFA_GDA_DEV unsigned fence() { return quiet(); }
 // dst: symmetric address of this PE's heap naming the same offset on `pe`; src: local buffer in this
 // PE's heap. Non-blocking: src may be reused and dst is complete at the target after quiet().
 
-NVSHMEM_EFA_GDA_DEV unsigned put_nbi_offset(uint64_t dst_offset, const void *src, size_t bytes,
-                                            int pe) {
-    const detail::View v = detail::view();
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_offset_qp(uint64_t dst_offset, const void *src,
+                                               size_t bytes, int pe, int qp) {
+    const detail::View v = detail::view(detail::queue_index(pe, qp));
     detail::PeerView p;
     const uint64_t laddr = (uint64_t)(uintptr_t)src;
     unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p);
@@ -1267,20 +1376,39 @@ NVSHMEM_EFA_GDA_DEV unsigned put_nbi_offset(uint64_t dst_offset, const void *src
     return detail::post_rdma_range(v, p, pe, detail::kWrite, laddr, dst_offset, bytes, 0u);
 }
 
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_offset(uint64_t dst_offset, const void *src, size_t bytes,
+                                            int pe) {
+    return put_nbi_offset_qp(dst_offset, src, bytes, pe, 0);
+}
+
 NVSHMEM_EFA_GDA_DEV unsigned put_nbi(void *dst, const void *src, size_t bytes, int pe) {
-    return put_nbi_offset(heap_offset(dst), src, bytes, pe);
+    return put_nbi_offset_qp(heap_offset(dst), src, bytes, pe, 0);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_qp(void *dst, const void *src, size_t bytes, int pe, int qp) {
+    return put_nbi_offset_qp(heap_offset(dst), src, bytes, pe, qp);
 }
 
 // Warp scope: all 32 lanes of a converged warp call with the same arguments; lanes write the
 // chunks' WQEs in parallel and lane 0 commits them with one doorbell.
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_warp_offset_qp(uint64_t dst_offset, const void *src,
+                                                    size_t bytes, int pe, int qp) {
+    return detail::post_rdma_lanes(0xffffffffu, detail::lane_id(), 32, detail::kWrite,
+                                   (uint64_t)(uintptr_t)src, dst_offset, bytes, pe, 0u, qp);
+}
+
 NVSHMEM_EFA_GDA_DEV unsigned put_nbi_warp_offset(uint64_t dst_offset, const void *src,
                                                  size_t bytes, int pe) {
-    return detail::post_rdma_lanes(0xffffffffu, detail::lane_id(), 32, detail::kWrite,
-                                   (uint64_t)(uintptr_t)src, dst_offset, bytes, pe, 0u);
+    return put_nbi_warp_offset_qp(dst_offset, src, bytes, pe, 0);
 }
 
 NVSHMEM_EFA_GDA_DEV unsigned put_nbi_warp(void *dst, const void *src, size_t bytes, int pe) {
-    return put_nbi_warp_offset(heap_offset(dst), src, bytes, pe);
+    return put_nbi_warp_offset_qp(heap_offset(dst), src, bytes, pe, 0);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_nbi_warp_qp(void *dst, const void *src, size_t bytes, int pe,
+                                             int qp) {
+    return put_nbi_warp_offset_qp(heap_offset(dst), src, bytes, pe, qp);
 }
 
 // Block scope: every thread of the block calls with the same arguments (it contains
@@ -1314,9 +1442,9 @@ NVSHMEM_EFA_GDA_DEV unsigned put_nbi_block(void *dst, const void *src, size_t by
 // than one WQE is written first; the immediate rides on the last chunk, posted only after the
 // earlier chunks completed (EFA does not order WQEs), so the target never sees the immediate before
 // all bytes. Thread scope.
-NVSHMEM_EFA_GDA_DEV unsigned put_imm_offset(uint64_t dst_offset, const void *src, size_t bytes,
-                                            uint32_t imm, int pe) {
-    const detail::View v = detail::view();
+NVSHMEM_EFA_GDA_DEV unsigned put_imm_offset_qp(uint64_t dst_offset, const void *src,
+                                               size_t bytes, uint32_t imm, int pe, int qp) {
+    const detail::View v = detail::view(detail::queue_index(pe, qp));
     detail::PeerView p;
     const uint64_t laddr = (uint64_t)(uintptr_t)src;
     unsigned e = detail::check_rdma(v, pe, laddr, dst_offset, bytes, &p);
@@ -1327,16 +1455,27 @@ NVSHMEM_EFA_GDA_DEV unsigned put_imm_offset(uint64_t dst_offset, const void *src
     return detail::post_rdma_range(v, p, pe, detail::kWriteImm, laddr, dst_offset, bytes, imm);
 }
 
+NVSHMEM_EFA_GDA_DEV unsigned put_imm_offset(uint64_t dst_offset, const void *src, size_t bytes,
+                                            uint32_t imm, int pe) {
+    return put_imm_offset_qp(dst_offset, src, bytes, imm, pe, 0);
+}
+
 NVSHMEM_EFA_GDA_DEV unsigned put_imm(void *dst, const void *src, size_t bytes, uint32_t imm,
                                      int pe) {
-    return put_imm_offset(heap_offset(dst), src, bytes, imm, pe);
+    return put_imm_offset_qp(heap_offset(dst), src, bytes, imm, pe, 0);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned put_imm_qp(void *dst, const void *src, size_t bytes, uint32_t imm,
+                                        int pe, int qp) {
+    return put_imm_offset_qp(heap_offset(dst), src, bytes, imm, pe, qp);
 }
 
 // ---- get (RDMA read) -----------------------------------------------------------------------------
 // dst: local buffer in this PE's heap; src: symmetric address naming the offset on `pe`. The data is
 // in dst after quiet().
-NVSHMEM_EFA_GDA_DEV unsigned get_nbi_offset(void *dst, uint64_t src_offset, size_t bytes, int pe) {
-    const detail::View v = detail::view();
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi_offset_qp(void *dst, uint64_t src_offset, size_t bytes,
+                                               int pe, int qp) {
+    const detail::View v = detail::view(detail::queue_index(pe, qp));
     detail::PeerView p;
     const uint64_t laddr = (uint64_t)(uintptr_t)dst;
     unsigned e = detail::check_rdma(v, pe, laddr, src_offset, bytes, &p);
@@ -1348,13 +1487,26 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_offset(void *dst, uint64_t src_offset, size
     return detail::post_rdma_range(v, p, pe, detail::kRead, laddr, src_offset, bytes, 0u);
 }
 
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi_offset(void *dst, uint64_t src_offset, size_t bytes, int pe) {
+    return get_nbi_offset_qp(dst, src_offset, bytes, pe, 0);
+}
+
 NVSHMEM_EFA_GDA_DEV unsigned get_nbi(void *dst, const void *src, size_t bytes, int pe) {
-    return get_nbi_offset(dst, heap_offset(src), bytes, pe);
+    return get_nbi_offset_qp(dst, heap_offset(src), bytes, pe, 0);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi_qp(void *dst, const void *src, size_t bytes, int pe, int qp) {
+    return get_nbi_offset_qp(dst, heap_offset(src), bytes, pe, qp);
+}
+
+NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp_qp(void *dst, const void *src, size_t bytes, int pe,
+                                             int qp) {
+    return detail::post_rdma_lanes(0xffffffffu, detail::lane_id(), 32, detail::kRead,
+                                   (uint64_t)(uintptr_t)dst, heap_offset(src), bytes, pe, 0u, qp);
 }
 
 NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t bytes, int pe) {
-    return detail::post_rdma_lanes(0xffffffffu, detail::lane_id(), 32, detail::kRead,
-                                   (uint64_t)(uintptr_t)dst, heap_offset(src), bytes, pe, 0u);
+    return get_nbi_warp_qp(dst, src, bytes, pe, 0);
 }
 
 // ---- non-fetching atomics (applied by the target) --------------------------------------------------
@@ -1367,73 +1519,111 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t byt
 // no receive path (no RX ring): there they return NVSHMEM_EFA_GDA_ERR_UNSUPPORTED (recorded on the
 // queue).
 template <typename T>
-NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
+NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset_qp(uint64_t offset, T value, int pe, int qp) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
     uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
-    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_ADD, offset, (uint32_t)sizeof(T), raw, pe);
+    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_ADD, offset, (uint32_t)sizeof(T), raw, pe, false,
+                            0u, 0u, qp);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset(uint64_t offset, T value, int pe) {
+    return amo_nonfetch_add_offset_qp<T>(offset, value, pe, 0);
 }
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add(T *heap_ptr, T value, int pe) {
-    return amo_nonfetch_add_offset<T>(heap_offset(heap_ptr), value, pe);
+    return amo_nonfetch_add_offset_qp<T>(heap_offset(heap_ptr), value, pe, 0);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_qp(T *heap_ptr, T value, int pe, int qp) {
+    return amo_nonfetch_add_offset_qp<T>(heap_offset(heap_ptr), value, pe, qp);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_set_offset_qp(uint64_t offset, T value, int pe, int qp) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, offset, (uint32_t)sizeof(T), raw, pe, false,
+                            0u, 0u, qp);
 }
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_set_offset(uint64_t offset, T value, int pe) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
-    return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, offset, (uint32_t)sizeof(T), raw, pe);
+    return amo_set_offset_qp<T>(offset, value, pe, 0);
 }
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_set(T *heap_ptr, T value, int pe) {
-    return amo_set_offset<T>(heap_offset(heap_ptr), value, pe);
+    return amo_set_offset_qp<T>(heap_offset(heap_ptr), value, pe, 0);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_set_qp(T *heap_ptr, T value, int pe, int qp) {
+    return amo_set_offset_qp<T>(heap_offset(heap_ptr), value, pe, qp);
 }
 
 // ---- signals: an AMO that announces data (docs/ordering.md) -----------------------------------------
-// signal_add / signal_set: the AMO is applied at the target only after every WQE this queue took
-// before it for the same PE has completed there (its puts have landed), like an RC atomic after
+// signal_add / signal_set: the AMO is applied at the target only after every WQE its queue (the
+// queue of (pe, qp), qp 0 without a qp id) took before it for the same PE has completed there (its puts have landed), like an RC atomic after
 // writes on one QP, without a quiet: the caller does not wait. On the software queue the consumer
 // enforces it (the message carries NVSHMEM_EFA_GDA_AMO_AFTER_DATA). A hardware queue has no agent
 // between the GPU and the NIC to hold the SEND back, so there these calls first wait for the
-// queue's completions (quiet), then post the AMO: the same guarantee, paid with a wait.
+// queue's completions (quiet of that one queue), then post the AMO: the same guarantee, paid with a
+// wait.
 namespace detail {
 NVSHMEM_EFA_GDA_DEV unsigned post_signal(uint32_t op, uint64_t offset, uint32_t size,
-                                         uint64_t raw, int pe) {
-    const View v = view();
+                                         uint64_t raw, int pe, int qp) {
+    const View v = view(queue_index(pe, qp));
     if (v.ready && v.mode == NVSHMEM_EFA_GDA_MODE_HW) {
-        const unsigned q = quiet();
+        const unsigned q = quiet_view(v);
         if (q != 0u) return q;
-        return post_amo(op, offset, size, raw, pe);
+        return post_amo(op, offset, size, raw, pe, false, 0u, 0u, qp);
     }
-    return post_amo(op, offset, size, raw, pe, false, 0u, NVSHMEM_EFA_GDA_AMO_AFTER_DATA);
+    return post_amo(op, offset, size, raw, pe, false, 0u, NVSHMEM_EFA_GDA_AMO_AFTER_DATA, qp);
 }
 }  // namespace detail
 
 template <typename T>
-NVSHMEM_EFA_GDA_DEV unsigned signal_add(T *heap_ptr, T value, int pe) {
+NVSHMEM_EFA_GDA_DEV unsigned signal_add_qp(T *heap_ptr, T value, int pe, int qp) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
     uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
     return detail::post_signal(NVSHMEM_EFA_GDA_AMO_ADD, heap_offset(heap_ptr), (uint32_t)sizeof(T),
-                               raw, pe);
+                               raw, pe, qp);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned signal_add(T *heap_ptr, T value, int pe) {
+    return signal_add_qp<T>(heap_ptr, value, pe, 0);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned signal_set_qp(T *heap_ptr, T value, int pe, int qp) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    return detail::post_signal(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T),
+                               raw, pe, qp);
 }
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned signal_set(T *heap_ptr, T value, int pe) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
-    return detail::post_signal(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T),
-                               raw, pe);
+    return signal_set_qp<T>(heap_ptr, value, pe, 0);
 }
 
 // amo_set that also delivers `imm` to the target's RX ring once the value is stored there (one
 // SEND: the target applies the AMO before it produces the RX entry). Thread scope.
 template <typename T>
-NVSHMEM_EFA_GDA_DEV unsigned amo_set_imm(T *heap_ptr, T value, uint32_t imm, int pe) {
+NVSHMEM_EFA_GDA_DEV unsigned amo_set_imm_qp(T *heap_ptr, T value, uint32_t imm, int pe, int qp) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
     uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
     return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T), raw,
-                            pe, true, imm);
+                            pe, true, imm, 0u, qp);
+}
+
+template <typename T>
+NVSHMEM_EFA_GDA_DEV unsigned amo_set_imm(T *heap_ptr, T value, uint32_t imm, int pe) {
+    return amo_set_imm_qp<T>(heap_ptr, value, imm, pe, 0);
 }
 
 // ---- RX ring: immediates delivered to this PE -------------------------------------------------------
@@ -1460,7 +1650,8 @@ NVSHMEM_EFA_GDA_DEV RxEvent rx_event(const nvshmem_efa_rx_cdesc &c) {
 // i.e. per AMO message applied here (op SEND, has_imm only for amo_set_imm). Entries are the 32-byte
 // extended receive form; the producer never overwrites an entry before ctrl->rx_ci passes it.
 NVSHMEM_EFA_GDA_DEV int poll_rx(RxEvent *ev) {
-    const detail::View v = detail::view();
+    // The RX ring and its consumer index belong to this PE: queue 0.
+    const detail::View v = detail::view(0u);
     if (!v.ready) return -(int)NVSHMEM_EFA_GDA_ERR_NOT_READY;
     if (v.rx_cq == nullptr || v.rx_entries == 0u) return -(int)NVSHMEM_EFA_GDA_ERR_INVALID;
     uint64_t *rx_ci = &v.ctrl->rx_ci;

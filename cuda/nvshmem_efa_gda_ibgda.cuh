@@ -23,22 +23,26 @@
 //      remote and local pointers are symmetric addresses of NVSHMEM's heap and are translated with
 //      `ptr - state.heap_base`;
 //   3. NVSHMEM's own device API otherwise (state not loaded or not ready).
-// qp_id, kAlwaysDoPostSend and message_idx are accepted and ignored: there is one queue, and every
-// post rings the doorbell (never fewer doorbells than DeepEP's batching asks for).
+// qp_id picks the queue: (dst_pe, qp_id) posts to entry dst_pe * queues_per_pe + qp_id %
+// queues_per_pe of the state's queue table, as IBGDA's ibgda_get_rc picks an RC QP
+// (docs/gda-queues.md). kAlwaysDoPostSend and message_idx are accepted and ignored: every post rings
+// the doorbell (never fewer doorbells than DeepEP's batching asks for).
 //
 // Semantics that differ from mlx5 RC and what this layer does about them
 //   * EFA does not order operations, even on one queue. DeepEP relies on RC ordering between its
 //     data puts and the tail-counter AMO that follows them. nvshmemi_ibgda_amo_nonfetch_add is
 //     therefore a signal (signal_add of nvshmem_efa_gda_device.cuh): the target applies it only
 //     after every WQE posted before it for that PE has landed, with no wait on the GPU (software
-//     queue: its consumer holds the AMO back; hardware queue: a quiet first). docs/ordering.md.
+//     queue: its consumer holds the AMO back; hardware queue: a quiet of that queue first). The
+//     guarantee is per queue, i.e. per (dst_pe, qp_id), as RC's is per QP. docs/ordering.md.
 //     NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO=0 posts a plain, unordered AMO instead.
 //   * EFA has no RDMA atomics: the AMO is an inline SEND that the target applies (see
 //     nvshmem_efa_gda_device.cuh). Like IBGDA's masked fetch-add, the remote add is 32 bits wide.
 //   * nvshmemi_ibgda_rma_p stores its 4 bytes with an AMO SET message (a 64-byte WQE has no inline
 //     room for RDMA writes). With an immediate, the same SEND carries it: the target stores the
 //     value before it delivers the immediate to its RX ring (poll_imm).
-//   * nvshmemi_ibgda_quiet(dst_pe, qp_id) waits for the whole queue (all PEs, all qp ids).
+//   * nvshmemi_ibgda_quiet(dst_pe, qp_id) waits for the queue of (dst_pe, qp_id) only, as IBGDA's
+//     quiet of one RC QP.
 //
 // Porting DeepEP (what changes)
 //   * csrc/kernels/legacy/ibgda_device.cuh: keep its includes of DeepEP's own headers
@@ -124,11 +128,12 @@ __device__ __forceinline__ void not_ready(const char *what) {
 
 }  // namespace detail
 
-// ibgda_get_state(): DeepEP reads num_rc_per_pe and num_devices_initialized. Queue layout behind it:
-// the library has ONE send queue per PE (num_devices_initialized = 1); every (dst_pe, qp_id) pair
-// DeepEP names maps onto it, so any qp_id below num_rc_per_pe (NVSHMEM_IBGDA_NUM_RC_PER_PE, which
-// DeepEP sets to its QPs per rank, or nvshmem_efa_gda_set_ibgda_compat) is served, and a quiet of
-// one pair waits for the whole queue.
+// ibgda_get_state(): DeepEP reads num_rc_per_pe and num_devices_initialized. num_rc_per_pe is
+// NVSHMEM_IBGDA_NUM_RC_PER_PE (which DeepEP sets to its QPs per rank; or
+// nvshmem_efa_gda_set_ibgda_compat), the number the library built its queue table for
+// (state.queues_per_pe; above NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE the table is capped, logged, and qp
+// ids wrap onto it). Each (dst_pe, qp_id) has its entry; entries may name a shared queue (the
+// software queue and a hardware queue beyond the device's QP limit do, see docs/gda-queues.md).
 __device__ __forceinline__ NvshmemEfaGdaDeviceLocal *ibgda_get_state() {
     return &nvshmem_efa_gda_local_d;
 }
@@ -147,7 +152,6 @@ template <bool kAlwaysDoPostSend = false>
 __device__ __forceinline__ void nvshmemi_ibgda_put_nbi_warp(uint64_t req_rptr, uint64_t req_lptr,
                                                             size_t bytes, int dst_pe, int qp_id,
                                                             int lane_id, int message_idx) {
-    (void)qp_id;
     (void)message_idx;
     (void)lane_id;  // the hardware lane is used (DeepEP passes the same value)
     const int lane = ::nvshmem_efa_gda::detail::lane_id();
@@ -161,7 +165,7 @@ __device__ __forceinline__ void nvshmemi_ibgda_put_nbi_warp(uint64_t req_rptr, u
         const unsigned st = ::nvshmem_efa_gda::detail::post_rdma_lanes(
             0xffffffffu, lane, 32, ::nvshmem_efa_gda::detail::kWrite, req_lptr,
             ::nvshmem_efa_gda::heap_offset(reinterpret_cast<const void *>(req_rptr)), bytes,
-            dst_pe, 0u);
+            dst_pe, 0u, qp_id);
         if (lane == 0) detail::report(st, "nvshmemi_ibgda_put_nbi_warp");
         return;
     }
@@ -170,12 +174,10 @@ __device__ __forceinline__ void nvshmemi_ibgda_put_nbi_warp(uint64_t req_rptr, u
                              reinterpret_cast<const void *>(req_lptr), bytes, dst_pe);
 }
 
-// Waits for the operations posted so far (the whole queue; dst_pe and qp_id are not needed).
+// Waits for the operations posted so far to the queue of (dst_pe, qp_id).
 __device__ __forceinline__ void nvshmemi_ibgda_quiet(int dst_pe, int qp_id) {
-    (void)dst_pe;
-    (void)qp_id;
     if (::nvshmem_efa_gda::ready()) {
-        detail::report(::nvshmem_efa_gda::quiet(), "nvshmemi_ibgda_quiet");
+        detail::report(::nvshmem_efa_gda::quiet_qp(dst_pe, qp_id), "nvshmemi_ibgda_quiet");
         return;
     }
     // Nothing can be on a queue that is not loaded: NVSHMEM's quiet covers what else was issued
@@ -188,7 +190,6 @@ __device__ __forceinline__ void nvshmemi_ibgda_quiet(int dst_pe, int qp_id) {
 __device__ __forceinline__ void nvshmemi_ibgda_amo_nonfetch_add(void *rptr, const int &value,
                                                                int pe, int qp_id,
                                                                bool is_local_copy = false) {
-    (void)qp_id;
     if (is_local_copy) {
         atomicAdd(static_cast<unsigned long long *>(rptr),
                   static_cast<unsigned long long>(static_cast<long long>(value)));
@@ -202,11 +203,13 @@ __device__ __forceinline__ void nvshmemi_ibgda_amo_nonfetch_add(void *rptr, cons
     if (::nvshmem_efa_gda::ready()) {
 #if NVSHMEM_EFA_GDA_IBGDA_ORDERED_AMO
         // EFA does not order WQEs: the AMO announces the puts before it (applied after them).
-        detail::report(::nvshmem_efa_gda::signal_add<int>(static_cast<int *>(rptr), value, pe),
-                       "nvshmemi_ibgda_amo_nonfetch_add");
+        detail::report(
+            ::nvshmem_efa_gda::signal_add_qp<int>(static_cast<int *>(rptr), value, pe, qp_id),
+            "nvshmemi_ibgda_amo_nonfetch_add");
 #else
-        detail::report(::nvshmem_efa_gda::amo_nonfetch_add<int>(static_cast<int *>(rptr), value, pe),
-                       "nvshmemi_ibgda_amo_nonfetch_add");
+        detail::report(
+            ::nvshmem_efa_gda::amo_nonfetch_add_qp<int>(static_cast<int *>(rptr), value, pe, qp_id),
+            "nvshmemi_ibgda_amo_nonfetch_add");
 #endif
         return;
     }
@@ -218,7 +221,6 @@ __device__ __forceinline__ void nvshmemi_ibgda_amo_nonfetch_add(void *rptr, cons
 // RX ring also gets `imm`, after the value is in place.
 __device__ __forceinline__ void nvshmemi_ibgda_rma_p(int *rptr, const int value, int dst_pe,
                                                      int qp_id, uint32_t imm = 0xffffffffu) {
-    (void)qp_id;
     void *p2p = nvshmem_ptr(rptr, dst_pe);
     if (p2p != nullptr && imm == 0xffffffffu) {
         *static_cast<volatile int *>(p2p) = value;
@@ -228,8 +230,9 @@ __device__ __forceinline__ void nvshmemi_ibgda_rma_p(int *rptr, const int value,
     if (::nvshmem_efa_gda::ready()) {
         // Without an immediate the store is a signal (after the puts before it, as on RC).
         const unsigned st = imm == 0xffffffffu
-                                ? ::nvshmem_efa_gda::signal_set<int>(rptr, value, dst_pe)
-                                : ::nvshmem_efa_gda::amo_set_imm<int>(rptr, value, imm, dst_pe);
+                                ? ::nvshmem_efa_gda::signal_set_qp<int>(rptr, value, dst_pe, qp_id)
+                                : ::nvshmem_efa_gda::amo_set_imm_qp<int>(rptr, value, imm, dst_pe,
+                                                                         qp_id);
         detail::report(st, "nvshmemi_ibgda_rma_p");
         return;
     }

@@ -37,9 +37,8 @@ extern "C" const char *nvshmem_efa_gda_last_error(void);
 
 static bool is_pow2(uint32_t x) { return x != 0u && (x & (x - 1u)) == 0u; }
 
-// Checks what the device code relies on; returns a static reason or NULL.
-static const char *nvshmem_efa_gda_geometry_problem(const NvshmemEfaGdaDeviceState &s) {
-    const NvshmemEfaGdaQueue &q = s.queue;
+// Checks one queue's geometry; returns a static reason or NULL.
+static const char *nvshmem_efa_gda_queue_problem(const NvshmemEfaGdaQueue &q) {
     if (q.sq == 0 || q.sq_doorbell == 0 || q.cq == 0 || q.ctrl == 0 || q.slot_status == 0)
         return "queue pointer missing";
     if (!is_pow2(q.sq_entries) || q.sq_entries > 65536u)
@@ -49,6 +48,30 @@ static const char *nvshmem_efa_gda_geometry_problem(const NvshmemEfaGdaDeviceSta
         return "cq_entries must be a power of two >= sq_entries";
     if (q.cq_entry_size != 16u && q.cq_entry_size != 32u) return "cq_entry_size must be 16 or 32";
     if (q.rx_cq != 0 && !is_pow2(q.rx_entries)) return "rx_entries must be a power of two";
+    return NULL;
+}
+
+// Checks what the device code relies on (queue 0, the queue table and every entry); returns a
+// static reason or NULL.
+static const char *nvshmem_efa_gda_geometry_problem(const NvshmemEfaGdaDeviceState &s) {
+    if (const char *why = nvshmem_efa_gda_queue_problem(s.queue)) return why;
+#if NVSHMEM_EFA_GDA_STATE_VERSION >= 3
+    if (s.queues == 0 || s.queues_per_pe == 0 ||
+        (uint64_t)s.n_queues != (uint64_t)s.n_pes * (uint64_t)s.queues_per_pe)
+        return "queue table missing or not n_pes * queues_per_pe entries";
+    if (s.n_queues > NVSHMEM_EFA_GDA_MAX_QUEUES) return "queue table too large";
+    NvshmemEfaGdaQueue *table = (NvshmemEfaGdaQueue *)malloc(sizeof(NvshmemEfaGdaQueue) * s.n_queues);
+    if (table == NULL) return "no host memory to check the queue table";
+    const char *why = NULL;
+    if (cudaMemcpy(table, reinterpret_cast<const void *>(s.queues),
+                   sizeof(NvshmemEfaGdaQueue) * s.n_queues, cudaMemcpyDeviceToHost) != cudaSuccess)
+        why = "queue table unreadable";
+    for (uint32_t i = 0; why == NULL && i < s.n_queues; ++i) why = nvshmem_efa_gda_queue_problem(table[i]);
+    if (why == NULL && memcmp(&table[0], &s.queue, sizeof s.queue) != 0)
+        why = "queue table entry 0 is not the state's queue";
+    free(table);
+    if (why != NULL) return why;
+#endif
     if (s.n_pes <= 0 || s.my_pe < 0 || s.my_pe >= s.n_pes || s.peers == 0)
         return "PE numbering or peer table missing";
     if (s.heap_size == 0) return "local heap missing";

@@ -86,8 +86,16 @@ struct fid_cq;
 // Every AMO message flag the library knows; a message with another bit set is refused.
 #define NVSHMEM_EFA_GDA_AMO_FLAGS_KNOWN NVSHMEM_EFA_GDA_AMO_AFTER_DATA
 
-// Current layout version of `NvshmemEfaGdaDeviceState`.
-#define NVSHMEM_EFA_GDA_STATE_VERSION 2
+// Current layout version of `NvshmemEfaGdaDeviceState`. Version 3 appends the queue table
+// (`queues`, `n_queues`, `queues_per_pe`) to version 2's 160 bytes; `queue` stays queue 0.
+#define NVSHMEM_EFA_GDA_STATE_VERSION 3
+
+// Most queues per destination PE a device state describes; a larger `NVSHMEM_IBGDA_NUM_RC_PER_PE`
+// is capped (logged), and `qp_id`s then wrap onto the table (`qp_id % queues_per_pe`).
+#define NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE 1024
+
+// Most entries of a queue table (`n_pes * queues_per_pe`).
+#define NVSHMEM_EFA_GDA_MAX_QUEUES 65536
 
 // One send queue with its completion queue, as kernels see it.
 typedef struct NvshmemEfaGdaQueue {
@@ -160,6 +168,16 @@ typedef struct NvshmemEfaGdaDeviceState {
   uint32_t n_granules;
   // Reserved, zero.
   uint32_t reserved2;
+  // Queue table (state version 3): `NvshmemEfaGdaQueue[n_queues]`, device memory. The queue of
+  // `(dst_pe, qp_id)` is entry `dst_pe * queues_per_pe + qp_id % queues_per_pe`. Entries may
+  // name the same queue (the same `ctrl`): such pairs share its ring and its commit order. Entry
+  // 0 equals `queue`. 0 in a state that is not ready.
+  uint64_t queues;
+  // Entries of `queues` (`n_pes * queues_per_pe`).
+  uint32_t n_queues;
+  // Queues per destination PE the table was built for (`NVSHMEM_IBGDA_NUM_RC_PER_PE`, capped at
+  // `NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE`).
+  uint32_t queues_per_pe;
 } NvshmemEfaGdaDeviceState;
 
 // How kernels address one PE.

@@ -201,7 +201,7 @@ fn table_layout_and_keys() {
         for me in &pes {
             let st = me.gda.device_state().unwrap();
             assert_eq!(st.version, NVSHMEM_EFA_GDA_STATE_VERSION);
-            assert_eq!(st.version, 2);
+            assert_eq!(st.version, 3);
             assert_eq!(st.ready, 1, "every row has a chunk");
             assert_eq!(st.log2_granularity, LOG2);
             assert_eq!(st.n_granules, 6);
@@ -557,7 +557,7 @@ fn mp_child() {
         }
     }
     let st = pe.gda.device_state().unwrap();
-    assert_eq!((st.ready, st.version, st.n_granules), (1, 2, 6));
+    assert_eq!((st.ready, st.version, st.n_granules), (1, 3, 6));
 
     let poster = HostPoster::new(pe.gda.soft_queue().unwrap()).unwrap();
     let right = (me + 1) % n;
@@ -776,7 +776,7 @@ fn transport_child() {
     unsafe { t.add_remote_handles(1, 0, all[0].as_mut_ptr(), 0, CHUNKS[0].1, base, 0) }
         .expect("the same chunk again");
     let st = nvshmem_efa_gda::gda::device_state().expect("GDA state");
-    assert_eq!((st.version, st.ready, st.n_granules), (2, 1, 6));
+    assert_eq!((st.version, st.ready, st.n_granules), (3, 1, 6));
     assert_eq!(st.log2_granularity, LOG2);
     assert_eq!((st.heap_base, st.heap_size), (base, 6 * G));
     let entry_at = |row: u64, off: u64| {

@@ -73,7 +73,19 @@ impl<'q> HostPoster<'q> {
     /// A poster on `q`, which must have its control block in host memory
     /// ([`super::mem::CtrlPlacement::Host`], or no CUDA).
     pub fn new(q: &'q SoftQueue) -> Result<HostPoster<'q>> {
-        let v = q.host_view().ok_or_else(|| {
+        Self::on_ring(q, 0)
+    }
+
+    /// A poster on ring `ring` of the queue (`SoftQueue::add_rings`; ring 0 is
+    /// [`HostPoster::new`]'s).
+    pub fn on_ring(q: &'q SoftQueue, ring: usize) -> Result<HostPoster<'q>> {
+        if ring >= q.rings() {
+            return Err(GdaError::invalid(format!(
+                "ring {ring} of a software queue with {} rings",
+                q.rings()
+            )));
+        }
+        let v = q.ring_host_view(ring).ok_or_else(|| {
             GdaError::invalid(
                 "the queue's control block is in GPU memory: create it with CtrlPlacement::Host",
             )

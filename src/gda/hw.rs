@@ -304,6 +304,10 @@ struct Owned {
 /// A hardware EFA queue published to the GPU. Dropping it unmaps the provider's rings, closes the
 /// endpoint and CQs, and only then frees GPU memory the CQs used.
 pub struct HwQueue {
+    /// GDA QPs the device admits ([`super::queues::qp_limit`]); `None`: not reported.
+    qp_limit: Option<usize>,
+    /// The queue table's layout was logged.
+    plan_logged: std::sync::atomic::AtomicBool,
     sq_map: Option<Mapped>,
     db_map: Option<Mapped>,
     sq_dev: u64,
@@ -335,11 +339,18 @@ impl HwQueue {
         }
         let info = domain.info();
         let (ep_cnt, tx_ctx, per_ep) = info.endpoint_limits();
+        let qp_limit = super::queues::qp_limit(ep_cnt, tx_ctx, per_ep);
         tracing::info!(
             "hardware GDA: the domain admits {ep_cnt} endpoints, {tx_ctx} transmit contexts ({per_ep} \
-             per endpoint); the library opens one GDA queue (one QP) per PE, which every \
-             (dst_pe, qp_id) shares (docs/gda-queues.md)"
+             per endpoint); the library opens one GDA queue (one QP) per context, which the queue \
+             table's (dst_pe, qp_id) entries share (docs/gda-queues.md)"
         );
+        if qp_limit.is_none() {
+            tracing::warn!(
+                "hardware GDA: the provider reports no endpoint limit (ep_cnt 0): one QP serves \
+                 every queue"
+            );
+        }
         let rx_cfg = RxConfig::default();
         let tx_view = open_gpu_cq(&ops, domain, info.tx_size().max(64))?;
         let tx_cq = tx_view.cq.clone().expect("CQ opened here");
@@ -360,6 +371,7 @@ impl HwQueue {
         let ep = owned.ep.handle();
         // SAFETY: enabled endpoint of the ops' domain.
         let mut q = unsafe { Self::map_endpoint(ops, ep)? };
+        q.qp_limit = qp_limit;
         q.tx_cq = Some(tx_view);
         q.check_cqs()?;
         // SAFETY: the receive CQ is open and belongs to the ops' domain.
@@ -444,6 +456,9 @@ impl HwQueue {
             CtrlPlacement::Auto,
         )?);
         Ok(HwQueue {
+            // Read by `open` (the caller's endpoint: its domain's limits are not known here).
+            qp_limit: None,
+            plan_logged: Default::default(),
             sq_dev: sq_map.device,
             db_dev: db_map.device,
             sq_map: Some(sq_map),
@@ -561,6 +576,22 @@ impl HwQueue {
     pub fn stop(&self) {
         if let Some(rx) = &self.rx {
             rx.stop();
+        }
+    }
+
+    /// GDA QPs the device admits, as the provider reports them.
+    pub fn qp_limit(&self) -> Option<usize> {
+        self.qp_limit
+    }
+
+    /// Logs (once) how the queue table's `n` entries map onto this queue's QPs.
+    pub fn log_plan(&self, n: usize) {
+        if !self
+            .plan_logged
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            let (_, line) = super::queues::hw_plan(n, self.qp_limit, 1);
+            tracing::info!("{line}");
         }
     }
 

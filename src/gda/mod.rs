@@ -37,6 +37,8 @@ pub mod mem;
 /// cbindgen:ignore
 pub mod queue;
 /// cbindgen:ignore
+pub mod queues;
+/// cbindgen:ignore
 pub mod softq;
 pub mod state;
 /// cbindgen:ignore
@@ -109,11 +111,13 @@ enum Published {
         state: DeviceBuffer,
         peers: Option<DeviceBuffer>,
         keys: Option<DeviceBuffer>,
+        queues: Option<DeviceBuffer>,
     },
     Host {
         state: Box<NvshmemEfaGdaDeviceState>,
         peers: Vec<NvshmemEfaGdaPeer>,
         keys: Vec<NvshmemEfaGdaHeapKey>,
+        queues: Vec<NvshmemEfaGdaQueue>,
     },
 }
 
@@ -137,6 +141,12 @@ pub struct Gda {
     n_pes: i32,
     names: Vec<u8>,
     peers: Vec<NvshmemEfaGdaPeer>,
+    /// Queues per PE of the queue table (`NVSHMEM_IBGDA_NUM_RC_PER_PE`, fitted at connect).
+    queues_per_pe: u32,
+    /// [`Gda::set_queues_per_pe`]: queues per PE instead of the environment's.
+    queues_per_pe_wanted: Option<u32>,
+    /// The queue table (state version 3), built at connect and on every publish.
+    queue_table: Vec<NvshmemEfaGdaQueue>,
     published: Published,
     retired: Vec<Retired>,
     use_cuda: bool,
@@ -185,6 +195,9 @@ impl Gda {
             n_pes: 0,
             names: Vec::new(),
             peers: Vec::new(),
+            queues_per_pe: 1,
+            queues_per_pe_wanted: None,
+            queue_table: Vec::new(),
             published: Published::None,
             retired: Vec::new(),
             use_cuda: mem::cuda_usable(),
@@ -404,18 +417,31 @@ impl Gda {
                 ),
             });
         }
+        let wanted = match self.queues_per_pe_wanted {
+            Some(n) => n,
+            None => queues::queues_per_pe_from_env()?,
+        };
+        let queues_per_pe = queues::fit_queues_per_pe(n_pes, wanted)?;
         let peers = self.q_mut()?.connect(&queue::Roster {
             my_pe,
             n_pes,
             names,
             fi_addrs,
         })?;
+        self.queues_per_pe = queues_per_pe;
         self.my_pe = my_pe;
         self.n_pes = n_pes;
         self.names = names.to_vec();
         self.peers = peers;
         self.build_table()?;
-        tracing::info!("GDA: connected as PE {my_pe} of {n_pes}");
+        self.queue_table = self.q()?.queue_table(n_pes, queues_per_pe)?;
+        tracing::info!(
+            "GDA: connected as PE {my_pe} of {n_pes}; queue table: {} entries ({n_pes} PEs x \
+             {queues_per_pe} queues per PE from {}) over {} distinct queue(s)",
+            self.queue_table.len(),
+            queues::NUM_RC_PER_PE_VAR,
+            queues::distinct_count(&self.queue_table)
+        );
         self.publish()
     }
 
@@ -516,6 +542,40 @@ impl Gda {
         }
     }
 
+    /// Builds the queue table for `n` queues per PE instead of what `NVSHMEM_IBGDA_NUM_RC_PER_PE`
+    /// says (programs and tests that run several contexts in one process). Before `connect` only.
+    pub fn set_queues_per_pe(&mut self, n: u32) -> Result<()> {
+        if self.n_pes > 0 {
+            return Err(GdaError::invalid(
+                "set_queues_per_pe: the queue table is built at connect, which happened",
+            ));
+        }
+        if n == 0 || n > state::NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE {
+            return Err(GdaError::invalid(format!(
+                "set_queues_per_pe: {n} queues per PE (1 to {})",
+                state::NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE
+            )));
+        }
+        self.queues_per_pe_wanted = Some(n);
+        Ok(())
+    }
+
+    fn queues_ptr(&self) -> u64 {
+        match &self.published {
+            Published::Device {
+                queues: Some(q), ..
+            } => q.ptr(),
+            Published::Host { queues, .. } if !queues.is_empty() => queues.as_ptr() as u64,
+            _ => 0,
+        }
+    }
+
+    /// The queue table (host copy, state version 3): entry `dst_pe * queues_per_pe + qp_id %
+    /// queues_per_pe`; empty until connected.
+    pub fn queue_table(&self) -> &[NvshmemEfaGdaQueue] {
+        &self.queue_table
+    }
+
     fn keys_ptr(&self) -> u64 {
         match &self.published {
             Published::Device { keys: Some(k), .. } => k.ptr(),
@@ -537,7 +597,8 @@ impl Gda {
         let local0 = c.local.get(&0);
         let remote_complete = self.n_pes > 0 && (0..self.n_pes).all(|pe| c.remote_extent(pe) > 0);
         let cq_known = queue.cq != 0;
-        let ready = !c.local.is_empty() && remote_complete && cq_known;
+        let queues = self.queues_ptr();
+        let ready = !c.local.is_empty() && remote_complete && cq_known && queues != 0;
         let table = c.table.as_ref();
         Some(NvshmemEfaGdaDeviceState {
             version: NVSHMEM_EFA_GDA_STATE_VERSION,
@@ -555,6 +616,13 @@ impl Gda {
             key_stride: table.map_or(0, |t| t.stride() as u32),
             n_granules: table.map_or(0, |t| t.n_granules() as u32),
             reserved2: 0,
+            queues,
+            n_queues: if queues != 0 {
+                self.queue_table.len() as u32
+            } else {
+                0
+            },
+            queues_per_pe: self.queues_per_pe,
         })
     }
 
@@ -575,6 +643,11 @@ impl Gda {
             return Ok(());
         }
         let peers = self.peers();
+        if self.n_pes > 0 {
+            // The queues' descriptions change (a hardware CQ named late): rebuild the table.
+            self.queue_table = self.q()?.queue_table(self.n_pes, self.queues_per_pe)?;
+        }
+        let table = self.queue_table.clone();
         let empty: &[NvshmemEfaGdaHeapKey] = &[];
         let entries = self
             .chunks
@@ -588,15 +661,30 @@ impl Gda {
             }
             let bytes = std::mem::size_of_val(peers.as_slice());
             let kbytes = std::mem::size_of_val(entries.as_slice());
-            let (state_buf, old_peers, old_keys) =
+            let qbytes = std::mem::size_of_val(table.as_slice());
+            let (state_buf, old_peers, old_keys, old_queues) =
                 match std::mem::replace(&mut self.published, Published::None) {
-                    Published::Device { state, peers, keys } => (state, peers, keys),
+                    Published::Device {
+                        state,
+                        peers,
+                        keys,
+                        queues,
+                    } => (state, peers, keys, queues),
                     _ => (
                         DeviceBuffer::new(std::mem::size_of::<NvshmemEfaGdaDeviceState>())?,
                         None,
                         None,
+                        None,
                     ),
                 };
+            let queues_buf = match old_queues {
+                Some(q) if q.len() == qbytes => Some(q),
+                _ if qbytes > 0 => Some(DeviceBuffer::new(qbytes)?),
+                _ => None,
+            };
+            if let Some(q) = &queues_buf {
+                q.upload(&table)?;
+            }
             let peers_buf = match old_peers {
                 Some(p) if p.len() == bytes => Some(p),
                 _ if bytes > 0 => Some(DeviceBuffer::new(bytes)?),
@@ -623,6 +711,7 @@ impl Gda {
                 state: state_buf,
                 peers: peers_buf,
                 keys: keys_buf,
+                queues: queues_buf,
             };
             let st = self.device_state().expect("queue exists");
             if let Published::Device { state, .. } = &self.published {
@@ -646,7 +735,12 @@ impl Gda {
                 }
                 entries
             };
-            self.published = Published::Host { state, peers, keys };
+            self.published = Published::Host {
+                state,
+                peers,
+                keys,
+                queues: table,
+            };
             let st = self.device_state().expect("queue exists");
             if let Published::Host { state, .. } = &mut self.published {
                 **state = st;

@@ -160,8 +160,15 @@ pub trait GdaQueue: Send + Sync {
         ))
     }
 
-    /// The queue as kernels see it.
+    /// The queue as kernels see it (queue 0 of the table).
     fn queue_desc(&self) -> NvshmemEfaGdaQueue;
+
+    /// The queue table of `n_pes` PEs with `queues_per_pe` queues each (state version 3,
+    /// [`super::queues`]): by default every entry names [`GdaQueue::queue_desc`], so every
+    /// `(dst_pe, qp_id)` shares the one queue.
+    fn queue_table(&self, n_pes: i32, queues_per_pe: u32) -> Result<Vec<NvshmemEfaGdaQueue>> {
+        super::queues::build(n_pes, queues_per_pe, &[self.queue_desc()])
+    }
 
     /// Stops the queue's work (before the context's registrations go).
     fn stop(&self) {}
@@ -265,6 +272,15 @@ impl GdaQueue for SoftQueue {
         SoftQueue::queue_desc(self)
     }
 
+    /// A ring of its own per entry (up to the queue's `max_rings`; beyond, entry `i` on ring
+    /// `i % rings`).
+    fn queue_table(&self, n_pes: i32, queues_per_pe: u32) -> Result<Vec<NvshmemEfaGdaQueue>> {
+        let n = n_pes.max(0) as usize * queues_per_pe as usize;
+        let rings = self.add_rings(n)?;
+        let descs: Vec<NvshmemEfaGdaQueue> = (0..rings).filter_map(|i| self.ring_desc(i)).collect();
+        super::queues::build(n_pes, queues_per_pe, &descs)
+    }
+
     fn stop(&self) {
         SoftQueue::stop(self)
     }
@@ -354,6 +370,13 @@ impl GdaQueue for HwQueue {
 
     fn queue_desc(&self) -> NvshmemEfaGdaQueue {
         HwQueue::queue_desc(self)
+    }
+
+    /// Every entry on the queue's one QP (logged once with the device's limit).
+    fn queue_table(&self, n_pes: i32, queues_per_pe: u32) -> Result<Vec<NvshmemEfaGdaQueue>> {
+        let t = super::queues::build(n_pes, queues_per_pe, &[self.queue_desc()])?;
+        self.log_plan(t.len());
+        Ok(t)
     }
 
     fn stop(&self) {

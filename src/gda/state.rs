@@ -191,6 +191,16 @@ pub struct NvshmemEfaGdaDeviceState {
     pub n_granules: u32,
     /// Reserved, zero.
     pub reserved2: u32,
+    /// Queue table (state version 3): `NvshmemEfaGdaQueue[n_queues]`, device memory. The queue of
+    /// `(dst_pe, qp_id)` is entry `dst_pe * queues_per_pe + qp_id % queues_per_pe`. Entries may
+    /// name the same queue (the same `ctrl`): such pairs share its ring and its commit order. Entry
+    /// 0 equals `queue`. 0 in a state that is not ready.
+    pub queues: u64,
+    /// Entries of `queues` (`n_pes * queues_per_pe`).
+    pub n_queues: u32,
+    /// Queues per destination PE the table was built for (`NVSHMEM_IBGDA_NUM_RC_PER_PE`, capped at
+    /// `NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE`).
+    pub queues_per_pe: u32,
 }
 
 /// Heap key flag: the entry describes a registration.
@@ -246,8 +256,15 @@ pub struct NvshmemEfaGdaAmoMsg {
     pub value: u64,
 }
 
-/// Current layout version of `NvshmemEfaGdaDeviceState`.
-pub const NVSHMEM_EFA_GDA_STATE_VERSION: u32 = 2;
+/// Current layout version of `NvshmemEfaGdaDeviceState`. Version 3 appends the queue table
+/// (`queues`, `n_queues`, `queues_per_pe`) to version 2's 160 bytes; `queue` stays queue 0.
+pub const NVSHMEM_EFA_GDA_STATE_VERSION: u32 = 3;
+
+/// Most queues per destination PE a device state describes; a larger `NVSHMEM_IBGDA_NUM_RC_PER_PE`
+/// is capped (logged), and `qp_id`s then wrap onto the table (`qp_id % queues_per_pe`).
+pub const NVSHMEM_EFA_GDA_MAX_QUEUES_PER_PE: u32 = 1024;
+/// Most entries of a queue table (`n_pes * queues_per_pe`).
+pub const NVSHMEM_EFA_GDA_MAX_QUEUES: u32 = 65536;
 
 const _: () = {
     use core::mem::{offset_of, size_of};
@@ -262,7 +279,10 @@ const _: () = {
     assert!(offset_of!(NvshmemEfaGdaQueue, sq_entries) == 56);
     assert!(offset_of!(NvshmemEfaGdaQueue, qpn) == 80);
     assert!(offset_of!(NvshmemEfaGdaQueue, mode) == 84);
-    assert!(size_of::<NvshmemEfaGdaDeviceState>() == 160);
+    assert!(size_of::<NvshmemEfaGdaDeviceState>() == 176);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, queues) == 160);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, n_queues) == 168);
+    assert!(offset_of!(NvshmemEfaGdaDeviceState, queues_per_pe) == 172);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, heap_keys) == 136);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, log2_granularity) == 144);
     assert!(offset_of!(NvshmemEfaGdaDeviceState, key_stride) == 148);

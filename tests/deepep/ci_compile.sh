@@ -6,7 +6,7 @@
 #
 # 1. patches/deepep/apply.sh rejects what is not a DeepEP V1 tree, with status 1 / 2 and a message.
 # 2. tests/deepep/ll_calls.cu (this project's kernels making DeepEP's V1 calls in DeepEP's shapes)
-#    for sm_90 against NVSHMEM 3.4.5's headers and the generated state header (version 2); then the
+#    for sm_90 against NVSHMEM 3.4.5's headers and the generated state header (version 3); then the
 #    device link with cuda/nvshmem_efa_gda_state.cu and libnvshmem_device.a (DeepEP's -dlink step) and, when
 #    target/{release,debug}/libnvshmem_efa_gda.so exists, a shared-object link with --no-undefined.
 # 3. the kit's replacement headers (patches/deepep/*ibgda_device.cuh) in DeepEP's namespaces, with
@@ -54,10 +54,10 @@ bash "$repo/patches/deepep/apply.sh" >"$work/apply-usage.log" 2>&1
 rc=$?
 if [ $rc = 2 ]; then ok "apply.sh without a tree: usage error"; else bad "apply.sh usage (rc=$rc)" "$work/apply-usage.log"; fi
 
-# 2. our kernels with DeepEP's calls, against the generated header (state version 2: the
-#    granule-indexed heap-key table)
-if ! grep -q '^#define NVSHMEM_EFA_GDA_STATE_VERSION 2$' "$repo/include/nvshmem_efa_gda.h"; then
-    bad "include/nvshmem_efa_gda.h does not publish state version 2"
+# 2. our kernels with DeepEP's calls, against the generated header (state version 3: the
+#    granule-indexed heap-key table and the queue table of one queue per (dst_pe, qp_id))
+if ! grep -q '^#define NVSHMEM_EFA_GDA_STATE_VERSION 3$' "$repo/include/nvshmem_efa_gda.h"; then
+    bad "include/nvshmem_efa_gda.h does not publish state version 3"
 fi
 what="ll_calls.cu, generated state header"
 if "$NVCC" "${NVCC_FLAGS[@]}" -I"$repo/include" -I"$repo/cuda" -c "$here/ll_calls.cu" -o "$work/ll_calls.o" \

@@ -49,7 +49,9 @@ __global__ void ibgda_compat_kernel(IbgdaCompatArgs a) {
         if (blockIdx.x == 0 && threadIdx.x == 0)
             nvshmemi_ibgda_rma_p(a.flag, a.flag_value, a.peer, 0, a.flag_imm);
         __syncthreads();
-        if (threadIdx.x == 0) nvshmemi_ibgda_quiet(a.peer, 0);
+        // A quiet per queue used (qp ids 0-3: one queue each when NVSHMEM_IBGDA_NUM_RC_PER_PE >=
+        // 4), as DeepEP's barrier quiets every QP.
+        if (threadIdx.x < 4) nvshmemi_ibgda_quiet(a.peer, (int)threadIdx.x);
         return;
     }
     // Receiver block.

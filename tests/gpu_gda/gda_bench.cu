@@ -27,8 +27,14 @@
 // and the converged lanes of a warp share one reservation and commit on the GDA queue (32 WQEs per
 // commit): the rows are then named gda-thread, gda-null-thread, proxy-thread, p2p-thread.
 //
+// Queues: with --queues Q (default 1) warp w posts on qp_id = w % Q of the peer, i.e. on queue
+// entry peer * queues_per_pe + (w % Q) % queues_per_pe of the state's queue table
+// (docs/gda-queues.md), and waits for that queue alone (quiet_qp). Run it with
+// NVSHMEM_IBGDA_NUM_RC_PER_PE >= Q so the table has Q queues per PE; the program prints the loaded
+// table (entries, per PE, distinct queues) and warns when Q exceeds it.
+//
 // Usage: gda_bench CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S]
-//                  [--blocks B] [--warps W] [--scope warp|thread]
+//                  [--blocks B] [--warps W] [--scope warp|thread] [--queues Q]
 // CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps
 //              (usec = whole measurement)
 #include "gda_common.cuh"
@@ -49,10 +55,10 @@ struct KStatus {
     unsigned first;
 };
 
-// Ends a poster's loop: quiet, then counts the poster as failed (first status kept) when a put
-// (`s`, the first put error) or the quiet returned an error.
-__device__ void quiet_and_count(unsigned s, KStatus *st) {
-    const unsigned q = gda::quiet();
+// Ends a poster's loop: quiet of its queue, then counts the poster as failed (first status kept)
+// when a put (`s`, the first put error) or the quiet returned an error.
+__device__ void quiet_and_count(unsigned s, KStatus *st, int peer, int qp) {
+    const unsigned q = gda::quiet_qp(peer, qp);
     if (q != 0u && s == 0u) s = q;
     if (s != 0u) {
         atomicAdd(&st->bad, 1u);
@@ -60,25 +66,30 @@ __device__ void quiet_and_count(unsigned s, KStatus *st) {
     }
 }
 
-// Message m goes to window slot m % slots; warp w posts messages w, w + nwarps, ...
+// Message m goes to window slot m % slots; warp w posts messages w, w + nwarps, ... on the queue
+// of (peer, qp_id = w % queues).
 __global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs, int slots,
-                               int peer, KStatus *st) {
+                               int peer, int queues, KStatus *st) {
     const int nwarps = (int)(gridDim.x * blockDim.x / 32);
     const int w = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+    const int qp = w % queues;
     unsigned s = 0;
     for (int m = w; m < msgs; m += nwarps) {
         const size_t off = (size_t)(m % slots) * size;
-        const unsigned r = gda::put_nbi_warp(dst + off, src + off, size, peer);
+        const unsigned r = gda::put_nbi_warp_qp(dst + off, src + off, size, peer, qp);
         if (r != 0u && s == 0u) s = r;
     }
-    if (threadIdx.x % 32 == 0) quiet_and_count(s, st);
+    if (threadIdx.x % 32 == 0) quiet_and_count(s, st, peer, qp);
 }
 
 // Thread scope: message m goes to slot m % slots; thread t posts messages t, t + nthreads, ...
+// Thread t's warp w = t / 32 posts on qp_id = w % queues (the lanes of a warp share a queue, so
+// they can share a reservation).
 __global__ void gda_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
-                                      int slots, int peer, KStatus *st) {
+                                      int slots, int peer, int queues, KStatus *st) {
     const int nthreads = (int)(gridDim.x * blockDim.x);
     const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    const int qp = (t / 32) % queues;
     unsigned s = 0;
     for (int m = t; m < msgs; m += nthreads) {
         const size_t off = (size_t)(m % slots) * size;
@@ -86,10 +97,10 @@ __global__ void gda_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t s
         // the lanes arrive at the put together and share one reservation (thread-scope puts
         // coalesce the converged lanes only).
         __syncwarp();
-        const unsigned r = gda::put_nbi(dst + off, src + off, size, peer);
+        const unsigned r = gda::put_nbi_qp(dst + off, src + off, size, peer, qp);
         if (r != 0u && s == 0u) s = r;
     }
-    quiet_and_count(s, st);
+    quiet_and_count(s, st, peer, qp);
 }
 
 __global__ void nvshmem_put_thread_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs,
@@ -115,11 +126,38 @@ __global__ void nvshmem_put_kernel(uint8_t *dst, const uint8_t *src, size_t size
     if (threadIdx.x % 32 == 0) nvshmem_quiet();
 }
 
-// The software queue's reservation counter (WQE slots reserved by posters so far).
+// WQE slots reserved by posters so far, summed over the distinct queues of the queue table
+// (entries that share a queue count it once). One thread.
 __global__ void resv_kernel(unsigned long long *out) {
-    const NvshmemEfaGdaQueueCtrl *c =
-        reinterpret_cast<const NvshmemEfaGdaQueueCtrl *>(nvshmem_efa_gda_state_d.queue.ctrl);
-    *out = c == nullptr ? 0ull : *reinterpret_cast<const volatile unsigned long long *>(&c->resv);
+    const NvshmemEfaGdaDeviceState &s = nvshmem_efa_gda_state_d;
+    const NvshmemEfaGdaQueue *t = reinterpret_cast<const NvshmemEfaGdaQueue *>(s.queues);
+    const uint32_t n = t == nullptr ? 1u : s.n_queues;
+    unsigned long long sum = 0ull;
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint64_t ctrl = t == nullptr ? s.queue.ctrl : t[i].ctrl;
+        bool seen = ctrl == 0u;
+        for (uint32_t j = 0; j < i && !seen; ++j) seen = t[j].ctrl == ctrl;
+        if (seen) continue;
+        const NvshmemEfaGdaQueueCtrl *c = reinterpret_cast<const NvshmemEfaGdaQueueCtrl *>(ctrl);
+        sum += *reinterpret_cast<const volatile unsigned long long *>(&c->resv);
+    }
+    *out = sum;
+}
+
+// The loaded state's queue table: entries, queues per PE, distinct queues (by control block).
+__global__ void table_kernel(unsigned *out) {
+    const NvshmemEfaGdaDeviceState &s = nvshmem_efa_gda_state_d;
+    const NvshmemEfaGdaQueue *t = reinterpret_cast<const NvshmemEfaGdaQueue *>(s.queues);
+    const uint32_t n = t == nullptr ? 1u : s.n_queues;
+    unsigned distinct = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        bool seen = false;
+        for (uint32_t j = 0; j < i && !seen; ++j) seen = t[j].ctrl == t[i].ctrl;
+        if (!seen) ++distinct;
+    }
+    out[0] = n;
+    out[1] = t == nullptr ? 1u : s.queues_per_pe;
+    out[2] = t == nullptr ? 1u : distinct;
 }
 
 __global__ void check_kernel(const uint8_t *buf, size_t len, uint32_t seed, unsigned long long *bad) {
@@ -159,7 +197,7 @@ struct Row {
 
 void usage(const char *argv0) {
     printf("usage: %s CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S] [--blocks B] "
-           "[--warps W] [--scope warp|thread]\n"
+           "[--warps W] [--scope warp|thread] [--queues Q]\n"
            "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n"
            "NVSHMEM_EFA_SOFT_NULL=1: path gda measures the WQE post rate (no data moves)\n",
            argv0);
@@ -176,7 +214,7 @@ int main(int argc, char **argv) {
     std::string paths_arg = "gda,proxy";
     size_t max_bytes = 4ull << 20;
     double budget_s = 70.0;
-    int blocks = 4, warps = 4;
+    int blocks = 4, warps = 4, queues = 1;
     std::string scope = "warp";
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
@@ -193,6 +231,7 @@ int main(int argc, char **argv) {
         else if (a == "--blocks") blocks = atoi(need("--blocks"));
         else if (a == "--warps") warps = atoi(need("--warps"));
         else if (a == "--scope") scope = need("--scope");
+        else if (a == "--queues") queues = atoi(need("--queues"));
         else {
             usage(argv[0]);
             return 2;
@@ -210,7 +249,7 @@ int main(int argc, char **argv) {
             printf("unknown path '%s'\n", p.c_str());
             return 2;
         }
-    if (blocks < 1 || warps < 1 || warps > 32 || max_bytes < 8 || max_bytes > kWindow ||
+    if (blocks < 1 || warps < 1 || warps > 32 || queues < 1 || max_bytes < 8 || max_bytes > kWindow ||
         (scope != "warp" && scope != "thread")) {
         usage(argv[0]);
         return 2;
@@ -244,12 +283,30 @@ int main(int argc, char **argv) {
     for (const std::string &p : paths) need_gda = need_gda || p == "gda";
     int load_rc = 0;
     if (need_gda) load_rc = nvshmem_efa_gda_load_device_state(0);
+    unsigned table[3] = {0u, 0u, 0u};
+    if (need_gda && load_rc == NVSHMEM_EFA_GDA_LOAD_OK) {
+        unsigned *dt = nullptr;
+        CK(cudaMalloc(&dt, sizeof table));
+        table_kernel<<<1, 1>>>(dt);
+        CK_LAUNCH();
+        CK(cudaMemcpy(table, dt, sizeof table, cudaMemcpyDeviceToHost));
+        CK(cudaFree(dt));
+    }
     watchdog_disarm();
     int ok = 1;
     if (me == 0) {
-        printf("gda_bench: paths %s, %d blocks x %d warps, %s scope, 8 B .. %zu B, budget %.0f s, peer %s\n",
-               paths_arg.c_str(), blocks, warps, scope.c_str(), max_bytes, budget_s,
+        printf("gda_bench: paths %s, %d blocks x %d warps, %s scope, %d queue(s), 8 B .. %zu B, budget "
+               "%.0f s, peer %s\n",
+               paths_arg.c_str(), blocks, warps, scope.c_str(), queues, max_bytes, budget_s,
                p2p_mapped ? "mapped (P2P)" : "not mapped (remote transport)");
+        if (need_gda && load_rc == NVSHMEM_EFA_GDA_LOAD_OK) {
+            printf("gda_bench: queue table: %u entries, %u per PE, %u distinct queue(s)\n", table[0],
+                   table[1], table[2]);
+            if ((unsigned)queues > table[1])
+                printf("gda_bench: WARNING: --queues %d exceeds the table's %u queues per PE (set "
+                       "NVSHMEM_IBGDA_NUM_RC_PER_PE): qp ids wrap\n",
+                       queues, table[1]);
+        }
         if (null_mode)
             printf("gda_bench: NULL-CONSUMER MODE (NVSHMEM_EFA_SOFT_NULL=1): path gda posts WQEs that the "
                    "software queue completes without moving data; its rows measure the WQE post rate and are "
@@ -314,9 +371,11 @@ int main(int argc, char **argv) {
             const unsigned long long resv0 = path == "gda" ? resv_now() : 0ull;
             CK(cudaEventRecord(e0));
             if (path == "gda" && thread_scope)
-                gda_put_thread_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, kst);
+                gda_put_thread_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer,
+                                                              queues, kst);
             else if (path == "gda")
-                gda_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, kst);
+                gda_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, queues,
+                                                       kst);
             else if (thread_scope)
                 nvshmem_put_thread_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer);
             else

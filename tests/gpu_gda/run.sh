@@ -33,11 +33,13 @@ usage: tests/gpu_gda/run.sh [options]
   --save-bins DIR     copy the built programs to DIR (with --compile-only: the MPI ones, sm_90)
 environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARGS,
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
-  NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), GDA_TESTS_CASE_TIMEOUT (s per case),
+  NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), NVSHMEM_IBGDA_NUM_RC_PER_PE (queues per
+  PE of the tests' runs, default 4), GDA_TESTS_CASE_TIMEOUT (s per case),
   GDA_BENCH_SETS (comma list of main, null, thread, host, gda, sweep; default the first three; host: the
   gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone; sweep:
   8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
   GDA_SWEEP (the sweep's points BLOCKSxWARPS, default "1x1 1x4 4x4 16x4 32x8 66x8 132x8"),
+  GDA_SWEEP_QUEUES (the sweep's queue counts per PE, default "1 4 16 64"),
   GDA_SWEEP_BUDGET_S (seconds per sweep run, default 8), GDA_BENCH_EXTRA (more
   gda_bench options for every benchmark run, e.g. "--blocks 16 --warps 8"), GDA_NVCC_DEFINES (extra
   nvcc options for the programs, e.g. -DNVSHMEM_EFA_GDA_PROFILE: gda_bench prints where the device's
@@ -464,6 +466,9 @@ done
 bench_env=("${lib_env[@]}")
 [ -n "${NVSHMEM_EFA_SQ_DEPTH:-}" ] && bench_env+=("NVSHMEM_EFA_SQ_DEPTH=$NVSHMEM_EFA_SQ_DEPTH")
 lib_env+=("NVSHMEM_EFA_SQ_DEPTH=${NVSHMEM_EFA_SQ_DEPTH:-256}")
+# The tests with 4 queues per PE (docs/gda-queues.md), so that ibgda_compat's qp ids 0-3 post on
+# queues of their own; the caller's NVSHMEM_IBGDA_NUM_RC_PER_PE wins (1: the one-queue layout).
+lib_env+=("NVSHMEM_IBGDA_NUM_RC_PER_PE=${NVSHMEM_IBGDA_NUM_RC_PER_PE:-4}")
 # NVSHMEM's own P2P path: no remote transport, nothing preloaded (the programs still need
 # libnvshmem_efa_gda.so and its libfabric to load).
 p2p_env=(
@@ -609,23 +614,37 @@ if [ $do_bench = 1 ]; then
         bench_one bench-null-thread null_env 90 gda --scope thread --max-bytes 65536 --budget-s 40
         bench_one bench-thread bench_env 120 gda,proxy --scope thread --max-bytes 65536 --budget-s 60
     fi
-    # Sweep over posting warps (blocks x warps per block), 8-byte messages: the null consumer's post
-    # rate (WQEs/s) and the message rate with data, one row per point and kind in bench-sweep.csv
-    # (queues: the send queues the PE posts to; the library has one per PE, docs/gda-queues.md).
+    # Sweep over posting warps (blocks x warps per block) and queues, 8-byte messages: the null
+    # consumer's post rate (WQEs/s) and the message rate with data, one row per point, queue count
+    # and kind in bench-sweep.csv. Queues Q (GDA_SWEEP_QUEUES): NVSHMEM_IBGDA_NUM_RC_PER_PE=Q and
+    # gda_bench --queues Q, warp w posting on qp_id w % Q (docs/gda-queues.md); a point with fewer
+    # posting warps than Q is skipped. The queues column is Q; how many distinct queues the table
+    # has behind it is in each run's log ("queue table: ... distinct queue(s)").
     if want_set sweep; then
         sweep_csv=$OUT/bench-sweep.csv
         echo "blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps" >"$sweep_csv"
-        for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
-            b=${bw%x*} w=${bw#*x}
-            case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
-            for kind in null data; do
-                [ $kind = null ] && envname=null_env || envname=bench_env
-                bench_one "bench-sweep-$kind-$bw" $envname 90 gda --blocks "$b" --warps "$w" \
-                    --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
-                f=$OUT/bench-sweep-$kind-$bw.csv
-                [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind \
-                    'NR > 1 { print b "," w "," b * w ",1," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 }' \
-                    "$f" >>"$sweep_csv"
+        for q in ${GDA_SWEEP_QUEUES:-1 4 16 64}; do
+            case "$q" in '' | *[!0-9]* | 0) record "bench-sweep-q$q" FAILED "GDA_SWEEP_QUEUES entry '$q' is not a positive number"; continue ;; esac
+            for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
+                b=${bw%x*} w=${bw#*x}
+                case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
+                if [ $((b * w)) -lt "$q" ]; then
+                    record "bench-sweep-$bw-q$q" skipped "$((b * w)) posting warps < $q queues"
+                    continue
+                fi
+                for kind in null data; do
+                    if [ $kind = null ]; then
+                        sweep_env=("${null_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q")
+                    else
+                        sweep_env=("${bench_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q")
+                    fi
+                    bench_one "bench-sweep-$kind-$bw-q$q" sweep_env 90 gda --blocks "$b" --warps "$w" \
+                        --queues "$q" --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
+                    f=$OUT/bench-sweep-$kind-$bw-q$q.csv
+                    [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind -v q="$q" \
+                        'NR > 1 { print b "," w "," b * w "," q "," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 }' \
+                        "$f" >>"$sweep_csv"
+                done
             done
         done
         rows=$(($(wc -l <"$sweep_csv") - 1))

@@ -126,6 +126,20 @@ pub fn setup_with(
     max_batch: u32,
     cfg: &Config,
 ) -> Vec<Pe> {
+    setup_queues(p, n, heap, sq_depth, max_batch, cfg, None)
+}
+
+/// [`setup_with`] with the queue table built for `queues_per_pe` queues per PE (`None`: the
+/// environment's `NVSHMEM_IBGDA_NUM_RC_PER_PE`, 1 when unset).
+pub fn setup_queues(
+    p: &Provider,
+    n: usize,
+    heap: usize,
+    sq_depth: u32,
+    max_batch: u32,
+    cfg: &Config,
+    queues_per_pe: Option<u32>,
+) -> Vec<Pe> {
     let cfg = cfg.clone();
     let opts = GdaOptions {
         ctrl: CtrlPlacement::Host,
@@ -135,8 +149,11 @@ pub fn setup_with(
     let mut pes: Vec<Pe> = (0..n)
         .map(|i| {
             let d = domain(p).expect("domain");
-            let gda = Gda::new(&d, &cfg, &opts).expect("GDA context");
+            let mut gda = Gda::new(&d, &cfg, &opts).expect("GDA context");
             assert_eq!(gda.mode(), nvshmem_efa_gda::gda::MODE_SOFT);
+            if let Some(q) = queues_per_pe {
+                gda.set_queues_per_pe(q).expect("queues per PE");
+            }
             Pe {
                 gda,
                 heap: HostBuf::new(heap),

@@ -20,26 +20,29 @@ impl Consumer {
         })
     }
 
-    /// The CQ slot of producer count `pc`.
-    pub(super) fn cq_slot(&self, pc: u64) -> *mut u8 {
+    /// The CQ slot of producer count `pc` of ring `q`.
+    pub(super) fn cq_slot(&self, q: usize, pc: u64) -> *mut u8 {
         let slot = (pc & u64::from(self.inner.cq_entries - 1)) as usize;
-        self.inner.ring(self.inner.layout.cq + slot * TX_CQE_SIZE)
+        // SAFETY: the slot lies inside the ring's CQ.
+        unsafe { self.rings[q].cq.add(slot * TX_CQE_SIZE) }
     }
 
-    /// Counts `n` completions written.
-    pub(super) fn advance_cq(&mut self, n: u64) {
-        self.cq_pc += n;
+    /// Counts `n` completions written into ring `q`'s CQ.
+    pub(super) fn advance_cq(&mut self, q: usize, n: u64) {
+        self.rings[q].cq_pc += n;
         self.completed += n;
         self.inner
             .completed
             .store(self.completed, Ordering::Release);
     }
 
-    pub(super) fn push_tx_cqe(&mut self, req_id: u16, status: CqStatus, op: OpType) {
-        let bytes = self.tx_cqe_bytes(self.cq_pc, req_id, status, op);
+    /// Writes a TX completion into ring `q`'s CQ.
+    pub(super) fn push_tx_cqe(&mut self, q: usize, req_id: u16, status: CqStatus, op: OpType) {
+        let pc = self.rings[q].cq_pc;
+        let bytes = self.tx_cqe_bytes(pc, req_id, status, op);
         // SAFETY: the slot lies inside the CQ ring.
-        unsafe { mem::publish_cqe(self.cq_slot(self.cq_pc), &bytes) };
-        self.advance_cq(1);
+        unsafe { mem::publish_cqe(self.cq_slot(q, pc), &bytes) };
+        self.advance_cq(q, 1);
     }
 
     pub(super) fn complete_tx(&mut self, slot: u64, status: CqStatus) {
@@ -51,9 +54,9 @@ impl Consumer {
         if let Some(b) = f.bounce {
             self.free_bounce.push(b);
         }
-        self.order.closed(f.peer, f.pc);
+        self.order.closed(super::order::stream(f.q, f.peer), f.pc);
         self.in_flight -= 1;
-        self.push_tx_cqe(f.req_id, status, f.op);
+        self.push_tx_cqe(usize::from(f.q), f.req_id, status, f.op);
     }
 
     pub(super) fn flush_in_flight(&mut self) {

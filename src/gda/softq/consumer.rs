@@ -6,12 +6,10 @@ pub(super) struct Consumer {
     pub(super) inner: Arc<Inner>,
     pub(super) tables: Arc<Tables>,
     pub(super) generation: u64,
-    pub(super) ci: u64,
-    pub(super) cached_done: u64,
-    pub(super) done_checked: Option<Instant>,
-    /// The device has been seen writing `host_ctrl.done` (then it is the only source read).
-    pub(super) done_mirrored: bool,
-    pub(super) cq_pc: u64,
+    /// The rings served (`rings.rs`): ring 0 first, then the ones the tables add.
+    pub(super) rings: Vec<super::rings::RingState>,
+    /// The ring being consumed.
+    pub(super) cur: usize,
     pub(super) rx_pc: u64,
     /// The GPU's consumer index of the RX ring, as last read.
     pub(super) rx_ci: crate::gda::mem::ConsumerIndex,
@@ -28,12 +26,6 @@ pub(super) struct Consumer {
     pub(super) rejected: u64,
     pub(super) completed: u64,
     pub(super) delivery_flags: u64,
-    pub(super) bad_doorbell: Option<u32>,
-    /// Producer counts of WQEs seen written more than `max_batch` ahead of the doorbell; each is
-    /// rejected when the consumer reaches it.
-    pub(super) ahead: std::collections::BTreeSet<u64>,
-    /// When the slots past the doorbell window were last looked at.
-    pub(super) ahead_checked: Option<Instant>,
     pub(super) heartbeat: u64,
     /// Staged messages waiting for a send buffer (replies first).
     pub(super) outbox: VecDeque<OutItem>,
@@ -59,8 +51,9 @@ pub(super) struct Consumer {
     /// The bounce ring of the copy route's host hops ([`CopyRoute::Host`]), created with the copy
     /// queue.
     pub(super) bounce: Option<BounceRing>,
-    /// The copy WQE last seen waiting for bounce ring room, and how many WQEs waited.
-    pub(super) ring_wait_pc: Option<u64>,
+    /// The copy WQE last seen waiting for bounce ring room (its ring and producer count), and how
+    /// many WQEs waited.
+    pub(super) ring_wait_pc: Option<(u16, u64)>,
     pub(super) ipc_ring_waits: u64,
     /// The copy kernel of [`CopyRoute::Kernel`] (made with the queue, where the launches could be
     /// checked before any kernel of the application runs).
@@ -129,11 +122,8 @@ impl Consumer {
         Consumer {
             tables,
             generation: inner.generation.load(Ordering::Acquire),
-            ci: 0,
-            cached_done: 0,
-            done_checked: None,
-            done_mirrored: false,
-            cq_pc: 0,
+            rings: vec![super::rings::RingState::first(&inner)],
+            cur: 0,
             rx_pc: 0,
             rx_ci: Default::default(),
             rx_seq: 0,
@@ -147,9 +137,6 @@ impl Consumer {
             rejected: 0,
             completed: 0,
             delivery_flags: flags::DELIVERY_COMPLETE,
-            bad_doorbell: None,
-            ahead: std::collections::BTreeSet::new(),
-            ahead_checked: None,
             heartbeat: 0,
             outbox: VecDeque::new(),
             buf_owner: vec![None; bounce as usize],
@@ -188,7 +175,7 @@ impl Consumer {
             );
             *inner.failure.lock() = Some(msg);
             inner.failed.store(true, Ordering::Release);
-            inner.host_ctrl_word(HC_STOPPED).store(1, Ordering::Release);
+            inner.mark_all_stopped();
         }
     }
 
@@ -241,17 +228,24 @@ impl Consumer {
                     work += self.retry_stalled();
                 }
             } else {
-                let before = self.ci;
+                // One round: every ring's doorbell, what each announces.
+                let before = self.taken();
                 let t = timing.then(Instant::now);
-                work += if self.inner.null_consumer {
-                    self.consume_null()
-                } else {
-                    self.consume()
-                };
+                for q in 0..self.rings.len() {
+                    self.cur = q;
+                    work += if self.inner.null_consumer {
+                        self.consume_null()
+                    } else {
+                        self.consume()
+                    };
+                }
+                self.cur = 0;
+                // The copies every ring's WQEs of this round asked for, together.
+                self.flush_copies();
                 if let Some(t) = t {
                     self.rounds.intake += t.elapsed();
                 }
-                self.rounds.count(self.ci - before);
+                self.rounds.count(self.taken() - before);
             }
             if work > 0 {
                 idle = 0;
@@ -265,7 +259,7 @@ impl Consumer {
                 if now - last_report >= STALL_REPORT {
                     self.report(now - last_work, now - last_report, taken_at_report);
                     last_report = now;
-                    taken_at_report = self.ci;
+                    taken_at_report = self.taken();
                 }
             }
         }
@@ -275,9 +269,7 @@ impl Consumer {
                 self.pending_rx.len()
             );
         }
-        self.inner
-            .host_ctrl_word(HC_STOPPED)
-            .store(1, Ordering::Release);
+        self.mark_stopped();
         if let Some(k) = &self.kcopies {
             tracing::debug!(
                 "software queue copy kernel: {} launches, {} applied by the kernel, {} taken over \
@@ -302,20 +294,22 @@ impl Consumer {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),
             _ => 0.0,
         };
+        let taken = self.taken();
         tracing::debug!(
-            "software queue consumer stopped after {} WQEs ({} rejected): {} loop passes, {} took \
-             WQEs (at most {} at once, {:.1} on average), {:.3} s from the first WQE to the last \
-             ({:.3} M WQEs/s); time in the provider's CQ {:.3} s, in copies {:.3} s, taking WQEs \
-             {:.3} s (checking {:.3} s, dispatching {:.3} s)",
-            self.ci,
+            "software queue consumer stopped after {} WQEs ({} rejected) from {} ring(s): {} loop \
+             passes, {} took WQEs (at most {} at once, {:.1} on average), {:.3} s from the first \
+             WQE to the last ({:.3} M WQEs/s); time in the provider's CQ {:.3} s, in copies {:.3} \
+             s, taking WQEs {:.3} s (checking {:.3} s, dispatching {:.3} s)",
+            taken,
             self.rejected,
+            self.rings.len(),
             r.loops,
             r.rounds,
             r.max_take,
-            self.ci as f64 / r.rounds.max(1) as f64,
+            taken as f64 / r.rounds.max(1) as f64,
             busy,
             if busy > 0.0 {
-                self.ci as f64 / busy / 1e6
+                taken as f64 / busy / 1e6
             } else {
                 0.0
             },
@@ -332,8 +326,24 @@ impl Consumer {
     /// nothing moved for `STALL_REPORT` (`quiet`: time since the consumer last did anything). An
     /// idle queue is not reported.
     pub(super) fn report(&mut self, quiet: Duration, period: Duration, taken_before: u64) {
+        // Ring 0's words and doorbell, and over all rings: WQEs announced and not taken, slots
+        // reserved and not taken.
+        let mut pending_wqes = 0u64;
+        let mut unclaimed = 0u64;
+        let saved = self.cur;
+        for q in 0..self.rings.len() {
+            self.cur = q;
+            let db = self.doorbell();
+            let r = &self.rings[q];
+            pending_wqes += u64::from(db.wrapping_sub(r.ci as u32));
+            let resv = r.ctrl(&self.inner).read_u64(OFF_RESV).unwrap_or(u64::MAX);
+            unclaimed += resv.saturating_sub(r.ci);
+        }
+        self.cur = 0;
         let db = self.doorbell();
-        let pending_wqes = db.wrapping_sub(self.ci as u32);
+        self.cur = saved;
+        let ci = self.taken();
+        let cq_pc: u64 = self.rings.iter().map(|r| r.cq_pc).sum();
         let word = |off: usize| self.inner.ctrl.read_u64(off).unwrap_or(u64::MAX);
         let resv = word(OFF_RESV);
         let ready = word(OFF_READY);
@@ -347,7 +357,7 @@ impl Consumer {
             && self.pending_rx.is_empty()
             && self.order.idle()
             && self.late.is_empty()
-            && resv <= self.ci
+            && unclaimed == 0
         {
             return;
         }
@@ -356,8 +366,9 @@ impl Consumer {
             return;
         }
         let state = format!(
-            "GPU side: {resv} slots reserved, {ready} committed, {done} done, CQ consumer {cq_ci}, \
-             first error {:#x}, CQ lock {}. Consumer: doorbell {db}, {} WQEs taken ({pending_wqes} \
+            "GPU side (ring 0): {resv} slots reserved, {ready} committed, {done} done, CQ consumer \
+             {cq_ci}, first error {:#x}, CQ lock {}. Consumer ({} rings): ring 0's doorbell {db}, \
+             {} WQEs taken ({pending_wqes} \
              announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
              ({} free), {} WQE waiting for the provider, {} AMOs waiting for the data they \
              announce, {} TX completions written, {} receive completions waiting for ring space. \
@@ -366,13 +377,14 @@ impl Consumer {
              of an operation context",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
-            self.ci,
+            self.rings.len(),
+            ci,
             self.in_flight,
             self.outbox.len(),
             self.free_bounce.len(),
             usize::from(self.stalled.is_some()),
             self.order.held(),
-            self.cq_pc,
+            cq_pc,
             self.pending_rx.len(),
             self.stats.sent,
             self.stats.send_done,
@@ -395,7 +407,7 @@ impl Consumer {
             tracing::debug!(
                 "software queue of PE {}: {} WQEs taken in the last {:.1} s. {state}",
                 self.tables.my_pe,
-                self.ci - taken_before,
+                ci - taken_before,
                 period.as_secs_f64()
             );
         }
@@ -406,6 +418,7 @@ impl Consumer {
         if g != self.generation {
             self.tables = self.inner.tables.lock().clone();
             self.generation = g;
+            self.sync_rings();
         }
     }
 }

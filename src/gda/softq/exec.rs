@@ -6,6 +6,8 @@ pub(super) struct InFlight {
     /// Producer count and target PE (the ordering rule's bookkeeping).
     pub(super) pc: u64,
     pub(super) peer: u16,
+    /// The ring the WQE came from (its completion goes to that ring's CQ).
+    pub(super) q: u16,
     pub(super) req_id: u16,
     pub(super) op: OpType,
     pub(super) bounce: Option<u32>,
@@ -18,6 +20,7 @@ impl InFlight {
         InFlight {
             pc: p.pc,
             peer: p.peer,
+            q: p.q,
             req_id: p.req_id,
             op: p.op,
             bounce,
@@ -293,13 +296,13 @@ impl Consumer {
             "software queue: WQE with request id {} failed at post ({status}): {why}",
             p.req_id
         );
-        self.order.closed(p.peer, p.pc);
+        self.order.closed(p.stream(), p.pc);
         if let Some(s) = p.slot {
             self.free_slots.push(s);
         }
         if let Some(b) = p.bounce {
             self.free_bounce.push(b);
         }
-        self.push_tx_cqe(p.req_id, status, p.op);
+        self.push_tx_cqe(usize::from(p.q), p.req_id, status, p.op);
     }
 }

@@ -70,6 +70,8 @@ pub(super) struct Pending {
     pub(super) bounce: Option<u32>,
     /// The PE it is aimed at (the WQE's address handle).
     pub(super) peer: u16,
+    /// The ring it was taken from (`pc` counts in that ring).
+    pub(super) q: u16,
 }
 
 /// A rejection: the completion status and the reason for the log.
@@ -90,10 +92,10 @@ pub(super) fn wqe_error_status(e: &WqeError) -> CqStatus {
 impl Consumer {
     // ---- SQ side ----
 
+    /// The doorbell record of the ring being consumed.
     pub(super) fn doorbell(&self) -> u32 {
-        // SAFETY: the doorbell word lives in the ring memory for the life of the queue.
-        let v = unsafe { mem::atomic_u32(self.inner.ring(self.inner.layout.doorbell)) }
-            .load(Ordering::Acquire);
+        // SAFETY: the doorbell word lives in the ring memory for the life of the ring.
+        let v = unsafe { mem::atomic_u32(self.rings[self.cur].doorbell) }.load(Ordering::Acquire);
         fence(Ordering::Acquire);
         v
     }
@@ -103,25 +105,27 @@ impl Consumer {
         // `done`, so once it has been seen moving, reading the control block in device memory (a
         // copy and a stream synchronisation, tens of microseconds) cannot tell more. Device
         // headers older than the copy never write it: for them the control block is read.
-        let raw = self.inner.host_ctrl_word(HC_DONE).load(Ordering::Acquire);
-        self.done_mirrored |= raw != 0;
-        let mirror = raw.min(self.ci);
-        if mirror > self.cached_done {
-            self.cached_done = mirror;
+        let inner = self.inner.clone();
+        let r = &mut self.rings[self.cur];
+        let raw = r.host_word(HC_DONE).load(Ordering::Acquire);
+        r.done_mirrored |= raw != 0;
+        let mirror = raw.min(r.ci);
+        if mirror > r.cached_done {
+            r.cached_done = mirror;
             return true;
         }
-        if self.done_mirrored {
+        if r.done_mirrored {
             return false;
         }
-        if let Some(t) = self.done_checked {
-            if self.inner.ctrl.host().is_none() && t.elapsed() < CTRL_REFRESH {
+        if let Some(t) = r.done_checked {
+            if r.ctrl(&inner).host().is_none() && t.elapsed() < CTRL_REFRESH {
                 return false;
             }
         }
-        self.done_checked = Some(Instant::now());
-        match self.inner.ctrl.read_u64(OFF_DONE) {
-            Ok(d) if d > self.cached_done => {
-                self.cached_done = d.min(self.ci);
+        r.done_checked = Some(Instant::now());
+        match r.ctrl(&inner).read_u64(OFF_DONE) {
+            Ok(d) if d > r.cached_done => {
+                r.cached_done = d.min(r.ci);
                 true
             }
             Ok(_) => false,
@@ -140,29 +144,32 @@ impl Consumer {
     /// already holds its WQE for this pass (meta_desc set, request id and phase of that count) was
     /// written too early if the doorbell, read again AFTER the slots, is still at least B below it
     /// (a poster that obeys the rule stored the doorbell it waited for before writing). Such WQEs
-    /// are logged and remembered, and rejected when the consumer reaches them. Rate-limited: the
-    /// look costs up to B reads of ring memory.
+    /// are logged and remembered, and rejected when the consumer reaches them. Rate-limited (each
+    /// ring every 50 us times the number of rings): the look costs up to B reads of ring memory.
     pub(super) fn check_written_ahead(&mut self) {
         const EVERY: Duration = Duration::from_micros(50);
-        if self.ahead_checked.is_some_and(|t| t.elapsed() < EVERY) {
+        // Each ring every EVERY x rings: the look costs the same over all rings as for one.
+        let every = EVERY * self.rings.len() as u32;
+        if self.r().ahead_checked.is_some_and(|t| t.elapsed() < every) {
             return;
         }
-        self.ahead_checked = Some(Instant::now());
+        self.r().ahead_checked = Some(Instant::now());
         let n = u64::from(self.inner.sq_entries);
         let b = u64::from(self.inner.max_batch).min(n);
         if b >= n {
             return;
         }
         let es = self.inner.sq_entry_size as usize;
-        let db1 = self.ci + u64::from(self.doorbell().wrapping_sub(self.ci as u32));
+        let ci = self.rings[self.cur].ci;
+        let sq = self.rings[self.cur].sq;
+        let db1 = ci + u64::from(self.doorbell().wrapping_sub(ci as u32));
         let first = db1 + b;
         let count = b.min(n - b);
         let mut seen = Vec::new();
         for pc in first..first + count {
             let slot = (pc & (n - 1)) as usize;
             // SAFETY: the slot lies inside the SQ ring; its first 8 bytes are read.
-            let head: [u8; 8] =
-                unsafe { mem::read_shared(self.inner.ring(self.inner.layout.sq + slot * es)) };
+            let head: [u8; 8] = unsafe { mem::read_shared(sq.add(slot * es)) };
             let req_id = u16::from_le_bytes([head[0], head[1]]);
             if head[2] & wqe::CTRL1_META_DESC != 0
                 && req_id == pc as u16
@@ -175,15 +182,16 @@ impl Consumer {
             return;
         }
         fence(Ordering::SeqCst);
-        let db2 = self.ci + u64::from(self.doorbell().wrapping_sub(self.ci as u32));
+        let db2 = ci + u64::from(self.doorbell().wrapping_sub(ci as u32));
+        let q = self.cur;
         for pc in seen {
-            if pc >= db2 + b && pc >= self.ci && self.ahead.insert(pc) {
+            if pc >= db2 + b && pc >= ci && self.rings[q].ahead.insert(pc) {
                 let k = self.inner.ahead_of_doorbell.fetch_add(1, Ordering::AcqRel) + 1;
                 if k <= WARN_REJECTS {
                     tracing::error!(
-                        "software queue: rule violated: WQE {pc} was written while the doorbell stood at \
-                         {db2}, more than max_batch ({b}) WQEs ahead of it (the device stages at most \
-                         max_batch un-doorbelled WQEs); it will be rejected"
+                        "software queue: rule violated: WQE {pc} of ring {q} was written while the \
+                         doorbell stood at {db2}, more than max_batch ({b}) WQEs ahead of it (the \
+                         device stages at most max_batch un-doorbelled WQEs); it will be rejected"
                     );
                 }
             }
@@ -200,7 +208,7 @@ impl Consumer {
         }
         self.check_written_ahead();
         let db = self.doorbell();
-        let avail = db.wrapping_sub(self.ci as u32);
+        let avail = db.wrapping_sub(self.r().ci as u32);
         if avail == 0 {
             return work;
         }
@@ -208,35 +216,36 @@ impl Consumer {
         // seen by these WQEs: the doorbell was read after the generation the loop last checked.
         self.refresh_tables();
         self.copy_route_ready();
+        let q = self.cur;
         if avail > self.inner.sq_entries {
-            if self.bad_doorbell != Some(db) {
+            if self.rings[q].bad_doorbell != Some(db) {
                 tracing::error!(
-                    "software queue: doorbell {db} announces {avail} WQEs past the {} consumed, more than \
-                     the ring holds ({}): ignored until it makes sense",
-                    self.ci,
+                    "software queue: doorbell {db} of ring {q} announces {avail} WQEs past the {} \
+                     consumed, more than the ring holds ({}): ignored until it makes sense",
+                    self.rings[q].ci,
                     self.inner.sq_entries
                 );
-                self.bad_doorbell = Some(db);
+                self.rings[q].bad_doorbell = Some(db);
             }
             return work;
         }
+        let sq_entries = u64::from(self.inner.sq_entries);
         for _ in 0..(avail as usize).min(BURST) {
-            if self.ci >= self.cached_done + u64::from(self.inner.sq_entries)
-                && !self.refresh_done()
-            {
+            if self.rings[q].ci >= self.rings[q].cached_done + sq_entries && !self.refresh_done() {
                 break;
             }
-            if self.ci >= self.cached_done + u64::from(self.inner.sq_entries) {
+            if self.rings[q].ci >= self.rings[q].cached_done + sq_entries {
                 break;
             }
-            let pc = self.ci;
+            let pc = self.rings[q].ci;
             #[cfg(feature = "test-support")]
             if pc == self.inner.panic_at.load(Ordering::Acquire) {
                 panic!("injected fault: consumer panic at WQE {pc}");
             }
             let slot = (pc & u64::from(self.inner.sq_entries - 1)) as usize;
             let es = self.inner.sq_entry_size as usize;
-            let at = self.inner.ring(self.inner.layout.sq + slot * es);
+            // SAFETY: the slot lies inside the ring's SQ.
+            let at = unsafe { self.rings[q].sq.add(slot * es) };
             let mut entry = [0u8; WQE_SIZE_128];
             if es == WQE_SIZE_128 {
                 // SAFETY: the 128-byte slot lies inside the SQ ring; 64-byte aligned.
@@ -246,13 +255,12 @@ impl Consumer {
                 let b: [u8; WQE_SIZE] = unsafe { mem::read_shared(at) };
                 entry[..WQE_SIZE].copy_from_slice(&b);
             }
-            self.ci += 1;
-            self.inner
-                .host_ctrl_word(HC_CONSUMED)
-                .store(self.ci, Ordering::Release);
+            let r = &mut self.rings[q];
+            r.ci += 1;
+            r.host_word(HC_CONSUMED).store(r.ci, Ordering::Release);
             work += 1;
             let t_check = self.rounds.timing.then(Instant::now);
-            let verdict = if self.ahead.remove(&pc) {
+            let verdict = if self.rings[q].ahead.remove(&pc) {
                 let raw_op =
                     OpType::from_raw(entry[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
                 Err((
@@ -276,7 +284,7 @@ impl Consumer {
             match verdict {
                 Ok(p) => {
                     // The ordering rule: an AMO announcing data waits for the WQEs before it.
-                    self.order.taken(p.peer, p.pc);
+                    self.order.taken(p.stream(), p.pc);
                     let announcing = p.announces();
                     let held = self.order.hold_if_needed(p);
                     if announcing {
@@ -304,24 +312,31 @@ impl Consumer {
                 self.rounds.post += b.elapsed();
             }
         }
-        self.flush_copies();
+        // The round's copies go once every ring was read (the consumer loop flushes them).
         work
     }
 
+    /// Rejects WQE `pc` of the ring being consumed.
     pub(super) fn reject(&mut self, pc: u64, req_id: u16, op: OpType, status: CqStatus, why: &str) {
+        let q = self.cur;
         self.rejected += 1;
-        self.inner
-            .host_ctrl_word(HC_REJECTED)
-            .store(self.rejected, Ordering::Release);
+        let r = &mut self.rings[q];
+        r.rejected += 1;
+        r.host_word(HC_REJECTED)
+            .store(r.rejected, Ordering::Release);
         if self.rejected <= WARN_REJECTS {
-            tracing::warn!("software queue: WQE {pc} rejected with status {status}: {why}");
+            tracing::warn!(
+                "software queue: WQE {pc} of ring {q} rejected with status {status}: {why}"
+            );
             if self.rejected == WARN_REJECTS {
                 tracing::warn!("software queue: further rejected WQEs are logged at debug level");
             }
         } else {
-            tracing::debug!("software queue: WQE {pc} rejected with status {status}: {why}");
+            tracing::debug!(
+                "software queue: WQE {pc} of ring {q} rejected with status {status}: {why}"
+            );
         }
-        self.push_tx_cqe(req_id, status, op);
+        self.push_tx_cqe(q, req_id, status, op);
     }
 
     /// Checks the ring entry (64 or 128 bytes) of producer count `pc`.
@@ -373,6 +388,7 @@ impl Consumer {
             slot: None,
             bounce: None,
             peer: desc.ah,
+            q: self.cur as u16,
         })
     }
 

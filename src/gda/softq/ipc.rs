@@ -419,8 +419,8 @@ impl Consumer {
             // Nothing moves: the WQE completes with the copies of its round.
         } else if let Some(ring) = self.bounce.as_mut() {
             let Some((mid, mark)) = ring.reserve(len as u64) else {
-                if self.ring_wait_pc != Some(p.pc) {
-                    self.ring_wait_pc = Some(p.pc);
+                if self.ring_wait_pc != Some((p.q, p.pc)) {
+                    self.ring_wait_pc = Some((p.q, p.pc));
                     self.ipc_ring_waits += 1;
                     self.inner
                         .ipc_ring_waits
@@ -690,26 +690,27 @@ impl Consumer {
     /// flow control allows, checks its request id and phase, and completes it with success without
     /// reading the rest or moving data; the completions of the batch are written together.
     pub(super) fn consume_null(&mut self) -> usize {
+        let q = self.cur;
         let db = self.doorbell();
-        let avail = db.wrapping_sub(self.ci as u32);
+        let ci = self.rings[q].ci;
+        let avail = db.wrapping_sub(ci as u32);
         if avail == 0 {
             return 0;
         }
         if avail > self.inner.sq_entries {
-            if self.bad_doorbell != Some(db) {
+            if self.rings[q].bad_doorbell != Some(db) {
                 tracing::error!(
-                    "software queue (null consumer): doorbell {db} announces {avail} WQEs past the {} \
-                     consumed: ignored until it makes sense",
-                    self.ci
+                    "software queue (null consumer): doorbell {db} of ring {q} announces {avail} \
+                     WQEs past the {ci} consumed: ignored until it makes sense"
                 );
-                self.bad_doorbell = Some(db);
+                self.rings[q].bad_doorbell = Some(db);
             }
             return 0;
         }
         let sq = u64::from(self.inner.sq_entries);
-        let mut room = (self.cached_done + sq).saturating_sub(self.ci);
+        let mut room = (self.rings[q].cached_done + sq).saturating_sub(ci);
         if room < u64::from(avail) && self.refresh_done() {
-            room = (self.cached_done + sq).saturating_sub(self.ci);
+            room = (self.rings[q].cached_done + sq).saturating_sub(ci);
         }
         let take = room.min(u64::from(avail));
         if take == 0 {
@@ -718,11 +719,11 @@ impl Consumer {
         let es = self.inner.sq_entry_size as usize;
         let mut batch = std::mem::take(&mut self.null_batch);
         batch.clear();
-        for pc in self.ci..self.ci + take {
+        let ring_sq = self.rings[q].sq;
+        for pc in ci..ci + take {
             let slot = (pc & (sq - 1)) as usize;
             // SAFETY: the first 8 bytes of a slot inside the SQ ring (8-byte aligned).
-            let head: [u8; 8] =
-                unsafe { mem::read_shared(self.inner.ring(self.inner.layout.sq + slot * es)) };
+            let head: [u8; 8] = unsafe { mem::read_shared(ring_sq.add(slot * es)) };
             let op = OpType::from_raw(head[2] & wqe::CTRL1_OP_TYPE_MASK).unwrap_or(OpType::Send);
             let req_id = u16::from_le_bytes([head[0], head[1]]);
             let phase = head[3] & wqe::CTRL2_PHASE;
@@ -730,6 +731,7 @@ impl Consumer {
                 || phase != wqe::phase_for(pc, self.inner.sq_entries)
             {
                 self.rejected += 1;
+                self.rings[q].rejected += 1;
                 if self.rejected <= WARN_REJECTS {
                     tracing::warn!(
                         "software queue (null consumer): WQE {pc} rejected: request id {req_id:#06x}, \
@@ -744,26 +746,25 @@ impl Consumer {
             };
             batch.push((pc as u16, status, op));
         }
-        self.ci += take;
-        self.inner
-            .host_ctrl_word(HC_CONSUMED)
-            .store(self.ci, Ordering::Release);
-        self.inner
-            .host_ctrl_word(HC_REJECTED)
-            .store(self.rejected, Ordering::Release);
-        self.push_tx_cqes(&batch);
+        let r = &mut self.rings[q];
+        r.ci += take;
+        r.host_word(HC_CONSUMED).store(r.ci, Ordering::Release);
+        r.host_word(HC_REJECTED)
+            .store(r.rejected, Ordering::Release);
+        self.push_tx_cqes(q, &batch);
         self.null_batch = batch;
         take as usize
     }
 
     /// Writes the TX completions of a batch, in order: every entry's other bytes first, one release
     /// fence, then the flags bytes (what a poller polls), so the batch costs one fence.
-    pub(super) fn push_tx_cqes(&mut self, batch: &[(u16, CqStatus, OpType)]) {
+    pub(super) fn push_tx_cqes(&mut self, q: usize, batch: &[(u16, CqStatus, OpType)]) {
         let mut flags = Vec::with_capacity(batch.len());
+        let cq_pc = self.rings[q].cq_pc;
         for (i, &(req_id, status, op)) in batch.iter().enumerate() {
-            let pc = self.cq_pc + i as u64;
+            let pc = cq_pc + i as u64;
             let bytes = self.tx_cqe_bytes(pc, req_id, status, op);
-            let p = self.cq_slot(pc);
+            let p = self.cq_slot(q, pc);
             // SAFETY: the slot lies inside the CQ ring; the flags byte (3) is written below.
             unsafe {
                 mem::write_shared(p, &bytes[..3]);
@@ -776,7 +777,7 @@ impl Consumer {
             // SAFETY: the flags byte of a slot inside the CQ ring.
             unsafe { mem::atomic_u8(p.add(3)) }.store(f, Ordering::Relaxed);
         }
-        self.advance_cq(batch.len() as u64);
+        self.advance_cq(q, batch.len() as u64);
     }
 }
 

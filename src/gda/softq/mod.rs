@@ -155,6 +155,7 @@ mod ipc;
 mod layout;
 mod order;
 mod receive;
+mod rings;
 mod staging;
 mod tables;
 
@@ -283,7 +284,13 @@ pub struct SoftQueueConfig {
     /// Model of an unordered fabric (`NVSHMEM_EFA_SOFT_UNORDERED_US`, tests): every RDMA write is
     /// issued this long after it was taken while later WQEs go on. Zero: off.
     pub unordered: Duration,
+    /// Most rings the queue makes ([`SoftQueue::add_rings`]: one per entry of the device state's
+    /// queue table); more queues share rings, queue `i` on ring `i % max_rings` (logged).
+    pub max_rings: usize,
 }
+
+/// Default [`SoftQueueConfig::max_rings`].
+pub const DEFAULT_MAX_RINGS: usize = 512;
 
 /// Which RDMA transfers the queue moves by staged messages (host buffers, copies on a non-blocking
 /// CUDA stream) instead of handing the memory to the provider: the route's one staging decision
@@ -314,6 +321,7 @@ impl SoftQueueConfig {
             kernel_ahead: 1,
             null_consumer: false,
             unordered: Duration::ZERO,
+            max_rings: DEFAULT_MAX_RINGS,
         }
     }
 
@@ -443,6 +451,10 @@ struct Inner {
     null_consumer: bool,
     /// [`SoftQueueConfig::unordered`].
     unordered: Duration,
+    /// [`SoftQueueConfig::max_rings`].
+    max_rings: usize,
+    /// Where the rings' control blocks live.
+    ctrl_placement: CtrlPlacement,
     ipc_copies: AtomicU64,
     ipc_ring_waits: AtomicU64,
     /// [`SoftQueueStats::amos_announcing`], `amos_waited`.
@@ -532,6 +544,8 @@ impl SoftQueue {
             kernel_ahead: cfg.kernel_ahead.max(1),
             null_consumer: cfg.null_consumer,
             unordered: cfg.unordered,
+            max_rings: cfg.max_rings,
+            ctrl_placement: cfg.ctrl,
             ipc_copies: AtomicU64::new(0),
             ipc_ring_waits: AtomicU64::new(0),
             order_counts: Default::default(),
@@ -831,9 +845,23 @@ impl SoftQueue {
     /// Counters.
     pub fn stats(&self) -> SoftQueueStats {
         let i = &self.inner;
+        // Consumed and rejected: summed over the rings.
+        let extra = i.tables.lock().rings.clone();
+        let sum = |off: usize| {
+            i.host_ctrl_word(off).load(Ordering::Acquire)
+                + extra
+                    .0
+                    .iter()
+                    .map(|m| {
+                        // SAFETY: 8-byte aligned word inside the ring's host control block.
+                        unsafe { mem::atomic_u64(m.mem.host().add(m.layout.host_ctrl + off)) }
+                            .load(Ordering::Acquire)
+                    })
+                    .sum::<u64>()
+        };
         SoftQueueStats {
-            consumed: i.host_ctrl_word(HC_CONSUMED).load(Ordering::Acquire),
-            rejected: i.host_ctrl_word(HC_REJECTED).load(Ordering::Acquire),
+            consumed: sum(HC_CONSUMED),
+            rejected: sum(HC_REJECTED),
             ahead_of_doorbell: i.ahead_of_doorbell.load(Ordering::Acquire),
             rx_overruns: i.rx_overruns.load(Ordering::Acquire),
             completed: i.completed.load(Ordering::Acquire),

@@ -8,12 +8,14 @@
 //! route once the copy engine finished, a staged write once the target acknowledged every chunk
 //! after copying it into place. The GPU never waits for this: the AMO's WQE simply completes later.
 //!
-//! The bookkeeping here is per peer: the WQEs taken and not yet completed, in the order taken
-//! (`open`), and the announcing AMOs held back (`held`, in the order taken). An AMO at producer
+//! The bookkeeping here is per stream, a (queue, peer) pair (a queue's ring and the PE its WQEs
+//! are aimed at; [`Pending::stream`]): the WQEs taken and not yet completed, in the order taken
+//! (`open`), and the announcing AMOs held back (`held`, in the order taken). Producer counts are
+//! the queue's own, so the rule holds per queue and never waits on another queue's WQEs. An AMO at producer
 //! count `n` to PE `p` may go when no WQE to `p` with a count below `n` is open; an earlier
 //! announcing AMO to `p` is such a WQE until it completes, so announcing AMOs to one PE also
 //! leave, and are applied, in order.
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::intake::{Action, Pending};
 
@@ -40,6 +42,8 @@ impl PeerOrder {
 #[derive(Default)]
 pub(super) struct Order {
     peers: Vec<PeerOrder>,
+    /// Index into `peers` of each stream seen.
+    index: HashMap<u32, usize>,
     /// AMOs held now, over all peers.
     n_held: usize,
     /// AMOs that had to wait (for the stop summary and the tests' counters).
@@ -49,6 +53,11 @@ pub(super) struct Order {
 }
 
 impl Pending {
+    /// The ordering rule's stream of this WQE: its queue (high 16 bits) and its PE.
+    pub(super) fn stream(&self) -> u32 {
+        stream(self.q, self.peer)
+    }
+
     /// Whether this WQE is an AMO that announces data.
     pub(super) fn announces(&self) -> bool {
         matches!(
@@ -69,25 +78,31 @@ impl Pending {
     }
 }
 
+/// The stream of queue `q` and PE `peer`.
+pub(super) fn stream(q: u16, peer: u16) -> u32 {
+    (u32::from(q) << 16) | u32::from(peer)
+}
+
 impl Order {
-    fn peer(&mut self, peer: u16) -> &mut PeerOrder {
-        let i = usize::from(peer);
-        if self.peers.len() <= i {
-            self.peers.resize_with(i + 1, PeerOrder::default);
+    fn peer(&mut self, key: u32) -> &mut PeerOrder {
+        let n = self.peers.len();
+        let i = *self.index.entry(key).or_insert(n);
+        if i == n {
+            self.peers.push(PeerOrder::default());
         }
         &mut self.peers[i]
     }
 
-    /// WQE `pc` to `peer` was taken (validated): it is open until [`Order::closed`]. Called in
-    /// producer order.
-    pub(super) fn taken(&mut self, peer: u16, pc: u64) {
-        self.peer(peer).open.push_back((pc, false));
+    /// WQE `pc` of stream `key` was taken (validated): it is open until [`Order::closed`].
+    /// Called in producer order.
+    pub(super) fn taken(&mut self, key: u32, pc: u64) {
+        self.peer(key).open.push_back((pc, false));
     }
 
     /// WQE `pc` to `peer` completed (with any status). A binary search: the entries are in
     /// increasing producer count.
-    pub(super) fn closed(&mut self, peer: u16, pc: u64) {
-        let Some(p) = self.peers.get_mut(usize::from(peer)) else {
+    pub(super) fn closed(&mut self, key: u32, pc: u64) {
+        let Some(p) = self.index.get(&key).and_then(|&i| self.peers.get_mut(i)) else {
             return;
         };
         let Ok(i) = p.open.binary_search_by_key(&pc, |&(pc, _)| pc) else {
@@ -107,7 +122,7 @@ impl Order {
             return Some(p);
         }
         self.announced += 1;
-        let peer = self.peer(p.peer);
+        let peer = self.peer(p.stream());
         if peer.oldest_open().is_none_or(|first| first >= p.pc) {
             return Some(p);
         }
@@ -137,7 +152,7 @@ impl Order {
 
     /// Puts back an AMO [`Order::next_ready`] gave out that could not be posted yet.
     pub(super) fn put_back(&mut self, p: Pending) {
-        self.peer(p.peer).held.push_front(p);
+        self.peer(p.stream()).held.push_front(p);
         self.n_held += 1;
     }
 
@@ -185,12 +200,20 @@ mod tests {
             slot: None,
             bounce: None,
             peer,
+            q: 0,
+        }
+    }
+
+    fn send_on(q: u16, pc: u64, peer: u16, after_data: bool) -> Pending {
+        Pending {
+            q,
+            ..send(pc, peer, after_data)
         }
     }
 
     /// Takes `p` as the consumer does (bookkeeping, then the hold decision).
     fn take(o: &mut Order, p: Pending) -> (u64, Option<Pending>) {
-        o.taken(p.peer, p.pc);
+        o.taken(p.stream(), p.pc);
         (p.pc, o.hold_if_needed(p))
     }
 
@@ -242,6 +265,35 @@ mod tests {
         o.closed(9, 0);
         let (_, p) = take(&mut o, send(7, 1, true));
         assert!(p.is_some());
+    }
+
+    #[test]
+    fn the_rule_is_per_queue() {
+        let mut o = Order::default();
+        // Queue 0 has an open write (its count 0) to PE 1; queue 1's counts are its own.
+        o.taken(stream(0, 1), 0);
+        let (_, p) = take(&mut o, send_on(1, 0, 1, true));
+        assert!(
+            p.is_some(),
+            "queue 1's AMO does not wait for queue 0's write"
+        );
+        o.taken(stream(1, 1), 1);
+        let (_, p) = take(&mut o, send_on(1, 2, 1, true));
+        assert!(
+            p.is_none(),
+            "queue 1's second AMO waits for queue 1's write 1"
+        );
+        let (_, p) = take(&mut o, send_on(0, 1, 1, true));
+        assert!(p.is_none(), "queue 0's AMO waits for queue 0's write 0");
+        // Completing queue 0's write releases queue 0's AMO only.
+        o.closed(stream(0, 1), 0);
+        let p = o.next_ready().expect("queue 0's AMO may go");
+        assert_eq!((p.q, p.pc), (0, 1));
+        assert!(o.next_ready().is_none());
+        o.closed(stream(1, 1), 0);
+        o.closed(stream(1, 1), 1);
+        let p = o.next_ready().expect("queue 1's AMO may go");
+        assert_eq!((p.q, p.pc), (1, 2));
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub(super) struct Tables {
     pub(super) log2: u32,
     /// Where peers' heaps are mapped in this process (the copy route).
     pub(super) peer_memory: Option<PeerMap>,
+    /// The rings after ring 0 (`rings.rs`).
+    pub(super) rings: super::rings::ExtraRings,
 }
 
 impl Tables {
