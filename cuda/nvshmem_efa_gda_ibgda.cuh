@@ -333,7 +333,7 @@ static inline int nvshmem_efa_gda_ibgda_setup(const void *buf, size_t bytes, cud
     }
     NvshmemEfaGdaDeviceState s;
     memset(&s, 0, sizeof s);
-    if (nvshmemt_efa_gda_get_device_state(&s) != 0) return NVSHMEM_EFA_GDA_IBGDA_SETUP_ESTATE;
+    if (nvshmemt_efa_gda_get_device_state_sized(&s, sizeof s) != 0) return NVSHMEM_EFA_GDA_IBGDA_SETUP_ESTATE;
     const uint64_t b = (uint64_t)(uintptr_t)buf;
     if (b < s.heap_base) {
         fprintf(stderr, "nvshmem_efa_gda_ibgda_setup: buffer %p below the heap base 0x%llx\n", buf,

@@ -30,7 +30,7 @@ __device__ NvshmemEfaGdaDeviceLocal nvshmem_efa_gda_local_d = {1, 1, 0u, 0u};
 // Exported by libnvshmem_efa_gda.so (the library NVSHMEM loads as its libfabric transport): copies the
 // library's current device state into *out. Returns 0 on success, else a positive
 // NVSHMEM_EFA_ERROR_* code of the host C API (nvshmem_efa_gda.h).
-extern "C" int nvshmemt_efa_gda_get_device_state(NvshmemEfaGdaDeviceState *out);
+extern "C" int nvshmemt_efa_gda_get_device_state_sized(NvshmemEfaGdaDeviceState *out, size_t size);
 #endif
 // Exported by the same library: the text of this thread's last failed nvshmemt_efa_gda_* call.
 extern "C" const char *nvshmem_efa_gda_last_error(void);
@@ -104,10 +104,10 @@ extern "C" int nvshmem_efa_gda_set_ibgda_compat(int num_rc_per_pe, int num_devic
 extern "C" int nvshmem_efa_gda_load_device_state(cudaStream_t stream) {
     NvshmemEfaGdaDeviceState s;
     memset(&s, 0, sizeof s);
-    int rc = nvshmemt_efa_gda_get_device_state(&s);
+    int rc = nvshmemt_efa_gda_get_device_state_sized(&s, sizeof s);
     if (rc != 0) {
         fprintf(stderr,
-                "nvshmem_efa_gda_load_device_state: nvshmemt_efa_gda_get_device_state -> %d (%s)\n",
+                "nvshmem_efa_gda_load_device_state: nvshmemt_efa_gda_get_device_state_sized -> %d (%s)\n",
                 rc, nvshmem_efa_gda_last_error());
         memset(&s, 0, sizeof s);
         rc = NVSHMEM_EFA_GDA_LOAD_EGET;

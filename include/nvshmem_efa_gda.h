@@ -393,10 +393,21 @@ int32_t nvshmemt_efa_gda_remove_heap_chunk(uint64_t start);
 // -1 when GDA is not initialised (no context is current).
 int32_t nvshmemt_efa_gda_mode(void);
 
-// Copies the device state (host copy; the addresses inside are device addresses) into `out`.
+// Copies the device state (host copy; the addresses inside are device addresses) into `out`, a
+// buffer of `size` bytes: `sizeof(NvshmemEfaGdaDeviceState)` of the header the caller was built
+// against. A buffer smaller than this library's state (a caller built against an older header)
+// gets nothing written and an error naming both sizes.
 //
 // # Safety
-// `out` must point to a writable `NvshmemEfaGdaDeviceState` (or be null, rejected).
+// `out` must point to `size` writable bytes (or be null, rejected).
+int32_t nvshmemt_efa_gda_get_device_state_sized(struct NvshmemEfaGdaDeviceState *out, size_t size);
+
+// Refused: the form without a size, which cannot tell how large the caller's buffer is (a
+// program built against a header of an older state version would get bytes written past its
+// struct). Writes nothing; the error names `nvshmemt_efa_gda_get_device_state_sized`.
+//
+// # Safety
+// None needed: `out` is never written.
 int32_t nvshmemt_efa_gda_get_device_state(struct NvshmemEfaGdaDeviceState *out);
 
 // Address of the device-resident copy of the state, for kernels (a host address when CUDA is not in

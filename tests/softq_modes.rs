@@ -122,7 +122,12 @@ fn bad_arguments_to_a_context_are_errors() {
 fn c_state() -> Option<NvshmemEfaGdaDeviceState> {
     let mut s = std::mem::MaybeUninit::<NvshmemEfaGdaDeviceState>::uninit();
     // SAFETY: valid output pointer.
-    let r = unsafe { nvshmemt_efa_gda_get_device_state(s.as_mut_ptr()) };
+    let r = unsafe {
+        nvshmemt_efa_gda_get_device_state_sized(
+            s.as_mut_ptr(),
+            std::mem::size_of::<NvshmemEfaGdaDeviceState>(),
+        )
+    };
     // SAFETY: written on success.
     (r == 0).then(|| unsafe { s.assume_init() })
 }
@@ -147,7 +152,7 @@ fn c_api_lifecycle_and_argument_checks() {
             einval
         );
         assert_eq!(
-            nvshmemt_efa_gda_get_device_state(std::ptr::null_mut()),
+            nvshmemt_efa_gda_get_device_state_sized(std::ptr::null_mut(), 4096),
             einval
         );
         assert_eq!(
@@ -240,6 +245,23 @@ fn c_api_lifecycle_and_argument_checks() {
     );
     let st = c_state().unwrap();
     assert_eq!(st.ready, 0, "not ready before the remote heaps are known");
+    // A buffer of an older state version (160 bytes, version 2) gets nothing written, and the form
+    // without a size is refused: neither can write past a caller's struct.
+    let mut small = [0xa5u8; 256];
+    let full = std::mem::size_of::<NvshmemEfaGdaDeviceState>();
+    assert!(full > 160 && full <= small.len());
+    // SAFETY: `small` holds 256 writable bytes; the call is told 160.
+    unsafe {
+        assert_eq!(
+            nvshmemt_efa_gda_get_device_state_sized(small.as_mut_ptr().cast(), 160),
+            einval
+        );
+        assert_eq!(
+            nvshmemt_efa_gda_get_device_state(small.as_mut_ptr().cast()),
+            einval
+        );
+    }
+    assert!(small.iter().all(|&b| b == 0xa5), "a refused call wrote bytes");
     let key = gda::local_heap_key().unwrap();
     assert_eq!(
         nvshmemt_efa_gda_set_remote_heap(1, heap.addr(), heap.len() as u64, key),

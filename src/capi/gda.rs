@@ -376,22 +376,39 @@ pub extern "C" fn nvshmemt_efa_gda_mode() -> i32 {
     })
 }
 
-/// Copies the device state (host copy; the addresses inside are device addresses) into `out`.
+/// Copies the device state (host copy; the addresses inside are device addresses) into `out`, a
+/// buffer of `size` bytes: `sizeof(NvshmemEfaGdaDeviceState)` of the header the caller was built
+/// against. A buffer smaller than this library's state (a caller built against an older header)
+/// gets nothing written and an error naming both sizes.
 ///
 /// # Safety
-/// `out` must point to a writable `NvshmemEfaGdaDeviceState` (or be null, rejected).
+/// `out` must point to `size` writable bytes (or be null, rejected).
 #[no_mangle]
-pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
+pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state_sized(
     out: *mut NvshmemEfaGdaDeviceState,
+    size: usize,
 ) -> i32 {
-    const NAME: &str = "nvshmemt_efa_gda_get_device_state";
+    const NAME: &str = "nvshmemt_efa_gda_get_device_state_sized";
     ffi_guard(NAME, ON_PANIC, || {
         if out.is_null() {
             return invalid(NAME, "null output pointer");
         }
+        let need = std::mem::size_of::<NvshmemEfaGdaDeviceState>();
+        if size < need {
+            return invalid(
+                NAME,
+                &format!(
+                    "the caller's NvshmemEfaGdaDeviceState is {size} bytes, this library's \
+                     (state version {}) is {need}: the caller was built against an older \
+                     nvshmem_efa_gda.h; rebuild it against this library's header",
+                    gda::state::NVSHMEM_EFA_GDA_STATE_VERSION
+                ),
+            );
+        }
         match gda::device_state() {
             Some(s) => {
-                // SAFETY: out is non-null and writable per the contract.
+                // SAFETY: out is non-null and holds at least size_of::<state>() writable bytes
+                // (checked above against the caller's size).
                 unsafe { out.write(s) };
                 0
             }
@@ -404,6 +421,27 @@ pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
                 fail(NAME, e)
             }
         }
+    })
+}
+
+/// Refused: the form without a size, which cannot tell how large the caller's buffer is (a
+/// program built against a header of an older state version would get bytes written past its
+/// struct). Writes nothing; the error names `nvshmemt_efa_gda_get_device_state_sized`.
+///
+/// # Safety
+/// None needed: `out` is never written.
+#[no_mangle]
+pub unsafe extern "C" fn nvshmemt_efa_gda_get_device_state(
+    out: *mut NvshmemEfaGdaDeviceState,
+) -> i32 {
+    const NAME: &str = "nvshmemt_efa_gda_get_device_state";
+    ffi_guard(NAME, ON_PANIC, || {
+        let _ = out;
+        invalid(
+            NAME,
+            "refused: it cannot tell the size of the caller's buffer (state version 3 is larger \
+             than 1 and 2); call nvshmemt_efa_gda_get_device_state_sized(out, sizeof(*out))",
+        )
     })
 }
 

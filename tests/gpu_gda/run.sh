@@ -311,7 +311,7 @@ EOF_CLASH
             { fail_log "link with a second TU" "$OUT/link-twice.log"; status=1; }
         nm "$work/gda_tests-nompi" >"$work/nm.txt" 2>&1
         if grep -q ' T nvshmem_efa_gda_load_device_state$' "$work/nm.txt" &&
-            grep -q ' U nvshmemt_efa_gda_get_device_state$' "$work/nm.txt"; then
+            grep -q ' U nvshmemt_efa_gda_get_device_state_sized$' "$work/nm.txt"; then
             say "links: ok (second TU with the headers: no multiple definition)"
         else
             say "FAILED: gda_tests lacks the loader or the library reference"
