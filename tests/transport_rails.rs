@@ -299,6 +299,8 @@ fn writer(pe: &mut Pe, netns: bool) {
         )
         .unwrap_or_else(|e| fail(&format!("stream put {k}: {e}")));
     }
+    // The parent cuts rail 1 between these two rounds (netns); here it fails by test support.
+    hub_round("half", &[]);
     if !netns {
         pe.t.inject_rail_failure(1);
     }
@@ -363,6 +365,7 @@ fn target(pe: &mut Pe) {
     hub_round("p1", &[]);
     pe.check(DATA_OFF, DATA_LEN, 1, "phase 1 data at the target");
     hub_round("p1-checked", &[]);
+    hub_round("half", &[]);
     hub_round("cut", &[]);
     let all = hub_round("p3", &0u64.to_le_bytes());
     let fetched = u64::from_le_bytes(all[0..8].try_into().unwrap());
@@ -451,7 +454,7 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
     if let Err(e) = hub_common::accept_all(&listener, &mut job.streams, ROUND_LIMIT) {
         job.abort(&e);
     }
-    for tag in ["handles", "p1", "p1-checked"] {
+    for tag in ["handles", "p1", "p1-checked", "half"] {
         job.serve(tag);
     }
     if let Some((_, _, cut)) = &ns {

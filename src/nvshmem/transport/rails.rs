@@ -35,6 +35,7 @@ use crate::fabric::{
     AddressVector, CompletionQueue, CqEntry, Domain, Endpoint, Fabric, FiAddr, Info, InfoRequest,
     MemKind, MemoryRegion, OpContexts, Provider,
 };
+use crate::mover::handle::HostId;
 
 /// Offset of the rail section (magic, count, one key per extra rail) in the 512-byte handle.
 pub(super) const RAIL_SECTION: usize = 256;
@@ -406,6 +407,17 @@ pub(super) fn section_key(handle: &[u8], k: usize) -> Option<u64> {
     (key != u64::MAX).then_some(key)
 }
 
+/// The IP address in an endpoint name that is a `sockaddr_in` / `sockaddr_in6` (tcp's names);
+/// `None` for other names.
+fn ip_of(name: &[u8]) -> Option<Vec<u8>> {
+    let family = u16::from_ne_bytes(name.get(0..2)?.try_into().ok()?);
+    match (family as i32, name.len()) {
+        (libc::AF_INET, 16) => Some(name[4..8].to_vec()),
+        (libc::AF_INET6, 28) => Some(name[8..24].to_vec()),
+        _ => None,
+    }
+}
+
 /// One contiguous provider RMA between registered memory, before it is given a rail.
 #[derive(Clone, Copy)]
 pub(super) struct RailRma {
@@ -422,10 +434,14 @@ pub(super) struct RailRma {
 impl Transport {
     /// Opens the extra rails' endpoints and exchanges their names (collective: every PE takes part
     /// when the rail variables and provider say so, which they say alike on every PE).
+    /// `hosts` holds every PE's host identity: a peer on another host whose endpoint on a rail
+    /// has this PE's own IP address there (docker0 and other host-local bridges carry the same
+    /// address on every host) is not reached over that rail.
     pub(super) fn rails_connect(
         &self,
         my_pe: usize,
         n: usize,
+        hosts: &[HostId],
         allgather: &Allgather<'_>,
     ) -> TResult<()> {
         let rails = &self.rails;
@@ -458,6 +474,8 @@ impl Transport {
         let mut all = vec![0u8; rec * n];
         allgather(&mine, &mut all)?;
         for (r, (ep, cq, av, len)) in rails.extra.iter().zip(opened) {
+            let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
+            let own = ip_of(&mine[at..at + len]);
             let mut addrs = Vec::with_capacity(n);
             for pe in 0..n {
                 let theirs = &all[pe * rec..(pe + 1) * rec];
@@ -466,8 +484,21 @@ impl Transport {
                     addrs.push(None);
                     continue;
                 }
-                let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
-                addrs.push(Some(av.insert(&theirs[at..at + len], 1)?[0]));
+                let name = &theirs[at..at + len];
+                if pe != my_pe
+                    && hosts.get(pe) != hosts.get(my_pe)
+                    && own.is_some()
+                    && ip_of(name) == own
+                {
+                    tracing::info!(
+                        "rail {} ({}): PE {pe} on another host has this host's address there; not used towards it",
+                        r.index,
+                        r.name
+                    );
+                    addrs.push(None);
+                    continue;
+                }
+                addrs.push(Some(av.insert(name, 1)?[0]));
             }
             let _ = r.counts.set(
                 (0..NUM_EPS * n)
@@ -887,6 +918,21 @@ mod tests {
             let e = cfg(&[bad]).unwrap_err();
             assert!(e.contains(bad.0), "{e}");
         }
+    }
+
+    #[test]
+    fn ip_of_tcp_names() {
+        let mut v4 = [0u8; 16];
+        v4[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        v4[2..4].copy_from_slice(&[0x1f, 0x90]);
+        v4[4..8].copy_from_slice(&[203, 0, 113, 65]);
+        assert_eq!(ip_of(&v4), Some(vec![203, 0, 113, 65]));
+        let mut v6 = [0u8; 28];
+        v6[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        v6[23] = 1;
+        assert_eq!(ip_of(&v6).map(|a| a[15]), Some(1));
+        assert_eq!(ip_of(&v4[..12]), None, "not a sockaddr_in length");
+        assert_eq!(ip_of(&[0u8; 32]), None, "not an IP name (EFA's GID + QPN)");
     }
 
     #[test]
