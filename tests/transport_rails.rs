@@ -6,16 +6,19 @@
 //!    piece per rail), then gets of the same data back (small and striped); the per-rail counters
 //!    (`Transport::rail_stats`) of PE 0 all grew;
 //! 2. quiet waits for all: PE 1 checks the data right after PE 0's quiet, with no other wait;
-//! 3. a rail fails mid-stream: PE 0 posts half a stream of puts, rail 1 is cut, PE 0 posts the other
+//! 3. a stopped peer fails no rail: PE 1 is stopped (SIGSTOP) with puts of PE 0 in flight on
+//!    every rail; after twice the rail timeout no rail has failed, and once PE 1 runs again quiet
+//!    succeeds;
+//! 4. a rail fails mid-stream: PE 0 posts half a stream of puts, rail 1 is cut, PE 0 posts the other
 //!    half and quiets. `rails_lo` (no privileges, three domains over `lo`) fails rail 1 as a failed
 //!    completion does (test support); `rails_netns` (run by tests/twohost/rails.sh as root: two
 //!    network namespaces joined by three veth pairs) takes rail 1's link down inside PE 0's
 //!    namespace, so its operations really stay without completion and the rail timeout fails it,
 //!    and quiet must then report their error within the bound; on both, one WARN line names the
 //!    failed rail;
-//! 4. after the failover: the whole region is written again with a new pattern; quiet succeeds,
+//! 5. after the failover: the whole region is written again with a new pattern; quiet succeeds,
 //!    rail 1's counter no longer moves, rails 0 and 2 carry it, PE 1 checks every byte;
-//! 5. throughout, blocking fetch-adds to PE 1 (atomics stay on rail 0): every old value is the
+//! 6. throughout, blocking fetch-adds to PE 1 (atomics stay on rail 0): every old value is the
 //!    previous one plus one and PE 1's counter equals their number (none lost, none applied twice).
 use std::ffi::c_void;
 use std::io::Write;
@@ -286,6 +289,32 @@ fn writer(pe: &mut Pe, netns: bool) {
     }
     let before = pe.stats();
     note(&format!("phase 1: per-rail operations {before:?}"));
+    // A stopped peer fails no rail: its operations wait (no progress anywhere), then complete.
+    hub_round("pre-stop", &[]);
+    pe.fill(SRC_OFF, 8 * STREAM, 4);
+    for k in 0..8 {
+        pe.rma(
+            true,
+            true,
+            DATA_OFF + k * STREAM,
+            SRC_OFF + k * STREAM,
+            STREAM,
+        )
+        .unwrap_or_else(|e| fail(&format!("put to the stopped peer: {e}")));
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(2 * RAIL_TIMEOUT_MS + 500) {
+        let _ = pe.t.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let s = pe.stats();
+    if s.iter().any(|(_, failed)| *failed) {
+        fail(&format!("a stopped peer failed a rail: {s:?}"));
+    }
+    hub_round("stopped-ok", &[]);
+    hub_round("resumed", &[]);
+    pe.t.quiet(EP_HOST)
+        .unwrap_or_else(|e| fail(&format!("quiet after the peer resumed: {}", e.message)));
     // 3. a rail fails mid-stream.
     pe.fill(SRC_OFF, DATA_LEN, 2);
     let n = DATA_LEN / STREAM;
@@ -365,6 +394,9 @@ fn target(pe: &mut Pe) {
     hub_round("p1", &[]);
     pe.check(DATA_OFF, DATA_LEN, 1, "phase 1 data at the target");
     hub_round("p1-checked", &[]);
+    hub_round("pre-stop", &[]);
+    // Stopped by the parent here, resumed after PE 0 checked its rails.
+    hub_round("resumed", &[]);
     hub_round("half", &[]);
     hub_round("cut", &[]);
     let all = hub_round("p3", &0u64.to_le_bytes());
@@ -454,7 +486,18 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
     if let Err(e) = hub_common::accept_all(&listener, &mut job.streams, ROUND_LIMIT) {
         job.abort(&e);
     }
-    for tag in ["handles", "p1", "p1-checked", "half"] {
+    for tag in ["handles", "p1", "p1-checked", "pre-stop"] {
+        job.serve(tag);
+    }
+    let target = job.children[1].id() as i32;
+    // SAFETY: signals to a child of this process (the PE itself: nsenter without --fork execs it).
+    unsafe { libc::kill(target, libc::SIGSTOP) };
+    if let Err(e) = hub_common::serve_until(&mut job.streams, "stopped-ok", &[0], ROUND_LIMIT) {
+        job.abort(&e);
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(target, libc::SIGCONT) };
+    for tag in ["resumed", "half"] {
         job.serve(tag);
     }
     if let Some((_, _, cut)) = &ns {

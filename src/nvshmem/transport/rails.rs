@@ -14,8 +14,9 @@
 //! Quiet, fence and blocking calls cover every rail: each rail counts its operations per (endpoint,
 //! PE) and joins the caller's completion group; progress (`progress_ep`) reads every rail's CQ.
 //!
-//! Failover: a rail whose CQ reports an error, whose post fails, or on which an operation (to a
-//! live peer) sees no completion within `NVSHMEM_EFA_RAIL_TIMEOUT_MS` is failed once: one WARN
+//! Failover: a rail whose CQ reports an error, whose post fails, or on which an operation sees no
+//! completion within `NVSHMEM_EFA_RAIL_TIMEOUT_MS` while its peer completes operations on other
+//! rails, is failed once: one WARN
 //! line, its endpoint is closed (the provider cancels what it still holds, so nothing lands
 //! later), and every operation in flight on it ends with an error (its group's, or its peer's for
 //! quiet). New operations use the remaining rails. Rail 0 is the last one left: its failure is the
@@ -127,6 +128,8 @@ struct RailOp {
     pe: usize,
     group: Option<Arc<Group>>,
     posted: Instant,
+    /// The peer's completions on the other rails when it was posted (see `peer_progress`).
+    peer_done: u64,
 }
 
 /// The connected part of an extra rail (closed when the rail fails).
@@ -612,6 +615,7 @@ impl Transport {
                 g.pending.fetch_add(1, Ordering::AcqRel);
             }
             let slot = x.ep * c.n_pes as usize + x.pe;
+            let peer_done = self.peer_progress(c, x.pe, r.index);
             r.ops.lock().insert(
                 ctx as usize,
                 RailOp {
@@ -619,6 +623,7 @@ impl Transport {
                     pe: x.pe,
                     group,
                     posted: Instant::now(),
+                    peer_done,
                 },
             );
             let counts = r.counts.get().expect("counts set at connect");
@@ -740,8 +745,32 @@ impl Transport {
         handled
     }
 
-    /// Why rail `r` fails now: an operation to a live peer older than the rail timeout. Operations
-    /// to a peer found gone end with that error instead (the rail is not to blame).
+    /// Completions of operations to `pe` on every rail but `except` (rail 0's on both endpoints).
+    fn peer_progress(&self, c: &Connected, pe: usize, except: usize) -> u64 {
+        let n = c.n_pes as usize;
+        let mut sum = 0;
+        if except != 0 {
+            sum += c
+                .eps
+                .iter()
+                .map(|e| e.peer[pe].completed.load(Ordering::Acquire))
+                .sum::<u64>();
+        }
+        for r in self.rails.extra.iter().filter(|r| r.index != except) {
+            if let Some(cs) = r.counts.get() {
+                sum += (0..NUM_EPS)
+                    .map(|ep| cs[ep * n + pe].1.load(Ordering::Acquire))
+                    .sum::<u64>();
+            }
+        }
+        sum
+    }
+
+    /// Why rail `r` fails now: an operation older than the rail timeout to a peer that completed
+    /// operations on other rails since it was posted (the peer works, this rail does not). One to a
+    /// peer that made no progress anywhere is not the rail's fault (a stopped or dying peer: the
+    /// dead-peer handling and quiet's timeout deal with it); one to a peer found gone ends with
+    /// that error.
     fn rail_overdue(&self, c: &Connected, r: &Rail) -> Option<String> {
         {
             let mut last = r.last_scan.lock();
@@ -759,7 +788,7 @@ impl Transport {
                 if op.posted.elapsed() > timeout {
                     if c.peers[op.pe].is_gone() {
                         gone.push(*ctx);
-                    } else {
+                    } else if self.peer_progress(c, op.pe, r.index) > op.peer_done {
                         overdue += 1;
                     }
                 }
