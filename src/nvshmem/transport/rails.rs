@@ -37,6 +37,7 @@ use crate::fabric::{
     MemKind, MemoryRegion, OpContexts, Provider,
 };
 use crate::mover::handle::HostId;
+use crate::topo;
 
 /// Offset of the rail section (magic, count, one key per extra rail) in the 512-byte handle.
 pub(super) const RAIL_SECTION: usize = 256;
@@ -178,6 +179,49 @@ pub(super) struct Rails {
     primary_bytes: AtomicU64,
 }
 
+/// NICs with a place on the PCIe tree, chosen by distance from the PE's GPU (the current CUDA
+/// context's; `src/topo.rs`, as `nvshmem-efa-gda info` shows them), nearest first; `Err` says why
+/// there is no such choice.
+fn nearest(answers: &[Info], cfg: &RailConfig) -> Result<Vec<Info>, String> {
+    let (domain, bus, device) = crate::cuda::current_device_pci()
+        .ok_or("no current CUDA context to choose NICs near its GPU")?;
+    let gpu = topo::PciAddr {
+        domain,
+        bus,
+        device,
+        function: 0,
+    };
+    let listed: Vec<topo::NicName> = answers
+        .iter()
+        .map(|a| topo::NicName {
+            name: a.domain_name(),
+            provider: a.fabric_name(),
+            pci: a
+                .pci_addr()
+                .map(|(domain, bus, device, function)| topo::PciAddr {
+                    domain: domain as u32,
+                    bus,
+                    device,
+                    function,
+                }),
+        })
+        .collect();
+    // NVSHMEM's variables (NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE, NVSHMEM_ENABLE_NIC_PE_MAPPING),
+    // checked already by RailConfig.
+    let policy = topo::NicPolicy::from_env().map_err(|e| e.0)?;
+    debug_assert_eq!(policy.max_nic_per_pe, cfg.max);
+    let order = topo::rail_order(&topo::Sysfs::system(), gpu, &listed, policy)
+        .map_err(|e| format!("NICs near GPU {gpu}: {}", e.0))?;
+    if order.is_empty() {
+        return Err(format!("no NIC near GPU {gpu}"));
+    }
+    tracing::debug!(
+        "rails: GPU {gpu}: nearest NICs {order:?} of {}",
+        answers.len()
+    );
+    Ok(order.into_iter().map(|k| answers[k].clone()).collect())
+}
+
 fn is_loopback(i: &Info) -> bool {
     let f = i.fabric_name();
     i.domain_name() == "lo" || f.starts_with("127.") || f.starts_with("::1/")
@@ -222,16 +266,11 @@ impl Rails {
                     })
                     .collect::<TResult<Vec<_>>>()?,
                 None if is_loopback(&primary) => chosen,
-                None if primary.pci_addr().is_some() => {
-                    // NICs with a place on the PCIe tree are chosen by distance from the PE's GPU
-                    // (src/topo.rs, `nvshmem-efa-gda info`); without the PE's GPU at hand the
-                    // transport stays on its first NIC unless NVSHMEM_EFA_RAILS names them.
-                    tracing::debug!(
-                        "rails: {} NICs of {provider} answer; one rail unless NVSHMEM_EFA_RAILS names them",
-                        answers.len()
-                    );
-                    chosen
-                }
+                None if primary.pci_addr().is_some() => nearest(&answers, &cfg)
+                    .unwrap_or_else(|why| {
+                        tracing::info!("rails: {why}; one rail ({})", primary.domain_name());
+                        chosen
+                    }),
                 None => {
                     let mut v = chosen;
                     v.extend(answers.into_iter().filter(|a| {
