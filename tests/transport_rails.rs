@@ -10,7 +10,8 @@
 //!    every rail; after twice the rail timeout no rail has failed, and once PE 1 runs again quiet
 //!    succeeds;
 //! 4. a rail fails mid-stream: PE 0 posts half a stream of puts, rail 1 is cut, PE 0 posts the other
-//!    half and quiets. `rails_lo` (no privileges, three domains over `lo`) fails rail 1 as a failed
+//!    half, makes a blocking striped put (it must succeed: its piece on the failing rail runs
+//!    again on the others) and quiets. `rails_lo` (no privileges, three domains over `lo`) fails rail 1 as a failed
 //!    completion does (test support); `rails_netns` (run by tests/twohost/rails.sh as root: two
 //!    network namespaces joined by three veth pairs) takes rail 1's link down inside PE 0's
 //!    namespace, so its operations really stay without completion and the rail timeout fails it,
@@ -54,6 +55,7 @@ const ROUND_LIMIT: Duration = Duration::from_secs(60);
 const HEAP: usize = 8 << 20;
 const DATA_OFF: usize = 0; // 3 MiB written on PE 1
 const DATA_LEN: usize = 3 << 20;
+const EXTRA_OFF: usize = 3 << 20; // the blocking put across the failover (1 MiB)
 const SRC_OFF: usize = 4 << 20; // PE 0's source (3 MiB)
 const BACK_OFF: usize = HEAP - (1 << 20) - 4096; // gets land here (1 MiB)
 const CTR_OFF: usize = HEAP - 64; // PE 1's counter
@@ -346,6 +348,11 @@ fn writer(pe: &mut Pe, netns: bool) {
             fail(&format!("stream put {k} after the cut: {e}"));
         }
     }
+    // A blocking striped put while rail 1 is down but not yet found out: its piece there ends with
+    // the rail's failure, and the put runs again on the rails left (it returns success).
+    pe.fill(BACK_OFF, BIG, 5);
+    pe.rma(true, false, EXTRA_OFF, BACK_OFF, BIG)
+        .unwrap_or_else(|e| fail(&format!("blocking put across the failover: {e}")));
     let q = pe.t.quiet(EP_HOST);
     let dt = t0.elapsed();
     note(&format!(
@@ -402,6 +409,7 @@ fn target(pe: &mut Pe) {
     let all = hub_round("p3", &0u64.to_le_bytes());
     let fetched = u64::from_le_bytes(all[0..8].try_into().unwrap());
     pe.check(DATA_OFF, DATA_LEN, 3, "data after the failover");
+    pe.check(EXTRA_OFF, BIG, 5, "the blocking put across the failover");
     // SAFETY: CTR_OFF is 8-aligned inside the heap.
     let ctr = unsafe { std::ptr::read_volatile(pe.heap.add(CTR_OFF) as *const u64) };
     if ctr != fetched {

@@ -460,6 +460,15 @@ fn ip_of(name: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// What the error of an operation ended by its rail's failure says (see [`rail_failed`]).
+const RAIL_FAILED: &str = ") failed (rail failover): ";
+
+/// Whether an error is that of operations ended by their rail's failure (blocking puts and gets
+/// run again on the rails left).
+pub(super) fn rail_failed(err: &str) -> bool {
+    err.contains(RAIL_FAILED)
+}
+
 /// One contiguous provider RMA between registered memory, before it is given a rail.
 #[derive(Clone, Copy)]
 pub(super) struct RailRma {
@@ -868,7 +877,7 @@ impl Transport {
         );
         for (ctx, op) in ops {
             r.ctxs.free(ctx as *mut c_void);
-            let m = format!("rail {} ({}) failed: {why}", r.index, r.name);
+            let m = format!("rail {} ({}{RAIL_FAILED}{why}", r.index, r.name);
             self.rail_account(c, r, op, Some(m));
         }
     }

@@ -9,7 +9,7 @@ use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, EpState, OpRoute};
 use super::error::broken_connection;
 use super::memory::{copy_any, is_device, HandleBlob, HANDLE_FLAG_DEVICE};
-use super::rails::RailRma;
+use super::rails::{rail_failed, RailRma};
 use crate::route::Staging;
 use std::sync::Arc;
 use std::time::Instant;
@@ -78,7 +78,8 @@ impl Transport {
         // Blocking: wait for this call's operations only, report only their errors. A blocking
         // put or get is idempotent: when it met a connection that had just broken (and was rebuilt
         // while its error was handled), it runs again on the new one (a few times: both ends may
-        // rebuild at once, which breaks the first new connection too).
+        // rebuild at once, which breaks the first new connection too); when a rail failed under it,
+        // it runs again on the rails left.
         let mut retries = 0;
         loop {
             let g = Arc::new(Group::default());
@@ -92,6 +93,18 @@ impl Transport {
             // endpoint's copy queue (its data is in place, or read out, on return).
             let waited = waited.and_then(|()| self.wait_copies(ep, what));
             match posted.and(waited) {
+                // A rail that failed under this call: its pieces run again on the rails left.
+                Err(e)
+                    if retries < BROKEN_RETRIES
+                        && rail_failed(&e.message)
+                        && self.check_pe(c, pe).is_ok() =>
+                {
+                    retries += 1;
+                    tracing::info!(
+                        "rma to PE {pe}: {}; retry {retries} on the rails left",
+                        e.message
+                    );
+                }
                 Err(e)
                     if retries < BROKEN_RETRIES
                         && broken_connection(&e.message)
