@@ -44,7 +44,7 @@ pub(super) const RAIL_SECTION: usize = 256;
 const RAIL_MAGIC: u32 = u32::from_le_bytes(*b"RAIL");
 /// Most rails a PE uses (rail 0 and the extra rails whose keys fit the handle's section).
 pub const MAX_RAILS: usize = 1 + (512 - RAIL_SECTION - 8) / 8;
-/// Bytes of one rail endpoint name in the exchange.
+/// Bytes of one rail endpoint name in the exchange (its length, then the name).
 const RAIL_NAME_SLOT: usize = 64;
 /// Default of `NVSHMEM_EFA_RAIL_STRIPE_BYTES`.
 pub const STRIPE_DEFAULT: u64 = 64 << 10;
@@ -502,40 +502,64 @@ impl Transport {
         let slots = rails.cfg.max.min(MAX_RAILS) - 1;
         let rec = 8 + slots * RAIL_NAME_SLOT;
         let mut mine = vec![0u8; rec];
-        let mut opened = Vec::new();
-        for r in &rails.extra {
+        // Each slot: the name's length (u16 LE; 0: this PE has no such rail), then the name.
+        let open = |r: &Rail| -> TResult<(Endpoint, Arc<CompletionQueue>, Arc<AddressVector>)> {
             let cq = CompletionQueue::open(&r.domain, self.cfg.max_inflight.max(1024))?;
             let av = AddressVector::open(&r.domain, n)?;
             let ep = Endpoint::open(&r.domain, &av, &cq, None)?;
-            let name = ep.name()?;
-            if name.len() > RAIL_NAME_SLOT {
-                return Err(internal(format!(
-                    "rail {} ({}): endpoint name of {} bytes (at most {RAIL_NAME_SLOT})",
+            Ok((ep, cq, av))
+        };
+        let mut opened = Vec::new();
+        for r in &rails.extra {
+            let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
+            let o = open(r).and_then(|(ep, cq, av)| {
+                let name = ep.name()?;
+                if name.len() > RAIL_NAME_SLOT - 2 {
+                    return Err(internal(format!(
+                        "endpoint name of {} bytes (at most {})",
+                        name.len(),
+                        RAIL_NAME_SLOT - 2
+                    )));
+                }
+                mine[at..at + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
+                mine[at + 2..at + 2 + name.len()].copy_from_slice(&name);
+                Ok((ep, cq, av))
+            });
+            if let Err(e) = &o {
+                tracing::warn!(
+                    "rail {} ({}) not opened: {}; the other rails serve",
                     r.index,
                     r.name,
-                    name.len()
-                )));
+                    e.message
+                );
+                let _ = r.failed.set(format!("not opened: {}", e.message));
             }
-            let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
-            mine[at..at + name.len()].copy_from_slice(&name);
-            opened.push((ep, cq, av, name.len()));
+            opened.push(o.ok());
         }
         mine[0..4].copy_from_slice(&(rails.extra.len() as u32).to_le_bytes());
         mine[4..8].copy_from_slice(&(my_pe as u32).to_le_bytes());
         let mut all = vec![0u8; rec * n];
         allgather(&mine, &mut all)?;
-        for (r, (ep, cq, av, len)) in rails.extra.iter().zip(opened) {
+        let name_at = |rec: &[u8], at: usize| -> Option<Vec<u8>> {
+            let len = u16::from_le_bytes(rec[at..at + 2].try_into().unwrap()) as usize;
+            (len > 0 && len <= RAIL_NAME_SLOT - 2).then(|| rec[at + 2..at + 2 + len].to_vec())
+        };
+        for (r, o) in rails.extra.iter().zip(opened) {
+            let Some((ep, cq, av)) = o else { continue };
             let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
-            let own = ip_of(&mine[at..at + len]);
+            let own = name_at(&mine, at).and_then(|nm| ip_of(&nm));
             let mut addrs = Vec::with_capacity(n);
             for pe in 0..n {
                 let theirs = &all[pe * rec..(pe + 1) * rec];
                 let count = u32::from_le_bytes(theirs[0..4].try_into().unwrap()) as usize;
-                if r.index > count {
-                    addrs.push(None);
-                    continue;
-                }
-                let name = &theirs[at..at + len];
+                let name = match name_at(theirs, at) {
+                    Some(nm) if r.index <= count => nm,
+                    _ => {
+                        addrs.push(None);
+                        continue;
+                    }
+                };
+                let name = &name[..];
                 if pe != my_pe
                     && hosts.get(pe) != hosts.get(my_pe)
                     && own.is_some()
@@ -956,75 +980,4 @@ impl Transport {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(vars: &[(&str, &str)]) -> Result<RailConfig, String> {
-        RailConfig::from_lookup(|k| {
-            vars.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        })
-    }
-
-    #[test]
-    fn variables_and_defaults() {
-        let c = cfg(&[]).unwrap();
-        assert_eq!(c.max, crate::topo::DEFAULT_MAX_NIC_PER_PE);
-        assert_eq!(c.stripe, STRIPE_DEFAULT);
-        assert_eq!(c.timeout, RAIL_TIMEOUT_DEFAULT);
-        assert!(c.names.is_none());
-        let c = cfg(&[
-            ("NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE", "3"),
-            ("NVSHMEM_EFA_RAILS", "a, b,a"),
-            ("NVSHMEM_EFA_RAIL_STRIPE_BYTES", "8192"),
-            ("NVSHMEM_EFA_RAIL_TIMEOUT_MS", "250"),
-        ])
-        .unwrap();
-        assert_eq!(c.max, 3);
-        assert_eq!(c.names.unwrap(), ["a", "b", "a"]);
-        assert_eq!(c.stripe, 8192);
-        assert_eq!(c.timeout, Duration::from_millis(250));
-        for bad in [
-            ("NVSHMEM_EFA_RAILS", " , "),
-            ("NVSHMEM_EFA_RAIL_STRIPE_BYTES", "100"),
-            ("NVSHMEM_EFA_RAIL_TIMEOUT_MS", "0"),
-            ("NVSHMEM_EFA_RAIL_TIMEOUT_MS", "soon"),
-            ("NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE", "0"),
-        ] {
-            let e = cfg(&[bad]).unwrap_err();
-            assert!(e.contains(bad.0), "{e}");
-        }
-    }
-
-    #[test]
-    fn ip_of_tcp_names() {
-        let mut v4 = [0u8; 16];
-        v4[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-        v4[2..4].copy_from_slice(&[0x1f, 0x90]);
-        v4[4..8].copy_from_slice(&[203, 0, 113, 65]);
-        assert_eq!(ip_of(&v4), Some(vec![203, 0, 113, 65]));
-        let mut v6 = [0u8; 28];
-        v6[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
-        v6[23] = 1;
-        assert_eq!(ip_of(&v6).map(|a| a[15]), Some(1));
-        assert_eq!(ip_of(&v4[..12]), None, "not a sockaddr_in length");
-        assert_eq!(ip_of(&[0u8; 32]), None, "not an IP name (EFA's GID + QPN)");
-    }
-
-    #[test]
-    fn handle_section_roundtrip() {
-        let mut h = [0u8; 512];
-        assert_eq!(section_key(&h, 0), None);
-        let keys: Vec<u64> = (0..(MAX_RAILS as u64 - 1)).map(|k| k * 3 + 1).collect();
-        write_section(&mut h, &keys);
-        for (k, want) in keys.iter().enumerate() {
-            assert_eq!(section_key(&h, k), Some(*want));
-        }
-        assert_eq!(section_key(&h, keys.len()), None);
-        write_section(&mut h, &[7, u64::MAX]);
-        assert_eq!(section_key(&h, 0), Some(7));
-        assert_eq!(section_key(&h, 1), None, "no registration on that rail");
-        assert_eq!(section_key(&h, 2), None);
-    }
-}
+mod tests;
