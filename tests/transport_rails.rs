@@ -3,7 +3,8 @@
 //! Two processes (PE 0 writes, PE 1 is written to) use the transport's Rust API over tcp with three
 //! rails; this test process is their bootstrap (a hub over a Unix socket, tests/hub_common). In order:
 //! 1. every rail carries traffic: 256 puts of 4 KiB (round-robin) and two of 1 MiB (striped, one
-//!    piece per rail), then gets of the same data back (small and striped); the per-rail counters
+//!    piece per rail), then gets of the same data back (small ones on the proxy's endpoint with a
+//!    quiet towards PE 1 there, and a blocking striped one); the per-rail counters
 //!    (`Transport::rail_stats`) of PE 0 all grew;
 //! 2. quiet waits for all: PE 1 checks the data right after PE 0's quiet, with no other wait;
 //! 3. a stopped peer fails no rail: PE 1 is stopped (SIGSTOP) with puts of PE 0 in flight on
@@ -32,7 +33,7 @@ use nvshmem_efa_gda::config::Config;
 use nvshmem_efa_gda::nvshmem::abi::{
     amo, op, AmoMemdesc, AmoVerb, MemHandle, RmaBytesdesc, RmaMemdesc, RmaVerb, MEM_HANDLE_SIZE,
 };
-use nvshmem_efa_gda::nvshmem::{Transport, EP_HOST};
+use nvshmem_efa_gda::nvshmem::{Transport, EP_HOST, EP_PROXY};
 
 mod hub_common;
 use hub_common::{fail, hub_round, note, HUB, ME};
@@ -78,6 +79,8 @@ struct Pe {
     peer: Box<MemHandle>,
     /// Where the peer's heap starts in its address space.
     peer_base: u64,
+    /// The endpoint RMA goes through (host, or the proxy's).
+    ep: usize,
     fetched: u64,
 }
 
@@ -120,7 +123,7 @@ impl Pe {
             deststride: 1,
         };
         // SAFETY: descriptors live for the call; both ranges lie in registered heaps.
-        unsafe { self.t.rma(1, verb, &mut r, &mut l, bytes, EP_HOST) }.map_err(|e| e.message)
+        unsafe { self.t.rma(1, verb, &mut r, &mut l, bytes, self.ep) }.map_err(|e| e.message)
     }
     /// A blocking fetch-add of 1 to PE 1's counter; the old value must follow the last one.
     fn fetch_add(&mut self) {
@@ -237,6 +240,7 @@ fn child_main(me: usize, sock: &str, netns: bool) {
         own,
         peer,
         peer_base,
+        ep: EP_HOST,
         fetched: 0,
     };
     let n_rails = pe.stats().len();
@@ -266,6 +270,8 @@ fn writer(pe: &mut Pe, netns: bool) {
     }
     hub_round("p1", &[]);
     hub_round("p1-checked", &[]);
+    // Gets on the proxy's endpoint, completed by a quiet towards PE 1 on that endpoint.
+    pe.ep = EP_PROXY;
     for k in 0..16 {
         pe.rma(
             false,
@@ -276,8 +282,9 @@ fn writer(pe: &mut Pe, netns: bool) {
         )
         .unwrap_or_else(|e| fail(&format!("nbi get: {e}")));
     }
-    pe.t.quiet(EP_HOST)
+    pe.t.quiet_pe(EP_PROXY, 1)
         .unwrap_or_else(|e| fail(&format!("quiet after gets: {}", e.message)));
+    pe.ep = EP_HOST;
     pe.check(BACK_OFF, 16 * SMALL, 1, "small gets");
     let big_at = DATA_LEN - 2 * BIG;
     pe.rma(false, false, DATA_OFF + big_at, BACK_OFF, BIG)
