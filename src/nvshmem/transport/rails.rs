@@ -14,7 +14,7 @@
 //! Quiet, fence and blocking calls cover every rail: each rail counts its operations per (endpoint,
 //! PE) and joins the caller's completion group; progress (`progress_ep`) reads every rail's CQ.
 //!
-//! Failover: a rail whose CQ reports an error, whose post fails, or on which an operation sees no
+//! Failover: a rail whose post fails, or on which an operation fails (CQ error) or sees no
 //! completion within `NVSHMEM_EFA_RAIL_TIMEOUT_MS` while its peer completes operations on other
 //! rails, is failed once: one WARN
 //! line, its endpoint is closed (the provider cancels what it still holds, so nothing lands
@@ -671,7 +671,9 @@ impl Transport {
         let Some(desc) = self.rails.local_desc(r.index - 1, x.laddr + off, n) else {
             return Ok(false);
         };
-        let failure = {
+        // Whether the piece was posted, and why the rail fails (a completion with an error read
+        // while waiting for room, or a post that failed).
+        let (posted, failure) = {
             let guard = r.link.read();
             let Some(link) = guard.as_ref() else {
                 return Ok(false);
@@ -701,6 +703,7 @@ impl Transport {
             let counts = r.counts.get().expect("counts set at connect");
             counts[slot].0.fetch_add(1, Ordering::AcqRel);
             let deadline = Instant::now() + self.rails.cfg.timeout;
+            let mut reaped_error = None;
             let (laddr, raddr) = (x.laddr + off, x.raddr + off);
             loop {
                 // SAFETY: the local range lies in a region registered on this rail (desc), which
@@ -720,10 +723,12 @@ impl Transport {
                     Ok(()) => {
                         r.n_ops.fetch_add(1, Ordering::Relaxed);
                         r.n_bytes.fetch_add(n, Ordering::Relaxed);
-                        return Ok(true);
+                        break (true, reaped_error);
                     }
                     Err(e) if e.is_again() && Instant::now() < deadline => {
-                        self.rail_reap(c, r, link);
+                        if let (_, Some(why)) = self.rail_reap(c, r, link) {
+                            reaped_error.get_or_insert(why);
+                        }
                     }
                     Err(e) => {
                         // Never posted: taken back, and the piece goes to rail 0.
@@ -734,13 +739,15 @@ impl Transport {
                         }
                         counts[slot].0.fetch_sub(1, Ordering::AcqRel);
                         r.ctxs.free(ctx);
-                        break format!("posting failed: {e}");
+                        break (false, Some(format!("posting failed: {e}")));
                     }
                 }
             }
         };
-        self.fail_rail(c, r, failure);
-        Ok(false)
+        if let Some(why) = failure {
+            self.fail_rail(c, r, why);
+        }
+        Ok(posted)
     }
 
     /// Reads rail `r`'s completions (the caller holds its link).
@@ -759,10 +766,21 @@ impl Transport {
                 }
                 Err(err) => {
                     let msg = format!("rail {} ({}): {}", r.index, r.name, err.error);
+                    // The rail is to blame when the peer works on other rails (it completed
+                    // operations there since this one was posted), or nobody knows whose
+                    // operation failed; otherwise the peer may be the one failing (dying,
+                    // gone): the operation ends with the error, the rail stays.
+                    let blame = match r.ops.lock().get(&(err.context as usize)) {
+                        Some(op) => self.peer_progress(c, op.pe, r.index) > op.peer_done,
+                        None => err.context.is_null(),
+                    };
                     if !err.context.is_null() {
                         self.rail_finish(c, r, err.context, Some(msg.clone()));
                     }
-                    return (handled + 1, Some(format!("provider error: {}", err.error)));
+                    handled += 1;
+                    if blame {
+                        return (handled, Some(format!("provider error: {}", err.error)));
+                    }
                 }
             }
         }
