@@ -29,6 +29,8 @@ stage cargo-test bash .ci/cargo-test.sh
 # Two "hosts" on this machine (network + UTS namespaces over a veth pair), host memory, tcp: the
 # harness's cases and its stream benchmark next to fi_rma_bw in the same namespaces (data checked).
 stage twohost-host env OUT="${TMPDIR:-/tmp}/twohost-ci" bash tests/twohost/ci.sh
+# Rails: three veth pairs between the two namespaces, one rail each; one taken down mid-stream.
+stage twohost-rails bash tests/twohost/rails.sh
 # The host harness under valgrind: no memcheck error, no definitely lost block.
 stage valgrind bash .ci/valgrind.sh
 stage wheel bash .ci/wheel.sh

@@ -152,6 +152,31 @@ pub fn pointer_kind(ptr: *const c_void) -> PtrKind {
     }
 }
 
+/// PCI address (domain, bus, device) of the current context's GPU; `None` without a driver or a
+/// current context. The NIC choice of rails looks the GPU up in sysfs with it.
+pub fn current_device_pci() -> Option<(u32, u8, u8)> {
+    if current_context() == 0 {
+        return None;
+    }
+    let mut dev: sys::CUdevice = 0;
+    let attr = |a: sys::CUdevice_attribute, dev: sys::CUdevice| {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: writes one int for a valid device ordinal.
+        (unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) } == sys::CUresult::CUDA_SUCCESS)
+            .then_some(v)
+    };
+    // SAFETY: writes one int for the current context.
+    if unsafe { sys::cuCtxGetDevice(&mut dev) } != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    use sys::CUdevice_attribute as A;
+    Some((
+        attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev)? as u32,
+        attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev)? as u8,
+        attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev)? as u8,
+    ))
+}
+
 /// The calling thread's current context (null if none), to make current in helper threads.
 pub fn current_context() -> usize {
     if !available() {

@@ -640,6 +640,22 @@ pub fn nics_for_gpu(
     })
 }
 
+/// The rails of a PE on GPU `gpu`: indices into `listed` of the NICs [`nics_for_gpu`] chooses for
+/// it, nearest first (at most `policy.max_nic_per_pe`).
+pub fn rail_order(
+    sys: &Sysfs,
+    gpu: PciAddr,
+    listed: &[NicName],
+    policy: NicPolicy,
+) -> Result<Vec<usize>> {
+    let line = nics_for_gpu(sys, gpu, listed, policy)?;
+    Ok(line
+        .nics
+        .iter()
+        .filter_map(|(name, _, _)| listed.iter().position(|n| n.name == *name))
+        .collect())
+}
+
 #[cfg(test)]
 #[path = "topo_tests.rs"]
 mod tests;

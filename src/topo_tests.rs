@@ -559,3 +559,32 @@ fn nics_for_one_gpu_take_part_in_the_node_choice() {
     let e = nics_for_gpu(&s, addr(0x0f), &listed, NicPolicy::default()).unwrap_err();
     assert!(e.0.contains("0000:0f:00.0"), "{e}");
 }
+
+#[test]
+fn rail_order_gives_a_gpus_nearest_nics_as_indices() {
+    let m = p5_like(4, &[]);
+    let s = m.sys.sysfs();
+    // The provider's list with a NIC-less domain in front (tcp's loopback would be one).
+    let mut listed = vec![NicName {
+        name: "lo".into(),
+        provider: "tcp".into(),
+        pci: None,
+    }];
+    listed.extend(m.nics.iter().enumerate().map(|(i, a)| NicName {
+        name: format!("rdmap{i}"),
+        provider: "efa".into(),
+        pci: Some(*a),
+    }));
+    let order = rail_order(&s, m.gpus[2], &listed, NicPolicy::default()).unwrap();
+    assert_eq!(order.len(), 4, "{order:?}");
+    for &k in &order {
+        assert!(k >= 1, "the NIC-less domain is never a rail");
+        assert_eq!(m.nic_home[k - 1], 2, "rail {k} is not under GPU 2's switch");
+    }
+    let two = NicPolicy {
+        max_nic_per_pe: 2,
+        ..NicPolicy::default()
+    };
+    let order2 = rail_order(&s, m.gpus[2], &listed, two).unwrap();
+    assert_eq!(order2, order[..2], "the limit keeps the nearest first");
+}

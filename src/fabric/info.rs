@@ -209,6 +209,11 @@ impl Info {
     }
 
     fn get_caps(req: &InfoRequest, atomics: bool, dc: bool) -> Result<Info> {
+        Self::get_list(req, atomics, dc, false).map(|mut v| v.remove(0))
+    }
+
+    /// The answers to one request (the first only unless `all`); never empty when `Ok`.
+    fn get_list(req: &InfoRequest, atomics: bool, dc: bool, all: bool) -> Result<Vec<Info>> {
         let ctx = || {
             format!(
                 "fi_getinfo(provider={}, hmem={}, atomics={atomics}, delivery_complete={dc})",
@@ -271,13 +276,59 @@ impl Info {
             if out.is_null() {
                 return Err(Error::from_ret(-(fi::FI_ENODATA as i64), ctx()));
             }
-            let dup = fi::fi_dupinfo(out);
-            fi::fi_freeinfo(out);
-            if dup.is_null() {
-                return Err(Error::from_ret(-(libc::ENOMEM as i64), ctx()));
+            let mut answers = Vec::new();
+            let mut cur = out;
+            while !cur.is_null() {
+                // fi_dupinfo copies one entry (its `next` is not followed).
+                let dup = fi::fi_dupinfo(cur);
+                if dup.is_null() {
+                    fi::fi_freeinfo(out);
+                    return Err(Error::from_ret(-(libc::ENOMEM as i64), ctx()));
+                }
+                answers.push(Info { raw: dup });
+                if !all {
+                    break;
+                }
+                cur = (*cur).next;
             }
-            Ok(Info { raw: dup })
+            fi::fi_freeinfo(out);
+            Ok(answers)
         }
+    }
+
+    /// Every domain (NIC; for tcp, every interface) that answers the request `primary` was
+    /// answered for with the same RMA capabilities: one entry per domain name, in libfabric's order.
+    /// The rails of a PE are chosen among these (see the transport's `rails`).
+    pub fn domains_like(req: &InfoRequest, primary: &Info) -> Result<Vec<Info>> {
+        let req = InfoRequest {
+            hmem: primary.has_hmem(),
+            ..req.clone()
+        };
+        let all = Self::get_list(
+            &req,
+            primary.has_atomics(),
+            primary.delivery_complete(),
+            true,
+        )?;
+        let mut out: Vec<Info> = Vec::new();
+        for i in all {
+            tracing::trace!(
+                "rails: answer {} {} {} caps {:#x}",
+                i.provider_name(),
+                i.fabric_name(),
+                i.domain_name(),
+                i.caps()
+            );
+            if i.provider_name() == primary.provider_name()
+                // Rails carry RMA (and GPU memory where rail 0 does): the rest may differ (the
+                // loopback interface, for one, answers without FI_REMOTE_COMM).
+                && i.caps() & (BASE_CAPS | fi::FI_HMEM) == primary.caps() & (BASE_CAPS | fi::FI_HMEM)
+                && !out.iter().any(|o| o.domain_name() == i.domain_name())
+            {
+                out.push(i);
+            }
+        }
+        Ok(out)
     }
 
     /// The raw pointer, for calls into libfabric.
@@ -301,6 +352,24 @@ impl Info {
     pub fn domain_name(&self) -> String {
         // SAFETY: domain_attr is always set in a getinfo answer.
         cstr_or_empty(unsafe { (*(*self.raw).domain_attr).name })
+    }
+
+    /// The NIC's PCI address (`domain, bus, device, function`) where the provider fills in
+    /// `nic->bus_attr` (EFA, verbs; not tcp or shm).
+    pub fn pci_addr(&self) -> Option<(u16, u8, u8, u8)> {
+        // SAFETY: `nic` and its `bus_attr` are checked for NULL; the PCI member is read only for a
+        // PCI bus.
+        unsafe {
+            let nic = (*self.raw).nic;
+            if nic.is_null() || (*nic).bus_attr.is_null() {
+                return None;
+            }
+            let bus = &*(*nic).bus_attr;
+            (bus.bus_type == fi::fi_bus_type_FI_BUS_PCI).then(|| {
+                let p = bus.attr.pci;
+                (p.domain_id, p.bus_id, p.device_id, p.function_id)
+            })
+        }
     }
 
     /// Capabilities granted.

@@ -8,6 +8,10 @@
 #                        named TAGv, as every host of a cluster has the same interface name), TH_ADDR
 #                        (IPv4 addresses, TEST-NET-2 198.51.100.0/24: never routed off the machine),
 #                        TH_HOST (host names); returns 1 with the reason on stderr when not permitted
+#   twohost_add_link NAME ADDR0 ADDR1 LEN
+#                        one more veth pair between the two namespaces (after twohost_up): the end in
+#                        each is named NAME (at most 14 characters), with ADDR0/LEN in namespace 0 and
+#                        ADDR1/LEN in 1 (a subnet of its own per link); gone with the namespaces
 #   twohost_run I CMD... runs CMD in namespace I (0 or 1) with the caller's environment
 #   twohost_down         ends the holders: the namespaces and the veth pair go with them
 #   twohost_check        both sides see their address and host name, and a TCP connection from
@@ -78,6 +82,22 @@ twohost_up() {
             { echo "twohost: setting up namespace $i failed" >&2; th_ip link del "${made[0]}" 2>/dev/null; twohost_down; return 1; }
     done
     return 0
+}
+
+twohost_add_link() {
+    local name=$1 len=$4 i
+    local addr=("$2" "$3")
+    [ ${#TH_PID[@]} = 2 ] || { echo "twohost: twohost_add_link before twohost_up" >&2; return 1; }
+    th_ip link add "${name}a" type veth peer name "${name}b" ||
+        { echo "twohost: cannot create the veth pair ${name}a/${name}b" >&2; return 1; }
+    local ends=("${name}a" "${name}b")
+    for i in 0 1; do
+        th_ip link set "${ends[$i]}" netns "${TH_PID[$i]}" &&
+            th_ip_in "$i" link set "${ends[$i]}" name "$name" &&
+            th_ip_in "$i" addr add "${addr[$i]}/$len" dev "$name" &&
+            th_ip_in "$i" link set "$name" up ||
+            { echo "twohost: setting up $name in namespace $i failed" >&2; th_ip link del "${ends[0]}" 2>/dev/null; return 1; }
+    done
 }
 
 twohost_run() {

@@ -590,6 +590,8 @@ impl Transport {
         } else {
             av.insert(&flat, n * NUM_EPS)?
         };
+        // The extra rails' names (a collective of its own, where the rail variables ask for it).
+        self.rails_connect(my_pe as usize, n, &hosts, allgather)?;
         let conn = Connected {
             my_pe,
             n_pes,

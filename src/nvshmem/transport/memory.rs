@@ -261,6 +261,19 @@ impl Transport {
             self.mover.unregister(buf as u64, size as u64);
             return Err(internal(format!("get_mem_handle: {e}")));
         }
+        if !staged_device {
+            // SAFETY: as for the registrations above.
+            unsafe {
+                self.rails.register(
+                    reg_id,
+                    buf as u64,
+                    size as u64,
+                    kind,
+                    !local_only,
+                    &mut h.reserved,
+                )
+            };
+        }
         tracing::debug!(
             "registered {buf:p}+{size} ({kind:?}, local_only={local_only}) as {reg_id}"
         );
@@ -280,6 +293,7 @@ impl Transport {
             ));
         }
         let reg = self.regs.write().remove(&b.reg_id);
+        self.rails.release(b.reg_id);
         match reg {
             Some(r) => {
                 if r.device {

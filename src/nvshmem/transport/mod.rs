@@ -32,8 +32,12 @@
 //! IPC, whether the progress thread sleeps) is decided once in [`Transport::new`] as a
 //! [`crate::route::Route`] and only acted on here.
 //!
+//! Rails: RMA between registered memory spreads over further NICs of the same provider (`rails`;
+//! rail 0 is the domain and endpoints above, and the only one with one NIC).
+//!
 //! Layout: `endpoints` (endpoint state, connect, contexts and posting), `progress` (the progress
-//! thread and completion dispatch), `lanes` (per-peer transmit endpoints on shm), `peers` (liveness,
+//! thread and completion dispatch), `lanes` (per-peer transmit endpoints on shm), `rails` (extra
+//! NICs), `peers` (liveness,
 //! per-peer accounting), `am` (active messages and staged transfers), `memory` (handles
 //! and registrations), `rma`, `amo`, `quiet`, `provider_ops` (every raw libfabric constant used
 //! here), `error`.
@@ -50,6 +54,7 @@ mod peers;
 mod progress;
 mod provider_ops;
 mod quiet;
+mod rails;
 mod rma;
 mod shm_regions;
 mod wire;
@@ -72,6 +77,7 @@ use endpoints::EpState;
 use error::{internal, invalid};
 pub use error::{TResult, TransportError};
 use memory::Registration;
+pub use rails::{RailConfig, RailStat};
 
 /// Endpoint index for host-initiated operations.
 pub const EP_HOST: usize = 0;
@@ -152,6 +158,8 @@ pub struct Transport {
     /// This transport's GDA context: created at connect, registered (weakly) for the C API, dropped
     /// at finalize or with the transport.
     gda: GdaHandle,
+    /// The extra NICs (rails 1..) RMA is spread over; rail 0 is `domain` (see `rails`).
+    rails: rails::Rails,
 }
 
 fn provider_request(p: &Provider) -> InfoRequest {
@@ -216,6 +224,14 @@ impl Transport {
     /// Opens fabric and domain for the configured provider.
     pub fn new(cfg: Config) -> TResult<Transport> {
         let (provider, info, route) = Self::decide_route(&cfg)?;
+        // Rail 0 is the first rail chosen (the first answer unless NVSHMEM_EFA_RAILS names another).
+        let (rails, info) = rails::Rails::open(
+            &provider,
+            route.caps.per_peer_lanes,
+            &provider_request(&provider),
+            info,
+            cfg.max_inflight,
+        )?;
         tracing::debug!(
             "provider {} (fabric {}, domain {}): hmem={} atomics={} delivery_complete={} mr_mode={:#x}",
             info.provider_name(),
@@ -267,6 +283,7 @@ impl Transport {
             cuda_ctx: AtomicU64::new(0),
             gda: GdaHandle::new(),
             mover: Arc::new(mover),
+            rails,
         })
     }
 
@@ -362,6 +379,9 @@ impl Transport {
                 );
             }
         }
+        for line in self.rails_summary() {
+            s += &format!("\n  {line}");
+        }
         match self.gda.mode() {
             Some(m) => s += &format!("\n  GDA mode {m}"),
             None => s += "\n  GDA not initialised",
@@ -383,6 +403,9 @@ impl Transport {
                     tracing::warn!("finalize: {}", e.message);
                 }
             }
+        }
+        for line in self.rails_summary() {
+            tracing::info!("{line}");
         }
         tracing::debug!("data path stages: {}", self.mover.stats().summary());
         let (applied, taken) = self.mover.amos().counts();

@@ -98,6 +98,9 @@ impl Transport {
                 n
             }
         };
+        if self.rails.active() {
+            handled += self.rails_progress(c);
+        }
         // Kernel atomics whose kernel has not started in time are taken over here as well, so an
         // atomic that nobody quiets (a GPU waiting for it while its kernels hold every SM) lands.
         if let Err(err) = self.settle_kernel_amos(i, None) {

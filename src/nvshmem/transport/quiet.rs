@@ -56,6 +56,10 @@ impl Transport {
                 }
             }
         })?;
+        // Every extra rail (their errors land on the peers, taken below).
+        if self.rails.active() {
+            self.rails_quiet(c, ep, None, deadline)?;
+        }
         self.mover.stats().record(Stage::Quiet, t, 0);
         // Atomics the host took over from kernels are complete now.
         self.mover.amos().end_host_mode(ep);
@@ -100,6 +104,9 @@ impl Transport {
             )
         })
         .inspect_err(|_| self.unanswered(c, pe as usize, self.cfg.quiet_timeout))?;
+        if self.rails.active() {
+            self.rails_quiet(c, ep, Some(pe as usize), deadline)?;
+        }
         match take_failure(e, std::slice::from_ref(a)) {
             Some(msg) => Err(internal(format!(
                 "quiet: operation(s) to PE {pe} failed on endpoint {ep}: {msg}"

@@ -9,6 +9,7 @@ use super::abi::{self, amo, op, AmoMemdesc, RmaMemdesc};
 use super::endpoints::{host_slab, EpState, OpRoute};
 use super::error::broken_connection;
 use super::memory::{copy_any, is_device, HandleBlob, HANDLE_FLAG_DEVICE};
+use super::rails::{rail_failed, RailRma};
 use crate::route::Staging;
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,7 +78,8 @@ impl Transport {
         // Blocking: wait for this call's operations only, report only their errors. A blocking
         // put or get is idempotent: when it met a connection that had just broken (and was rebuilt
         // while its error was handled), it runs again on the new one (a few times: both ends may
-        // rebuild at once, which breaks the first new connection too).
+        // rebuild at once, which breaks the first new connection too); when a rail failed under it,
+        // it runs again on the rails left.
         let mut retries = 0;
         loop {
             let g = Arc::new(Group::default());
@@ -91,6 +93,18 @@ impl Transport {
             // endpoint's copy queue (its data is in place, or read out, on return).
             let waited = waited.and_then(|()| self.wait_copies(ep, what));
             match posted.and(waited) {
+                // A rail that failed under this call: its pieces run again on the rails left.
+                Err(e)
+                    if retries < BROKEN_RETRIES
+                        && rail_failed(&e.message)
+                        && self.check_pe(c, pe).is_ok() =>
+                {
+                    retries += 1;
+                    tracing::info!(
+                        "rma to PE {pe}: {}; retry {retries} on the rails left",
+                        e.message
+                    );
+                }
                 Err(e)
                     if retries < BROKEN_RETRIES
                         && broken_connection(&e.message)
@@ -297,30 +311,46 @@ impl Transport {
             Some((_reg, desc)) => {
                 tracing::trace!("{what} of {len} bytes with PE {pe}: provider");
                 let desc = desc as usize;
-                self.post_deferrable(c, OpRoute::op(ep, pe as usize), move |ctx| {
-                    // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
-                    // outlives every call.
-                    let e = unsafe { &*(ep_addr as *const EpState) };
-                    let desc = desc as *mut c_void;
-                    // SAFETY: the local range lies in a live registration; NVSHMEM keeps buffers valid
-                    // until quiet (nbi) or until we return (blocking: we wait for the operation).
-                    e.transmit(pe as usize, ctx, |ep| unsafe {
-                        if is_put {
-                            ep.write(
-                                laddr as *const u8,
-                                len as usize,
-                                desc,
-                                dest,
-                                raddr,
-                                key,
-                                ctx,
-                            )
-                        } else {
-                            ep.read(laddr as *mut u8, len as usize, desc, dest, raddr, key, ctx)
-                        }
-                    })
-                })?;
-                Ok(())
+                // Rail 0's post of `len` bytes from `laddr` to `raddr` (a piece of this range).
+                let primary = |laddr: u64, raddr: u64, len: u64| -> TResult<()> {
+                    self.post_deferrable(c, OpRoute::op(ep, pe as usize), move |ctx| {
+                        // SAFETY: the endpoint state owns the backlog this closure may wait in, so it
+                        // outlives every call.
+                        let e = unsafe { &*(ep_addr as *const EpState) };
+                        let desc = desc as *mut c_void;
+                        // SAFETY: the local range lies in a live registration; NVSHMEM keeps buffers valid
+                        // until quiet (nbi) or until we return (blocking: we wait for the operation).
+                        e.transmit(pe as usize, ctx, |ep| unsafe {
+                            if is_put {
+                                ep.write(
+                                    laddr as *const u8,
+                                    len as usize,
+                                    desc,
+                                    dest,
+                                    raddr,
+                                    key,
+                                    ctx,
+                                )
+                            } else {
+                                ep.read(laddr as *mut u8, len as usize, desc, dest, raddr, key, ctx)
+                            }
+                        })
+                    })?;
+                    Ok(())
+                };
+                if self.rails.active() {
+                    let x = RailRma {
+                        pe: pe as usize,
+                        ep,
+                        is_put,
+                        laddr,
+                        raddr,
+                        len,
+                        handle: rd.handle,
+                    };
+                    return self.rails_rma(c, x, &primary);
+                }
+                primary(laddr, raddr, len)
             }
             None => {
                 tracing::trace!("{what} of {len} bytes with PE {pe}: unregistered local memory");
