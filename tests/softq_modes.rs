@@ -261,7 +261,10 @@ fn c_api_lifecycle_and_argument_checks() {
             einval
         );
     }
-    assert!(small.iter().all(|&b| b == 0xa5), "a refused call wrote bytes");
+    assert!(
+        small.iter().all(|&b| b == 0xa5),
+        "a refused call wrote bytes"
+    );
     let key = gda::local_heap_key().unwrap();
     assert_eq!(
         nvshmemt_efa_gda_set_remote_heap(1, heap.addr(), heap.len() as u64, key),
