@@ -106,6 +106,8 @@ impl Transport {
         }
         // Same-host copies held back for one submission go once the oldest has waited a while.
         self.mover.flush_stale(i);
+        // Staged puts: coalesced messages open too long close, and those copied in go out.
+        self.close_all(c, i, true);
         self.flush_am_pending(c, i);
         handled += self.drain_backlogs(c, i);
         self.check_peers(c);
