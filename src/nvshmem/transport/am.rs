@@ -403,6 +403,28 @@ impl Transport {
                 kept.push_back(p);
                 continue;
             }
+            // An answer whose data is still being copied out of GPU memory waits (and so do the
+            // later messages to its peer); a failed copy is answered with its status.
+            if let Pending::GetData {
+                prep: Some(prep), ..
+            } = &mut p
+            {
+                if let Some(ev) = &prep.copied {
+                    match ev.done() {
+                        Ok(false) => {
+                            blocked.push(dest);
+                            kept.push_back(p);
+                            continue;
+                        }
+                        Ok(true) => {}
+                        Err(err) => {
+                            tracing::error!("endpoint {i}: staged get data not copied: {err}");
+                            prep.status = abi::status::INTERNAL;
+                        }
+                    }
+                    prep.copied = None;
+                }
+            }
             let r = match &p {
                 Pending::Msg(dest, msg) => self.send_small(e, pe, *dest, *msg).inspect(|()| {
                     if msg.kind == AM_RESP {
@@ -456,7 +478,11 @@ impl Transport {
                     if let (Err(err), Pending::GetData { prep, .. }) = (&r, &mut p) {
                         if err.is_again() {
                             // Kept with its data in the slot for the next round.
-                            *prep = Some(GetPrep { slot, status });
+                            *prep = Some(GetPrep {
+                                slot,
+                                status,
+                                copied: None,
+                            });
                         } else {
                             e.send_free.lock().push(slot);
                         }
@@ -482,9 +508,9 @@ impl Transport {
     }
 
     /// Takes send slots for the staged get answers endpoint `i` owes (as many as are free) and
-    /// copies their data in: the copies out of GPU memory go as one batch with one wait
-    /// ([`copy_many`]), not one synchronous copy each. The queue stays locked meanwhile, so no
-    /// answer leaves before its data is in its slot (the lock is taken once per batch).
+    /// copies their data in: host memory at once, GPU memory enqueued on the copy stream without a
+    /// wait and marked by one event for the batch (`GetPrep::copied`); `flush_am_pending` sends an
+    /// answer once its mark is done. The queue stays locked meanwhile (taken once per batch).
     fn prepare_get_data(&self, c: &Connected, i: usize) {
         let e = &c.eps[i];
         let mut q = e.am_pending.lock();
@@ -519,6 +545,7 @@ impl Transport {
         }
         let stats = self.mover.stats();
         let t = stats.start();
+        let mut mark = None;
         for device in [true, false] {
             let copies: Vec<(u64, u64, usize)> = taken
                 .iter()
@@ -528,18 +555,52 @@ impl Transport {
             if copies.is_empty() {
                 continue;
             }
-            if let Err(err) = copy_many(&copies, device) {
-                tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
-                for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6 == device) {
-                    x.5 = err.status;
+            if !device {
+                if let Err(err) = copy_many(&copies, false) {
+                    tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
+                    for x in taken.iter_mut().filter(|x| x.5 == 0 && !x.6) {
+                        x.5 = err.status;
+                    }
+                }
+                continue;
+            }
+            // Out of GPU memory: enqueued without a wait and marked once; the answers leave when
+            // the mark is done (flush_am_pending), so this thread never waits for the copies.
+            for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6) {
+                // SAFETY: the slot stays reserved until its answer completes, after the mark; the
+                // source lies in a registration of this PE.
+                let r = unsafe {
+                    crate::cuda::memcpy_async(x.2 as *mut c_void, x.3 as *const c_void, x.4)
+                };
+                if let Err(err) = r {
+                    tracing::error!("endpoint {i}: staged get data not copied: {err}");
+                    x.5 = abi::status::INTERNAL;
+                }
+            }
+            match crate::cuda::copy_mark(0) {
+                Ok(ev) => mark = Some(std::sync::Arc::new(ev)),
+                Err(err) => {
+                    tracing::error!("endpoint {i}: staged get data not marked: {err}");
+                    for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6) {
+                        x.5 = abi::status::INTERNAL;
+                    }
                 }
             }
         }
         let bytes = taken.iter().map(|x| x.4 as u64).sum();
         stats.record(Stage::TargetCopy, t, bytes);
-        for (k, slot, _, _, _, status, _) in taken {
+        for (k, slot, _, _, _, status, device) in taken {
             if let Some(Pending::GetData { prep, .. }) = q.get_mut(k) {
-                *prep = Some(GetPrep { slot, status });
+                let copied = if device && status == 0 {
+                    mark.clone()
+                } else {
+                    None
+                };
+                *prep = Some(GetPrep {
+                    slot,
+                    status,
+                    copied,
+                });
             }
         }
     }

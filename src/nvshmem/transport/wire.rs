@@ -143,11 +143,13 @@ pub(super) enum Pending {
     },
 }
 
-/// A staged get's answer with its data in place: its send slot and the status to answer with.
-#[derive(Clone, Copy, Debug)]
+/// A staged get's answer with its data (being) copied in: its send slot, the status to answer
+/// with, and the mark of its copy out of GPU memory (`None`: the data is in place).
+#[derive(Clone, Debug)]
 pub(super) struct GetPrep {
     pub(super) slot: usize,
     pub(super) status: i32,
+    pub(super) copied: Option<std::sync::Arc<crate::cuda::stream::Event>>,
 }
 
 #[cfg(test)]
