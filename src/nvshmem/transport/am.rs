@@ -81,8 +81,17 @@ impl Transport {
     }
 
     /// Applies an AM request, or completes a waiting AMO with a response. `copied`: the payload of
-    /// a staged put or get answer is in place already ([`Transport::copy_in_batch`]).
-    pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize, copied: bool) {
+    /// a staged put or get answer is in place already ([`Transport::copy_in_batch`]); `amos`: the
+    /// batch of AMO words of this CQ read ([`Transport::amo_batch`]), which also holds the answers.
+    pub(super) fn handle_am(
+        &self,
+        c: &Connected,
+        i: usize,
+        slot: usize,
+        len: usize,
+        copied: bool,
+        amos: Option<&mut super::amo::AmoBatch<'_>>,
+    ) {
         let e = &c.eps[i];
         let Some(base) = e.am_buf(slot) else { return };
         // SAFETY: slot < recv_bufs (am_buf); the receive completed, so the provider is done writing it.
@@ -109,7 +118,10 @@ impl Transport {
         match m.kind {
             AM_REQ => {
                 let src_pe = m.result as i64;
-                let (status, old) = match self.apply_local_amo(m.op, m.size, m.addr, m.val, m.cmp) {
+                let mut amos = amos;
+                let applied =
+                    self.apply_local_amo(m.op, m.size, m.addr, m.val, m.cmp, amos.as_deref_mut());
+                let (status, old) = match applied {
                     Ok(old) => (0, old),
                     Err(err) => {
                         tracing::error!("AMO from PE {src_pe}: {}", err.message);
@@ -120,7 +132,11 @@ impl Transport {
                     tracing::error!("AM request from out-of-range PE {src_pe}");
                     return;
                 };
-                e.push_response(dest, m.token, old, status);
+                match amos {
+                    // Answered once the batch's words are written back.
+                    Some(b) => b.answers.push((dest, m.token, old, status)),
+                    None => e.push_response(dest, m.token, old, status),
+                }
             }
             AM_RESP => {
                 let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
