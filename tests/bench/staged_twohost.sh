@@ -12,6 +12,10 @@
 # Writes $OUT/staged_twohost.csv with the columns of issue 26's stream-compare.csv:
 #   label,layout,provider,op,endpoint,size_bytes,window,library_gbps,library_mops,fabric_gbps,p2p_gbps
 # (p2p_gbps empty: no NVSHMEM P2P with host memory), and prints a table with library/fabric ratios.
+# OPS may also name "amo": the harness's --bench-lat-amo with target-applied atomics
+# (NVSHMEM_EFA_ATOMICS=target, the way AMOs on GPU memory go to another host): rows op amo_add
+# (non-fetching ADDs, a quiet every 64: library_mops) and put_lat (8-byte blocking put + quiet:
+# library_mops = 1 / latency in us); no fabric figure for those.
 # Environment: OUT (bench-out), OPS ("put get"), REPS (3), SIZES ("8 4096 32768 65536 1048576
 # 2097152 4194304 16777216"), BYTES (33554432 per size and endpoint), TWOHOST_IP / TWOHOST_IP_LIBS.
 set -uo pipefail
@@ -88,6 +92,22 @@ for rep in $(seq "$REPS"); do
         # The builds take turns, so a burst of load hits all of them alike.
         for l in "${LIBS[@]}"; do
             label=${l%%=*} lib=${l#*=}
+            if [[ $op == amo ]]; then
+                : >"$WORK/one.csv"
+                cmd=(env NVSHMEM_EFA_GPU_STAGING=1 NVSHMEM_EFA_ATOMICS=target "$HARNESS" --lib "$lib" --abi 3
+                    --np 2 --bench --bench-sizes 8 --bench-bytes 65536 --bench-lat-amo --csv "$WORK/one.csv")
+                say "run $rep: $label amo"
+                echo "## run $rep $label amo: ${cmd[*]}" >>"$LOG"
+                timeout 600 "${cmd[@]}" >"$WORK/out.txt" 2>&1
+                rc=$?
+                cat "$WORK/out.txt" >>"$LOG"
+                [ $rc = 0 ] && grep -q ' passed, 0 failed' "$WORK/out.txt" ||
+                    { tail -n 20 "$WORK/out.txt" >&2; fail "harness ($label amo, exit status $rc; $LOG)"; }
+                # As MB/s-like figures: amo Mops x 8 bytes, latency as 8 / us (so "best" is the max).
+                awk -F, -v l="$label" '$1 == "transport_amo" { print l ",amo_add,host,8," $7 * 8 }
+                    $1 == "transport_lat" && $7 > 0 { print l ",put_lat,host,8," 8 / $7 }' "$WORK/one.csv" >>"$RAW"
+                continue
+            fi
             flag=()
             [[ $op == get ]] && flag=(--bench-get)
             : >"$WORK/one.csv"
@@ -104,6 +124,7 @@ for rep in $(seq "$REPS"); do
             awk -F, -v l="$label" -v o="$op" '$1 ~ /^transport/ { print l "," o "," $4 "," $5 "," $7 }' \
                 "$WORK/one.csv" >>"$RAW"
         done
+        [[ $op == amo ]] && continue
         for size in $SIZES; do
             iters=$((BYTES / size))
             ((iters > 20000)) && iters=20000
@@ -126,7 +147,7 @@ awk -F, -v w="$WINDOW" '
     END {
         for (k in b) {
             split(k, p, ",")
-            f = fb[op[k] "," sz[k]]
+            f = (op[k] "," sz[k]) in fb ? fb[op[k] "," sz[k]] : 0
             printf "%s,two-host,tcp,%s,%s,%s,%d,%.4f,%.4f,%.4f,\n", p[1], p[2], p[3], p[4], w,
                 b[k] / 1000, b[k] / sz[k], f / 1000
         }

@@ -214,10 +214,16 @@ impl Transport {
                 let bytes = unsafe { std::slice::from_raw_parts(payload, m.size as usize) };
                 let stats = self.mover.stats();
                 let t = stats.start();
-                let status = self.apply_records(bytes, m.op as u32, src_pe);
+                let mut amos = amos;
+                let status = self.apply_records(bytes, m.op as u32, src_pe, amos.as_deref_mut());
                 stats.record(Stage::TargetCopy, t, m.size as u64);
                 stats.record(Stage::Response, None, 0);
-                e.push_put_response(dest, &m, status);
+                match amos {
+                    // The batch holds the AMO lock (its records' AMOs ran under it) and writes
+                    // its words back before any of its answers leave: this one waits with them.
+                    Some(b) => b.answers.push((dest, m.token, 0, status)),
+                    None => e.push_put_response(dest, &m, status),
+                }
             }
             AM_GET => {
                 let src_pe = m.val as i64;
@@ -300,9 +306,16 @@ impl Transport {
     }
 
     /// Applies the records of a coalesced put message (`count` announced) from PE `src_pe`, in
-    /// order: those into GPU memory as one batch with one wait, those into host memory at once.
+    /// order: puts into GPU memory as one batch with one wait (flushed before each AMO record),
+    /// puts into host memory at once, non-fetching AMOs as target-applied AMOs.
     /// Returns the status to answer with (the first failure's; the other records still land).
-    fn apply_records(&self, payload: &[u8], count: u32, src_pe: i64) -> i32 {
+    fn apply_records(
+        &self,
+        payload: &[u8],
+        count: u32,
+        src_pe: i64,
+        mut amos: Option<&mut super::amo::AmoBatch<'_>>,
+    ) -> i32 {
         let recs = match parse_records(payload, count) {
             Ok(r) => r,
             Err(err) => {
@@ -312,7 +325,27 @@ impl Transport {
         };
         let mut status = 0;
         let mut device: Vec<(u64, u64, usize)> = Vec::new();
-        for (addr, off, len) in recs {
+        let flush = |device: &mut Vec<(u64, u64, usize)>, status: &mut i32| {
+            if !device.is_empty() {
+                if let Err(err) = copy_many(device, true) {
+                    tracing::error!("staged put from PE {src_pe}: {}", err.message);
+                    *status = err.status;
+                }
+                device.clear();
+            }
+        };
+        for (addr, off, len, flags) in recs {
+            if flags == super::wire::REC_AMO {
+                // After every put before it in the message (the GPU ones land first).
+                flush(&mut device, &mut status);
+                let (op, size, val) = super::wire::read_amo_record(&payload[off..off + len]);
+                let batch = amos.as_deref_mut();
+                if let Err(err) = self.apply_local_amo(op, size, addr, val, 0, batch) {
+                    tracing::error!("AMO from PE {src_pe}: {}", err.message);
+                    status = err.status;
+                }
+                continue;
+            }
             let src = payload[off..off + len].as_ptr();
             match self.find_registration(addr, len as u64) {
                 None => {
@@ -333,12 +366,7 @@ impl Transport {
                 }
             }
         }
-        if !device.is_empty() {
-            if let Err(err) = copy_many(&device, true) {
-                tracing::error!("staged put from PE {src_pe}: {}", err.message);
-                status = err.status;
-            }
-        }
+        flush(&mut device, &mut status);
         status
     }
 

@@ -138,6 +138,11 @@ impl Transport {
                 }
             }
         }
+        // A non-fetching AMO outside a blocking call shares its peer's open staged message.
+        if !fetch && super::group::current().is_none() {
+            let raddr = t.remote.ptr as u64;
+            return self.stage_amo(c, pe as usize, ep, opc, raddr, val, size as u32);
+        }
         self.amo_target(c, pe, opc, t, val, size, ep)
     }
 

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::abi::amo;
 use super::endpoints::{OpRoute, TAG_AM_WAIT};
 use super::rma::Transfer;
 use super::wire::{
-    record_bytes, write_record, AmMsg, AM_BYTES, AM_MAGIC, AM_PUT, AM_PUT_MULTI, AM_TRACED,
-    STAGE_CHUNK,
+    record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD, AM_BYTES, AM_MAGIC, AM_PUT,
+    AM_PUT_MULTI, AM_TRACED, PUT_RECORD, STAGE_CHUNK,
 };
 use super::{internal, Connected, TResult, Transport};
 use crate::cuda;
@@ -67,9 +68,55 @@ impl Transport {
     /// `device`: the source is GPU memory (copied asynchronously).
     pub(super) fn stage_small(&self, c: &Connected, t: &Transfer, device: bool) -> TResult<()> {
         let (pe, ep, len) = (t.pe as usize, t.ep, t.len as usize);
-        let e = &c.eps[ep];
-        let need = record_bytes(len);
         let traced = self.mover.stats().sample(t.len);
+        self.append_record(c, ep, pe, record_bytes(len), traced, |buf| {
+            write_record(buf, t.remote, len as u32);
+            let dst = buf[PUT_RECORD..].as_mut_ptr();
+            self.copy_out(dst, t.local, len, device)?;
+            Ok(device)
+        })
+    }
+
+    /// A non-fetching AMO (`op` on the `size`-byte word at `addr` of PE `pe`, operand `val`)
+    /// carried as a record of its peer's open message: applied by the target after the puts before
+    /// it in the message, answered with the message. A signal closes the message at once (someone
+    /// waits for it); other AMOs leave with the message.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_amo(
+        &self,
+        c: &Connected,
+        pe: usize,
+        ep: usize,
+        op: i32,
+        addr: u64,
+        val: u64,
+        size: u32,
+    ) -> TResult<()> {
+        self.append_record(c, ep, pe, record_bytes(AMO_RECORD), false, |buf| {
+            write_amo_record(buf, addr, op, size, val);
+            Ok(false)
+        })?;
+        if matches!(op, amo::SIGNAL | amo::SIGNAL_SET | amo::SIGNAL_ADD) {
+            self.close_peer(c, ep, pe);
+            self.post_staged(c, ep);
+        }
+        Ok(())
+    }
+
+    /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
+    /// a send slot and a waiting context when there is none or it is full); `fill` writes it and
+    /// says whether it enqueued a copy out of GPU memory.
+    fn append_record(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        need: usize,
+        traced: bool,
+        fill: impl FnOnce(&mut [u8]) -> TResult<bool>,
+    ) -> TResult<()> {
+        let e = &c.eps[ep];
+        let mut fill = Some(fill);
         loop {
             {
                 let mut open = e.outbox.open.lock();
@@ -82,9 +129,7 @@ impl Transport {
                         let rec = unsafe { e.send_slot_ptr(o.slot).add(AM_BYTES + o.used) };
                         // SAFETY: as above; the slot is this open message's until it is posted.
                         let buf = unsafe { std::slice::from_raw_parts_mut(rec, need) };
-                        write_record(buf, t.remote, len as u32);
-                        let dst = buf[super::wire::PUT_RECORD..].as_mut_ptr();
-                        self.copy_out(dst, t.local, len, device)?;
+                        let device = (fill.take().expect("filled once"))(buf)?;
                         o.used += need;
                         o.count += 1;
                         if device && !o.device {

@@ -54,8 +54,14 @@ pub(super) const AM_PONG: u32 = 8;
 /// (target address, length) and the data, padded to 8 bytes. The target applies them in order and
 /// answers once, with AM_RESP (the first failure's status, if any).
 pub(super) const AM_PUT_MULTI: u32 = 9;
-/// Bytes of a coalesced put's record header: the target address (u64), the length (u32), zero (u32).
+/// Bytes of a coalesced put's record header: the target address (u64), the length (u32), the
+/// record's flags (u32: 0, or [`REC_AMO`]).
 pub(super) const PUT_RECORD: usize = 16;
+/// Record flag: a non-fetching AMO on the word at the record's address; its [`AMO_RECORD`] data
+/// bytes are the op (i32), the operand size (u32) and the operand (u64).
+pub(super) const REC_AMO: u32 = 1;
+/// Data bytes of an AMO record.
+pub(super) const AMO_RECORD: usize = 16;
 /// The largest put that is coalesced with others ([`AM_PUT_MULTI`]); larger ones go in chunks of
 /// their own.
 pub(super) const COALESCE_MAX: usize = 16 << 10;
@@ -68,18 +74,41 @@ pub(super) const fn record_bytes(len: usize) -> usize {
 /// Writes the header of a record for `len` bytes at `addr` at the start of `buf` (which holds
 /// [`record_bytes`]`(len)` bytes at least); the data goes at `PUT_RECORD`.
 pub(super) fn write_record(buf: &mut [u8], addr: u64, len: u32) {
+    write_record_flagged(buf, addr, len, 0);
+}
+
+fn write_record_flagged(buf: &mut [u8], addr: u64, len: u32, flags: u32) {
     buf[0..8].copy_from_slice(&addr.to_le_bytes());
     buf[8..12].copy_from_slice(&len.to_le_bytes());
-    buf[12..16].fill(0);
+    buf[12..16].copy_from_slice(&flags.to_le_bytes());
+}
+
+/// Writes a whole AMO record (header and data) at the start of `buf` (which holds
+/// [`record_bytes`]`(AMO_RECORD)` bytes at least).
+pub(super) fn write_amo_record(buf: &mut [u8], addr: u64, op: i32, size: u32, val: u64) {
+    write_record_flagged(buf, addr, AMO_RECORD as u32, REC_AMO);
+    let d = &mut buf[PUT_RECORD..PUT_RECORD + AMO_RECORD];
+    d[0..4].copy_from_slice(&op.to_le_bytes());
+    d[4..8].copy_from_slice(&size.to_le_bytes());
+    d[8..16].copy_from_slice(&val.to_le_bytes());
+}
+
+/// The op, operand size and operand of an AMO record's data.
+pub(super) fn read_amo_record(d: &[u8]) -> (i32, u32, u64) {
+    (
+        i32::from_le_bytes(d[0..4].try_into().expect("4 bytes")),
+        u32::from_le_bytes(d[4..8].try_into().expect("4 bytes")),
+        u64::from_le_bytes(d[8..16].try_into().expect("8 bytes")),
+    )
 }
 
 /// The records of a coalesced message's payload (`count` announced): for each, the target
-/// address, the offset of its data in `payload` and its length; an error names the first record
-/// that does not fit or a count that does not match.
+/// address, the offset of its data in `payload`, its length and its flags; an error names the
+/// first record that does not fit, has unknown flags, or a count that does not match.
 pub(super) fn parse_records(
     payload: &[u8],
     count: u32,
-) -> Result<Vec<(u64, usize, usize)>, String> {
+) -> Result<Vec<(u64, usize, usize, u32)>, String> {
     let mut out = Vec::with_capacity(count as usize);
     let mut at = 0usize;
     while at < payload.len() {
@@ -88,6 +117,13 @@ pub(super) fn parse_records(
         };
         let addr = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+        let flags = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        if flags & !REC_AMO != 0 || (flags == REC_AMO && len != AMO_RECORD) {
+            return Err(format!(
+                "record {} at byte {at}: flags {flags:#x} with {len} bytes",
+                out.len()
+            ));
+        }
         let end = at + record_bytes(len);
         if len == 0 || end > payload.len() {
             return Err(format!(
@@ -96,7 +132,7 @@ pub(super) fn parse_records(
                 payload.len()
             ));
         }
-        out.push((addr, at + PUT_RECORD, len));
+        out.push((addr, at + PUT_RECORD, len, flags));
         at = end;
     }
     if out.len() != count as usize {
@@ -231,10 +267,23 @@ mod tests {
         assert_eq!(at, 24 + 24 + 40);
         let recs = parse_records(&buf[..at], 3).unwrap();
         assert_eq!(recs.len(), 3);
-        for ((addr, off, len), (want_addr, data)) in recs.iter().zip(puts) {
-            assert_eq!((*addr, *len), (want_addr, data.len()));
+        for ((addr, off, len, flags), (want_addr, data)) in recs.iter().zip(puts) {
+            assert_eq!((*addr, *len, *flags), (want_addr, data.len(), 0));
             assert_eq!(&buf[*off..*off + *len], data);
         }
+        // An AMO record after them round-trips; unknown flags and a wrong AMO length are refused.
+        write_amo_record(&mut buf[at..], 0x4000, 9, 8, 0x55);
+        let with_amo = at + record_bytes(AMO_RECORD);
+        let recs = parse_records(&buf[..with_amo], 4).unwrap();
+        let (addr, off, len, flags) = recs[3];
+        assert_eq!((addr, len, flags), (0x4000, AMO_RECORD, REC_AMO));
+        assert_eq!(read_amo_record(&buf[off..off + len]), (9, 8, 0x55));
+        buf[at + 12] = 2;
+        assert!(parse_records(&buf[..with_amo], 4)
+            .unwrap_err()
+            .contains("flags"));
+        write_record_flagged(&mut buf[at..], 0x4000, 8, REC_AMO);
+        assert!(parse_records(&buf[..with_amo], 4).is_err());
         // A wrong count, a cut record, a record running past the payload, a zero length.
         assert!(parse_records(&buf[..at], 2)
             .unwrap_err()
