@@ -290,8 +290,11 @@ impl Transport {
     /// while other peers' go. Returns how many were posted.
     pub(super) fn post_staged(&self, c: &Connected, ep: usize) -> usize {
         let e = &c.eps[ep];
-        let Some(mut q) = e.outbox.ready.try_lock() else {
-            return 0; // Another thread posts them now.
+        // Another thread posting now holds the queue briefly; waiting a little for it lets the
+        // caller post its own message rather than leave it for the next progress round. Bounded:
+        // a send that drives progress (no context free) may come back here on this thread.
+        let Some(mut q) = e.outbox.ready.try_lock_for(Duration::from_micros(50)) else {
+            return 0;
         };
         let stats = self.mover.stats();
         let mut blocked: Vec<usize> = Vec::new();
