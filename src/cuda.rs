@@ -451,6 +451,46 @@ impl CopyBatch {
     }
 }
 
+/// Enqueues a copy on the copy stream of the calling thread's context (the one [`memcpy`] and
+/// [`CopyBatch`] use) and returns without waiting: the copy has landed once an event recorded
+/// after it ([`copy_mark`]) is done. The host side must be page-locked for the copy to be
+/// asynchronous (else the driver finishes it before returning).
+///
+/// # Safety
+/// Both ranges must stay valid for `len` bytes until an event recorded after the copy is done.
+pub unsafe fn memcpy_async(dst: *mut c_void, src: *const c_void, len: usize) -> CudaResult<()> {
+    require("cuMemcpyAsync")?;
+    if len == 0 {
+        return Ok(());
+    }
+    let stream = copy_stream()?;
+    let _guard = stream.1.lock();
+    // SAFETY: caller guarantees the ranges; the stream belongs to the current context.
+    check(
+        unsafe {
+            sys::cuMemcpyAsync(
+                dst as sys::CUdeviceptr,
+                src as sys::CUdeviceptr,
+                len,
+                stream.0 as sys::CUstream,
+            )
+        },
+        || format!("cuMemcpyAsync({dst:p} <- {src:p}, {len} bytes)"),
+    )
+}
+
+/// An event recorded on the copy stream of context `ctx` (0: the calling thread's) after every
+/// copy enqueued on it so far ([`memcpy_async`], [`CopyBatch`]): polled with
+/// [`stream::Event::done`], never waited for.
+pub fn copy_mark(ctx: usize) -> CudaResult<stream::Event> {
+    let _g = ContextGuard::enter(ctx)?;
+    let stream = copy_stream()?;
+    let ev = stream::Event::new(current_context())?;
+    let _guard = stream.1.lock();
+    ev.record_on(stream.0)?;
+    Ok(ev)
+}
+
 static FALLBACK_CTX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// The context to use in threads that have none current (captured where the application's context

@@ -303,6 +303,16 @@ impl Event {
         self.0.handle as sys::CUevent
     }
 
+    /// Records the event on raw stream `stream` of its context (`cuEventRecord`).
+    pub(crate) fn record_on(&self, stream: usize) -> CudaResult<()> {
+        let _g = ContextGuard::enter(self.0.ctx)?;
+        // SAFETY: a live event and a live stream of the same context.
+        check(
+            unsafe { sys::cuEventRecord(self.event(), stream as sys::CUstream) },
+            || "cuEventRecord".into(),
+        )
+    }
+
     /// Whether the work before the last record has completed (never blocks). An event never
     /// recorded counts as complete (driver rule).
     pub fn done(&self) -> CudaResult<bool> {

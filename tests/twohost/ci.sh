@@ -5,13 +5,16 @@
 #   2. the host harness, every case of ABI 4, one rank per namespace; the library must see two hosts
 #      ("1 of 2 PEs on this host" in its log);
 #   3. the host-memory stream benchmark: harness --bench (ABI 3, nbi puts, quiet every 64, data
-#      checked after every size, host and proxy endpoint) in the same two namespaces;
+#      checked after every size, host and proxy endpoint) in the same two namespaces; then the
+#      staged path (NVSHMEM_EFA_GPU_STAGING=1: host memory staged the way GPU memory is for a PE
+#      on another host: outbox, coalesced small puts, get answers), puts and gets, data checked;
 #   4. raw libfabric in the same namespaces with the same window: fi_rma_bw -p "tcp;ofi_rxm" -o
 #      write -W 64, server in one namespace, client in the other;
 #   5. bytes really crossed the veth (its tx counters grew by at least what the puts moved).
 # Asserts correctness (every case passes, data checked, fi_rma_bw completes), not speed; prints the
 # bandwidth table and writes OUT/twohost-host.csv (layout,provider,endpoint,size_bytes,window,
-# library_mbps,fabric_mbps) and OUT/twohost-host.log (commands, raw output). A few minutes at most.
+# library_mbps,fabric_mbps,staged_put_mbps,staged_get_mbps) and OUT/twohost-host.log (commands,
+# raw output). A few minutes at most.
 #
 #   bash tests/twohost/ci.sh            (root; .ci/env.sh's setup; builds what is missing)
 # Environment: NVSHMEM_EFA_LIB (default target/release/libnvshmem_efa_gda.so, built when missing),
@@ -85,6 +88,19 @@ cat "$WORK/bench.out" >>"$LOG"
 [ $rc = 0 ] && grep -q ' passed, 0 failed' "$WORK/bench.out" || { tail -n 20 "$WORK/bench.out"; fail "harness --bench (exit status $rc; $LOG)"; }
 tx1=$(tx_bytes 0)
 say "3. harness --bench: ok (received data checked after every size)"
+for op in put get; do
+    flag=()
+    [ $op = get ] && flag=(--bench-get)
+    cmd=(env NVSHMEM_EFA_GPU_STAGING=1 "$HARNESS" --lib "$LIB" --abi 3 --np 2 --bench "${flag[@]}" --bench-sizes "$list"
+        --bench-bytes "${STAGED_BYTES:-16777216}" --csv "$WORK/staged-$op.csv")
+    { echo "## staged $op: ${cmd[*]}"; } >>"$LOG"
+    : >"$WORK/staged-$op.csv"
+    timeout 300 "${cmd[@]}" >"$WORK/staged.out" 2>&1
+    rc=$?
+    cat "$WORK/staged.out" >>"$LOG"
+    [ $rc = 0 ] && grep -q ' passed, 0 failed' "$WORK/staged.out" || { tail -n 20 "$WORK/staged.out"; fail "staged harness --bench $op (exit status $rc; $LOG)"; }
+done
+say "3b. staged puts and gets (NVSHMEM_EFA_GPU_STAGING=1): ok (data checked after every size)"
 
 # 4. fi_rma_bw, same namespaces, same window
 fab() { # SIZE ITERS -> MB/s of the client's line
@@ -105,7 +121,7 @@ fab() { # SIZE ITERS -> MB/s of the client's line
     [ $crc = 0 ] && [ $src = 0 ] || { echo "fi_rma_bw $1: client $crc, server $src" >&2; return 1; }
     sed -n "s/.*xfer_size: $1,.* MB\/sec: \([0-9.]*\),.*/\1/p" "$WORK/cli.out" | head -n 1
 }
-echo "layout,provider,endpoint,size_bytes,window,library_mbps,fabric_mbps" >"$CSV"
+echo "layout,provider,endpoint,size_bytes,window,library_mbps,fabric_mbps,staged_put_mbps,staged_get_mbps" >"$CSV"
 rows=()
 for size in $SIZES; do
     iters=$((BW_BYTES / size))
@@ -116,8 +132,11 @@ for size in $SIZES; do
     for ep in host proxy; do
         l=$(awk -F, -v e="$ep" -v s="$size" '$1 == "transport" && $4 == e && $5 == s { v = $7 } END { print v }' "$WORK/lib.csv")
         [ -n "$l" ] || fail "no library figure for $ep at $size bytes ($WORK/lib.csv)"
-        echo "two-host,tcp,$ep,$size,$WINDOW,$l,$f" >>"$CSV"
-        rows+=("$(printf '%-6s %10s %8s %14.2f %14.2f %7.2f' "$ep" "$size" "$WINDOW" "$l" "$f" "$(awk -v a="$l" -v b="$f" 'BEGIN { print (b > 0 ? a / b : 0) }')")")
+        sp=$(awk -F, -v e="$ep" -v s="$size" '$1 ~ /^transport/ && $4 == e && $5 == s { v = $7 } END { print v }' "$WORK/staged-put.csv")
+        sg=$(awk -F, -v e="$ep" -v s="$size" '$1 ~ /^transport/ && $4 == e && $5 == s { v = $7 } END { print v }' "$WORK/staged-get.csv")
+        [ -n "$sp" ] && [ -n "$sg" ] || fail "no staged figure for $ep at $size bytes ($WORK/staged-*.csv)"
+        echo "two-host,tcp,$ep,$size,$WINDOW,$l,$f,$sp,$sg" >>"$CSV"
+        rows+=("$(printf '%-6s %10s %8s %14.2f %14.2f %7.2f %12.2f %12.2f' "$ep" "$size" "$WINDOW" "$l" "$f" "$(awk -v a="$l" -v b="$f" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$sp" "$sg")")
     done
 done
 say "4. fi_rma_bw in the same namespaces: ok"
@@ -130,7 +149,7 @@ say "5. ${TH_IF[0]} of ${TH_HOST[0]} sent $sent bytes during the benchmark (puts
 
 echo
 echo "two-host layout, host memory, tcp over a veth pair; nbi puts, quiet every $WINDOW (library: harness --bench) vs fi_rma_bw -W $WINDOW; MB/s"
-printf '%-6s %10s %8s %14s %14s %7s\n' endpoint size window library fi_rma_bw ratio
+printf '%-6s %10s %8s %14s %14s %7s %12s %12s\n' endpoint size window library fi_rma_bw ratio staged_put staged_get
 printf '%s\n' "${rows[@]}"
 echo "csv: $CSV   log: $LOG   elapsed: $((SECONDS - START)) s"
 say "RESULT: ok"

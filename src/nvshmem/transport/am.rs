@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use super::endpoints::{EpState, OpRoute, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
 use super::memory::{copy_any, copy_many, is_device, write_any};
 use super::rma::Transfer;
+use super::wire::{parse_records, AM_PUT_MULTI, COALESCE_MAX};
 use super::wire::{
     AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
     AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK,
@@ -80,8 +81,17 @@ impl Transport {
     }
 
     /// Applies an AM request, or completes a waiting AMO with a response. `copied`: the payload of
-    /// a staged put or get answer is in place already ([`Transport::copy_in_batch`]).
-    pub(super) fn handle_am(&self, c: &Connected, i: usize, slot: usize, len: usize, copied: bool) {
+    /// a staged put or get answer is in place already ([`Transport::copy_in_batch`]); `amos`: the
+    /// batch of AMO words of this CQ read ([`Transport::amo_batch`]), which also holds the answers.
+    pub(super) fn handle_am(
+        &self,
+        c: &Connected,
+        i: usize,
+        slot: usize,
+        len: usize,
+        copied: bool,
+        amos: Option<&mut super::amo::AmoBatch<'_>>,
+    ) {
         let e = &c.eps[i];
         let Some(base) = e.am_buf(slot) else { return };
         // SAFETY: slot < recv_bufs (am_buf); the receive completed, so the provider is done writing it.
@@ -90,7 +100,7 @@ impl Transport {
             tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
             return;
         }
-        let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA);
+        let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA | AM_PUT_MULTI);
         if carries_payload && (m.size as usize > STAGE_CHUNK || len < AM_BYTES + m.size as usize) {
             let msg = format!(
                 "endpoint {i}: staged message of {len} bytes announces {} payload bytes",
@@ -108,7 +118,10 @@ impl Transport {
         match m.kind {
             AM_REQ => {
                 let src_pe = m.result as i64;
-                let (status, old) = match self.apply_local_amo(m.op, m.size, m.addr, m.val, m.cmp) {
+                let mut amos = amos;
+                let applied =
+                    self.apply_local_amo(m.op, m.size, m.addr, m.val, m.cmp, amos.as_deref_mut());
+                let (status, old) = match applied {
                     Ok(old) => (0, old),
                     Err(err) => {
                         tracing::error!("AMO from PE {src_pe}: {}", err.message);
@@ -119,7 +132,11 @@ impl Transport {
                     tracing::error!("AM request from out-of-range PE {src_pe}");
                     return;
                 };
-                e.push_response(dest, m.token, old, status);
+                match amos {
+                    // Answered once the batch's words are written back.
+                    Some(b) => b.answers.push((dest, m.token, old, status)),
+                    None => e.push_response(dest, m.token, old, status),
+                }
             }
             AM_RESP => {
                 let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
@@ -186,6 +203,27 @@ impl Transport {
                     stats.timeline(Stage::Response, "queued", m.token, m.addr, 0);
                 }
                 e.push_put_response(dest, &m, status);
+            }
+            AM_PUT_MULTI => {
+                let src_pe = m.val as i64;
+                let Some(dest) = c.peer_addr(src_pe, i) else {
+                    tracing::error!("coalesced puts from PE {src_pe} dropped");
+                    return;
+                };
+                // SAFETY: the payload lies inside the receive slot (length checked above).
+                let bytes = unsafe { std::slice::from_raw_parts(payload, m.size as usize) };
+                let stats = self.mover.stats();
+                let t = stats.start();
+                let mut amos = amos;
+                let status = self.apply_records(bytes, m.op as u32, src_pe, amos.as_deref_mut());
+                stats.record(Stage::TargetCopy, t, m.size as u64);
+                stats.record(Stage::Response, None, 0);
+                match amos {
+                    // The batch holds the AMO lock (its records' AMOs ran under it) and writes
+                    // its words back before any of its answers leave: this one waits with them.
+                    Some(b) => b.answers.push((dest, m.token, 0, status)),
+                    None => e.push_put_response(dest, &m, status),
+                }
             }
             AM_GET => {
                 let src_pe = m.val as i64;
@@ -267,6 +305,71 @@ impl Transport {
         }
     }
 
+    /// Applies the records of a coalesced put message (`count` announced) from PE `src_pe`, in
+    /// order: puts into GPU memory as one batch with one wait (flushed before each AMO record),
+    /// puts into host memory at once, non-fetching AMOs as target-applied AMOs.
+    /// Returns the status to answer with (the first failure's; the other records still land).
+    fn apply_records(
+        &self,
+        payload: &[u8],
+        count: u32,
+        src_pe: i64,
+        mut amos: Option<&mut super::amo::AmoBatch<'_>>,
+    ) -> i32 {
+        let recs = match parse_records(payload, count) {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::error!("coalesced puts from PE {src_pe}: {err}; none applied");
+                return abi::status::INVALID_VALUE;
+            }
+        };
+        let mut status = 0;
+        let mut device: Vec<(u64, u64, usize)> = Vec::new();
+        let flush = |device: &mut Vec<(u64, u64, usize)>, status: &mut i32| {
+            if !device.is_empty() {
+                if let Err(err) = copy_many(device, true) {
+                    tracing::error!("staged put from PE {src_pe}: {}", err.message);
+                    *status = err.status;
+                }
+                device.clear();
+            }
+        };
+        for (addr, off, len, flags) in recs {
+            if flags == super::wire::REC_AMO {
+                // After every put before it in the message (the GPU ones land first).
+                flush(&mut device, &mut status);
+                let (op, size, val) = super::wire::read_amo_record(&payload[off..off + len]);
+                let batch = amos.as_deref_mut();
+                if let Err(err) = self.apply_local_amo(op, size, addr, val, 0, batch) {
+                    tracing::error!("AMO from PE {src_pe}: {}", err.message);
+                    status = err.status;
+                }
+                continue;
+            }
+            let src = payload[off..off + len].as_ptr();
+            match self.find_registration(addr, len as u64) {
+                None => {
+                    tracing::error!(
+                        "staged put from PE {src_pe}: {addr:#x}+{len} is not registered here"
+                    );
+                    status = abi::status::INVALID_VALUE;
+                }
+                Some(r) if r.device => device.push((addr, src as u64, len)),
+                Some(_) => {
+                    // Host copies land now; GPU copies after them: records to the same address
+                    // in one message keep their order only within a kind (NVSHMEM orders puts by
+                    // fence or quiet, not among themselves).
+                    if let Err(err) = copy_any(addr as *mut u8, src, len) {
+                        tracing::error!("staged put from PE {src_pe}: {}", err.message);
+                        status = err.status;
+                    }
+                }
+            }
+        }
+        flush(&mut device, &mut status);
+        status
+    }
+
     /// Copies `len` bytes to `dst` from `src` when `[addr, addr+len)` (the side in this PE's
     /// memory) lies in a registration; the status to answer with.
     fn copy_registered(
@@ -344,6 +447,28 @@ impl Transport {
                 kept.push_back(p);
                 continue;
             }
+            // An answer whose data is still being copied out of GPU memory waits (and so do the
+            // later messages to its peer); a failed copy is answered with its status.
+            if let Pending::GetData {
+                prep: Some(prep), ..
+            } = &mut p
+            {
+                if let Some(ev) = &prep.copied {
+                    match ev.done() {
+                        Ok(false) => {
+                            blocked.push(dest);
+                            kept.push_back(p);
+                            continue;
+                        }
+                        Ok(true) => {}
+                        Err(err) => {
+                            tracing::error!("endpoint {i}: staged get data not copied: {err}");
+                            prep.status = abi::status::INTERNAL;
+                        }
+                    }
+                    prep.copied = None;
+                }
+            }
             let r = match &p {
                 Pending::Msg(dest, msg) => self.send_small(e, pe, *dest, *msg).inspect(|()| {
                     if msg.kind == AM_RESP {
@@ -397,7 +522,11 @@ impl Transport {
                     if let (Err(err), Pending::GetData { prep, .. }) = (&r, &mut p) {
                         if err.is_again() {
                             // Kept with its data in the slot for the next round.
-                            *prep = Some(GetPrep { slot, status });
+                            *prep = Some(GetPrep {
+                                slot,
+                                status,
+                                copied: None,
+                            });
                         } else {
                             e.send_free.lock().push(slot);
                         }
@@ -423,9 +552,9 @@ impl Transport {
     }
 
     /// Takes send slots for the staged get answers endpoint `i` owes (as many as are free) and
-    /// copies their data in: the copies out of GPU memory go as one batch with one wait
-    /// ([`copy_many`]), not one synchronous copy each. The queue stays locked meanwhile, so no
-    /// answer leaves before its data is in its slot (the lock is taken once per batch).
+    /// copies their data in: host memory at once, GPU memory enqueued on the copy stream without a
+    /// wait and marked by one event for the batch (`GetPrep::copied`); `flush_am_pending` sends an
+    /// answer once its mark is done. The queue stays locked meanwhile (taken once per batch).
     fn prepare_get_data(&self, c: &Connected, i: usize) {
         let e = &c.eps[i];
         let mut q = e.am_pending.lock();
@@ -460,6 +589,7 @@ impl Transport {
         }
         let stats = self.mover.stats();
         let t = stats.start();
+        let mut mark = None;
         for device in [true, false] {
             let copies: Vec<(u64, u64, usize)> = taken
                 .iter()
@@ -469,18 +599,52 @@ impl Transport {
             if copies.is_empty() {
                 continue;
             }
-            if let Err(err) = copy_many(&copies, device) {
-                tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
-                for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6 == device) {
-                    x.5 = err.status;
+            if !device {
+                if let Err(err) = copy_many(&copies, false) {
+                    tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
+                    for x in taken.iter_mut().filter(|x| x.5 == 0 && !x.6) {
+                        x.5 = err.status;
+                    }
+                }
+                continue;
+            }
+            // Out of GPU memory: enqueued without a wait and marked once; the answers leave when
+            // the mark is done (flush_am_pending), so this thread never waits for the copies.
+            for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6) {
+                // SAFETY: the slot stays reserved until its answer completes, after the mark; the
+                // source lies in a registration of this PE.
+                let r = unsafe {
+                    crate::cuda::memcpy_async(x.2 as *mut c_void, x.3 as *const c_void, x.4)
+                };
+                if let Err(err) = r {
+                    tracing::error!("endpoint {i}: staged get data not copied: {err}");
+                    x.5 = abi::status::INTERNAL;
+                }
+            }
+            match crate::cuda::copy_mark(0) {
+                Ok(ev) => mark = Some(std::sync::Arc::new(ev)),
+                Err(err) => {
+                    tracing::error!("endpoint {i}: staged get data not marked: {err}");
+                    for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6) {
+                        x.5 = abi::status::INTERNAL;
+                    }
                 }
             }
         }
         let bytes = taken.iter().map(|x| x.4 as u64).sum();
         stats.record(Stage::TargetCopy, t, bytes);
-        for (k, slot, _, _, _, status, _) in taken {
+        for (k, slot, _, _, _, status, device) in taken {
             if let Some(Pending::GetData { prep, .. }) = q.get_mut(k) {
-                *prep = Some(GetPrep { slot, status });
+                let copied = if device && status == 0 {
+                    mark.clone()
+                } else {
+                    None
+                };
+                *prep = Some(GetPrep {
+                    slot,
+                    status,
+                    copied,
+                });
             }
         }
     }
@@ -569,102 +733,52 @@ impl Transport {
 
     /// Staged put or get of `len` bytes: GPU memory never reaches the provider. Each chunk is a
     /// message the target applies with a copy (puts) or answers with data (gets); the waiting
-    /// context completes on the answer, so quiet covers it. A put takes as many send slots as are
-    /// free (at least one, waiting for it), copies its chunks into them with one wait for the lot
-    /// ([`copy_many`]), then posts them; chunks and operations stay in flight up to the slots.
+    /// context completes on the answer, so quiet covers it. Puts go through the outbox
+    /// ([`super::outbox`]): their copies into send slots are issued without a wait and progress
+    /// posts each message once its copy is done; small puts to one peer share a message unless a
+    /// blocking call (a group) waits for this one.
     pub(super) fn staged(&self, c: &Connected, t: &Transfer) -> TResult<()> {
         let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
-        let laddr = t.local;
-        let e = &c.eps[ep];
-        let stats = self.mover.stats();
-        let traced = stats.sample(len);
-        if !is_put {
-            let mut off = 0u64;
-            while off < len {
-                let n = (STAGE_CHUNK as u64).min(len - off);
-                self.post_chunk(c, t, off, n, None, traced)?;
-                off += n;
+        if is_put {
+            // Whether the source is GPU memory: asked once for the whole put.
+            let device = is_device(t.local as *const c_void);
+            if len as usize <= COALESCE_MAX && super::group::current().is_none() {
+                return self.stage_small(c, t, device);
             }
-            return Ok(());
+            return self.stage_chunks(c, t, device);
         }
-        // Whether the source is GPU memory: asked once for the whole put.
-        let device = is_device(laddr as *const c_void);
+        // Earlier puts to this peer leave first (a get after a fence then sees them).
+        self.close_peer(c, ep, pe as usize);
+        self.post_staged(c, ep);
+        let traced = self.mover.stats().sample(len);
         let mut off = 0u64;
         while off < len {
-            let chunks_left = (len - off).div_ceil(STAGE_CHUNK as u64) as usize;
-            let t0 = stats.start();
-            let mut slots = vec![self.alloc_slot(c, ep, pe as usize)?];
-            stats.record(Stage::SlotWait, t0, 0);
-            {
-                let mut free = e.send_free.lock();
-                while slots.len() < chunks_left {
-                    match free.pop() {
-                        Some(s) => slots.push(s),
-                        None => break,
-                    }
-                }
-            }
-            let copies: Vec<(u64, u64, usize)> = slots
-                .iter()
-                .enumerate()
-                .map(|(k, &slot)| {
-                    let at = off + (k * STAGE_CHUNK) as u64;
-                    let n = (STAGE_CHUNK as u64).min(len - at) as usize;
-                    // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
-                    let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
-                    (sp as u64, laddr + at, n)
-                })
-                .collect();
-            let t1 = stats.start();
-            let bytes: u64 = copies.iter().map(|c| c.2 as u64).sum();
-            if let Err(err) = copy_many(&copies, device) {
-                e.send_free.lock().extend(slots.iter().copied());
-                return Err(err);
-            }
-            stats.record(Stage::CopyOut, t1, bytes);
-            for (k, &slot) in slots.iter().enumerate() {
-                let (_, _, n) = copies[k];
-                if let Err(err) = self.post_chunk(c, t, off, n as u64, Some(slot), traced) {
-                    // This chunk's slot came back in post_chunk; the rest were never posted.
-                    e.send_free.lock().extend(slots[k + 1..].iter().copied());
-                    return Err(err);
-                }
-                off += n as u64;
-            }
+            let n = (STAGE_CHUNK as u64).min(len - off);
+            self.post_get_chunk(c, t, off, n, traced)?;
+            off += n;
         }
         Ok(())
     }
 
-    /// Posts one staged chunk of `t` at `off` (`n` bytes): a put's message from send `slot` (its
-    /// payload in place; the slot comes back on failure), a get's request. Takes the waiting
+    /// Posts the request for one staged get chunk of `t` at `off` (`n` bytes). Takes the waiting
     /// context the answer completes (given back on failure).
-    fn post_chunk(
+    fn post_get_chunk(
         &self,
         c: &Connected,
         t: &Transfer,
         off: u64,
         n: u64,
-        slot: Option<usize>,
         traced: bool,
     ) -> TResult<()> {
-        let (pe, ep, is_put) = (t.pe, t.ep, t.is_put);
+        let (pe, ep) = (t.pe, t.ep);
         let e = &c.eps[ep];
         let dest = c.addr(pe, ep);
         let stats = self.mover.stats();
-        let wait_data = if is_put { 0 } else { t.local + off };
-        let wait =
-            match self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, wait_data)) {
-                Ok(w) => w,
-                Err(err) => {
-                    if let Some(s) = slot {
-                        e.send_free.lock().push(s);
-                    }
-                    return Err(err);
-                }
-            };
+        let wait_data = t.local + off;
+        let wait = self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, wait_data))?;
         let hdr = AmMsg {
             magic: AM_MAGIC,
-            kind: if is_put { AM_PUT } else { AM_GET },
+            kind: AM_GET,
             token: wait as u64,
             size: n as u32,
             addr: t.remote + off,
@@ -683,16 +797,10 @@ impl Transport {
         let t0 = stats.start();
         let r = self.retry_again(c, ep, || {
             self.check_peer(c, pe as usize).map_err(|_| gone())?;
-            match slot {
-                Some(s) => self.send_slot(e, pe as usize, dest, s, hdr, wait as u64, stamp, traced),
-                None => self.send_small(e, pe as usize, dest, hdr),
-            }
+            self.send_small(e, pe as usize, dest, hdr)
         });
-        stats.record(Stage::ChunkPost, t0, if is_put { n } else { 0 });
+        stats.record(Stage::ChunkPost, t0, 0);
         if let Err(err) = r {
-            if let Some(s) = slot {
-                e.send_free.lock().push(s);
-            }
             e.uncount(wait);
             return Err(err);
         }
@@ -703,7 +811,7 @@ impl Transport {
     }
 
     /// Takes a free send slot, driving progress while none is free (bounded).
-    fn alloc_slot(&self, c: &Connected, ep: usize, pe: usize) -> TResult<usize> {
+    pub(super) fn alloc_slot(&self, c: &Connected, ep: usize, pe: usize) -> TResult<usize> {
         let e = &c.eps[ep];
         self.check_peer(c, pe)?;
         let slot = self.wait_for(

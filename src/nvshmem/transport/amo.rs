@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::abi::{self, amo, AmoMemdesc, MemHandle, RmaMemdesc};
+use super::endpoints::TAG_AM_RECV;
 use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
@@ -12,6 +13,7 @@ use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
 use crate::cuda;
 use crate::cuda::kernel::AmoOp;
+use crate::fabric::CqEntry;
 use crate::mover::amo::{AmoRequest, Launch};
 use crate::mover::handle::IpcDesc;
 use crate::mover::Kind;
@@ -135,6 +137,11 @@ impl Transport {
                     )));
                 }
             }
+        }
+        // A non-fetching AMO outside a blocking call shares its peer's open staged message.
+        if !fetch && super::group::current().is_none() {
+            let raddr = t.remote.ptr as u64;
+            return self.stage_amo(c, pe as usize, ep, opc, raddr, val, size as u32);
         }
         self.amo_target(c, pe, opc, t, val, size, ep)
     }
@@ -517,6 +524,7 @@ impl Transport {
         addr: u64,
         val: u64,
         cmp: u64,
+        batch: Option<&mut AmoBatch>,
     ) -> TResult<u64> {
         if size != 4 && size != 8 {
             return Err(invalid(format!("AMO size {size} (4 or 8)")));
@@ -531,7 +539,23 @@ impl Transport {
                 "AMO target {addr:#x}+{size} is not in a registered region"
             ))
         })?;
-        let _g = self.am_lock.lock();
+        let _g = match batch {
+            // The batch holds the lock from its reads to its writes.
+            Some(b) => {
+                if let Some(w) = b.words.iter_mut().find(|w| w.0 == addr && w.1 == size) {
+                    let mask = if size == 4 { 0xffff_ffff } else { u64::MAX };
+                    let old = w.2 & mask;
+                    let new = compute_amo(opc, old, val & mask, cmp & mask)? & mask;
+                    if new != old {
+                        w.2 = new;
+                        w.3 = true;
+                    }
+                    return Ok(old);
+                }
+                None
+            }
+            None => Some(self.am_lock.lock()),
+        };
         let mut cur = [0u8; 8];
         if reg.device {
             // SAFETY: the range lies in a registration of this process.
@@ -578,6 +602,144 @@ impl Transport {
             }
         }
         Ok(old & mask)
+    }
+}
+
+/// The target-applied AMOs among one CQ read ([`Transport::amo_batch`]): their words, those in
+/// GPU memory read with one batch of copies (host words with atomic loads), with the AMO lock held
+/// until [`Transport::amo_batch_end`] wrote back those that changed (GPU words: one batch again;
+/// host words: atomic stores) and queued the answers. Before, each AMO into GPU memory cost two
+/// synchronous driver copies (read, write) on the progress thread. Host words take the same way,
+/// so that the logic runs wherever the transport's tests run.
+pub(super) struct AmoBatch<'a> {
+    _lock: parking_lot::MutexGuard<'a, ()>,
+    /// (address, size, current value, changed, GPU memory)
+    words: Vec<(u64, u32, u64, bool, bool)>,
+    /// Answers held until the words are written: (destination, token, old value, status).
+    pub(super) answers: Vec<(crate::fabric::FiAddr, u64, u64, i32)>,
+}
+
+impl Transport {
+    /// Reads the words that the AMO requests among the completions `ents` of endpoint `i` target
+    /// (GPU words with one batch of copies); `None` when there is no AMO request among them, or the
+    /// batch read failed (logged; each AMO is applied alone then).
+    pub(super) fn amo_batch(
+        &self,
+        c: &Connected,
+        i: usize,
+        ents: &[CqEntry],
+    ) -> Option<AmoBatch<'_>> {
+        let e = &c.eps[i];
+        let mut words: Vec<(u64, u32, u64, bool, bool)> = Vec::new();
+        for ent in ents {
+            let Some((TAG_AM_RECV, slot)) = e.ctxs.get(ent.op_context) else {
+                continue;
+            };
+            let Some(base) = e.am_buf(slot as usize) else {
+                continue;
+            };
+            // SAFETY: the receive completed, so the provider is done writing the slot.
+            let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
+            if m.magic != AM_MAGIC
+                || m.kind != AM_REQ
+                || !(m.size == 4 || m.size == 8)
+                || m.addr % m.size as u64 != 0
+                || ent.len < std::mem::size_of::<AmMsg>()
+            {
+                continue;
+            }
+            if words.iter().any(|w| w.0 == m.addr && w.1 == m.size) {
+                continue;
+            }
+            if let Some(r) = self.find_registration(m.addr, m.size as u64) {
+                words.push((m.addr, m.size, 0, false, r.device));
+            }
+        }
+        if words.is_empty() {
+            return None;
+        }
+        let lock = self.am_lock.lock();
+        let mut vals = vec![0u64; words.len()];
+        let copies: Vec<(u64, u64, usize)> = words
+            .iter()
+            .zip(vals.iter_mut())
+            .filter(|(w, _)| w.4)
+            .map(|(w, v)| (v as *mut u64 as u64, w.0, w.1 as usize))
+            .collect();
+        if !copies.is_empty() {
+            if let Err(err) = super::memory::copy_many(&copies, true) {
+                tracing::warn!(
+                    "endpoint {i}: AMO words not read in one batch ({}); each alone",
+                    err.message
+                );
+                return None;
+            }
+        }
+        for (w, v) in words.iter_mut().zip(vals) {
+            // Little-endian: a 4-byte word read into a u64 lands in its low half.
+            w.2 = if w.4 { v } else { load_host_word(w.0, w.1) };
+        }
+        Some(AmoBatch {
+            _lock: lock,
+            words,
+            answers: Vec::new(),
+        })
+    }
+
+    /// Writes back the words of batch `b` that changed (one batch of copies), then queues its
+    /// answers on endpoint `i`; a failed write fails the answers of the AMOs it carried.
+    pub(super) fn amo_batch_end(&self, c: &Connected, i: usize, b: AmoBatch<'_>) {
+        let e = &c.eps[i];
+        for w in b.words.iter().filter(|w| w.3 && !w.4) {
+            store_host_word(w.0, w.1, w.2);
+        }
+        let changed: Vec<(u64, u32, u64)> = b
+            .words
+            .iter()
+            .filter(|w| w.3 && w.4)
+            .map(|w| (w.0, w.1, w.2))
+            .collect();
+        let mut status = 0;
+        if !changed.is_empty() {
+            let copies: Vec<(u64, u64, usize)> = changed
+                .iter()
+                .map(|w| (w.0, &w.2 as *const u64 as u64, w.1 as usize))
+                .collect();
+            if let Err(err) = super::memory::copy_many(&copies, true) {
+                tracing::error!("endpoint {i}: AMO results not written: {}", err.message);
+                status = err.status;
+            }
+        }
+        let AmoBatch { _lock, answers, .. } = b;
+        drop(_lock);
+        for (dest, token, old, st) in answers {
+            e.push_response(dest, token, old, if st == 0 { status } else { st });
+        }
+    }
+}
+
+/// Reads an aligned host word (4 or 8 bytes) of a registration atomically.
+fn load_host_word(addr: u64, size: u32) -> u64 {
+    // SAFETY: an aligned word inside a registration of this process (checked by the caller).
+    unsafe {
+        if size == 4 {
+            (*(addr as *const std::sync::atomic::AtomicU32)).load(Ordering::SeqCst) as u64
+        } else {
+            (*(addr as *const AtomicU64)).load(Ordering::SeqCst)
+        }
+    }
+}
+
+/// Writes an aligned host word (4 or 8 bytes) of a registration atomically, so that concurrent CPU
+/// readers never see a torn value.
+fn store_host_word(addr: u64, size: u32, v: u64) {
+    // SAFETY: as for load_host_word.
+    unsafe {
+        if size == 4 {
+            (*(addr as *const std::sync::atomic::AtomicU32)).store(v as u32, Ordering::SeqCst)
+        } else {
+            (*(addr as *const AtomicU64)).store(v, Ordering::SeqCst)
+        }
     }
 }
 

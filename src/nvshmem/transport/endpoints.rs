@@ -99,6 +99,8 @@ pub(super) struct EpState {
     pub(super) send_slots: usize,
     pub(super) recv_bufs: usize,
     pub(super) send_free: Mutex<Vec<usize>>,
+    /// Staged put messages being filled or copied in, waiting to be posted (`outbox`).
+    pub(super) outbox: super::outbox::Outbox,
     /// Per-peer accounting and backlogs (index: PE).
     pub(super) peer: Vec<PeerAcct>,
     /// Operations waiting in any peer's backlog.
@@ -530,6 +532,7 @@ impl Transport {
                 pongs: Mutex::new(Vec::new()),
                 send_slab,
                 send_free: Mutex::new((0..send_slots).rev().collect()),
+                outbox: Default::default(),
                 send_slots,
                 recv_bufs,
                 peer: (0..n).map(|_| PeerAcct::default()).collect(),

@@ -50,6 +50,7 @@ mod gda_link;
 mod group;
 mod lanes;
 mod memory;
+mod outbox;
 mod peers;
 mod progress;
 mod provider_ops;

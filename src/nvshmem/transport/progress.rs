@@ -109,6 +109,8 @@ impl Transport {
         }
         // Same-host copies held back for one submission go once the oldest has waited a while.
         self.mover.flush_stale(i);
+        // Staged puts: coalesced messages open too long close, and those copied in go out.
+        self.close_all(c, i, true);
         self.flush_am_pending(c, i);
         handled += self.drain_backlogs(c, i);
         self.check_peers(c);
@@ -128,10 +130,16 @@ impl Transport {
                     // The copies into GPU memory that this batch's staged messages carry go as
                     // one submission with one wait, before the messages are handled.
                     let copied = self.copy_in_batch(c, i, &buf[..n]);
+                    // Likewise the AMOs into GPU memory: their words read once, written once.
+                    let mut amos = self.amo_batch(c, i, &buf[..n]);
                     for (k, ent) in buf[..n].iter().enumerate() {
                         if self.claimed(e, ent.op_context) {
-                            self.complete_copied(c, i, ent.op_context, ent.len, None, copied[k]);
+                            let (ctx, len) = (ent.op_context, ent.len);
+                            self.complete_copied(c, i, ctx, len, None, copied[k], amos.as_mut());
                         }
+                    }
+                    if let Some(b) = amos {
+                        self.amo_batch_end(c, i, b);
                     }
                     handled += n;
                 }
@@ -213,11 +221,12 @@ impl Transport {
         len: usize,
         error: Option<String>,
     ) {
-        self.complete_copied(c, i, ctx, len, error, false)
+        self.complete_copied(c, i, ctx, len, error, false, None)
     }
 
     /// [`Transport::complete`]; `copied`: a received staged message's payload is in place already
-    /// ([`Transport::copy_in_batch`]).
+    /// ([`Transport::copy_in_batch`]); `amos`: this CQ read's batch of AMO words.
+    #[allow(clippy::too_many_arguments)]
     fn complete_copied(
         &self,
         c: &Connected,
@@ -226,6 +235,7 @@ impl Transport {
         len: usize,
         error: Option<String>,
         copied: bool,
+        amos: Option<&mut super::amo::AmoBatch<'_>>,
     ) {
         let e = &c.eps[i];
         let Some((tag, data)) = e.ctxs.get(ctx) else {
@@ -261,7 +271,7 @@ impl Transport {
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: active message receive failed: {msg}");
                 } else {
-                    self.handle_am(c, i, data as usize, len, copied);
+                    self.handle_am(c, i, data as usize, len, copied, amos);
                 }
                 // Repost the same buffer with the same context.
                 if let Err(err) = e.post_am_recv(data as usize, ctx) {

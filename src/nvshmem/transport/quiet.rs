@@ -21,6 +21,8 @@ impl Transport {
         let t = self.mover.stats().start();
         // Kernel atomics first: those the host takes over are posted now and counted below.
         self.settle_kernel_amos(ep, Some(deadline))?;
+        // Staged puts still being coalesced leave now (their waits are counted already).
+        self.close_all(c, ep, false);
         let target = e.submitted.load(Ordering::Acquire);
         // Same-host copies (they need no progress of this endpoint; an error or the deadline ends
         // the wait with an error, never a hang).
@@ -90,6 +92,9 @@ impl Transport {
         let deadline = Instant::now() + self.cfg.quiet_timeout;
         // Kernel atomics of the endpoint (to any PE; they need no peer to be decided) first.
         self.settle_kernel_amos(ep, Some(deadline))?;
+        // Staged puts to this PE still being coalesced leave now.
+        self.close_peer(c, ep, pe as usize);
+        self.post_staged(c, ep);
         let target = a.submitted.load(Ordering::Acquire);
         // Same-host copies of this endpoint first (the copy queue is not per peer; copies need no
         // peer to make progress, so a dead peer cannot hold this wait up).

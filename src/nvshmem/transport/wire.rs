@@ -49,6 +49,101 @@ pub(super) const AM_PING: u32 = 7;
 /// Answer to AM_PING (`token` echoed, sender PE in `val`).
 pub(super) const AM_PONG: u32 = 8;
 
+/// Several small staged puts to one peer in one message (`op`: how many, `size`: the payload
+/// bytes, `val`: the sender PE): the payload is a run of records, each a [`PUT_RECORD`]-byte header
+/// (target address, length) and the data, padded to 8 bytes. The target applies them in order and
+/// answers once, with AM_RESP (the first failure's status, if any).
+pub(super) const AM_PUT_MULTI: u32 = 9;
+/// Bytes of a coalesced put's record header: the target address (u64), the length (u32), the
+/// record's flags (u32: 0, or [`REC_AMO`]).
+pub(super) const PUT_RECORD: usize = 16;
+/// Record flag: a non-fetching AMO on the word at the record's address; its [`AMO_RECORD`] data
+/// bytes are the op (i32), the operand size (u32) and the operand (u64).
+pub(super) const REC_AMO: u32 = 1;
+/// Data bytes of an AMO record.
+pub(super) const AMO_RECORD: usize = 16;
+/// The largest put that is coalesced with others ([`AM_PUT_MULTI`]); larger ones go in chunks of
+/// their own.
+pub(super) const COALESCE_MAX: usize = 16 << 10;
+
+/// Bytes a record of `len` data bytes takes in a coalesced message.
+pub(super) const fn record_bytes(len: usize) -> usize {
+    PUT_RECORD + len.div_ceil(8) * 8
+}
+
+/// Writes the header of a record for `len` bytes at `addr` at the start of `buf` (which holds
+/// [`record_bytes`]`(len)` bytes at least); the data goes at `PUT_RECORD`.
+pub(super) fn write_record(buf: &mut [u8], addr: u64, len: u32) {
+    write_record_flagged(buf, addr, len, 0);
+}
+
+fn write_record_flagged(buf: &mut [u8], addr: u64, len: u32, flags: u32) {
+    buf[0..8].copy_from_slice(&addr.to_le_bytes());
+    buf[8..12].copy_from_slice(&len.to_le_bytes());
+    buf[12..16].copy_from_slice(&flags.to_le_bytes());
+}
+
+/// Writes a whole AMO record (header and data) at the start of `buf` (which holds
+/// [`record_bytes`]`(AMO_RECORD)` bytes at least).
+pub(super) fn write_amo_record(buf: &mut [u8], addr: u64, op: i32, size: u32, val: u64) {
+    write_record_flagged(buf, addr, AMO_RECORD as u32, REC_AMO);
+    let d = &mut buf[PUT_RECORD..PUT_RECORD + AMO_RECORD];
+    d[0..4].copy_from_slice(&op.to_le_bytes());
+    d[4..8].copy_from_slice(&size.to_le_bytes());
+    d[8..16].copy_from_slice(&val.to_le_bytes());
+}
+
+/// The op, operand size and operand of an AMO record's data.
+pub(super) fn read_amo_record(d: &[u8]) -> (i32, u32, u64) {
+    (
+        i32::from_le_bytes(d[0..4].try_into().expect("4 bytes")),
+        u32::from_le_bytes(d[4..8].try_into().expect("4 bytes")),
+        u64::from_le_bytes(d[8..16].try_into().expect("8 bytes")),
+    )
+}
+
+/// The records of a coalesced message's payload (`count` announced): for each, the target
+/// address, the offset of its data in `payload`, its length and its flags; an error names the
+/// first record that does not fit, has unknown flags, or a count that does not match.
+pub(super) fn parse_records(
+    payload: &[u8],
+    count: u32,
+) -> Result<Vec<(u64, usize, usize, u32)>, String> {
+    let mut out = Vec::with_capacity(count as usize);
+    let mut at = 0usize;
+    while at < payload.len() {
+        let Some(h) = payload.get(at..at + PUT_RECORD) else {
+            return Err(format!("record {} header cut at byte {at}", out.len()));
+        };
+        let addr = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+        let flags = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        if flags & !REC_AMO != 0 || (flags == REC_AMO && len != AMO_RECORD) {
+            return Err(format!(
+                "record {} at byte {at}: flags {flags:#x} with {len} bytes",
+                out.len()
+            ));
+        }
+        let end = at + record_bytes(len);
+        if len == 0 || end > payload.len() {
+            return Err(format!(
+                "record {} of {len} bytes at byte {at} exceeds the {}-byte payload",
+                out.len(),
+                payload.len()
+            ));
+        }
+        out.push((addr, at + PUT_RECORD, len, flags));
+        at = end;
+    }
+    if out.len() != count as usize {
+        return Err(format!(
+            "{} records where {count} were announced",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct AmMsg {
@@ -84,11 +179,13 @@ pub(super) enum Pending {
     },
 }
 
-/// A staged get's answer with its data in place: its send slot and the status to answer with.
-#[derive(Clone, Copy, Debug)]
+/// A staged get's answer with its data (being) copied in: its send slot, the status to answer
+/// with, and the mark of its copy out of GPU memory (`None`: the data is in place).
+#[derive(Clone, Debug)]
 pub(super) struct GetPrep {
     pub(super) slot: usize,
     pub(super) status: i32,
+    pub(super) copied: Option<std::sync::Arc<crate::cuda::stream::Event>>,
 }
 
 #[cfg(test)]
@@ -146,10 +243,63 @@ mod tests {
             AM_GOODBYE,
             AM_PING,
             AM_PONG,
+            AM_PUT_MULTI,
         ];
         for (i, a) in kinds.iter().enumerate() {
             assert!(!kinds[i + 1..].contains(a), "kind {a} twice");
         }
+    }
+
+    #[test]
+    fn coalesced_records_round_trip_and_bad_ones_are_refused() {
+        let puts: [(u64, &[u8]); 3] = [
+            (0x1000, &[1u8; 8]),
+            (0x2004, &[2u8; 3]),
+            (0x3000, &[3u8; 17]),
+        ];
+        let mut buf = vec![0u8; 256];
+        let mut at = 0;
+        for (addr, data) in puts {
+            write_record(&mut buf[at..], addr, data.len() as u32);
+            buf[at + PUT_RECORD..at + PUT_RECORD + data.len()].copy_from_slice(data);
+            at += record_bytes(data.len());
+        }
+        assert_eq!(at, 24 + 24 + 40);
+        let recs = parse_records(&buf[..at], 3).unwrap();
+        assert_eq!(recs.len(), 3);
+        for ((addr, off, len, flags), (want_addr, data)) in recs.iter().zip(puts) {
+            assert_eq!((*addr, *len, *flags), (want_addr, data.len(), 0));
+            assert_eq!(&buf[*off..*off + *len], data);
+        }
+        // An AMO record after them round-trips; unknown flags and a wrong AMO length are refused.
+        write_amo_record(&mut buf[at..], 0x4000, 9, 8, 0x55);
+        let with_amo = at + record_bytes(AMO_RECORD);
+        let recs = parse_records(&buf[..with_amo], 4).unwrap();
+        let (addr, off, len, flags) = recs[3];
+        assert_eq!((addr, len, flags), (0x4000, AMO_RECORD, REC_AMO));
+        assert_eq!(read_amo_record(&buf[off..off + len]), (9, 8, 0x55));
+        buf[at + 12] = 2;
+        assert!(parse_records(&buf[..with_amo], 4)
+            .unwrap_err()
+            .contains("flags"));
+        write_record_flagged(&mut buf[at..], 0x4000, 8, REC_AMO);
+        assert!(parse_records(&buf[..with_amo], 4).is_err());
+        // A wrong count, a cut record, a record running past the payload, a zero length.
+        assert!(parse_records(&buf[..at], 2)
+            .unwrap_err()
+            .contains("3 records"));
+        assert!(parse_records(&buf[..at - 8], 3)
+            .unwrap_err()
+            .contains("record 2"));
+        assert!(parse_records(&buf[..20], 1)
+            .unwrap_err()
+            .contains("record 0"));
+        let mut zero = vec![0u8; 16];
+        write_record(&mut zero, 0x1000, 0);
+        assert!(parse_records(&zero, 1).is_err());
+        // A full message of 8-byte puts: thousands per 64 KiB message.
+        assert_eq!(STAGE_CHUNK / record_bytes(8), 2728);
+        assert!(record_bytes(COALESCE_MAX) <= STAGE_CHUNK);
     }
 
     #[test]

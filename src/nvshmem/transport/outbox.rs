@@ -1,0 +1,440 @@
+//! The staged path's outgoing put messages: their payloads are copied into send slots without a
+//! wait (copies out of GPU memory are enqueued on the copy stream and marked by an event), and
+//! progress posts each message once its copy is done, in the order they were queued. Small puts to
+//! one peer share a message ([`AM_PUT_MULTI`]): one send, one answer, one copy mark for many.
+//!
+//! Order: an endpoint's messages leave in queue order per peer; a put that is not coalesced
+//! closes its peer's open message first, and quiet (and so fence) closes every open message
+//! before it waits, so a fence orders what came before it.
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::abi::amo;
+use super::endpoints::{OpRoute, TAG_AM_WAIT};
+use super::rma::Transfer;
+use super::wire::{
+    record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD, AM_BYTES, AM_MAGIC, AM_PUT,
+    AM_PUT_MULTI, AM_TRACED, PUT_RECORD, STAGE_CHUNK,
+};
+use super::{internal, Connected, TResult, Transport};
+use crate::cuda;
+use crate::mover::stats::Stage;
+
+/// How long an open coalesced message waits for more puts before progress closes it (a put that
+/// nobody quiets still leaves).
+const OPEN_FOR: Duration = Duration::from_micros(20);
+
+/// Per endpoint: the open coalesced message of each peer and the messages waiting to be posted.
+#[derive(Default)]
+pub(super) struct Outbox {
+    open: Mutex<Vec<Option<Open>>>,
+    ready: Mutex<VecDeque<Ready>>,
+}
+
+/// A coalesced message being filled.
+struct Open {
+    slot: usize,
+    /// Payload bytes written (records).
+    used: usize,
+    count: u32,
+    wait: u64,
+    since: Instant,
+    /// Some record's data is being copied out of GPU memory (a copy mark is needed).
+    device: bool,
+    /// The CUDA context whose copy stream carries those copies.
+    cuda_ctx: usize,
+    traced: bool,
+}
+
+/// A message whose payload is (being) copied into its send slot.
+struct Ready {
+    pe: usize,
+    slot: usize,
+    hdr: AmMsg,
+    wait: u64,
+    traced: bool,
+    /// Done once the payload is in the slot; `None`: it is already.
+    copied: Option<Arc<cuda::stream::Event>>,
+    queued: Option<Instant>,
+}
+
+impl Transport {
+    /// A staged put of at most [`super::wire::COALESCE_MAX`] bytes: appended to its peer's open
+    /// message (opened with a send slot and a waiting context when there is none or it is full).
+    /// `device`: the source is GPU memory (copied asynchronously).
+    pub(super) fn stage_small(&self, c: &Connected, t: &Transfer, device: bool) -> TResult<()> {
+        let (pe, ep, len) = (t.pe as usize, t.ep, t.len as usize);
+        let traced = self.mover.stats().sample(t.len);
+        self.append_record(c, ep, pe, record_bytes(len), traced, |buf| {
+            write_record(buf, t.remote, len as u32);
+            let dst = buf[PUT_RECORD..].as_mut_ptr();
+            self.copy_out(dst, t.local, len, device)?;
+            Ok(device)
+        })
+    }
+
+    /// A non-fetching AMO (`op` on the `size`-byte word at `addr` of PE `pe`, operand `val`)
+    /// carried as a record of its peer's open message: applied by the target after the puts before
+    /// it in the message, answered with the message. A signal closes the message at once (someone
+    /// waits for it); other AMOs leave with the message.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_amo(
+        &self,
+        c: &Connected,
+        pe: usize,
+        ep: usize,
+        op: i32,
+        addr: u64,
+        val: u64,
+        size: u32,
+    ) -> TResult<()> {
+        self.append_record(c, ep, pe, record_bytes(AMO_RECORD), false, |buf| {
+            write_amo_record(buf, addr, op, size, val);
+            Ok(false)
+        })?;
+        if matches!(op, amo::SIGNAL | amo::SIGNAL_SET | amo::SIGNAL_ADD) {
+            self.close_peer(c, ep, pe);
+            self.post_staged(c, ep);
+        }
+        Ok(())
+    }
+
+    /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
+    /// a send slot and a waiting context when there is none or it is full); `fill` writes it and
+    /// says whether it enqueued a copy out of GPU memory.
+    fn append_record(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        need: usize,
+        traced: bool,
+        fill: impl FnOnce(&mut [u8]) -> TResult<bool>,
+    ) -> TResult<()> {
+        let e = &c.eps[ep];
+        let mut fill = Some(fill);
+        loop {
+            {
+                let mut open = e.outbox.open.lock();
+                if open.len() <= pe {
+                    open.resize_with(pe + 1, || None);
+                }
+                if let Some(o) = open[pe].as_mut() {
+                    if o.used + need <= STAGE_CHUNK {
+                        // SAFETY: the record lies inside the slot's payload area (checked above).
+                        let rec = unsafe { e.send_slot_ptr(o.slot).add(AM_BYTES + o.used) };
+                        // SAFETY: as above; the slot is this open message's until it is posted.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(rec, need) };
+                        let device = (fill.take().expect("filled once"))(buf)?;
+                        o.used += need;
+                        o.count += 1;
+                        if device && !o.device {
+                            o.device = true;
+                            o.cuda_ctx = cuda::current_context();
+                        }
+                        o.traced |= traced;
+                        return Ok(());
+                    }
+                }
+                // Full (or none): closed, and a new one opened below.
+                if let Some(o) = open[pe].take() {
+                    drop(open);
+                    self.close_open(c, ep, pe, o);
+                }
+            }
+            let slot = self.alloc_slot(c, ep, pe)?;
+            let wait = match self.alloc_for_peer(c, OpRoute::new(ep, pe, TAG_AM_WAIT, 0)) {
+                Ok(w) => w as u64,
+                Err(err) => {
+                    e.send_free.lock().push(slot);
+                    return Err(err);
+                }
+            };
+            let fresh = Open {
+                slot,
+                used: 0,
+                count: 0,
+                wait,
+                since: Instant::now(),
+                device: false,
+                cuda_ctx: 0,
+                traced: false,
+            };
+            let mut open = e.outbox.open.lock();
+            if open.len() <= pe {
+                open.resize_with(pe + 1, || None);
+            }
+            // Another thread on this endpoint may have opened one meanwhile: it goes first.
+            if let Some(o) = open[pe].replace(fresh) {
+                drop(open);
+                self.close_open(c, ep, pe, o);
+            }
+        }
+    }
+
+    /// Copies `len` bytes of a put's source at `src` into a send slot at `dst`: enqueued on the copy
+    /// stream for GPU memory (done by the next copy mark), at once for host memory.
+    fn copy_out(&self, dst: *mut u8, src: u64, len: usize, device: bool) -> TResult<()> {
+        if device {
+            // SAFETY: the slot is reserved until its message completes, after the copy mark; the
+            // source stays valid until quiet (NVSHMEM's rule for non-blocking puts), which waits
+            // for the message's answer.
+            unsafe { cuda::memcpy_async(dst as *mut c_void, src as *const c_void, len) }
+                .map_err(|e| internal(e.to_string()))
+        } else {
+            // SAFETY: a slot of this endpoint and a source range of this process, not overlapping.
+            unsafe { crate::mover::copy_bytes(dst, src as *const u8, len, false) }
+                .map_err(|e| internal(e.to_string()))
+        }
+    }
+
+    /// Moves peer `pe`'s open message (if any) to the queue of messages to post.
+    pub(super) fn close_peer(&self, c: &Connected, ep: usize, pe: usize) {
+        let o = c.eps[ep]
+            .outbox
+            .open
+            .lock()
+            .get_mut(pe)
+            .and_then(|o| o.take());
+        if let Some(o) = o {
+            self.close_open(c, ep, pe, o);
+        }
+    }
+
+    /// Closes every open message of endpoint `ep` (`stale_only`: only those open longer than
+    /// [`OPEN_FOR`]) and posts what is ready.
+    pub(super) fn close_all(&self, c: &Connected, ep: usize, stale_only: bool) {
+        let e = &c.eps[ep];
+        let taken: Vec<(usize, Open)> = {
+            let mut open = e.outbox.open.lock();
+            open.iter_mut()
+                .enumerate()
+                .filter(|(_, o)| {
+                    o.as_ref()
+                        .is_some_and(|o| !stale_only || o.since.elapsed() >= OPEN_FOR)
+                })
+                .filter_map(|(pe, o)| o.take().map(|o| (pe, o)))
+                .collect()
+        };
+        for (pe, o) in taken {
+            self.close_open(c, ep, pe, o);
+        }
+        self.post_staged(c, ep);
+    }
+
+    fn close_open(&self, c: &Connected, ep: usize, pe: usize, o: Open) {
+        let hdr = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_PUT_MULTI,
+            token: o.wait,
+            op: o.count as i32,
+            size: o.used as u32,
+            addr: 0,
+            val: c.my_pe as u64,
+            reserved: if o.traced { AM_TRACED } else { 0 },
+            ..Default::default()
+        };
+        let device = o.device.then_some(o.cuda_ctx);
+        self.enqueue_ready(c, ep, pe, vec![(o.slot, hdr, o.wait)], device, o.traced);
+    }
+
+    /// Queues messages whose payload copies were issued (`device`: on the copy stream of that
+    /// CUDA context, so they are marked by one event now; `None`: they are in place).
+    fn enqueue_ready(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        msgs: Vec<(usize, AmMsg, u64)>,
+        device: Option<usize>,
+        traced: bool,
+    ) {
+        let e = &c.eps[ep];
+        let copied = if let Some(ctx) = device {
+            match cuda::copy_mark(ctx) {
+                Ok(ev) => Some(Arc::new(ev)),
+                Err(err) => {
+                    let msg = format!("staged put: copy out of GPU memory not marked: {err}");
+                    tracing::error!("endpoint {ep}: {msg}");
+                    for (slot, _, wait) in msgs {
+                        e.send_free.lock().push(slot);
+                        e.finish_counted(wait as *mut c_void, Some(msg.clone()));
+                    }
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let queued = self.mover.stats().start();
+        let mut q = e.outbox.ready.lock();
+        for (slot, hdr, wait) in msgs {
+            q.push_back(Ready {
+                pe,
+                slot,
+                hdr,
+                wait,
+                traced,
+                copied: copied.clone(),
+                queued,
+            });
+        }
+    }
+
+    /// Posts the queued messages of endpoint `ep` whose payload is in place, in order per peer; a
+    /// peer that cannot take one now (EAGAIN) keeps the rest of its messages for the next round
+    /// while other peers' go. Returns how many were posted.
+    pub(super) fn post_staged(&self, c: &Connected, ep: usize) -> usize {
+        let e = &c.eps[ep];
+        // Another thread posting now holds the queue briefly; waiting a little for it lets the
+        // caller post its own message rather than leave it for the next progress round. Bounded:
+        // a send that drives progress (no context free) may come back here on this thread.
+        let Some(mut q) = e.outbox.ready.try_lock_for(Duration::from_micros(50)) else {
+            return 0;
+        };
+        let stats = self.mover.stats();
+        let mut blocked: Vec<usize> = Vec::new();
+        // Copies complete in stream order: once one mark is not done, later ones are not either.
+        let mut copying = false;
+        let mut posted = 0;
+        let mut k = 0;
+        while k < q.len() {
+            let r = &q[k];
+            if blocked.contains(&r.pe) {
+                k += 1;
+                continue;
+            }
+            let mut failed = None;
+            if let Some(ev) = &r.copied {
+                match if copying { Ok(false) } else { ev.done() } {
+                    Ok(false) => {
+                        copying = true;
+                        blocked.push(r.pe);
+                        k += 1;
+                        continue;
+                    }
+                    Ok(true) => {}
+                    Err(err) => {
+                        failed = Some(format!("staged put: copy out of GPU memory failed: {err}"))
+                    }
+                }
+            }
+            if failed.is_none() && c.peers[r.pe].is_gone() {
+                failed = Some(self.gone_error(c, r.pe).message);
+            }
+            if failed.is_none() {
+                let t0 = stats.start();
+                let bytes = r.hdr.size as u64;
+                stats.record(Stage::CopyOut, r.queued, bytes);
+                let stamp = stats.stamp();
+                // Before the send: the answer may come (and free the context) at once.
+                if let Some(sc) = e.ctxs.scratch(r.wait as *mut c_void) {
+                    // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace
+                    // flag for the answer (scratch[0] stays 0: no AMO operand size).
+                    unsafe {
+                        *sc.add(1) = stamp;
+                        *sc.add(2) = r.traced as u64;
+                    }
+                }
+                let dest = c.addr(r.pe as i32, ep);
+                match self.send_slot(e, r.pe, dest, r.slot, r.hdr, r.wait, stamp, r.traced) {
+                    Ok(()) => {
+                        stats.record(Stage::ChunkPost, t0, bytes);
+                        if r.traced {
+                            stats.timeline(Stage::ChunkPost, "", r.wait, r.hdr.addr, bytes);
+                        }
+                        q.remove(k);
+                        posted += 1;
+                        continue;
+                    }
+                    Err(err) if err.is_again() => {
+                        blocked.push(r.pe);
+                        k += 1;
+                        continue;
+                    }
+                    Err(err) => failed = Some(format!("staged put not sent: {err}")),
+                }
+            }
+            let r = q.remove(k).expect("index in range");
+            let msg = failed.expect("set above");
+            tracing::error!("endpoint {ep}: {msg}");
+            e.send_free.lock().push(r.slot);
+            e.finish_counted(r.wait as *mut c_void, Some(msg));
+        }
+        posted
+    }
+
+    /// A staged put too large to share a message: cut into chunks, each with a send slot and a
+    /// waiting context, copied in without a wait (one copy mark for the chunks taken together) and
+    /// posted by [`Transport::post_staged`] once in place. Takes as many free slots as it can use
+    /// (at least one, waiting for it while progress frees some).
+    pub(super) fn stage_chunks(&self, c: &Connected, t: &Transfer, device: bool) -> TResult<()> {
+        let (pe, ep, len) = (t.pe as usize, t.ep, t.len);
+        let e = &c.eps[ep];
+        let stats = self.mover.stats();
+        let traced = stats.sample(len);
+        // Earlier small puts to this peer leave first.
+        self.close_peer(c, ep, pe);
+        let mut off = 0u64;
+        while off < len {
+            let chunks_left = (len - off).div_ceil(STAGE_CHUNK as u64) as usize;
+            let t0 = stats.start();
+            let mut slots = vec![self.alloc_slot(c, ep, pe)?];
+            stats.record(Stage::SlotWait, t0, 0);
+            {
+                let mut free = e.send_free.lock();
+                while slots.len() < chunks_left {
+                    match free.pop() {
+                        Some(s) => slots.push(s),
+                        None => break,
+                    }
+                }
+            }
+            let mut msgs: Vec<(usize, AmMsg, u64)> = Vec::with_capacity(slots.len());
+            let mut result = Ok(());
+            for (k, &slot) in slots.iter().enumerate() {
+                let n = (STAGE_CHUNK as u64).min(len - off);
+                let wait = match self.alloc_for_peer(c, OpRoute::new(ep, pe, TAG_AM_WAIT, 0)) {
+                    Ok(w) => w as u64,
+                    Err(err) => {
+                        e.send_free.lock().extend(slots[k..].iter().copied());
+                        result = Err(err);
+                        break;
+                    }
+                };
+                // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
+                let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                if let Err(err) = self.copy_out(sp, t.local + off, n as usize, device) {
+                    e.send_free.lock().extend(slots[k..].iter().copied());
+                    e.uncount(wait as *mut c_void);
+                    result = Err(err);
+                    break;
+                }
+                let hdr = AmMsg {
+                    magic: AM_MAGIC,
+                    kind: AM_PUT,
+                    token: wait,
+                    size: n as u32,
+                    addr: t.remote + off,
+                    val: c.my_pe as u64,
+                    reserved: if traced { AM_TRACED } else { 0 },
+                    ..Default::default()
+                };
+                msgs.push((slot, hdr, wait));
+                off += n;
+            }
+            // What was copied in goes (its copies are enqueued); an error stops the rest.
+            if !msgs.is_empty() {
+                let ctx = device.then(cuda::current_context);
+                self.enqueue_ready(c, ep, pe, msgs, ctx, traced);
+            }
+            self.post_staged(c, ep);
+            result?;
+        }
+        Ok(())
+    }
+}
