@@ -177,8 +177,6 @@ pub struct Caps {
     pub max_msg_size: usize,
     /// Transmit operations complete only once delivered.
     pub delivery_complete: bool,
-    /// Domains (NICs) the transport uses: one, the domain of the chosen answer.
-    pub domains: usize,
 }
 
 impl Caps {
@@ -212,7 +210,6 @@ impl Caps {
             inject_size: a.inject_size,
             max_msg_size: a.max_msg_size,
             delivery_complete: a.delivery_complete,
-            domains: 1,
         }
     }
 }
@@ -227,7 +224,7 @@ impl fmt::Display for Caps {
             f,
             "{name} ({} / {} / {}): hmem={} nic={} nic_writes_gpu={} atomics={} native_atomics={} \
              per_peer_lanes={} manual_progress={} gda_ops={} gpu_by_dmabuf={} inject={} max_msg={} \
-             delivery_complete={} domains={}",
+             delivery_complete={}",
             self.prov_name,
             self.fabric_name,
             self.domain_name,
@@ -242,8 +239,7 @@ impl fmt::Display for Caps {
             self.gpu_by_dmabuf,
             self.inject_size,
             self.max_msg_size,
-            self.delivery_complete,
-            self.domains
+            self.delivery_complete
         )
     }
 }
@@ -380,7 +376,6 @@ pub(crate) mod tests {
                 c.provider == Some(Provider::Efa),
                 "{what}: VMM memory and SYNC_MEMOPS"
             );
-            assert_eq!(c.domains, 1);
             assert_eq!(c.inject_size, 32);
         }
     }
