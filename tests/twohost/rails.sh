@@ -47,16 +47,19 @@ export RAILS_NS="${TH_PID[0]},${TH_PID[1]}"
 export RAILS_IFACES
 RAILS_IFACES=$(IFS=,; echo "${ifaces[*]}")
 export RAILS_CUT="nsenter -t ${TH_PID[0]} -n -- $ip_cmd link set dev ${ifaces[1]} down"
-out=$(mktemp "${TMPDIR:-/tmp}/rails.XXXXXX")
+# The whole output (the library's log lines too, among them the deliberate cut's WARN and ERROR
+# lines) goes to a log file; the console gets the test's own progress lines and a count.
+logs=${CI_LOGS:-$ROOT/target/ci-logs}
+mkdir -p "$logs"
+out=$logs/twohost-rails.log
 timeout 120 cargo test --quiet --test transport_rails -- rails_netns --ignored --exact --nocapture >"$out" 2>&1
 rc=$?
-grep -E '^\[PE 0\]' "$out" | sed 's/^/    /'
+grep -E '^\[PE [01]\] PE [01]: ' "$out" | sed 's/^/    /'
 if [ $rc != 0 ]; then
     tail -n 80 "$out"
-    rm -f "$out"
-    fail "rails_netns (exit status $rc)"
+    fail "rails_netns (exit status $rc; log $out)"
 fi
-rm -f "$out"
+X
 for k in 0 1 2; do
     sent=$(($(tx_bytes "${ifaces[$k]}") - before[k]))
     [ "$sent" -ge $((512 * 1024)) ] || fail "rail $k (${ifaces[$k]}) sent only $sent bytes"
