@@ -59,7 +59,7 @@ if [ $rc != 0 ]; then
     tail -n 80 "$out"
     fail "rails_netns (exit status $rc; log $out)"
 fi
-X
+say "the cut's expected library log lines: $(grep -c ' WARN ' "$out") warning(s), $(grep -c ' ERROR ' "$out") error(s) (log $out)"
 for k in 0 1 2; do
     sent=$(($(tx_bytes "${ifaces[$k]}") - before[k]))
     [ "$sent" -ge $((512 * 1024)) ] || fail "rail $k (${ifaces[$k]}) sent only $sent bytes"
