@@ -63,23 +63,7 @@ LOG=$OUT/staged_twohost.log
 # fi_rma_bw OP SIZE ITERS -> "MB/s Mmsg/s" of the client's line (write: client writes the server;
 # read: client reads from it, as rank 0 reads rank 1 in --bench-get).
 fab() {
-    local port=$((30000 + RANDOM % 20000)) srv n
-    local args=(-p "tcp;ofi_rxm" -E="$port" -o "$1" -S "$2" -I "$3" -w 10 -W "$WINDOW" -m)
-    echo "## fi_rma_bw $1 $2: server in ${TH_HOST[0]}, client in ${TH_HOST[1]}: ${args[*]}" >>"$LOG"
-    twohost_run 0 timeout 60 "$FT_BIN/fi_rma_bw" "${args[@]}" >"$WORK/srv.out" 2>&1 &
-    srv=$!
-    for n in $(seq 1 250); do
-        awk -v p=":$(printf '%04X' "$port")" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }' \
-            "/proc/$srv/net/tcp" 2>/dev/null && break
-        sleep 0.02
-    done
-    twohost_run 1 timeout 60 "$FT_BIN/fi_rma_bw" "${args[@]}" "${TH_ADDR[0]}" >"$WORK/cli.out" 2>&1
-    local crc=$? src=0
-    wait "$srv" || src=$?
-    cat "$WORK/srv.out" "$WORK/cli.out" >>"$LOG"
-    [ $crc = 0 ] && [ $src = 0 ] || { say "fi_rma_bw $1 $2: client $crc, server $src"; return 1; }
-    sed -n "s/.*xfer_size: $2,.* MB\/sec: \([0-9.]*\), usec\/xfer: [0-9.]*, Mxfers\/sec: \([0-9.]*\).*/\1 \2/p" \
-        "$WORK/cli.out" | head -n 1
+    twohost_fi_rma_bw "$FT_BIN/fi_rma_bw" "$LOG" "$WORK" "$WINDOW" "$@"
 }
 
 RAW=$WORK/raw.csv

@@ -104,22 +104,9 @@ say "3b. staged puts and gets (NVSHMEM_EFA_GPU_STAGING=1): ok (data checked afte
 
 # 4. fi_rma_bw, same namespaces, same window
 fab() { # SIZE ITERS -> MB/s of the client's line
-    local port=$((30000 + RANDOM % 20000)) srv n
-    local args=(-p "tcp;ofi_rxm" -E="$port" -o write -S "$1" -I "$2" -w 10 -W "$WINDOW" -m)
-    echo "## fi_rma_bw $1: server in ${TH_HOST[0]}: ${args[*]}; client in ${TH_HOST[1]}: ${args[*]} ${TH_ADDR[0]}" >>"$LOG"
-    twohost_run 0 timeout 60 "$FT_BIN/fi_rma_bw" "${args[@]}" >"$WORK/srv.out" 2>&1 &
-    srv=$!
-    for n in $(seq 1 250); do
-        awk -v p=":$(printf '%04X' "$port")" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }' \
-            "/proc/$srv/net/tcp" 2>/dev/null && break
-        sleep 0.02
-    done
-    twohost_run 1 timeout 60 "$FT_BIN/fi_rma_bw" "${args[@]}" "${TH_ADDR[0]}" >"$WORK/cli.out" 2>&1
-    local crc=$? src=0
-    wait "$srv" || src=$?
-    cat "$WORK/srv.out" "$WORK/cli.out" >>"$LOG"
-    [ $crc = 0 ] && [ $src = 0 ] || { echo "fi_rma_bw $1: client $crc, server $src" >&2; return 1; }
-    sed -n "s/.*xfer_size: $1,.* MB\/sec: \([0-9.]*\),.*/\1/p" "$WORK/cli.out" | head -n 1
+    local r
+    r=$(twohost_fi_rma_bw "$FT_BIN/fi_rma_bw" "$LOG" "$WORK" "$WINDOW" write "$1" "$2") || return 1
+    echo "${r%% *}"
 }
 echo "layout,provider,endpoint,size_bytes,window,library_mbps,fabric_mbps,staged_put_mbps,staged_get_mbps" >"$CSV"
 rows=()

@@ -106,6 +106,32 @@ twohost_run() {
     nsenter -t "${TH_PID[$i]}" -n -u -- "$@"
 }
 
+# twohost_fi_rma_bw FI_RMA_BW LOG SCRATCH WINDOW OP SIZE ITERS: raw libfabric between the two
+# namespaces (tcp;ofi_rxm, host memory, window WINDOW): fi_rma_bw -o OP, server in namespace 0,
+# client in 1, started once the server listens. Both outputs are appended to LOG (SCRATCH holds
+# them meanwhile); prints "MB/s Mxfers/s" of the client's line; status 1 (and a line on stderr)
+# when either side failed.
+twohost_fi_rma_bw() {
+    local bin=$1 log=$2 scratch=$3 window=$4 op=$5 size=$6 iters=$7
+    local port=$((30000 + RANDOM % 20000)) srv n
+    local args=(-p "tcp;ofi_rxm" -E="$port" -o "$op" -S "$size" -I "$iters" -w 10 -W "$window" -m)
+    echo "## fi_rma_bw $op $size: server in ${TH_HOST[0]}, client in ${TH_HOST[1]}: ${args[*]} ${TH_ADDR[0]}" >>"$log"
+    twohost_run 0 timeout 60 "$bin" "${args[@]}" >"$scratch/srv.out" 2>&1 &
+    srv=$!
+    for n in $(seq 1 250); do
+        awk -v p=":$(printf '%04X' "$port")" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }' \
+            "/proc/$srv/net/tcp" 2>/dev/null && break
+        sleep 0.02
+    done
+    twohost_run 1 timeout 60 "$bin" "${args[@]}" "${TH_ADDR[0]}" >"$scratch/cli.out" 2>&1
+    local crc=$? src=0
+    wait "$srv" || src=$?
+    cat "$scratch/srv.out" "$scratch/cli.out" >>"$log"
+    [ $crc = 0 ] && [ $src = 0 ] || { echo "fi_rma_bw $op $size: client $crc, server $src" >&2; return 1; }
+    sed -n "s/.*xfer_size: $size,.* MB\/sec: \([0-9.]*\), usec\/xfer: [0-9.]*, Mxfers\/sec: \([0-9.]*\).*/\1 \2/p" \
+        "$scratch/cli.out" | head -n 1
+}
+
 twohost_down() {
     local p
     for p in "${TH_PID[@]}"; do kill "$p" 2>/dev/null; done
