@@ -196,18 +196,7 @@ fn data_then_count(pes: &[Pe], region: usize, data_qp: u32, count_qp: u32, flags
     for round in 1..=ROUNDS {
         // SAFETY: inside PE 0's heap; the previous round's writes completed (quiet below).
         unsafe { std::ptr::write_bytes(src.add(data_at), round, total) };
-        let ds: Vec<_> = (0..WRITES)
-            .map(|i| {
-                write(
-                    &peer,
-                    pes[0].heap.addr() + (data_at + i * LEN) as u64,
-                    pes[0].heap_lkey(),
-                    pes[1].heap.addr() + (data_at + i * LEN) as u64,
-                    LEN as u32,
-                    None,
-                )
-            })
-            .collect();
+        let ds = heap_writes(&peer, &pes[0], &pes[1], data_at, WRITES, LEN);
         let amo = AmoMsg {
             op: AMO_OP_ADD,
             size: 8,

@@ -431,18 +431,7 @@ fn data_then_count(pes: &[Pe], flags: u32) -> (u64, u64, u64) {
         // SAFETY: the source range lies inside PE 0's heap; the previous round's writes have
         // completed (quiet below), so nothing reads it now.
         unsafe { std::ptr::write_bytes(src.add(DATA), round, total) };
-        let mut ds: Vec<_> = (0..WRITES)
-            .map(|i| {
-                write(
-                    &peer,
-                    pes[0].heap.addr() + (DATA + i * LEN) as u64,
-                    pes[0].heap_lkey(),
-                    pes[1].heap.addr() + (DATA + i * LEN) as u64,
-                    LEN as u32,
-                    None,
-                )
-            })
-            .collect();
+        let mut ds = heap_writes(&peer, &pes[0], &pes[1], DATA, WRITES, LEN);
         let amo = AmoMsg {
             op: AMO_OP_ADD,
             size: 8,

@@ -208,6 +208,30 @@ pub fn desc(peer: &NvshmemEfaGdaPeer, op: WqeOp) -> WqeDesc {
     }
 }
 
+/// `n` RDMA writes of `len` bytes each, from `from`'s heap at offset `at + i * len` to the same
+/// offset of `to`'s heap.
+pub fn heap_writes(
+    peer: &NvshmemEfaGdaPeer,
+    from: &Pe,
+    to: &Pe,
+    at: usize,
+    n: usize,
+    len: usize,
+) -> Vec<WqeDesc> {
+    (0..n)
+        .map(|i| {
+            write(
+                peer,
+                from.heap.addr() + (at + i * len) as u64,
+                from.heap_lkey(),
+                to.heap.addr() + (at + i * len) as u64,
+                len as u32,
+                None,
+            )
+        })
+        .collect()
+}
+
 pub fn write(
     peer: &NvshmemEfaGdaPeer,
     local: u64,
