@@ -385,25 +385,73 @@ NVSHMEM_EFA_FN int nvshmem_efa_write_send_sge(nvshmem_efa_tx_wqe *w, const nvshm
     return 0;
 }
 
+
+/* Meta-descriptor setters and the ring store, shared by the 64-byte entries here and the
+ * 128-byte ones of cuda/efa_wqe_wide.cuh (both begin with an nvshmem_efa_tx_meta). */
+NVSHMEM_EFA_FN void nvshmem_efa_meta_set_imm(nvshmem_efa_tx_meta *m, uint32_t imm)
+{
+    m->ctrl1 = (uint8_t)(m->ctrl1 | NVSHMEM_EFA_CTRL1_HAS_IMM);
+    m->immediate_data = imm;
+}
+
+NVSHMEM_EFA_FN void nvshmem_efa_meta_set_phase(nvshmem_efa_tx_meta *m, unsigned phase)
+{
+    m->ctrl2 = (uint8_t)((m->ctrl2 & ~NVSHMEM_EFA_CTRL2_PHASE) | (phase & NVSHMEM_EFA_CTRL2_PHASE));
+}
+
+NVSHMEM_EFA_FN void nvshmem_efa_meta_set_comp_req(nvshmem_efa_tx_meta *m, int comp_req)
+{
+    m->ctrl2 = (uint8_t)(comp_req ? (m->ctrl2 | NVSHMEM_EFA_CTRL2_COMP_REQ)
+                                  : (m->ctrl2 & ~NVSHMEM_EFA_CTRL2_COMP_REQ));
+}
+
+NVSHMEM_EFA_FN void nvshmem_efa_meta_set_req_id64(nvshmem_efa_tx_meta *m, uint64_t req_id)
+{
+    m->req_id = (uint16_t)req_id;
+    m->req_id_ex[0] = (uint16_t)(req_id >> 16);
+    m->req_id_ex[1] = (uint16_t)(req_id >> 32);
+    m->req_id_ex[2] = (uint16_t)(req_id >> 48);
+}
+
+NVSHMEM_EFA_FN void nvshmem_efa_meta_set_high_pps(nvshmem_efa_tx_meta *m, int on)
+{
+    m->ctrl3 = (uint8_t)(on ? NVSHMEM_EFA_CTRL3_HINT_HIGH_PPS : 0);
+}
+
+/* Copies n16 x 16 bytes of a built entry into its ring slot (64-byte aligned): 16-byte stores on
+ * the device. Order them against the doorbell with __threadfence_system(). */
+NVSHMEM_EFA_FN void nvshmem_efa_store_16b(void *slot, const void *entry, int n16)
+{
+#if defined(__CUDA_ARCH__)
+    uint4 *dst = (uint4 *)slot;
+    const unsigned char *src = (const unsigned char *)entry;
+    int i;
+    for (i = 0; i < n16; i++) {
+        uint4 v;
+        memcpy(&v, src + 16 * i, sizeof(v));
+        dst[i] = v;
+    }
+#else
+    memcpy(slot, entry, (size_t)n16 * 16);
+#endif
+}
+
 /* Adds immediate data to a SEND (RDMA writes use nvshmem_efa_write_rdma_write_imm). */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe_set_imm(nvshmem_efa_tx_wqe *w, uint32_t imm)
 {
-    w->meta.ctrl1 = (uint8_t)(w->meta.ctrl1 | NVSHMEM_EFA_CTRL1_HAS_IMM);
-    w->meta.immediate_data = imm;
+    nvshmem_efa_meta_set_imm(&w->meta, imm);
 }
 
 /* Sets the phase bit (only bit 0 of phase is used). */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe_set_phase(nvshmem_efa_tx_wqe *w, unsigned phase)
 {
-    w->meta.ctrl2 = (uint8_t)((w->meta.ctrl2 & ~NVSHMEM_EFA_CTRL2_PHASE) |
-                              (phase & NVSHMEM_EFA_CTRL2_PHASE));
+    nvshmem_efa_meta_set_phase(&w->meta, phase);
 }
 
 /* Requests (non-zero) or suppresses (zero) a completion entry. */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe_set_comp_req(nvshmem_efa_tx_wqe *w, int comp_req)
 {
-    w->meta.ctrl2 = (uint8_t)(comp_req ? (w->meta.ctrl2 | NVSHMEM_EFA_CTRL2_COMP_REQ)
-                                       : (w->meta.ctrl2 & ~NVSHMEM_EFA_CTRL2_COMP_REQ));
+    nvshmem_efa_meta_set_comp_req(&w->meta, comp_req);
 }
 
 /* Sets a 16-bit request id (queues without the 64-bit request-id capability);
@@ -419,34 +467,20 @@ NVSHMEM_EFA_FN void nvshmem_efa_wqe_set_req_id(nvshmem_efa_tx_wqe *w, uint16_t r
 /* Sets a 64-bit request id (queues with the 64-bit request-id capability). */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe_set_req_id64(nvshmem_efa_tx_wqe *w, uint64_t req_id)
 {
-    w->meta.req_id = (uint16_t)req_id;
-    w->meta.req_id_ex[0] = (uint16_t)(req_id >> 16);
-    w->meta.req_id_ex[1] = (uint16_t)(req_id >> 32);
-    w->meta.req_id_ex[2] = (uint16_t)(req_id >> 48);
+    nvshmem_efa_meta_set_req_id64(&w->meta, req_id);
 }
 
 /* Sets (non-zero) or clears the high packets-per-second processing hint. */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe_set_high_pps(nvshmem_efa_tx_wqe *w, int on)
 {
-    w->meta.ctrl3 = (uint8_t)(on ? NVSHMEM_EFA_CTRL3_HINT_HIGH_PPS : 0);
+    nvshmem_efa_meta_set_high_pps(&w->meta, on);
 }
 
 /* Copies a built WQE into its ring slot (64-byte aligned). On the device this is
  * four 16-byte stores; order them against the doorbell with __threadfence_system(). */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe_store(void *slot, const nvshmem_efa_tx_wqe *w)
 {
-#if defined(__CUDA_ARCH__)
-    uint4 *dst = (uint4 *)slot;
-    const unsigned char *src = (const unsigned char *)w;
-    int i;
-    for (i = 0; i < 4; i++) {
-        uint4 v;
-        memcpy(&v, src + 16 * i, sizeof(v));
-        dst[i] = v;
-    }
-#else
-    memcpy(slot, w, sizeof(*w));
-#endif
+    nvshmem_efa_store_16b(slot, w, sizeof(*w) / 16);
 }
 
 /* Writes a built WQE into a ring slot of entry_size bytes (64 or 128; 64-byte

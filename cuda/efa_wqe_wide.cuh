@@ -89,53 +89,36 @@ NVSHMEM_EFA_FN int nvshmem_efa_write_rdma_write_inline_128(nvshmem_efa_tx_wqe_12
 /* Immediate data (delivered in the target's completion). */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe128_set_imm(nvshmem_efa_tx_wqe_128 *w, uint32_t imm)
 {
-    w->meta.ctrl1 = (uint8_t)(w->meta.ctrl1 | NVSHMEM_EFA_CTRL1_HAS_IMM);
-    w->meta.immediate_data = imm;
+    nvshmem_efa_meta_set_imm(&w->meta, imm);
 }
 
 /* Phase bit, completion request, request id (16 bits, or 64 with the capability) and
  * the high packets-per-second hint: as the 64-byte setters of cuda/efa_wqe.cuh. */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe128_set_phase(nvshmem_efa_tx_wqe_128 *w, unsigned phase)
 {
-    w->meta.ctrl2 = (uint8_t)((w->meta.ctrl2 & ~NVSHMEM_EFA_CTRL2_PHASE) |
-                              (phase & NVSHMEM_EFA_CTRL2_PHASE));
+    nvshmem_efa_meta_set_phase(&w->meta, phase);
 }
 
 NVSHMEM_EFA_FN void nvshmem_efa_wqe128_set_comp_req(nvshmem_efa_tx_wqe_128 *w, int comp_req)
 {
-    w->meta.ctrl2 = (uint8_t)(comp_req ? (w->meta.ctrl2 | NVSHMEM_EFA_CTRL2_COMP_REQ)
-                                       : (w->meta.ctrl2 & ~NVSHMEM_EFA_CTRL2_COMP_REQ));
+    nvshmem_efa_meta_set_comp_req(&w->meta, comp_req);
 }
 
 NVSHMEM_EFA_FN void nvshmem_efa_wqe128_set_req_id64(nvshmem_efa_tx_wqe_128 *w, uint64_t req_id)
 {
-    w->meta.req_id = (uint16_t)req_id;
-    w->meta.req_id_ex[0] = (uint16_t)(req_id >> 16);
-    w->meta.req_id_ex[1] = (uint16_t)(req_id >> 32);
-    w->meta.req_id_ex[2] = (uint16_t)(req_id >> 48);
+    nvshmem_efa_meta_set_req_id64(&w->meta, req_id);
 }
 
 NVSHMEM_EFA_FN void nvshmem_efa_wqe128_set_high_pps(nvshmem_efa_tx_wqe_128 *w, int on)
 {
-    w->meta.ctrl3 = (uint8_t)(on ? NVSHMEM_EFA_CTRL3_HINT_HIGH_PPS : 0);
+    nvshmem_efa_meta_set_high_pps(&w->meta, on);
 }
 
 /* Copies a built wide WQE into its 128-byte ring slot (64-byte aligned): eight 16-byte
  * stores on the device. Order against the doorbell with __threadfence_system(). */
 NVSHMEM_EFA_FN void nvshmem_efa_wqe128_store(void *slot, const nvshmem_efa_tx_wqe_128 *w)
 {
-#if defined(__CUDA_ARCH__)
-    uint4 *dst = (uint4 *)slot;
-    const unsigned char *src = (const unsigned char *)w;
-    int i;
-    for (i = 0; i < 8; i++) {
-        uint4 v;
-        memcpy(&v, src + 16 * i, sizeof(v));
-        dst[i] = v;
-    }
-#else
-    memcpy(slot, w, sizeof(*w));
-#endif
+    nvshmem_efa_store_16b(slot, w, sizeof(*w) / 16);
 }
 
 #endif /* NVSHMEM_EFA_WQE_WIDE_CUH */
