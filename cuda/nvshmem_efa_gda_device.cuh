@@ -222,6 +222,13 @@ namespace detail {
 
 #define NVSHMEM_EFA_GDA_DEV __device__ __forceinline__
 
+// An AMO operand of 4 or 8 bytes as the 64-bit field of the WQE (4-byte values zero-extended).
+template <typename T>
+NVSHMEM_EFA_GDA_DEV uint64_t amo_operand(T value) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
+    return sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+}
+
 // ---- small PTX helpers ------------------------------------------------------------------------
 NVSHMEM_EFA_GDA_DEV uint64_t ld_acquire_u64(const uint64_t *p) {
     uint64_t v;
@@ -1520,8 +1527,7 @@ NVSHMEM_EFA_GDA_DEV unsigned get_nbi_warp(void *dst, const void *src, size_t byt
 // queue).
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_offset_qp(uint64_t offset, T value, int pe, int qp) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    const uint64_t raw = detail::amo_operand<T>(value);
     return detail::post_amo(NVSHMEM_EFA_GDA_AMO_ADD, offset, (uint32_t)sizeof(T), raw, pe, false,
                             0u, 0u, qp);
 }
@@ -1543,8 +1549,7 @@ NVSHMEM_EFA_GDA_DEV unsigned amo_nonfetch_add_qp(T *heap_ptr, T value, int pe, i
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_set_offset_qp(uint64_t offset, T value, int pe, int qp) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    const uint64_t raw = detail::amo_operand<T>(value);
     return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, offset, (uint32_t)sizeof(T), raw, pe, false,
                             0u, 0u, qp);
 }
@@ -1587,8 +1592,7 @@ NVSHMEM_EFA_GDA_DEV unsigned post_signal(uint32_t op, uint64_t offset, uint32_t 
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned signal_add_qp(T *heap_ptr, T value, int pe, int qp) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    const uint64_t raw = detail::amo_operand<T>(value);
     return detail::post_signal(NVSHMEM_EFA_GDA_AMO_ADD, heap_offset(heap_ptr), (uint32_t)sizeof(T),
                                raw, pe, qp);
 }
@@ -1600,8 +1604,7 @@ NVSHMEM_EFA_GDA_DEV unsigned signal_add(T *heap_ptr, T value, int pe) {
 
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned signal_set_qp(T *heap_ptr, T value, int pe, int qp) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    const uint64_t raw = detail::amo_operand<T>(value);
     return detail::post_signal(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T),
                                raw, pe, qp);
 }
@@ -1615,8 +1618,7 @@ NVSHMEM_EFA_GDA_DEV unsigned signal_set(T *heap_ptr, T value, int pe) {
 // SEND: the target applies the AMO before it produces the RX entry). Thread scope.
 template <typename T>
 NVSHMEM_EFA_GDA_DEV unsigned amo_set_imm_qp(T *heap_ptr, T value, uint32_t imm, int pe, int qp) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "AMO operands are 4 or 8 bytes");
-    uint64_t raw = sizeof(T) == 4 ? (uint64_t)(uint32_t)value : (uint64_t)value;
+    const uint64_t raw = detail::amo_operand<T>(value);
     return detail::post_amo(NVSHMEM_EFA_GDA_AMO_SET, heap_offset(heap_ptr), (uint32_t)sizeof(T), raw,
                             pe, true, imm, 0u, qp);
 }
