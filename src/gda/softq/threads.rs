@@ -1,0 +1,316 @@
+//! Consumer threads (docs/softq-threads.md): `NVSHMEM_EFA_SOFT_THREADS` = T threads, each a
+//! [`Consumer`] with its own slots, copy queue, copy kernel, bounce ring, ordering bookkeeping and
+//! counters, sharing [`Inner`].
+//!
+//! * Ring `r` belongs to thread `r % T`, for good: only its owner reads its SQ and doorbell,
+//!   writes its CQ and host words, and keeps its ordering streams, so a WQE's guarantees (data,
+//!   then count, per (ring, PE)) are those of one thread. An owner claims each ring
+//!   ([`RingClaim`]); a second claim is a panic (the queue fails) rather than a broken order.
+//! * Thread 0 alone touches the endpoint: its CQ, the receives and the RX ring, staged messages
+//!   and their replies, bounce buffers for SENDs. Another thread executes copies itself and hands
+//!   every other WQE (SEND and AMO messages, RDMA through the provider, staged RDMA) to thread 0
+//!   ([`Mailbox::work`]), keeping it in flight in its own slot; thread 0 posts it like its own and
+//!   hands its completion status back ([`Mailbox::done`]), and the owner writes the CQE. An
+//!   announcing AMO is held by its owner until the WQEs before it on its stream completed, before
+//!   it is handed over, exactly as thread 0 holds its own.
+//! * Stop: every thread drains what it has in flight; thread 0 keeps serving the others until they
+//!   all left, then stops, and logs the totals of every thread's summary.
+use super::*;
+
+/// Most consumer threads (`NVSHMEM_EFA_SOFT_THREADS`).
+pub const MAX_SOFT_THREADS: usize = 16;
+
+/// A ring owner's claim, in the ring's shared state: the thread that serves it (`usize::MAX`: none).
+pub(super) struct RingClaim(std::sync::atomic::AtomicUsize);
+
+impl Default for RingClaim {
+    fn default() -> RingClaim {
+        RingClaim(std::sync::atomic::AtomicUsize::new(usize::MAX))
+    }
+}
+
+impl RingClaim {
+    /// Claims the ring for thread `me`. Two threads serving one ring would break its ordering
+    /// guarantees: a second claim panics (the queue fails with the message).
+    pub(super) fn claim(&self, ring: usize, me: usize) {
+        if let Err(other) =
+            self.0
+                .compare_exchange(usize::MAX, me, Ordering::AcqRel, Ordering::Acquire)
+        {
+            if other != me {
+                panic!(
+                    "software queue: ring {ring} claimed by consumer thread {me} while thread \
+                     {other} serves it (a ring has one consumer)"
+                );
+            }
+        }
+    }
+}
+
+/// Where a WQE handed to thread 0 came from: the owner thread and the slot it holds there
+/// (packed: thread in the high 8 bits, slot + 1 in the low 24; a thread has at most 32768 slots),
+/// so that a [`Pending`] stays small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Origin(std::num::NonZeroU32);
+
+impl Origin {
+    pub(super) fn new(thread: usize, slot: u32) -> Origin {
+        debug_assert!(thread < MAX_SOFT_THREADS && slot < (1 << 24) - 1);
+        let v = ((thread as u32) << 24) | (slot + 1);
+        Origin(std::num::NonZeroU32::new(v).expect("slot + 1 is not zero"))
+    }
+
+    pub(super) fn thread(self) -> usize {
+        (self.0.get() >> 24) as usize
+    }
+
+    pub(super) fn slot(self) -> u32 {
+        (self.0.get() & 0xff_ffff) - 1
+    }
+}
+
+/// One thread's mailbox. Thread 0's `work` receives the WQEs other threads hand over; each
+/// thread's `done` receives the completions of the ones it handed over.
+#[derive(Default)]
+pub(super) struct Mailbox {
+    pub(super) work: Mutex<Vec<Pending>>,
+    pub(super) done: Mutex<Vec<(u32, CqStatus)>>,
+    /// Items in `work` and `done` together (a look without the lock).
+    pub(super) count: AtomicU64,
+}
+
+impl Mailbox {
+    fn has_mail(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+}
+
+/// One consumer thread's account, written when it stops ([`SoftQueue::consumer_summaries`]) and
+/// summed over the threads in the queue's stop summary (debug level).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerSummary {
+    /// The thread (0 owns the endpoint).
+    pub thread: usize,
+    /// The rings it served, each with the WQEs it took from it.
+    pub rings: Vec<(usize, u64)>,
+    /// WQEs taken, rejected among them, TX completions written.
+    pub taken: u64,
+    pub rejected: u64,
+    pub completed: u64,
+    /// WQEs it handed to thread 0 (threads other than 0), or took from the other threads (0).
+    pub handed: u64,
+    /// WQEs executed as copies.
+    pub ipc_copies: u64,
+    /// Loop passes, and those that took WQEs.
+    pub loops: u64,
+    pub rounds: u64,
+}
+
+/// Counters a thread adds to the queue's shared ones: what it published last, so that each
+/// publication adds the difference.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Published {
+    pub(super) ipc_copies: u64,
+    pub(super) ipc_ring_waits: u64,
+    pub(super) order: [u64; 2],
+    pub(super) kernel: [u64; 3],
+}
+
+/// Adds `now - *last` to `shared` and remembers `now`.
+pub(super) fn publish(shared: &AtomicU64, last: &mut u64, now: u64) {
+    if now > *last {
+        shared.fetch_add(now - *last, Ordering::AcqRel);
+        *last = now;
+    }
+}
+
+/// The threads a configuration runs: `threads` as asked (checked 1..=MAX by the configuration).
+pub(super) fn thread_count(cfg: &SoftQueueConfig) -> usize {
+    cfg.threads.clamp(1, MAX_SOFT_THREADS)
+}
+
+impl Consumer {
+    /// Whether this thread owns the endpoint.
+    pub(super) fn owns_endpoint(&self) -> bool {
+        self.id == 0
+    }
+
+    /// Hands validated WQE `p` (its slot taken in this thread) to thread 0, which executes it on
+    /// the endpoint; it stays in flight here until its completion comes back.
+    pub(super) fn hand_over(&mut self, p: Pending) {
+        let slot = p.slot.expect("slot taken before the hand-over");
+        self.occupy(slot, InFlight::of(&p, None, None));
+        self.handed += 1;
+        let m = &self.inner.mail[0];
+        m.work.lock().push(Pending {
+            slot: None,
+            bounce: None,
+            from: Some(Origin::new(self.id, slot)),
+            ..p
+        });
+        m.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Sends the completion of a WQE another thread handed over back to it.
+    pub(super) fn hand_back(&self, o: Origin, status: CqStatus) {
+        let m = &self.inner.mail[o.thread()];
+        m.done.lock().push((o.slot(), status));
+        m.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Thread 0: takes the WQEs other threads handed over and posts them (in the order handed
+    /// over; one the provider refuses for now waits, with those after it, for the next pass).
+    pub(super) fn serve_handed(&mut self) -> usize {
+        let m = &self.inner.mail[0];
+        if m.has_mail() {
+            let mut w = m.work.lock();
+            m.count.fetch_sub(w.len() as u64, Ordering::AcqRel);
+            self.handed += w.len() as u64;
+            self.handed_in.extend(w.drain(..));
+        }
+        let mut n = 0;
+        while let Some(p) = self.handed_in.pop_front() {
+            match self.post(p) {
+                Ok(()) => n += 1,
+                Err(p) => {
+                    self.handed_in.push_front(p);
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// Another thread: completes the WQEs thread 0 finished for it.
+    pub(super) fn take_done(&mut self) -> usize {
+        let inner = self.inner.clone();
+        let m = &inner.mail[self.id];
+        if !m.has_mail() {
+            return 0;
+        }
+        let done: Vec<(u32, CqStatus)> = std::mem::take(&mut *m.done.lock());
+        m.count.fetch_sub(done.len() as u64, Ordering::AcqRel);
+        for &(slot, status) in &done {
+            self.complete_tx(u64::from(slot), status);
+        }
+        done.len()
+    }
+
+    /// This thread's account.
+    pub(super) fn summary(&self) -> ConsumerSummary {
+        ConsumerSummary {
+            thread: self.id,
+            rings: self.rings.iter().map(|r| (r.id, r.ci)).collect(),
+            taken: self.taken(),
+            rejected: self.rejected,
+            completed: self.completed,
+            handed: self.handed,
+            ipc_copies: self.ipc_copies,
+            loops: self.rounds.loops,
+            rounds: self.rounds.rounds,
+        }
+    }
+
+    /// Publishes this thread's counters into the queue's shared ones.
+    pub(super) fn publish_counts(&mut self) {
+        let i = self.inner.clone();
+        let p = &mut self.published;
+        publish(&i.ipc_copies, &mut p.ipc_copies, self.ipc_copies);
+        publish(
+            &i.ipc_ring_waits,
+            &mut p.ipc_ring_waits,
+            self.ipc_ring_waits,
+        );
+        let order = [self.order.announced, self.order.waited];
+        for ((s, l), v) in i.order_counts.iter().zip(&mut p.order).zip(order) {
+            publish(s, l, v);
+        }
+        if let Some(k) = &self.kcopies {
+            let kc = [k.launched, k.applied, k.taken_over];
+            for ((s, l), v) in i.kernel_counts.iter().zip(&mut p.kernel).zip(kc) {
+                publish(s, l, v);
+            }
+        }
+    }
+}
+
+impl SoftQueue {
+    /// Consumer threads serving the queue (`NVSHMEM_EFA_SOFT_THREADS`).
+    pub fn threads(&self) -> usize {
+        self.inner.mail.len()
+    }
+
+    /// The accounts of the consumer threads that stopped (all of them after
+    /// [`SoftQueue::stop`]; a thread that panicked leaves none), by thread.
+    pub fn consumer_summaries(&self) -> Vec<ConsumerSummary> {
+        let mut v = self.inner.summaries.lock().clone();
+        v.sort_by_key(|s| s.thread);
+        v
+    }
+}
+
+/// Logs the totals of every thread's summary (debug level), once the last thread stopped.
+pub(super) fn log_totals(all: &[ConsumerSummary]) {
+    if all.len() < 2 {
+        return;
+    }
+    let sum = |f: fn(&ConsumerSummary) -> u64| all.iter().map(f).sum::<u64>();
+    let per: Vec<String> = all
+        .iter()
+        .map(|s| {
+            format!(
+                "thread {}: {} WQEs from {} ring(s), {} handed over",
+                s.thread,
+                s.taken,
+                s.rings.len(),
+                s.handed
+            )
+        })
+        .collect();
+    tracing::debug!(
+        "software queue, {} consumer threads together: {} WQEs taken ({} rejected), {} TX \
+         completions written, {} copies, {} rings, {} loop passes ({} took WQEs); {}",
+        all.len(),
+        sum(|s| s.taken),
+        sum(|s| s.rejected),
+        sum(|s| s.completed),
+        sum(|s| s.ipc_copies),
+        all.iter().map(|s| s.rings.len()).sum::<usize>(),
+        sum(|s| s.loops),
+        sum(|s| s.rounds),
+        per.join("; ")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_adds_differences() {
+        let shared = AtomicU64::new(0);
+        let (mut a, mut b) = (0, 0);
+        publish(&shared, &mut a, 3);
+        publish(&shared, &mut b, 5);
+        publish(&shared, &mut a, 4);
+        publish(&shared, &mut a, 4);
+        assert_eq!(shared.load(Ordering::Acquire), 9);
+    }
+
+    #[test]
+    fn origin_packs_thread_and_slot() {
+        for (t, s) in [(0, 0), (15, 32767), (3, 1 << 20)] {
+            let o = Origin::new(t, s);
+            assert_eq!((o.thread(), o.slot()), (t, s));
+        }
+    }
+
+    #[test]
+    fn a_ring_has_one_owner() {
+        let c = RingClaim::default();
+        c.claim(3, 1);
+        c.claim(3, 1);
+        let r = std::panic::catch_unwind(|| c.claim(3, 2));
+        assert!(r.is_err(), "a second thread's claim must fail");
+    }
+}
