@@ -24,8 +24,14 @@ fn provider() -> nvshmem_efa_gda::fabric::Provider {
 }
 
 fn two_pes(threads: usize, unordered: Duration, ipc: CopyRoute) -> Vec<Pe> {
+    two_pes_staged(threads, unordered, ipc, false)
+}
+
+/// [`two_pes`], `staged`: every RDMA transfer the copy route does not take moves by staged
+/// messages (`NVSHMEM_EFA_GPU_STAGING=1`).
+fn two_pes_staged(threads: usize, unordered: Duration, ipc: CopyRoute, staged: bool) -> Vec<Pe> {
     let mut cfg = config(GdaMode::Soft);
-    cfg.gpu_staging = Some(false);
+    cfg.gpu_staging = Some(staged);
     cfg.soft_unordered = unordered;
     cfg.soft_ipc = ipc;
     cfg.soft_threads = threads;
@@ -61,14 +67,20 @@ fn pattern(qp: u32, round: u64) -> u8 {
 }
 
 /// Every queue of PE 0 to PE 1, from a host thread each, `ROUNDS` times: `WRITES` writes through
-/// the provider, `WRITES` copies, then an AMO announcing them (a SEND); every WQE completes once,
-/// the data and the counts land, and each ring was served by its one thread, `r % T`.
-fn every_wqe_once(threads: usize) {
-    let mut pes = two_pes(threads, Duration::ZERO, CopyRoute::Host);
+/// the provider (`staged`: by staged messages), `WRITES` copies, then an AMO announcing them (a
+/// SEND); every WQE completes once, the data and the counts land, and each ring was served by its
+/// one thread, `r % T`.
+fn every_wqe_once(threads: usize, staged: bool) {
+    let mut pes = two_pes_staged(threads, Duration::ZERO, CopyRoute::Host, staged);
     let pm = UpperHalf(pes[1].heap.addr(), pes[1].heap.len() as u64);
     pes[0].gda.set_peer_memory(Some(Arc::new(pm))).unwrap();
     let q0 = pes[0].gda.soft_queue().unwrap();
     assert_eq!(q0.threads(), threads);
+    assert_eq!(
+        q0.staging() == nvshmem_efa_gda::gda::softq::Staging::All,
+        staged,
+        "staging as asked"
+    );
     let peer = pes[0].peer(1);
     let (src, src_addr, lkey) = (
         pes[0].heap.ptr() as usize,
@@ -207,17 +219,24 @@ fn every_wqe_once(threads: usize) {
 
 #[test]
 fn every_wqe_completes_once_on_one_thread() {
-    every_wqe_once(1);
+    every_wqe_once(1, false);
 }
 
 #[test]
 fn every_wqe_completes_once_on_two_threads() {
-    every_wqe_once(2);
+    every_wqe_once(2, false);
 }
 
 #[test]
 fn every_wqe_completes_once_on_four_threads() {
-    every_wqe_once(4);
+    every_wqe_once(4, false);
+}
+
+/// Staged transfers handed over: thread 0 runs their messages and replies for the other threads.
+#[test]
+fn staged_writes_complete_once_on_two_and_four_threads() {
+    every_wqe_once(2, true);
+    every_wqe_once(4, true);
 }
 
 /// The ordering rule (docs/ordering.md) on a ring of a thread other than 0, whose writes and AMOs
