@@ -1,6 +1,7 @@
 //! The software EFA queue: the rings of an EFA send queue, its completion queue and a receive
-//! completion ring, in memory the GPU maps, consumed by a host thread that executes every WQE through
-//! libfabric on an endpoint of its own.
+//! completion ring, in memory the GPU maps, consumed by host threads (`NVSHMEM_EFA_SOFT_THREADS`,
+//! `threads`: ring `r` on thread `r % T`) that execute every WQE through libfabric on an endpoint
+//! of the queue's own (thread 0's) or as same-host copies.
 //!
 //! Kernels post exactly as they would to the hardware (the protocol in [`super::state`]); only the
 //! doorbell differs: here it is a `u32` record in mapped host memory that the consumer thread polls.
@@ -86,7 +87,7 @@
 //! bytes). This measures the GPU's WQE post rate, the upper bound of hardware GDA.
 //!
 //! # Receive side
-//! The same thread polls the endpoint's CQ for remote CQ data (RDMA write with immediate arriving)
+//! Thread 0 polls the endpoint's CQ for remote CQ data (RDMA write with immediate arriving)
 //! and for received SENDs (receive buffers stay posted). Each becomes a 32-byte RX completion
 //! (extended EFA receive format) in the RX ring, with the phase convention of the CQ, and
 //! `host_ctrl.rx_produced` advances. A SEND carrying an AMO message is applied to the local heap
@@ -145,7 +146,8 @@
 //! * `order`: the ordering rule (an AMO that announces data waits for the WQEs before it to its
 //!   PE, docs/ordering.md);
 //! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA;
-//! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk.
+//! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk;
+//! * `threads`: consumer threads, ring ownership, hand-overs to thread 0 (docs/softq-threads.md).
 
 mod completion;
 mod consumer;
@@ -599,50 +601,7 @@ impl SoftQueue {
                 cfg.staging
             );
         }
-        let mut consumers = Vec::with_capacity(n_threads);
-        for id in 0..n_threads {
-            let mut c = Consumer::new(
-                inner.clone(),
-                id,
-                if id == 0 { slots0 } else { sq_entries as usize },
-            );
-            c.kcopies = kernel_copies(cfg, inner.cuda_ctx);
-            consumers.push(c);
-        }
-        consumers[0].post_all_receives()?;
-        if n_threads > 1 {
-            tracing::info!(
-                "software queue: {n_threads} consumer threads (NVSHMEM_EFA_SOFT_THREADS): ring r on \
-                 thread r % {n_threads}, for good; thread 0 alone uses the endpoint (the other \
-                 threads execute their copies and hand it their SENDs, AMOs and RDMA through the \
-                 provider)"
-            );
-        }
-        let mut threads = Vec::with_capacity(n_threads);
-        for c in consumers {
-            let name = format!("nvshmem-efa-softq{}", c.id);
-            let spawned = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || c.run_guarded());
-            match spawned {
-                Ok(h) => threads.push(h),
-                Err(e) => {
-                    // The threads started stop again (a helper that never started is not waited for).
-                    let missing = (n_threads - threads.len()) as u64;
-                    inner
-                        .helpers_live
-                        .fetch_sub(missing.min(n_threads as u64 - 1), Ordering::AcqRel);
-                    let q = SoftQueue {
-                        inner,
-                        threads: Mutex::new(threads),
-                    };
-                    q.stop();
-                    return Err(GdaError::io(format!(
-                        "cannot start the software queue's consumer threads: {e}"
-                    )));
-                }
-            }
-        }
+        let threads = start_consumers(&inner, cfg, slots0)?;
         tracing::info!(
             "software EFA queue: {sq_entries} x {} B WQE entries, max batch {}, CQ {cq_entries} x 16 B, RX \
              {rx_entries} x 32 B, rings in {} memory, control block in {} memory, provider {}, staging {:?}",

@@ -234,6 +234,58 @@ impl Consumer {
     }
 }
 
+/// Makes the queue's consumers (thread 0 with `slots0` slots, the others with a ring's worth), posts
+/// thread 0's receives and starts them, thread 0 first. A thread that cannot start stops the
+/// ones started (joined) and fails the creation.
+pub(super) fn start_consumers(
+    inner: &Arc<Inner>,
+    cfg: &SoftQueueConfig,
+    slots0: usize,
+) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let n = inner.mail.len();
+    let mut consumers = Vec::with_capacity(n);
+    for id in 0..n {
+        let slots = if id == 0 {
+            slots0
+        } else {
+            inner.sq_entries as usize
+        };
+        let mut c = Consumer::new(inner.clone(), id, slots);
+        c.kcopies = kernel_copies(cfg, inner.cuda_ctx);
+        consumers.push(c);
+    }
+    consumers[0].post_all_receives()?;
+    if n > 1 {
+        tracing::info!(
+            "software queue: {n} consumer threads (NVSHMEM_EFA_SOFT_THREADS): ring r on thread \
+             r % {n}, for good; thread 0 alone uses the endpoint (the other threads execute their \
+             copies and hand it their SENDs, AMOs and RDMA through the provider)"
+        );
+    }
+    let mut threads = Vec::with_capacity(n);
+    for c in consumers {
+        let spawned = std::thread::Builder::new()
+            .name(format!("nvshmem-efa-softq{}", c.id))
+            .spawn(move || c.run_guarded());
+        match spawned {
+            Ok(h) => threads.push(h),
+            Err(e) => {
+                // Thread 0 does not wait for helpers that never started.
+                let missing = (n - threads.len()).min(n - 1) as u64;
+                inner.helpers_live.fetch_sub(missing, Ordering::AcqRel);
+                inner.stop.store(true, Ordering::Release);
+                for h in threads.into_iter().rev() {
+                    let _ = h.join();
+                }
+                return Err(GdaError::io(format!(
+                    "cannot start the software queue's consumer threads: {e}"
+                )));
+            }
+        }
+    }
+    Ok(threads)
+}
+
 impl SoftQueue {
     /// Consumer threads serving the queue (`NVSHMEM_EFA_SOFT_THREADS`).
     pub fn threads(&self) -> usize {
