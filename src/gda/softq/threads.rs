@@ -303,8 +303,16 @@ impl SoftQueue {
 
 /// Logs the totals of every thread's summary (debug level), once the last thread stopped.
 pub(super) fn log_totals(all: &[ConsumerSummary]) {
+    if let Some(line) = totals(all) {
+        tracing::debug!("{line}");
+    }
+}
+
+/// The line of [`log_totals`]: the threads' accounts summed, then each thread's share (`None` for
+/// one thread: its own summary says it all).
+pub(super) fn totals(all: &[ConsumerSummary]) -> Option<String> {
     if all.len() < 2 {
-        return;
+        return None;
     }
     let sum = |f: fn(&ConsumerSummary) -> u64| all.iter().map(f).sum::<u64>();
     let per: Vec<String> = all
@@ -319,7 +327,7 @@ pub(super) fn log_totals(all: &[ConsumerSummary]) {
             )
         })
         .collect();
-    tracing::debug!(
+    Some(format!(
         "software queue, {} consumer threads together: {} WQEs taken ({} rejected), {} TX \
          completions written, {} copies, {} rings, {} loop passes ({} took WQEs); {}",
         all.len(),
@@ -331,7 +339,7 @@ pub(super) fn log_totals(all: &[ConsumerSummary]) {
         sum(|s| s.loops),
         sum(|s| s.rounds),
         per.join("; ")
-    );
+    ))
 }
 
 #[cfg(test)]
@@ -355,6 +363,45 @@ mod tests {
             let o = Origin::new(t, s);
             assert_eq!((o.thread(), o.slot()), (t, s));
         }
+    }
+
+    #[test]
+    fn the_stop_summary_sums_the_threads() {
+        let one = ConsumerSummary {
+            thread: 0,
+            rings: vec![(0, 5), (2, 7)],
+            taken: 12,
+            rejected: 1,
+            completed: 12,
+            handed: 3,
+            ipc_copies: 4,
+            loops: 100,
+            rounds: 10,
+        };
+        assert_eq!(totals(std::slice::from_ref(&one)), None);
+        let two = ConsumerSummary {
+            thread: 1,
+            rings: vec![(1, 3)],
+            taken: 3,
+            rejected: 0,
+            completed: 3,
+            handed: 3,
+            ipc_copies: 0,
+            loops: 50,
+            rounds: 2,
+        };
+        let line = totals(&[one, two]).unwrap();
+        assert!(
+            line.contains(
+                "2 consumer threads together: 15 WQEs taken (1 rejected), 15 TX \
+                 completions written, 4 copies, 3 rings, 150 loop passes (12 took WQEs)"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("thread 1: 3 WQEs from 1 ring(s), 3 handed over"),
+            "{line}"
+        );
     }
 
     #[test]
