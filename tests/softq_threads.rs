@@ -142,12 +142,26 @@ fn every_wqe_once(threads: usize, staged: bool) {
     // SAFETY: PE 1's heap, written by the completed writes and AMOs above.
     let dst = unsafe { std::slice::from_raw_parts(pes[1].heap.ptr(), HEAP) };
     for qp in 0..QPP {
-        let c = u64::from_le_bytes(
-            dst[qp as usize * 8..qp as usize * 8 + 8]
-                .try_into()
-                .unwrap(),
+        // The target's consumer applies an AMO after its message arrived (the sender's completion
+        // does not wait for that): wait for the last one.
+        // SAFETY: an 8-byte aligned word of PE 1's live heap, which its consumer updates with
+        // atomics.
+        let c = unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(
+                pes[1].heap.ptr().add(qp as usize * 8) as *mut u64
+            )
+        };
+        let t = Instant::now();
+        while c.load(std::sync::atomic::Ordering::Acquire) < ROUNDS
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            c.load(std::sync::atomic::Ordering::Acquire),
+            ROUNDS,
+            "queue {qp}'s count"
         );
-        assert_eq!(c, ROUNDS, "queue {qp}'s count");
         for upper in [false, true] {
             for i in 0..WRITES {
                 let off = slot_off(qp, i, upper);
