@@ -346,10 +346,16 @@ impl Consumer {
                             }
                         ),
                     };
-                    tracing::info!(
+                    let line = format!(
                         "software queue: RDMA to same-host peers whose heap is mapped here runs as \
                          {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, kernel)"
                     );
+                    // Every consumer thread has a copy queue of its own.
+                    if self.inner.mail.len() > 1 {
+                        tracing::info!("{line} (consumer thread {})", self.id);
+                    } else {
+                        tracing::info!("{line}");
+                    }
                     self.copyq = Some(CopyQueue::new(e));
                     self.bounce = ring;
                 }
