@@ -207,6 +207,7 @@ impl Consumer {
             inner.mark_all_stopped();
         }
         if id != 0 {
+            inner.mail[id].gone.store(true, Ordering::Release);
             inner.helpers_live.fetch_sub(1, Ordering::AcqRel);
         }
     }

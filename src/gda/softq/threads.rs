@@ -77,6 +77,9 @@ pub(super) struct Mailbox {
     pub(super) done: Mutex<Vec<(u32, CqStatus)>>,
     /// Items in `work` and `done` together (a look without the lock).
     pub(super) count: AtomicU64,
+    /// The thread left (stopped, or died): what it handed over and thread 0 has not posted yet is
+    /// dropped, not posted after its owner completed it as flushed.
+    pub(super) gone: AtomicBool,
 }
 
 impl Mailbox {
@@ -170,6 +173,13 @@ impl Consumer {
         }
         let mut n = 0;
         while let Some(p) = self.handed_in.pop_front() {
+            if p.from
+                .is_some_and(|o| self.inner.mail[o.thread()].gone.load(Ordering::Acquire))
+            {
+                // Its owner left (stopping past the drain limit, or failed): never post it.
+                n += 1;
+                continue;
+            }
             match self.post(p) {
                 Ok(()) => n += 1,
                 Err(p) => {
