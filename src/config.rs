@@ -82,6 +82,10 @@ pub struct Config {
     /// undecided at once before the next round waits and gathers more copies (1 to 64, default
     /// 1).
     pub soft_kernel_ahead: usize,
+    /// `NVSHMEM_EFA_SOFT_THREADS`: consumer threads of the software queue (1 to 16, default 1):
+    /// ring `r` is served by thread `r % T`; thread 0 alone uses the endpoint
+    /// (docs/softq-threads.md).
+    pub soft_threads: usize,
     /// Not from the environment (tests): where CUDA is not usable, the host thread that stands in
     /// for the copy kernel starts each launch this long after it was made.
     pub soft_kernel_host_delay: Duration,
@@ -299,6 +303,7 @@ impl Config {
             soft_kernel_stuck: Duration::from_millis(2),
             soft_kernel_host_delay: Duration::ZERO,
             soft_kernel_ahead: 1,
+            soft_threads: 1,
             soft_null: false,
             bench_null: false,
             soft_unordered: Duration::ZERO,
@@ -456,6 +461,14 @@ impl Config {
             c.soft_kernel_ahead = n as usize;
         }
         if let Some(n) = vars.u64(
+            "NVSHMEM_EFA_SOFT_THREADS",
+            (1, crate::gda::softq::MAX_SOFT_THREADS as u64),
+            any,
+            "consumer threads, 1 to 16",
+        )? {
+            c.soft_threads = n as usize;
+        }
+        if let Some(n) = vars.u64(
             "NVSHMEM_EFA_SOFT_IPC_BOUNCE",
             (crate::gda::softq::MIN_BOUNCE_BYTES as u64, 1 << 34),
             any,
@@ -581,6 +594,14 @@ mod tests {
         for bad in ["0", "65", "many"] {
             let e = cfg(&[("NVSHMEM_EFA_SOFT_KERNEL_AHEAD", bad)]).unwrap_err();
             assert_eq!(e.var, "NVSHMEM_EFA_SOFT_KERNEL_AHEAD", "{bad}");
+        }
+        assert_eq!(cfg(&[]).unwrap().soft_threads, 1);
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_THREADS", " 16 ")]).unwrap();
+        assert_eq!(c.soft_threads, 16);
+        for bad in ["0", "17", "-2", "two", ""] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_THREADS", bad)]).unwrap_err();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_THREADS", "{bad}");
+            assert!(e.to_string().contains("1 to 16"), "{e}");
         }
     }
 

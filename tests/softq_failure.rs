@@ -70,7 +70,7 @@ fn consumer_panic_fails_the_queue_at_once() {
         let text = log.text();
         assert!(
             text.contains(
-                "software queue consumer thread panicked: injected fault: consumer panic at WQE 1"
+                "software queue consumer thread 0 panicked: injected fault: consumer panic at WQE 1"
             ),
             "{p}: the panic was not logged with its message:\n{text}"
         );

@@ -156,65 +156,6 @@ fn quiet_of_one_queue_does_not_wait_for_another() {
     assert_eq!((slow.errors(), fast.errors()), (0, 0));
 }
 
-/// Data on one queue, then a count, `ROUNDS` times: the writes on queue `data_qp`, the count on
-/// queue `count_qp` of the same PE, in the heaps' region `region` (512 KiB each: the counter, then
-/// the data; a fresh region per call). Returns the bytes found stale when their count was visible.
-fn data_then_count(pes: &[Pe], region: usize, data_qp: u32, count_qp: u32, flags: u32) -> u64 {
-    const ROUNDS: u8 = 6;
-    const WRITES: usize = 4;
-    const LEN: usize = 64 << 10;
-    let base = region * (512 << 10);
-    let data_at = base + 4096;
-    let q0 = pes[0].gda.soft_queue().unwrap();
-    let data = HostPoster::on_ring(q0, queue_index(1, data_qp, QUEUES_PER_PE)).unwrap();
-    let count = HostPoster::on_ring(q0, queue_index(1, count_qp, QUEUES_PER_PE)).unwrap();
-    let peer = pes[0].peer(1);
-    let src = pes[0].heap.ptr();
-    let dst = pes[1].heap.ptr() as usize + base;
-    let total = WRITES * LEN;
-    let checker = std::thread::spawn(move || {
-        let dst = dst as *mut u8;
-        // SAFETY: the counter is the first 8-byte word of the region of PE 1's live heap (page
-        // aligned); the software queue's consumer applies the adds to it with atomics.
-        let c = unsafe { std::sync::atomic::AtomicU64::from_ptr(dst as *mut u64) };
-        let mut stale = 0u64;
-        for round in 1..=u64::from(ROUNDS) {
-            let t = Instant::now();
-            while c.load(std::sync::atomic::Ordering::Acquire) < round {
-                assert!(
-                    t.elapsed() < Duration::from_secs(30),
-                    "round {round}'s count"
-                );
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            // SAFETY: inside PE 1's heap; writers only ever raise the bytes.
-            let d = unsafe { std::slice::from_raw_parts(dst.add(4096), total) };
-            stale += d.iter().filter(|&&b| u64::from(b) < round).count() as u64;
-        }
-        stale
-    });
-    for round in 1..=ROUNDS {
-        // SAFETY: inside PE 0's heap; the previous round's writes completed (quiet below).
-        unsafe { std::ptr::write_bytes(src.add(data_at), round, total) };
-        let ds = heap_writes(&peer, &pes[0], &pes[1], data_at, WRITES, LEN);
-        let amo = AmoMsg {
-            op: AMO_OP_ADD,
-            size: 8,
-            offset: base as u64,
-            value: 1,
-            flags,
-        };
-        data.post(&ds).unwrap();
-        count
-            .post(&[send_inline(&peer, &amo.encode(), None)])
-            .unwrap();
-        data.quiet().unwrap();
-        count.quiet().unwrap();
-        assert_eq!(data.errors() + count.errors(), 0, "round {round}");
-    }
-    checker.join().unwrap()
-}
-
 /// The ordering rule (docs/ordering.md) holds per queue: an announcing count on the queue of its
 /// data waits for that data (no stale byte, though every write is issued late); the same count on
 /// another queue of the same PE is not ordered after it (the control: it overtakes the late
@@ -224,7 +165,7 @@ fn the_ordering_rule_is_per_queue() {
     // Writes issued 150 ms late: far longer than the checker takes to see a count, even on a
     // loaded machine.
     let pes = two_pes(Duration::from_millis(150));
-    let same = data_then_count(&pes, 0, 1, 1, AMO_AFTER_DATA);
+    let same = data_then_count(&pes, QUEUES_PER_PE, 0, 1, 1, AMO_AFTER_DATA);
     assert_eq!(
         same, 0,
         "rule violated: a count announcing the data of its own queue was applied before {same} \
@@ -235,12 +176,12 @@ fn the_ordering_rule_is_per_queue() {
         st.amos_waited > 0,
         "no count had to wait: the test exercised nothing"
     );
-    let other = data_then_count(&pes, 1, 2, 3, AMO_AFTER_DATA);
+    let other = data_then_count(&pes, QUEUES_PER_PE, 1, 2, 3, AMO_AFTER_DATA);
     assert!(
         other > 0,
         "a count on another queue waited for this queue's data: the rule is not per queue"
     );
-    let plain = data_then_count(&pes, 2, 1, 1, 0);
+    let plain = data_then_count(&pes, QUEUES_PER_PE, 2, 1, 1, 0);
     assert!(
         plain > 0,
         "a plain count overtook nothing: the control exercised nothing"

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Draws the GDA sweep (tests/gpu_gda/run.sh with GDA_BENCH_SETS=sweep): post rate (null consumer)
-and delivered message rate against posting warps, one line per queue count.
+and delivered message rate against posting warps, one line per queue count (and consumer thread
+count, where the sweep has more than one).
 
 Usage: plot_sweep.py BENCH_SWEEP_CSV OUT_PNG
 
 Input columns: blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps
-(kind: null or data). Prints the table it draws. Without matplotlib the PNG is skipped with a
+and optionally threads (NVSHMEM_EFA_SOFT_THREADS; absent: 1) (kind: null or data). Prints the table it draws. Without matplotlib the PNG is skipped with a
 message (exit 0). Exit status 1 when the CSV is missing, malformed or empty.
 """
 import csv
@@ -31,11 +32,13 @@ def main(argv):
     series = {}
     for r in rows:
         rate = float(r["wqe_rate_mwps"] if r["kind"] == "null" else r["msg_rate_mps"])
-        series.setdefault((r["kind"], int(r["queues"])), []).append((int(r["posters"]), rate))
-    print(f"{'kind':6} {'queues':>6} {'posting warps':>13} {'M/s':>9}")
-    for (kind, q), pts in sorted(series.items()):
+        threads = int(r.get("threads") or 1)
+        series.setdefault((r["kind"], int(r["queues"]), threads), []).append((int(r["posters"]), rate))
+    many = len({t for _, _, t in series}) > 1
+    print(f"{'kind':6} {'queues':>6} {'threads':>7} {'posting warps':>13} {'M/s':>9}")
+    for (kind, q, t), pts in sorted(series.items()):
         for p, v in sorted(pts):
-            print(f"{kind:6} {q:>6} {p:>13} {v:>9.3f}")
+            print(f"{kind:6} {q:>6} {t:>7} {p:>13} {v:>9.3f}")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -46,11 +49,12 @@ def main(argv):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, kind, title in ((axes[0], "null", "post rate, null consumer (M WQEs/s)"),
                             (axes[1], "data", "delivered 8 B puts (M msgs/s)")):
-        for (k, q), pts in sorted(series.items()):
+        for (k, q, t), pts in sorted(series.items()):
             if k != kind:
                 continue
             pts.sort()
-            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=f"{q} queue(s) per PE")
+            label = f"{q} queue(s) per PE" + (f", {t} thread(s)" if many else "")
+            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("posting warps")

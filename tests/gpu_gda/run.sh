@@ -40,6 +40,8 @@ environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARG
   8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
   GDA_SWEEP (the sweep's points BLOCKSxWARPS, default "1x1 1x4 4x4 16x4 32x8 66x8 132x8"),
   GDA_SWEEP_QUEUES (the sweep's queue counts per PE, default "1 4 16 64"),
+  GDA_SWEEP_THREADS (the sweep's software-queue consumer thread counts, NVSHMEM_EFA_SOFT_THREADS
+  1 to 16, default the caller's NVSHMEM_EFA_SOFT_THREADS or 1; column threads),
   GDA_SWEEP_BUDGET_S (seconds per sweep run, default 8), GDA_BENCH_EXTRA (more
   gda_bench options for every benchmark run, e.g. "--blocks 16 --warps 8"), GDA_NVCC_DEFINES (extra
   nvcc options for the programs, e.g. -DNVSHMEM_EFA_GDA_PROFILE: gda_bench prints where the device's
@@ -457,7 +459,7 @@ lib_env=(
 [ -d "$fabric_lib/libfabric" ] && lib_env+=("FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-$fabric_lib/libfabric}")
 for name in $(compgen -e); do
     case "$name" in
-    FI_LOG_LEVEL | FI_PROVIDER_PATH | NVSHMEM_EFA_GDA | NVSHMEM_EFA_SQ_DEPTH | NVSHMEM_EFA_SOFT_NULL) ;;
+    FI_LOG_LEVEL | FI_PROVIDER_PATH | NVSHMEM_EFA_GDA | NVSHMEM_EFA_SQ_DEPTH | NVSHMEM_EFA_SOFT_NULL | NVSHMEM_EFA_SOFT_THREADS) ;;
     NVSHMEM_EFA_* | FI_*) lib_env+=("$name=${!name-}") ;;
     esac
 done
@@ -465,6 +467,13 @@ done
 # 256-entry send queue so that every case wraps the ring many times.
 bench_env=("${lib_env[@]}")
 [ -n "${NVSHMEM_EFA_SQ_DEPTH:-}" ] && bench_env+=("NVSHMEM_EFA_SQ_DEPTH=$NVSHMEM_EFA_SQ_DEPTH")
+# The software queue's consumer threads: the caller's NVSHMEM_EFA_SOFT_THREADS for every run but
+# the sweep, which sets its own per point (GDA_SWEEP_THREADS) on sweep_base.
+sweep_base=("${bench_env[@]}")
+if [ -n "${NVSHMEM_EFA_SOFT_THREADS:-}" ]; then
+    bench_env+=("NVSHMEM_EFA_SOFT_THREADS=$NVSHMEM_EFA_SOFT_THREADS")
+    lib_env+=("NVSHMEM_EFA_SOFT_THREADS=$NVSHMEM_EFA_SOFT_THREADS")
+fi
 lib_env+=("NVSHMEM_EFA_SQ_DEPTH=${NVSHMEM_EFA_SQ_DEPTH:-256}")
 # The tests with 4 queues per PE (docs/gda-queues.md), so that ibgda_compat's qp ids 0-3 post on
 # queues of their own; the caller's NVSHMEM_IBGDA_NUM_RC_PER_PE wins (1: the one-queue layout).
@@ -619,31 +628,35 @@ if [ $do_bench = 1 ]; then
     # and kind in bench-sweep.csv. Queues Q (GDA_SWEEP_QUEUES): NVSHMEM_IBGDA_NUM_RC_PER_PE=Q and
     # gda_bench --queues Q, warp w posting on qp_id w % Q (docs/gda-queues.md); a point with fewer
     # posting warps than Q is skipped. The queues column is Q; how many distinct queues the table
-    # has behind it is in each run's log ("queue table: ... distinct queue(s)").
+    # has behind it is in each run's log ("queue table: ... distinct queue(s)"). Threads T
+    # (GDA_SWEEP_THREADS): NVSHMEM_EFA_SOFT_THREADS=T, column threads, runs named ...-tT when T > 1.
     if want_set sweep; then
         sweep_csv=$OUT/bench-sweep.csv
-        echo "blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps" >"$sweep_csv"
-        for q in ${GDA_SWEEP_QUEUES:-1 4 16 64}; do
-            case "$q" in '' | *[!0-9]* | 0) record "bench-sweep-q$q" FAILED "GDA_SWEEP_QUEUES entry '$q' is not a positive number"; continue ;; esac
-            for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
-                b=${bw%x*} w=${bw#*x}
-                case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
-                if [ $((b * w)) -lt "$q" ]; then
-                    record "bench-sweep-$bw-q$q" skipped "$((b * w)) posting warps < $q queues"
-                    continue
-                fi
-                for kind in null data; do
-                    if [ $kind = null ]; then
-                        sweep_env=("${null_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q")
-                    else
-                        sweep_env=("${bench_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q")
+        echo "blocks,warps,posters,queues,kind,path,size_bytes,msgs,usec,msg_rate_mps,wqe_rate_mwps,threads" >"$sweep_csv"
+        for t in ${GDA_SWEEP_THREADS:-${NVSHMEM_EFA_SOFT_THREADS:-1}}; do
+            case "$t" in '' | *[!0-9]* | 0) record "bench-sweep-t$t" FAILED "GDA_SWEEP_THREADS entry '$t' is not 1 to 16"; continue ;; esac
+            [ "$t" -gt 16 ] && { record "bench-sweep-t$t" FAILED "GDA_SWEEP_THREADS entry '$t' is not 1 to 16"; continue; }
+            tag=""
+            [ "$t" != 1 ] && tag="-t$t"
+            for q in ${GDA_SWEEP_QUEUES:-1 4 16 64}; do
+                case "$q" in '' | *[!0-9]* | 0) record "bench-sweep-q$q" FAILED "GDA_SWEEP_QUEUES entry '$q' is not a positive number"; continue ;; esac
+                for bw in ${GDA_SWEEP:-1x1 1x4 4x4 16x4 32x8 66x8 132x8}; do
+                    b=${bw%x*} w=${bw#*x}
+                    case "$b,$w" in *[!0-9,]* | ,* | *,) record "bench-sweep-$bw" FAILED "GDA_SWEEP point '$bw' is not BLOCKSxWARPS"; continue ;; esac
+                    if [ $((b * w)) -lt "$q" ]; then
+                        record "bench-sweep-$bw-q$q$tag" skipped "$((b * w)) posting warps < $q queues"
+                        continue
                     fi
-                    bench_one "bench-sweep-$kind-$bw-q$q" sweep_env 90 gda --blocks "$b" --warps "$w" \
-                        --queues "$q" --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
-                    f=$OUT/bench-sweep-$kind-$bw-q$q.csv
-                    [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind -v q="$q" \
-                        'NR > 1 { print b "," w "," b * w "," q "," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 }' \
-                        "$f" >>"$sweep_csv"
+                    for kind in null data; do
+                        sweep_env=("${sweep_base[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$q" NVSHMEM_EFA_SOFT_THREADS="$t")
+                        [ $kind = null ] && sweep_env+=(NVSHMEM_EFA_SOFT_NULL=1)
+                        bench_one "bench-sweep-$kind-$bw-q$q$tag" sweep_env 90 gda --blocks "$b" --warps "$w" \
+                            --queues "$q" --max-bytes 8 --budget-s "${GDA_SWEEP_BUDGET_S:-8}"
+                        f=$OUT/bench-sweep-$kind-$bw-q$q$tag.csv
+                        [ -s "$f" ] && awk -F, -v b="$b" -v w="$w" -v k=$kind -v q="$q" -v t="$t" \
+                            'NR > 1 { print b "," w "," b * w "," q "," k "," $1 "," $2 "," $3 "," $4 "," $5 "," $8 "," t }' \
+                            "$f" >>"$sweep_csv"
+                    done
                 done
             done
         done

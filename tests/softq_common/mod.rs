@@ -5,12 +5,16 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use nvshmem_efa_gda::config::{Config, GdaMode};
 use nvshmem_efa_gda::efa::wqe::{LocalBuf, RemoteBuf, SendPayload, WqeDesc, WqeOp};
 use nvshmem_efa_gda::fabric::{Domain, Fabric, Info, InfoRequest, Provider};
+use nvshmem_efa_gda::gda::host_poster::HostPoster;
 use nvshmem_efa_gda::gda::mem::CtrlPlacement;
+use nvshmem_efa_gda::gda::queues::queue_index;
 use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
+use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_OP_ADD};
 use nvshmem_efa_gda::gda::{Gda, GdaOptions};
 
 /// Page-aligned zeroed host memory.
@@ -445,4 +449,70 @@ pub fn place_write_wqe(
     // SAFETY: a slot inside the SQ ring of a live queue (64-byte entries); the consumer has not been
     // told about it yet.
     unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), v.sq.add((pc % n) as usize * 64), 64) };
+}
+
+/// Data on one queue, then a count, `ROUNDS` times, from PE 0 to PE 1 (`queues_per_pe` queues per
+/// PE): the writes on queue `data_qp`, the count on queue `count_qp` of the same PE, in the heaps' region `region` (512 KiB each: the counter, then
+/// the data; a fresh region per call). Returns the bytes found stale when their count was visible.
+pub fn data_then_count(
+    pes: &[Pe],
+    queues_per_pe: u32,
+    region: usize,
+    data_qp: u32,
+    count_qp: u32,
+    flags: u32,
+) -> u64 {
+    const ROUNDS: u8 = 6;
+    const WRITES: usize = 4;
+    const LEN: usize = 64 << 10;
+    let base = region * (512 << 10);
+    let data_at = base + 4096;
+    let q0 = pes[0].gda.soft_queue().unwrap();
+    let data = HostPoster::on_ring(q0, queue_index(1, data_qp, queues_per_pe)).unwrap();
+    let count = HostPoster::on_ring(q0, queue_index(1, count_qp, queues_per_pe)).unwrap();
+    let peer = pes[0].peer(1);
+    let src = pes[0].heap.ptr();
+    let dst = pes[1].heap.ptr() as usize + base;
+    let total = WRITES * LEN;
+    let checker = std::thread::spawn(move || {
+        let dst = dst as *mut u8;
+        // SAFETY: the counter is the first 8-byte word of the region of PE 1's live heap (page
+        // aligned); the software queue's consumer applies the adds to it with atomics.
+        let c = unsafe { std::sync::atomic::AtomicU64::from_ptr(dst as *mut u64) };
+        let mut stale = 0u64;
+        for round in 1..=u64::from(ROUNDS) {
+            let t = Instant::now();
+            while c.load(std::sync::atomic::Ordering::Acquire) < round {
+                assert!(
+                    t.elapsed() < Duration::from_secs(30),
+                    "round {round}'s count"
+                );
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            // SAFETY: inside PE 1's heap; writers only ever raise the bytes.
+            let d = unsafe { std::slice::from_raw_parts(dst.add(4096), total) };
+            stale += d.iter().filter(|&&b| u64::from(b) < round).count() as u64;
+        }
+        stale
+    });
+    for round in 1..=ROUNDS {
+        // SAFETY: inside PE 0's heap; the previous round's writes completed (quiet below).
+        unsafe { std::ptr::write_bytes(src.add(data_at), round, total) };
+        let ds = heap_writes(&peer, &pes[0], &pes[1], data_at, WRITES, LEN);
+        let amo = AmoMsg {
+            op: AMO_OP_ADD,
+            size: 8,
+            offset: base as u64,
+            value: 1,
+            flags,
+        };
+        data.post(&ds).unwrap();
+        count
+            .post(&[send_inline(&peer, &amo.encode(), None)])
+            .unwrap();
+        data.quiet().unwrap();
+        count.quiet().unwrap();
+        assert_eq!(data.errors() + count.errors(), 0, "round {round}");
+    }
+    checker.join().unwrap()
 }

@@ -31,9 +31,7 @@ impl Consumer {
     pub(super) fn advance_cq(&mut self, q: usize, n: u64) {
         self.rings[q].cq_pc += n;
         self.completed += n;
-        self.inner
-            .completed
-            .store(self.completed, Ordering::Release);
+        self.inner.completed.fetch_add(n, Ordering::AcqRel);
     }
 
     /// Writes a TX completion into ring `q`'s CQ.
@@ -54,8 +52,13 @@ impl Consumer {
         if let Some(b) = f.bounce {
             self.free_bounce.push(b);
         }
-        self.order.closed(super::order::stream(f.q, f.peer), f.pc);
         self.in_flight -= 1;
+        if let Some(o) = f.from {
+            // Another thread's WQE: its owner closes it and writes its completion.
+            self.hand_back(o, status);
+            return;
+        }
+        self.order.closed(super::order::stream(f.q, f.peer), f.pc);
         self.push_tx_cqe(usize::from(f.q), f.req_id, status, f.op);
     }
 
@@ -69,6 +72,10 @@ impl Consumer {
             }
         }
         if let Some(p) = self.stalled.take() {
+            self.finish_failed(p, CqStatus::Flushed, "queue stopped");
+            n += 1;
+        }
+        while let Some(p) = self.handed_in.pop_front() {
             self.finish_failed(p, CqStatus::Flushed, "queue stopped");
             n += 1;
         }

@@ -4,6 +4,16 @@ use super::*;
 /// The consumer thread's state.
 pub(super) struct Consumer {
     pub(super) inner: Arc<Inner>,
+    /// Which consumer thread this is (0 owns the endpoint; `threads.rs`).
+    pub(super) id: usize,
+    /// The index of the next ring of the tables to look at (whether it is this thread's).
+    pub(super) next_ring: usize,
+    /// WQEs handed to thread 0 (another thread), or taken from the other threads (thread 0).
+    pub(super) handed: u64,
+    /// Thread 0: WQEs the other threads handed over, not posted yet.
+    pub(super) handed_in: VecDeque<Pending>,
+    /// This thread's counters as last added to the queue's shared ones.
+    pub(super) published: super::threads::Published,
     pub(super) tables: Arc<Tables>,
     pub(super) generation: u64,
     /// The rings served (`rings.rs`): ring 0 first, then the ones the tables add.
@@ -115,14 +125,25 @@ pub(super) struct StageStats {
 }
 
 impl Consumer {
-    pub(super) fn new(inner: Arc<Inner>) -> Consumer {
-        let sq = inner.sq_entries;
+    /// Consumer thread `id` with `slots` slots (WQEs in flight at once); thread 0 serves ring 0.
+    pub(super) fn new(inner: Arc<Inner>, id: usize, slots: usize) -> Consumer {
+        let sq = slots as u32;
         let bounce = inner.send_bufs.count as u32;
         let tables = inner.tables.lock().clone();
-        Consumer {
+        let mut rings = Vec::new();
+        if id == 0 {
+            inner.ring0_claim.claim(0, 0);
+            rings.push(super::rings::RingState::first(&inner));
+        }
+        let mut c = Consumer {
+            id,
+            next_ring: 1,
+            handed: 0,
+            handed_in: VecDeque::new(),
+            published: Default::default(),
             tables,
             generation: inner.generation.load(Ordering::Acquire),
-            rings: vec![super::rings::RingState::first(&inner)],
+            rings,
             cur: 0,
             rx_pc: 0,
             rx_ci: Default::default(),
@@ -158,7 +179,9 @@ impl Consumer {
             order: Default::default(),
             late: VecDeque::new(),
             inner,
-        }
+        };
+        c.sync_rings();
+        c
     }
 
     /// The thread body: [`Consumer::run`] behind a panic boundary. A panic is logged with its
@@ -166,16 +189,26 @@ impl Consumer {
     /// waiters stop waiting), and `host_ctrl.stopped` turns 1, which kernels' waits check.
     pub(super) fn run_guarded(self) {
         let inner = self.inner.clone();
+        let id = self.id;
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || self.run()));
         if let Err(p) = r {
             let msg = crate::log::panic_message(p.as_ref());
             tracing::error!(
-                "software queue consumer thread panicked: {msg}. The queue is failed: kernels see it \
-                 stopped, host waiters get an error"
+                "software queue consumer thread {id} panicked: {msg}. The queue is failed: kernels \
+                 see it stopped, host waiters get an error"
             );
-            *inner.failure.lock() = Some(msg);
+            {
+                let mut f = inner.failure.lock();
+                if f.is_none() {
+                    *f = Some(msg);
+                }
+            }
             inner.failed.store(true, Ordering::Release);
             inner.mark_all_stopped();
+        }
+        if id != 0 {
+            inner.mail[id].gone.store(true, Ordering::Release);
+            inner.helpers_live.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -194,35 +227,52 @@ impl Consumer {
         loop {
             self.heartbeat += 1;
             self.rounds.loops += 1;
-            self.inner
-                .host_ctrl_word(HC_HEARTBEAT)
-                .store(self.heartbeat, Ordering::Relaxed);
+            let endpoint = self.owns_endpoint();
+            if endpoint {
+                self.inner
+                    .host_ctrl_word(HC_HEARTBEAT)
+                    .store(self.heartbeat, Ordering::Relaxed);
+            }
             self.refresh_tables();
             let t0 = timing.then(Instant::now);
-            let mut work = self.poll_cq();
+            let mut work = if endpoint {
+                self.poll_cq()
+            } else {
+                self.take_done()
+            };
             let t1 = timing.then(Instant::now);
             work += self.poll_copies();
             work += self.release_held();
             let t2 = timing.then(Instant::now);
-            work += self.flush_rx();
-            work += self.pump_outbox();
+            if endpoint {
+                work += self.serve_handed();
+                work += self.flush_rx();
+                work += self.pump_outbox();
+            }
             if let (Some(t0), Some(t1), Some(t2)) = (t0, t1, t2) {
                 self.rounds.provider += t1 - t0;
                 self.rounds.copies += t2 - t1;
             }
             if self.inner.stop.load(Ordering::Acquire) {
                 let deadline = *stop_deadline.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
+                // Thread 0 serves the other threads' hand-overs until they all left.
+                let helpers = endpoint && self.inner.helpers_live.load(Ordering::Acquire) > 0;
                 if self.in_flight == 0
                     && self.stalled.is_none()
                     && self.outbox.is_empty()
                     && self.order.idle()
                     && self.late.is_empty()
+                    && self.handed_in.is_empty()
+                    && !(endpoint && self.inner.mail[0].count.load(Ordering::Acquire) > 0)
                 {
-                    break;
-                }
-                if Instant::now() >= deadline {
+                    if !helpers {
+                        break;
+                    }
+                } else if Instant::now() >= deadline {
                     self.flush_in_flight();
-                    break;
+                    if !helpers {
+                        break;
+                    }
                 }
                 if self.stalled.is_some() {
                     work += self.retry_stalled();
@@ -252,7 +302,12 @@ impl Consumer {
                 last_work = Instant::now();
             } else {
                 idle = idle.saturating_add(1);
-                backoff(idle, !self.tables.peers.is_empty());
+                if self.rings.is_empty() && !endpoint {
+                    // No ring of its own yet (rings come with the queue table): nothing to poll.
+                    std::thread::sleep(Duration::from_micros(200));
+                } else {
+                    backoff(idle, !self.tables.peers.is_empty());
+                }
             }
             if self.heartbeat % 1024 == 0 {
                 let now = Instant::now();
@@ -270,6 +325,7 @@ impl Consumer {
             );
         }
         self.mark_stopped();
+        self.publish_counts();
         if let Some(k) = &self.kcopies {
             tracing::debug!(
                 "software queue copy kernel: {} launches, {} applied by the kernel, {} taken over \
@@ -296,13 +352,16 @@ impl Consumer {
         };
         let taken = self.taken();
         tracing::debug!(
-            "software queue consumer stopped after {} WQEs ({} rejected) from {} ring(s): {} loop \
+            "software queue consumer thread {} stopped after {} WQEs ({} rejected) from {} \
+             ring(s), {} handed over: {} loop \
              passes, {} took WQEs (at most {} at once, {:.1} on average), {:.3} s from the first \
              WQE to the last ({:.3} M WQEs/s); time in the provider's CQ {:.3} s, in copies {:.3} \
              s, taking WQEs {:.3} s (checking {:.3} s, dispatching {:.3} s)",
+            self.id,
             taken,
             self.rejected,
             self.rings.len(),
+            self.handed,
             r.loops,
             r.rounds,
             r.max_take,
@@ -319,6 +378,13 @@ impl Consumer {
             r.check.as_secs_f64(),
             r.post.as_secs_f64(),
         );
+        let mine = self.summary();
+        let mut all = self.inner.summaries.lock();
+        all.push(mine);
+        if self.id == 0 {
+            // The other threads left before thread 0 (it waits for them).
+            super::threads::log_totals(&all);
+        }
     }
 
     /// Every `STALL_REPORT` while work is outstanding (in the consumer, or reserved by GPU posters
@@ -339,12 +405,19 @@ impl Consumer {
             let resv = r.ctrl(&self.inner).read_u64(OFF_RESV).unwrap_or(u64::MAX);
             unclaimed += resv.saturating_sub(r.ci);
         }
-        self.cur = 0;
-        let db = self.doorbell();
+        // The GPU side of this thread's first ring (ring 0 on thread 0).
+        let (first, db) = if self.rings.is_empty() {
+            (usize::MAX, 0)
+        } else {
+            self.cur = 0;
+            (self.rings[0].id, self.doorbell())
+        };
         self.cur = saved;
         let ci = self.taken();
         let cq_pc: u64 = self.rings.iter().map(|r| r.cq_pc).sum();
-        let word = |off: usize| self.inner.ctrl.read_u64(off).unwrap_or(u64::MAX);
+        let inner = self.inner.clone();
+        let ctrl = self.rings.first().map_or(&inner.ctrl, |r| r.ctrl(&inner));
+        let word = |off: usize| ctrl.read_u64(off).unwrap_or(u64::MAX);
         let resv = word(OFF_RESV);
         let ready = word(OFF_READY);
         let done = word(OFF_DONE);
@@ -358,6 +431,7 @@ impl Consumer {
             && self.order.idle()
             && self.late.is_empty()
             && unclaimed == 0
+            && self.handed_in.is_empty()
         {
             return;
         }
@@ -366,9 +440,9 @@ impl Consumer {
             return;
         }
         let state = format!(
-            "GPU side (ring 0): {resv} slots reserved, {ready} committed, {done} done, CQ consumer \
-             {cq_ci}, first error {:#x}, CQ lock {}. Consumer ({} rings): ring 0's doorbell {db}, \
-             {} WQEs taken ({pending_wqes} \
+            "GPU side (ring {first}): {resv} slots reserved, {ready} committed, {done} done, CQ \
+             consumer {cq_ci}, first error {:#x}, CQ lock {}. Consumer thread {} of {} ({} rings, \
+             {} WQEs handed over): ring {first}'s doorbell {db}, {} WQEs taken ({pending_wqes} \
              announced but not taken), {} in flight, {} staged messages waiting for a send buffer \
              ({} free), {} WQE waiting for the provider, {} AMOs waiting for the data they \
              announce, {} TX completions written, {} receive completions waiting for ring space. \
@@ -377,7 +451,10 @@ impl Consumer {
              of an operation context",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
+            self.id,
+            self.inner.mail.len(),
             self.rings.len(),
+            self.handed,
             ci,
             self.in_flight,
             self.outbox.len(),
@@ -393,7 +470,10 @@ impl Consumer {
             self.stats.refused,
             self.stats
                 .refused_since
-                .map(|t| format!(" (refused without a break for {:.1} s)", t.elapsed().as_secs_f64()))
+                .map(|t| format!(
+                    " (refused without a break for {:.1} s)",
+                    t.elapsed().as_secs_f64()
+                ))
                 .unwrap_or_default(),
             self.stats.no_ctx,
         );

@@ -12,6 +12,8 @@ pub(super) struct InFlight {
     pub(super) op: OpType,
     pub(super) bounce: Option<u32>,
     pub(super) stage: Option<Stage>,
+    /// Handed over by another thread (`threads.rs`): its completion goes back there.
+    pub(super) from: Option<super::threads::Origin>,
 }
 
 impl InFlight {
@@ -25,6 +27,7 @@ impl InFlight {
             op: p.op,
             bounce,
             stage,
+            from: p.from,
         }
     }
 }
@@ -119,12 +122,19 @@ impl Consumer {
 
     /// Posts a validated WQE. `Err` hands it back when the provider (or the bounce pool) asks to try
     /// again later; any other failure completes it with an error status.
+    // The WQE comes back by value to wait for a retry: no allocation on the hot path.
+    #[allow(clippy::result_large_err)]
     pub(super) fn post(&mut self, mut p: Pending) -> std::result::Result<(), Pending> {
         if p.slot.is_none() {
             match self.free_slots.pop() {
                 Some(s) => p.slot = Some(s),
                 None => return Err(p),
             }
+        }
+        if !self.owns_endpoint() && !matches!(p.action, Action::Copy { .. }) {
+            // Only thread 0 uses the endpoint (`threads.rs`).
+            self.hand_over(p);
+            return Ok(());
         }
         if let Some(item) = self.staged_item(&p) {
             self.start_staged(p, item);
@@ -296,13 +306,18 @@ impl Consumer {
             "software queue: WQE with request id {} failed at post ({status}): {why}",
             p.req_id
         );
-        self.order.closed(p.stream(), p.pc);
         if let Some(s) = p.slot {
             self.free_slots.push(s);
         }
         if let Some(b) = p.bounce {
             self.free_bounce.push(b);
         }
+        if let Some(o) = p.from {
+            // Another thread's WQE: its owner closes it and writes its completion.
+            self.hand_back(o, status);
+            return;
+        }
+        self.order.closed(p.stream(), p.pc);
         self.push_tx_cqe(usize::from(p.q), p.req_id, status, p.op);
     }
 }

@@ -70,8 +70,11 @@ pub(super) struct Pending {
     pub(super) bounce: Option<u32>,
     /// The PE it is aimed at (the WQE's address handle).
     pub(super) peer: u16,
-    /// The ring it was taken from (`pc` counts in that ring).
+    /// The ring it was taken from (`pc` counts in that ring): the index among the rings of the
+    /// thread that took it.
     pub(super) q: u16,
+    /// Handed to thread 0 by the thread that took it (`threads.rs`): that thread and its slot.
+    pub(super) from: Option<super::threads::Origin>,
 }
 
 /// A rejection: the completion status and the reason for the log.
@@ -288,9 +291,7 @@ impl Consumer {
                     let announcing = p.announces();
                     let held = self.order.hold_if_needed(p);
                     if announcing {
-                        let c = &self.inner.order_counts;
-                        c[0].store(self.order.announced, Ordering::Release);
-                        c[1].store(self.order.waited, Ordering::Release);
+                        self.publish_counts();
                     }
                     let Some(p) = held else {
                         continue;
@@ -389,6 +390,7 @@ impl Consumer {
             bounce: None,
             peer: desc.ah,
             q: self.cur as u16,
+            from: None,
         })
     }
 

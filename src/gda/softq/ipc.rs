@@ -346,10 +346,16 @@ impl Consumer {
                             }
                         ),
                     };
-                    tracing::info!(
+                    let line = format!(
                         "software queue: RDMA to same-host peers whose heap is mapped here runs as \
                          {what} copies (NVSHMEM_EFA_SOFT_IPC: 0 off, host, kernel)"
                     );
+                    // Every consumer thread has a copy queue of its own.
+                    if self.inner.mail.len() > 1 {
+                        tracing::info!("{line} (consumer thread {})", self.id);
+                    } else {
+                        tracing::info!("{line}");
+                    }
                     self.copyq = Some(CopyQueue::new(e));
                     self.bounce = ring;
                 }
@@ -401,6 +407,8 @@ impl Consumer {
     /// Enqueues the copy of a validated copy WQE (its slot taken); the completion follows once the
     /// copy is done ([`Consumer::poll_copies`]). `Err` hands the WQE back when the bounce ring has
     /// no room now (it is retried on a later turn, after completions released space).
+    // The WQE comes back by value to wait for a retry: no allocation on the hot path.
+    #[allow(clippy::result_large_err)]
     pub(super) fn post_copy(
         &mut self,
         p: Pending,
@@ -422,9 +430,7 @@ impl Consumer {
                 if self.ring_wait_pc != Some((p.q, p.pc)) {
                     self.ring_wait_pc = Some((p.q, p.pc));
                     self.ipc_ring_waits += 1;
-                    self.inner
-                        .ipc_ring_waits
-                        .store(self.ipc_ring_waits, Ordering::Release);
+                    self.publish_counts();
                 }
                 return Err(p);
             };
@@ -604,17 +610,9 @@ impl Consumer {
             return 0;
         }
         self.settle_launches();
-        // Counted before the WQEs complete: whoever sees a completion sees its launch counted.
-        if let Some(k) = &self.kcopies {
-            for (c, v) in self
-                .inner
-                .kernel_counts
-                .iter()
-                .zip([k.launched, k.applied, k.taken_over])
-            {
-                c.store(v, Ordering::Release);
-            }
-        }
+        // Counted before the WQEs complete: whoever sees a completion sees its launch (and its
+        // copy) counted.
+        self.publish_counts();
         let q = self.copyq.as_mut().expect("checked above");
         q.poll();
         let (_, completed, _) = q.counts();
@@ -653,9 +651,6 @@ impl Consumer {
             self.complete_tx(u64::from(w.slot), status);
             n += 1;
         }
-        self.inner
-            .ipc_copies
-            .store(self.ipc_copies, Ordering::Release);
         n
     }
 

@@ -1,6 +1,7 @@
 //! The software EFA queue: the rings of an EFA send queue, its completion queue and a receive
-//! completion ring, in memory the GPU maps, consumed by a host thread that executes every WQE through
-//! libfabric on an endpoint of its own.
+//! completion ring, in memory the GPU maps, consumed by host threads (`NVSHMEM_EFA_SOFT_THREADS`,
+//! `threads`: ring `r` on thread `r % T`) that execute every WQE through libfabric on an endpoint
+//! of the queue's own (thread 0's) or as same-host copies.
 //!
 //! Kernels post exactly as they would to the hardware (the protocol in [`super::state`]); only the
 //! doorbell differs: here it is a `u32` record in mapped host memory that the consumer thread polls.
@@ -86,7 +87,7 @@
 //! bytes). This measures the GPU's WQE post rate, the upper bound of hardware GDA.
 //!
 //! # Receive side
-//! The same thread polls the endpoint's CQ for remote CQ data (RDMA write with immediate arriving)
+//! Thread 0 polls the endpoint's CQ for remote CQ data (RDMA write with immediate arriving)
 //! and for received SENDs (receive buffers stay posted). Each becomes a 32-byte RX completion
 //! (extended EFA receive format) in the RX ring, with the phase convention of the CQ, and
 //! `host_ctrl.rx_produced` advances. A SEND carrying an AMO message is applied to the local heap
@@ -145,7 +146,8 @@
 //! * `order`: the ordering rule (an AMO that announces data waits for the WQEs before it to its
 //!   PE, docs/ordering.md);
 //! * `receive`: RX completions, received SENDs and AMOs; `staging`: staged RDMA;
-//! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk.
+//! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk;
+//! * `threads`: consumer threads, ring ownership, hand-overs to thread 0 (docs/softq-threads.md).
 
 mod completion;
 mod consumer;
@@ -158,6 +160,7 @@ mod receive;
 mod rings;
 mod staging;
 mod tables;
+mod threads;
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -201,6 +204,8 @@ pub use self::layout::HostView;
 use self::layout::*;
 use self::staging::*;
 use self::tables::*;
+use self::threads::*;
+pub use self::threads::{ConsumerSummary, MAX_SOFT_THREADS};
 
 /// Size of one RX completion of the software queue (the extended EFA receive form).
 pub const SOFT_RX_CQE_SIZE: u32 = RX_CQE_EX_SIZE as u32;
@@ -287,6 +292,9 @@ pub struct SoftQueueConfig {
     /// Most rings the queue makes ([`SoftQueue::add_rings`]: one per entry of the device state's
     /// queue table); more queues share rings, queue `i` on ring `i % max_rings` (logged).
     pub max_rings: usize,
+    /// Consumer threads (`NVSHMEM_EFA_SOFT_THREADS`, 1 to [`MAX_SOFT_THREADS`]): ring `r` is
+    /// served by thread `r % threads`; thread 0 alone uses the endpoint (docs/softq-threads.md).
+    pub threads: usize,
 }
 
 /// Default [`SoftQueueConfig::max_rings`].
@@ -322,6 +330,7 @@ impl SoftQueueConfig {
             null_consumer: false,
             unordered: Duration::ZERO,
             max_rings: DEFAULT_MAX_RINGS,
+            threads: 1,
         }
     }
 
@@ -342,6 +351,12 @@ impl SoftQueueConfig {
             return Err(GdaError::invalid(format!(
                 "bounce ring of {} bytes (at least {MIN_BOUNCE_BYTES})",
                 self.ipc_bounce
+            )));
+        }
+        if !(1..=MAX_SOFT_THREADS).contains(&self.threads) {
+            return Err(GdaError::invalid(format!(
+                "NVSHMEM_EFA_SOFT_THREADS: {} consumer threads (1 to {MAX_SOFT_THREADS})",
+                self.threads
             )));
         }
         if self.max_batch == 0 {
@@ -461,6 +476,14 @@ struct Inner {
     order_counts: [AtomicU64; 2],
     /// [`SoftQueueStats::kernel_launches`], `kernel_applied`, `kernel_taken_over`.
     kernel_counts: [AtomicU64; 3],
+    /// One mailbox per consumer thread (`threads.rs`); their number is the thread count.
+    mail: Vec<Mailbox>,
+    /// Consumer threads other than thread 0 still running (thread 0 serves them until none is).
+    helpers_live: AtomicU64,
+    /// The accounts of the threads that stopped.
+    summaries: Mutex<Vec<ConsumerSummary>>,
+    /// Ring 0's owner.
+    ring0_claim: RingClaim,
 }
 
 impl Inner {
@@ -478,7 +501,8 @@ impl Inner {
 /// A software EFA queue with its consumer thread.
 pub struct SoftQueue {
     inner: Arc<Inner>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The consumer threads, thread 0 first.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl SoftQueue {
@@ -489,7 +513,10 @@ impl SoftQueue {
         let cq_entries = cfg.sq_depth;
         let rx_entries = cfg.rx_entries;
         let info = domain.info();
-        let cq_size = (2 * sq_entries as usize + cfg.rx_buffers + 1024).max(4096);
+        let n_threads = thread_count(cfg);
+        // Thread 0 posts its own WQEs and those the other threads hand it: slots for all.
+        let slots0 = sq_entries as usize * n_threads;
+        let cq_size = (2 * slots0 + cfg.rx_buffers + 1024).max(4096);
         let av = AddressVector::open(domain, 64)?;
         let cq = CompletionQueue::open(domain, cq_size)?;
         let ep = Endpoint::open(domain, &av, &cq, None)?;
@@ -507,7 +534,7 @@ impl SoftQueue {
         let ctrl = CtrlMem::new(CTRL_SIZE + 4 * sq_entries as usize, cfg.ctrl)?;
         let inner = Arc::new(Inner {
             ep,
-            ctxs: OpContexts::new(sq_entries as usize + cfg.rx_buffers + cfg.send_buffers + 8),
+            ctxs: OpContexts::new(slots0 + cfg.rx_buffers + cfg.send_buffers + 8),
             rx_bufs,
             send_bufs,
             rings,
@@ -550,6 +577,10 @@ impl SoftQueue {
             ipc_ring_waits: AtomicU64::new(0),
             order_counts: Default::default(),
             kernel_counts: Default::default(),
+            mail: (0..n_threads).map(|_| Mailbox::default()).collect(),
+            helpers_live: AtomicU64::new(n_threads as u64 - 1),
+            summaries: Mutex::new(Vec::new()),
+            ring0_claim: RingClaim::default(),
         });
         if cfg.null_consumer {
             tracing::warn!(
@@ -570,13 +601,7 @@ impl SoftQueue {
                 cfg.staging
             );
         }
-        let mut consumer = Consumer::new(inner.clone());
-        consumer.kcopies = kernel_copies(cfg, inner.cuda_ctx);
-        consumer.post_all_receives()?;
-        let thread = std::thread::Builder::new()
-            .name("nvshmem-efa-softq".into())
-            .spawn(move || consumer.run_guarded())
-            .map_err(|e| GdaError::io(format!("cannot start the software queue thread: {e}")))?;
+        let threads = start_consumers(&inner, cfg, slots0)?;
         tracing::info!(
             "software EFA queue: {sq_entries} x {} B WQE entries, max batch {}, CQ {cq_entries} x 16 B, RX \
              {rx_entries} x 32 B, rings in {} memory, control block in {} memory, provider {}, staging {:?}",
@@ -589,7 +614,7 @@ impl SoftQueue {
         );
         Ok(SoftQueue {
             inner,
-            thread: Mutex::new(Some(thread)),
+            threads: Mutex::new(threads),
         })
     }
 
@@ -908,10 +933,12 @@ impl SoftQueue {
         self.inner.panic_at.store(pc, Ordering::Release);
     }
 
-    /// Stops the consumer (bounded wait for in-flight operations) and joins it. Idempotent.
+    /// Stops the consumer threads (bounded wait for in-flight operations) and joins them, thread 0
+    /// last (it serves the others until they left). Idempotent.
     pub fn stop(&self) {
         self.inner.stop.store(true, Ordering::Release);
-        if let Some(h) = self.thread.lock().take() {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for h in threads.into_iter().rev() {
             if h.join().is_err() {
                 tracing::error!("software queue thread panicked");
             }

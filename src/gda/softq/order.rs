@@ -201,6 +201,7 @@ mod tests {
             bounce: None,
             peer,
             q: 0,
+            from: None,
         }
     }
 

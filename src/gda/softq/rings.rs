@@ -3,8 +3,9 @@
 //! control block; the RX ring stays ring 0's: it belongs to the PE), one per entry of the device
 //! state's queue table up to [`SoftQueueConfig::max_rings`]. The consumer keeps per ring what the
 //! posting protocol makes per queue ([`RingState`]): its consumer index, the `done` it last saw, its
-//! CQ producer count, its doorbell checks. Slots, bounce buffers, staging and the endpoint are
-//! shared by all rings: one thread serves them, a round reads every ring's doorbell.
+//! CQ producer count, its doorbell checks. Each ring has one consumer thread for good (`threads.rs`:
+//! ring `r` on thread `r % T`); a thread's slots, copy queue and bounce ring are shared by its
+//! rings, and a round reads every one of its rings' doorbells.
 use super::*;
 
 /// Memory of a ring added after ring 0.
@@ -12,6 +13,8 @@ pub(super) struct RingMem {
     pub(super) mem: SharedMem,
     pub(super) ctrl: CtrlMem,
     pub(super) layout: RingLayout,
+    /// The consumer thread that serves the ring (`threads.rs`).
+    pub(super) claim: super::threads::RingClaim,
 }
 
 /// The rings added after ring 0, as the tables carry them to the consumer.
@@ -26,6 +29,8 @@ impl std::fmt::Debug for ExtraRings {
 
 /// What the consumer keeps of one ring.
 pub(super) struct RingState {
+    /// The ring's index in the queue (the queue table's entry, below `max_rings`).
+    pub(super) id: usize,
     /// The ring's memory (`None`: ring 0, the queue's own).
     pub(super) mem: Option<Arc<RingMem>>,
     pub(super) sq: *mut u8,
@@ -49,10 +54,11 @@ pub(super) struct RingState {
 }
 
 impl RingState {
-    fn new(mem: Option<Arc<RingMem>>, base: *mut u8, layout: &RingLayout) -> RingState {
+    fn new(id: usize, mem: Option<Arc<RingMem>>, base: *mut u8, layout: &RingLayout) -> RingState {
         // SAFETY: the offsets come from the layout the memory was sized with.
         let at = |off: usize| unsafe { base.add(off) };
         RingState {
+            id,
             sq: at(layout.sq),
             cq: at(layout.cq),
             doorbell: at(layout.doorbell),
@@ -72,7 +78,7 @@ impl RingState {
 
     /// Ring 0's state.
     pub(super) fn first(inner: &Inner) -> RingState {
-        RingState::new(None, inner.rings.host(), &inner.layout)
+        RingState::new(0, None, inner.rings.host(), &inner.layout)
     }
 
     /// A host control word of this ring.
@@ -104,19 +110,28 @@ impl RingMem {
             mem: SharedMem::new(layout.total, mem::cuda_usable())?,
             ctrl: CtrlMem::new(CTRL_SIZE + 4 * sq_entries as usize, placement)?,
             layout,
+            claim: Default::default(),
         })
     }
 }
 
 impl Consumer {
-    /// Takes the rings the tables name that the consumer does not serve yet.
+    /// Takes the rings the tables name that this thread serves and does not serve yet: ring `r`
+    /// is thread `r % T`'s, for good (`threads.rs`).
     pub(super) fn sync_rings(&mut self) {
         let extra = &self.tables.rings.0;
-        while self.rings.len() < extra.len() + 1 {
-            let m = extra[self.rings.len() - 1].clone();
+        let t = self.inner.mail.len().max(1);
+        while self.next_ring < extra.len() + 1 {
+            let id = self.next_ring;
+            self.next_ring += 1;
+            if id % t != self.id {
+                continue;
+            }
+            let m = extra[id - 1].clone();
+            m.claim.claim(id, self.id);
             let base = m.mem.host();
             let layout = m.layout;
-            self.rings.push(RingState::new(Some(m), base, &layout));
+            self.rings.push(RingState::new(id, Some(m), base, &layout));
         }
     }
 
@@ -168,11 +183,13 @@ impl SoftQueue {
             t.rings.0.extend(fresh);
             Ok(())
         })?;
+        let t = self.inner.mail.len();
         tracing::info!(
-            "software queue: {target} rings of {} x {} B (one per queue, served by one consumer \
-             thread)",
+            "software queue: {target} rings of {} x {} B (one per queue, served by {} consumer \
+             thread(s), ring r by thread r % {t})",
             self.inner.sq_entries,
-            self.inner.sq_entry_size
+            self.inner.sq_entry_size,
+            t.min(target)
         );
         Ok(target)
     }
