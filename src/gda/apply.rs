@@ -53,30 +53,71 @@ pub fn amo_status(e: &AmoError) -> CqStatus {
     }
 }
 
-/// Recognises, checks and applies one received SEND payload.
-pub fn apply_message(payload: &[u8], heap: &dyn LocalHeap) -> Outcome {
+/// A received SEND payload, recognised and checked against the local heap but not applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// Not an AMO message.
+    NotAmo,
+    /// An acceptable AMO: the message, the host-usable address of its word, and whether that word
+    /// is GPU memory.
+    Ready(AmoMsg, u64, bool),
+    /// Refused: as [`Outcome::Rejected`].
+    Rejected {
+        /// EFA completion status for the receive completion.
+        status: CqStatus,
+        /// What was wrong.
+        why: String,
+    },
+}
+
+/// Recognises and checks one received SEND payload (nothing is applied).
+pub fn check_message(payload: &[u8], heap: &dyn LocalHeap) -> Checked {
     let m = match AmoMsg::parse(payload, heap.extent()) {
-        None => return Outcome::NotAmo,
+        None => return Checked::NotAmo,
         Some(Err(e)) => {
-            return Outcome::Rejected {
+            return Checked::Rejected {
                 status: amo_status(&e),
                 why: e.to_string(),
             }
         }
         Some(Ok(m)) => m,
     };
-    let Some((addr, device)) = heap.locate(m.offset, u64::from(m.size)) else {
-        return Outcome::Rejected {
+    match heap.locate(m.offset, u64::from(m.size)) {
+        Some((addr, device)) => Checked::Ready(m, addr, device),
+        None => Checked::Rejected {
             status: CqStatus::RemoteBadAddress,
             why: format!("offset {:#x} lies in no heap chunk", m.offset),
-        };
-    };
+        },
+    }
+}
+
+/// Recognises, checks and applies one received SEND payload.
+pub fn apply_message(payload: &[u8], heap: &dyn LocalHeap) -> Outcome {
+    match check_message(payload, heap) {
+        Checked::NotAmo => Outcome::NotAmo,
+        Checked::Rejected { status, why } => Outcome::Rejected { status, why },
+        Checked::Ready(m, addr, device) => apply_checked(m, addr, device),
+    }
+}
+
+/// Applies an AMO [`check_message`] found ready.
+pub fn apply_checked(m: AmoMsg, addr: u64, device: bool) -> Outcome {
     match apply_amo(&m, addr, device) {
         Ok(()) => Outcome::Applied(m),
         Err(why) => Outcome::Rejected {
             status: CqStatus::LocalQpInternalError,
             why,
         },
+    }
+}
+
+/// The new value of a `size`-byte word holding `old` after AMO `m` (only the low `size` bytes of
+/// the result are stored).
+pub(crate) fn amo_result(m: &AmoMsg, old: u64) -> u64 {
+    if m.op == wire::AMO_OP_ADD {
+        old.wrapping_add(m.value)
+    } else {
+        m.value
     }
 }
 
@@ -89,13 +130,7 @@ fn apply_amo(m: &AmoMsg, addr: u64, device: bool) -> Result<(), String> {
         // while the queue lives.
         unsafe { cuda::memcpy(cur.as_mut_ptr() as *mut c_void, addr as *const c_void, n) }
             .map_err(|e| e.to_string())?;
-        let old = u64::from_le_bytes(cur);
-        let new = if m.op == wire::AMO_OP_ADD {
-            old.wrapping_add(m.value)
-        } else {
-            m.value
-        };
-        let out = new.to_le_bytes();
+        let out = amo_result(m, u64::from_le_bytes(cur)).to_le_bytes();
         // SAFETY: as above.
         unsafe { cuda::memcpy(addr as *mut c_void, out.as_ptr() as *const c_void, n) }
             .map_err(|e| e.to_string())?;

@@ -17,6 +17,7 @@
 //! known. Every call is thread-safe; `init_*` and [`fini`] are idempotent. [`Gda`] is the context
 //! as a value, for programs (and tests) that want several.
 /// cbindgen:ignore
+pub mod amo_batch;
 pub mod apply;
 /// cbindgen:ignore
 mod chunks;

@@ -40,8 +40,13 @@ if [ ! -d "$work" ]; then
     cp -a "$tree" "$work"
 fi
 # An extension carried in (SAVE_EXT of an earlier node) is unpacked into the work tree.
+# The kit is applied first: applying it rewrites DeepEP's sources, and run.sh rebuilds an extension
+# older than its sources (a carried tree without the kit cost a whole build on 2026-11-28 (d)).
 if [ -n "${LOAD_EXT:-}" ] && [ -f "$LOAD_EXT" ] && ! ls "$work"/deep_ep_cpp*.so >/dev/null 2>&1; then
+    bash "$here/../../patches/deepep/apply.sh" "$work" >/dev/null ||
+        { echo "ll_matrix.sh: the DeepEP kit does not apply to $work" >&2; exit 1; }
     tar xzf "$LOAD_EXT" -C "$work" && touch "$work"/deep_ep_cpp*.so
+    echo "ll_matrix.sh: extension from $LOAD_EXT (built with torch $(cat "$work/.nvshmem_efa_gda_torch" 2>/dev/null))"
 fi
 summary=$OUT/summary.txt
 : >"$summary"

@@ -129,6 +129,7 @@ impl Consumer {
             }
         }
         self.flush_rx_batch();
+        self.flush_amo_batch();
         total
     }
 

@@ -46,6 +46,9 @@ pub(super) struct Consumer {
     /// Staged write chunks received whose copy into GPU memory is enqueued in `copies`: their
     /// acknowledgement (and immediate) waits for `flush_rx_batch`; (header, receive buffer).
     pub(super) rx_batch: Vec<(StageHdr, usize)>,
+    /// AMO messages on GPU words received in the current CQ read, applied together at its end
+    /// (`receive.rs` `flush_amo_batch`); each with its receive buffer and SEND header.
+    pub(super) amo_batch: crate::gda::amo_batch::AmoBatch<(usize, SendHdr)>,
     /// What the staged path did, for the stall report.
     pub(super) stats: StageStats,
     /// The queue's own copy queue (the copy route), created at first need.
@@ -122,6 +125,9 @@ pub(super) struct StageStats {
     /// Staged messages received from peers, and acknowledgements among them.
     pub(super) received: u64,
     pub(super) acks: u64,
+    /// AMO batches applied (`amo_batch.rs`) and the AMOs in them.
+    pub(super) amo_batches: u64,
+    pub(super) amo_batched: u64,
 }
 
 impl Consumer {
@@ -163,6 +169,7 @@ impl Consumer {
             buf_owner: vec![None; bounce as usize],
             copies: None,
             rx_batch: Vec::new(),
+            amo_batch: Default::default(),
             stats: StageStats::default(),
             copyq: None,
             copyq_failed: false,
@@ -448,7 +455,7 @@ impl Consumer {
              announce, {} TX completions written, {} receive completions waiting for ring space. \
              Staged path: {} messages sent, {} send completions, {} received ({} \
              acknowledgements), {} sends refused by the provider (try again){}, {} held for want \
-             of an operation context",
+             of an operation context. AMO messages: {} applied in {} batches",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
             self.id,
@@ -476,6 +483,8 @@ impl Consumer {
                 ))
                 .unwrap_or_default(),
             self.stats.no_ctx,
+            self.stats.amo_batched,
+            self.stats.amo_batches,
         );
         if stalled {
             tracing::warn!(

@@ -1,7 +1,7 @@
 //! Receive path: receive buffers, remote CQ data and received SENDs become RX completions; AMO
 //! messages are applied to the local heap.
 use super::*;
-use crate::gda::apply;
+use crate::gda::{amo_batch, apply};
 
 impl Consumer {
     pub(super) fn post_all_receives(&mut self) -> Result<()> {
@@ -75,8 +75,9 @@ impl Consumer {
                 self.rx_batch.push((h, idx));
                 return;
             }
-            // Everything else is handled in arrival order, after the writes before it.
+            // Everything else is handled in arrival order, after the writes and AMOs before it.
             self.flush_rx_batch();
+            self.flush_amo_batch();
             self.on_stage_msg(&h, &msg[STAGE_HDR_SIZE..]);
             if !inner.stop.load(Ordering::Acquire) {
                 if let Err(e) = self.post_receive(idx) {
@@ -86,67 +87,130 @@ impl Consumer {
             return;
         }
         self.flush_rx_batch();
-        match SendHdr::decode(msg) {
-            None => tracing::warn!(
+        let Some(h) = SendHdr::decode(msg) else {
+            self.flush_amo_batch();
+            tracing::warn!(
                 "software queue: dropped a {len}-byte message that is not a software-queue SEND"
-            ),
-            Some(h) => {
-                let payload = &msg[SEND_HDR_SIZE..];
-                let mut status = CqStatus::Ok;
-                let mut is_amo = false;
-                match apply::apply_message(payload, &*self.tables) {
-                    apply::Outcome::NotAmo => {}
-                    apply::Outcome::Applied(_) => {
-                        is_amo = true;
-                        inner.amos_applied.fetch_add(1, Ordering::AcqRel);
-                    }
-                    apply::Outcome::Rejected { status: s, why } => {
-                        is_amo = true;
-                        status = s;
-                        tracing::warn!(
-                            "software queue: AMO from PE {} not applied ({s}): {why}",
-                            h.src_pe
-                        );
-                    }
-                }
-                // An AMO applied without error and without an immediate needs no receive
-                // completion: nothing waits for one (DeepEP-style code never polls the RX ring), and
-                // producing one per AMO would pile up entries for a ring nobody drains.
-                if is_amo && status == CqStatus::Ok && h.imm.is_none() {
-                    if !inner.stop.load(Ordering::Acquire) {
-                        if let Err(e) = self.post_receive(idx) {
-                            tracing::error!("software queue: cannot repost a receive buffer: {e}");
-                        }
-                    }
-                    return;
-                }
-                let (ah, src_qp) = self.source(Some(h.src_pe));
-                let hold = inner.rx_credits.then_some(idx);
-                let held = self.push_rx_holding(
-                    RxCqe {
-                        req_id: self.rx_seq as u16,
-                        status,
-                        phase: 0,
-                        op: OpType::Send,
-                        has_imm: h.imm.is_some(),
-                        unsolicited: false,
-                        qp_num: self.tables.my_qpn(),
-                        length: u32::from(h.len),
-                        ah,
-                        src_qp,
-                        imm: h.imm.unwrap_or(0),
-                        src_addr: None,
-                    },
-                    hold,
-                );
-                self.rx_seq += 1;
-                if held {
-                    // The receive stays unposted until the entry is in the ring (credits).
-                    return;
-                }
+            );
+            self.repost(idx);
+            return;
+        };
+        let payload = &msg[SEND_HDR_SIZE..];
+        let checked = apply::check_message(payload, &*self.tables);
+        // An AMO without an immediate joins the CQ read's batch (amo_batch.rs): its word is read
+        // and written back with the others', for GPU words two waits per CQ read instead of two
+        // per AMO (host words: host atomics, as alone).
+        if let apply::Checked::Ready(m, addr, device) = &checked {
+            if h.imm.is_none() {
+                self.amo_batch.push(*m, *addr, *device, (idx, h));
+                return;
             }
         }
-        if !inner.stop.load(Ordering::Acquire) {
+        // Everything else after the AMOs before it.
+        self.flush_amo_batch();
+        let outcome = match checked {
+            apply::Checked::NotAmo => apply::Outcome::NotAmo,
+            apply::Checked::Rejected { status, why } => apply::Outcome::Rejected { status, why },
+            apply::Checked::Ready(m, addr, device) => apply::apply_checked(m, addr, device),
+        };
+        let (is_amo, status) = match outcome {
+            apply::Outcome::NotAmo => (false, CqStatus::Ok),
+            apply::Outcome::Applied(_) => {
+                inner.amos_applied.fetch_add(1, Ordering::AcqRel);
+                (true, CqStatus::Ok)
+            }
+            apply::Outcome::Rejected { status, why } => {
+                tracing::warn!(
+                    "software queue: AMO from PE {} not applied ({status}): {why}",
+                    h.src_pe
+                );
+                (true, status)
+            }
+        };
+        self.finish_send(&h, idx, is_amo, status);
+    }
+
+    /// Applies the AMOs the current CQ read gathered ([`crate::gda::amo_batch`]), then gives their
+    /// receive buffers back (an error completes its SEND with an error status, logged).
+    pub(super) fn flush_amo_batch(&mut self) {
+        if self.amo_batch.is_empty() {
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.amo_batch);
+        let n = batch.len();
+        let gpu = batch.has_gpu_words();
+        let io = if gpu { self.copy_batch() } else { None };
+        let done =
+            batch.apply(
+                &mut amo_batch::Words(io),
+                &mut |m, addr, device| match apply::apply_checked(*m, addr, device) {
+                    apply::Outcome::Rejected { why, .. } => Err(why),
+                    _ => Ok(()),
+                },
+            );
+        self.stats.amo_batches += 1;
+        self.stats.amo_batched += n as u64;
+        for (_, (idx, h), r) in done {
+            let status = match r {
+                Ok(()) => {
+                    self.inner.amos_applied.fetch_add(1, Ordering::AcqRel);
+                    CqStatus::Ok
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        "software queue: AMO from PE {} not applied ({}): {why}",
+                        h.src_pe,
+                        CqStatus::LocalQpInternalError
+                    );
+                    CqStatus::LocalQpInternalError
+                }
+            };
+            self.finish_send(&h, idx, true, status);
+        }
+        // Keep the allocation unless a nested poll (a repost retrying) gathered more meanwhile.
+        if self.amo_batch.is_empty() {
+            self.amo_batch = batch;
+        }
+    }
+
+    /// What follows a received SEND once it was handled: an AMO applied without error and
+    /// without an immediate needs no receive completion (nothing waits for one: DeepEP-style code
+    /// never polls the RX ring, and one per AMO would pile up entries for a ring nobody drains);
+    /// anything else gets its RX completion; then the receive buffer is posted again (unless it is
+    /// held for ring room, with receive credits).
+    fn finish_send(&mut self, h: &SendHdr, idx: usize, is_amo: bool, status: CqStatus) {
+        if !(is_amo && status == CqStatus::Ok && h.imm.is_none()) {
+            let (ah, src_qp) = self.source(Some(h.src_pe));
+            let hold = self.inner.rx_credits.then_some(idx);
+            let held = self.push_rx_holding(
+                RxCqe {
+                    req_id: self.rx_seq as u16,
+                    status,
+                    phase: 0,
+                    op: OpType::Send,
+                    has_imm: h.imm.is_some(),
+                    unsolicited: false,
+                    qp_num: self.tables.my_qpn(),
+                    length: u32::from(h.len),
+                    ah,
+                    src_qp,
+                    imm: h.imm.unwrap_or(0),
+                    src_addr: None,
+                },
+                hold,
+            );
+            self.rx_seq += 1;
+            if held {
+                // The receive stays unposted until the entry is in the ring (credits).
+                return;
+            }
+        }
+        self.repost(idx);
+    }
+
+    /// Posts receive buffer `idx` again (not once the queue stops).
+    fn repost(&mut self, idx: usize) {
+        if !self.inner.stop.load(Ordering::Acquire) {
             if let Err(e) = self.post_receive(idx) {
                 tracing::error!("software queue: cannot repost a receive buffer: {e}");
             }

@@ -1,0 +1,435 @@
+//! AMO messages on GPU words applied as a batch.
+//!
+//! The software queue's receiving thread applies every AMO message its PE receives
+//! ([`super::apply`]). A GPU word costs a read-modify-write through the driver: a copy to the host,
+//! the operation, a copy back, each copy waited for. On the GPU node under DeepEP's low-latency
+//! kernels one such AMO took about 72 us, and since the one receiving thread waits through it, a
+//! dispatch that announces 288 experts' counts spent 288 x 72 us = 21 ms there (results/gpu-2026-11-28d).
+//!
+//! A batch takes the AMOs of one CQ read (in arrival order), reads each distinct word once (one
+//! batch of copies, one wait), applies the operations in arrival order to the host copies, and writes
+//! back the words that changed (one batch, one wait): two waits per CQ read instead of two per AMO.
+//! Host words go the same way with host atomic loads and stores made at once ([`Words`]), so the
+//! host-memory tests run this path too.
+//!
+//! Exactness is that of the one-by-one path: one thread applies every AMO of the PE, and nothing
+//! else writes these words while AMOs fly (the device API's contract, see [`super::apply`]); a word
+//! touched by several AMOs of a batch is read once and written once with all of them applied in
+//! order. Words of a batch that overlap without being the same word (a 4-byte AMO inside an
+//! 8-byte one) would not compose through separate host copies: such a batch is applied one AMO at a
+//! time, in order.
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use super::apply::amo_result;
+use super::wire::AmoMsg;
+
+/// How a batch reads and writes words: reads and writes are enqueued (or made at once), then
+/// waited for together.
+pub trait WordIo {
+    /// Enqueues the read of the `size`-byte word at host-usable address `word` (GPU memory when
+    /// `device`) into `out`.
+    ///
+    /// # Safety
+    /// `word` must be a valid, `size`-aligned word and `out` valid for `size` bytes until
+    /// [`WordIo::wait`] returned.
+    unsafe fn read(
+        &mut self,
+        word: u64,
+        size: u32,
+        device: bool,
+        out: *mut u8,
+    ) -> Result<(), String>;
+    /// Enqueues the write of `size` bytes from `val` into the word at `word`.
+    ///
+    /// # Safety
+    /// As [`WordIo::read`], `val` valid for `size` bytes until `wait` returned.
+    unsafe fn write(
+        &mut self,
+        word: u64,
+        size: u32,
+        device: bool,
+        val: *const u8,
+    ) -> Result<(), String>;
+    /// Waits for every read and write enqueued.
+    fn wait(&mut self) -> Result<(), String>;
+}
+
+/// The software queue's words: GPU words through a CUDA copy batch (none: GPU words fail),
+/// host words with host atomics, made at once.
+pub struct Words<'a>(pub Option<&'a mut crate::cuda::CopyBatch>);
+
+impl Words<'_> {
+    fn gpu(&mut self) -> Result<&mut crate::cuda::CopyBatch, String> {
+        self.0
+            .as_deref_mut()
+            .ok_or_else(|| "no CUDA copy batch for a GPU word".to_string())
+    }
+}
+
+impl WordIo for Words<'_> {
+    unsafe fn read(
+        &mut self,
+        word: u64,
+        size: u32,
+        device: bool,
+        out: *mut u8,
+    ) -> Result<(), String> {
+        if device {
+            // SAFETY: forwarded to the caller.
+            return unsafe {
+                self.gpu()?
+                    .copy(out.cast(), word as *const _, size as usize)
+            }
+            .map_err(|e| e.to_string());
+        }
+        // SAFETY: the caller's word, aligned (checked when the message was parsed).
+        let v = unsafe { host_load(word, size) };
+        // SAFETY: `out` is valid for `size` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(v.to_le_bytes().as_ptr(), out, size as usize) };
+        Ok(())
+    }
+
+    unsafe fn write(
+        &mut self,
+        word: u64,
+        size: u32,
+        device: bool,
+        val: *const u8,
+    ) -> Result<(), String> {
+        if device {
+            // SAFETY: forwarded to the caller.
+            return unsafe { self.gpu()?.copy(word as *mut _, val.cast(), size as usize) }
+                .map_err(|e| e.to_string());
+        }
+        let mut b = [0u8; 8];
+        // SAFETY: `val` is valid for `size` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(val, b.as_mut_ptr(), size as usize) };
+        // SAFETY: as in `read`.
+        unsafe { host_store(word, size, u64::from_le_bytes(b)) };
+        Ok(())
+    }
+
+    fn wait(&mut self) -> Result<(), String> {
+        match self.0.as_deref_mut() {
+            Some(b) => b.wait().map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// # Safety
+/// `word` is a valid `size`-aligned host word (4 or 8 bytes).
+unsafe fn host_load(word: u64, size: u32) -> u64 {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if size == 8 {
+            super::mem::atomic_u64(word as *mut u8).load(Ordering::Acquire)
+        } else {
+            u64::from(super::mem::atomic_u32(word as *mut u8).load(Ordering::Acquire))
+        }
+    }
+}
+
+/// # Safety
+/// As [`host_load`].
+unsafe fn host_store(word: u64, size: u32, v: u64) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if size == 8 {
+            super::mem::atomic_u64(word as *mut u8).store(v, Ordering::Release)
+        } else {
+            super::mem::atomic_u32(word as *mut u8).store(v as u32, Ordering::Release)
+        }
+    }
+}
+
+/// AMO messages gathered for one batch, each with its word (host-usable address, whether GPU
+/// memory) and a tag of the caller's (its receive buffer).
+pub struct AmoBatch<T> {
+    ops: Vec<(AmoMsg, u64, bool, T)>,
+}
+
+impl<T> Default for AmoBatch<T> {
+    fn default() -> Self {
+        AmoBatch { ops: Vec::new() }
+    }
+}
+
+/// What a batch did: its AMOs' tags with `Ok` or the error that kept each from being applied.
+pub type Applied<T> = Vec<(AmoMsg, T, Result<(), String>)>;
+
+impl<T> AmoBatch<T> {
+    /// Adds AMO `m` on the word at host-usable address `addr` (GPU memory when `device`).
+    pub fn push(&mut self, m: AmoMsg, addr: u64, device: bool, tag: T) {
+        self.ops.push((m, addr, device, tag));
+    }
+
+    /// AMOs gathered.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether a GPU word is among them.
+    pub fn has_gpu_words(&self) -> bool {
+        self.ops.iter().any(|o| o.2)
+    }
+
+    /// Whether none is gathered.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Applies the gathered AMOs (the batch is empty after) and returns each with its result.
+    /// `single` applies one AMO alone (the one-by-one path), used when the words overlap or the
+    /// batch read failed (then nothing was written yet).
+    pub fn apply(
+        &mut self,
+        io: &mut dyn WordIo,
+        single: &mut dyn FnMut(&AmoMsg, u64, bool) -> Result<(), String>,
+    ) -> Applied<T> {
+        let ops = std::mem::take(&mut self.ops);
+        if ops.is_empty() {
+            return Vec::new();
+        }
+        // Distinct words, in order of first use.
+        let mut index: HashMap<u64, usize> = HashMap::with_capacity(ops.len());
+        let mut words: Vec<(u64, u32, bool)> = Vec::new();
+        let mut clash = false;
+        for (m, addr, device, _) in &ops {
+            let i = *index.entry(*addr).or_insert_with(|| {
+                words.push((*addr, m.size, *device));
+                words.len() - 1
+            });
+            clash |= words[i].1 != m.size;
+        }
+        if !clash {
+            let mut sorted: Vec<(u64, u32)> = words.iter().map(|w| (w.0, w.1)).collect();
+            sorted.sort_unstable();
+            clash = sorted
+                .windows(2)
+                .any(|w| w[0].0 + u64::from(w[0].1) > w[1].0);
+        }
+        if clash {
+            return one_by_one(ops, single);
+        }
+        // Each word's bytes, read in one batch (little-endian, the low `size` bytes used).
+        let mut vals = vec![[0u8; 8]; words.len()];
+        let read = (|| {
+            for (k, &(addr, size, device)) in words.iter().enumerate() {
+                // SAFETY: `addr` lies in a local heap chunk (checked by `check_message`), which
+                // stays allocated while the queue lives; `vals` is neither moved nor resized until
+                // the wait below returned.
+                unsafe { io.read(addr, size, device, vals[k].as_mut_ptr())? };
+            }
+            io.wait()
+        })();
+        if let Err(why) = read {
+            tracing::warn!(
+                "AMO batch: {} word(s) not read in one batch ({why}); each AMO alone",
+                words.len()
+            );
+            // Nothing was written: the one-by-one path applies every AMO exactly once.
+            return one_by_one(ops, single);
+        }
+        let mut dirty = vec![false; words.len()];
+        for (m, addr, _, _) in &ops {
+            let k = index[addr];
+            let mut old = u64::from_le_bytes(vals[k]);
+            if m.size == 4 {
+                old &= 0xFFFF_FFFF;
+            }
+            vals[k] = amo_result(m, old).to_le_bytes();
+            dirty[k] = true;
+        }
+        let written = (|| {
+            for (k, &(addr, size, device)) in words.iter().enumerate() {
+                if dirty[k] {
+                    // SAFETY: as above; the host bytes stay put until the wait returned.
+                    unsafe { io.write(addr, size, device, vals[k].as_ptr())? };
+                }
+            }
+            io.wait()
+        })();
+        let result = written.map_err(|why| format!("AMO batch write-back failed: {why}"));
+        ops.into_iter()
+            .map(|(m, _, _, tag)| (m, tag, result.clone()))
+            .collect()
+    }
+}
+
+fn one_by_one<T>(
+    ops: Vec<(AmoMsg, u64, bool, T)>,
+    single: &mut dyn FnMut(&AmoMsg, u64, bool) -> Result<(), String>,
+) -> Applied<T> {
+    ops.into_iter()
+        .map(|(m, addr, device, tag)| {
+            let r = single(&m, addr, device);
+            (m, tag, r)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gda::wire::{AMO_OP_ADD, AMO_OP_SET};
+
+    /// Host memory standing in for GPU words: reads and writes are queued and made at `wait`,
+    /// counted.
+    #[derive(Default)]
+    struct Queued {
+        pending: Vec<(u64, u64, usize)>,
+        waits: usize,
+        copies: usize,
+        fail_read: bool,
+    }
+
+    impl WordIo for Queued {
+        unsafe fn read(
+            &mut self,
+            word: u64,
+            size: u32,
+            _: bool,
+            out: *mut u8,
+        ) -> Result<(), String> {
+            if self.fail_read {
+                return Err("injected".into());
+            }
+            self.pending.push((out as u64, word, size as usize));
+            Ok(())
+        }
+        unsafe fn write(
+            &mut self,
+            word: u64,
+            size: u32,
+            _: bool,
+            val: *const u8,
+        ) -> Result<(), String> {
+            self.pending.push((word, val as u64, size as usize));
+            Ok(())
+        }
+        fn wait(&mut self) -> Result<(), String> {
+            for (d, s, n) in self.pending.drain(..) {
+                // SAFETY: test buffers, alive for the test.
+                unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
+                self.copies += 1;
+            }
+            self.waits += 1;
+            Ok(())
+        }
+    }
+
+    fn amo(op: u32, size: u32, value: u64) -> AmoMsg {
+        AmoMsg {
+            op,
+            size,
+            offset: 0,
+            value,
+            flags: 0,
+        }
+    }
+
+    /// The one-by-one path on host memory (plain read-modify-write).
+    fn single(m: &AmoMsg, addr: u64, _device: bool) -> Result<(), String> {
+        let mut cur = [0u8; 8];
+        // SAFETY: test buffers.
+        unsafe { std::ptr::copy(addr as *const u8, cur.as_mut_ptr(), m.size as usize) };
+        let out = amo_result(m, u64::from_le_bytes(cur)).to_le_bytes();
+        // SAFETY: test buffers.
+        unsafe { std::ptr::copy(out.as_ptr(), addr as *mut u8, m.size as usize) };
+        Ok(())
+    }
+
+    #[test]
+    fn a_batch_equals_the_amos_one_by_one_with_two_waits() {
+        let mut batched = vec![0u64; 8];
+        let mut serial = vec![0u64; 8];
+        batched[3] = u64::MAX - 1;
+        serial[3] = u64::MAX - 1;
+        // Adds and sets, several on one word, a 4-byte word (the high half of word 5 stays), an
+        // add that wraps.
+        let plan: Vec<(usize, u32, u32, u64)> = vec![
+            (0, AMO_OP_ADD, 8, 5),
+            (1, AMO_OP_ADD, 8, u64::MAX), // -1
+            (0, AMO_OP_ADD, 8, 7),
+            (2, AMO_OP_SET, 8, 42),
+            (2, AMO_OP_ADD, 8, 1),
+            (3, AMO_OP_ADD, 8, 3),
+            (0, AMO_OP_SET, 8, 100),
+            (0, AMO_OP_ADD, 8, 1),
+        ];
+        batched[5] = 0xAAAA_AAAA_0000_0001;
+        serial[5] = 0xAAAA_AAAA_0000_0001;
+        let mut b = AmoBatch::default();
+        for (i, &(w, op, size, v)) in plan.iter().enumerate() {
+            let m = amo(op, size, v);
+            b.push(m, batched.as_mut_ptr() as u64 + 8 * w as u64, true, i);
+            single(&m, serial.as_mut_ptr() as u64 + 8 * w as u64, true).unwrap();
+        }
+        let m = amo(AMO_OP_ADD, 4, 0xFFFF_FFFF);
+        b.push(m, batched.as_mut_ptr() as u64 + 40, true, 99);
+        single(&m, serial.as_mut_ptr() as u64 + 40, true).unwrap();
+        assert_eq!(b.len(), 9);
+        let mut io = Queued::default();
+        let mut calls = 0;
+        let done = b.apply(&mut io, &mut |m, a, d| {
+            calls += 1;
+            single(m, a, d)
+        });
+        assert!(b.is_empty());
+        assert_eq!(batched, serial);
+        assert_eq!(batched[0], 101);
+        assert_eq!(batched[2], 43);
+        assert_eq!(batched[3], 1, "wrapped");
+        assert_eq!(
+            batched[5], 0xAAAA_AAAA_0000_0000,
+            "4-byte add left the high half"
+        );
+        assert_eq!(io.waits, 2, "one wait to read, one to write back");
+        assert_eq!(
+            io.copies,
+            5 + 5,
+            "each distinct word read once and written once"
+        );
+        assert_eq!(calls, 0, "no AMO went the one-by-one way");
+        let tags: Vec<usize> = done.iter().map(|d| d.1).collect();
+        assert_eq!(tags, vec![0, 1, 2, 3, 4, 5, 6, 7, 99], "arrival order kept");
+        assert!(done.iter().all(|d| d.2.is_ok()));
+    }
+
+    #[test]
+    fn overlapping_words_and_a_failed_read_go_one_by_one_exactly_once() {
+        let mut w = vec![0u64; 2];
+        let base = w.as_mut_ptr() as u64;
+        // An 8-byte add and a 4-byte add inside the same word: not composable through two copies.
+        let mut b = AmoBatch::default();
+        b.push(amo(AMO_OP_ADD, 8, 1 << 32), base, true, 0);
+        b.push(amo(AMO_OP_ADD, 4, 2), base, true, 1);
+        let mut io = Queued::default();
+        let mut calls = 0;
+        let done = b.apply(&mut io, &mut |m, a, d| {
+            calls += 1;
+            single(m, a, d)
+        });
+        assert_eq!((calls, io.waits), (2, 0));
+        assert_eq!(w[0], (1 << 32) + 2);
+        assert_eq!(done.len(), 2);
+
+        // The batch read fails before anything is written: each AMO alone, once.
+        b.push(amo(AMO_OP_ADD, 8, 5), base + 8, true, 2);
+        b.push(amo(AMO_OP_ADD, 8, 6), base + 8, true, 3);
+        let mut io = Queued {
+            fail_read: true,
+            ..Default::default()
+        };
+        let mut calls = 0;
+        let done = b.apply(&mut io, &mut |m, a, d| {
+            calls += 1;
+            single(m, a, d)
+        });
+        assert_eq!(calls, 2);
+        assert_eq!(w[1], 11, "applied exactly once each");
+        assert!(done.iter().all(|d| d.2.is_ok()));
+    }
+}
