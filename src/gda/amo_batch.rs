@@ -3,8 +3,9 @@
 //! The software queue's receiving thread applies every AMO message its PE receives
 //! ([`super::apply`]). A GPU word costs a read-modify-write through the driver: a copy to the host,
 //! the operation, a copy back, each copy waited for. On the GPU node under DeepEP's low-latency
-//! kernels one such AMO took about 72 us, and since the one receiving thread waits through it, a
-//! dispatch that announces 288 experts' counts spent 288 x 72 us = 21 ms there (results/gpu-2026-11-28d).
+//! kernels one such AMO took about 146 us (inferred: 21 ms per dispatch with 144 counts received,
+//! 2.3 ms with 16), and since the one receiving thread waits through it, the counts alone took the
+//! whole dispatch (results/gpu-2026-11-28d).
 //!
 //! A batch takes the AMOs of one CQ read (in arrival order), reads each distinct word once (one
 //! batch of copies, one wait), applies the operations in arrival order to the host copies, and writes

@@ -4,7 +4,7 @@
 #   config,path,ranks,gpus,dispatch_us,combine_us,dispatch_combine_us,dispatch_send_us,combine_send_us
 #
 #   PLUGIN_DIR=.gpu/plugin/lib LIBFABRIC_HOME=.gpu/libfabric OUT=out \
-#       bash tests/deepep/ll_matrix.sh [--configs "T:H:E:K ..."] [--ranks N] [--seeds S] DEEPEP_TREE
+#       bash tests/deepep/ll_matrix.sh [--configs "T:H:E:K ..."] [--ranks N] [--seeds S] [--two-host] DEEPEP_TREE
 #
 # The tree is copied once per machine to $DEEPEP_WORK (default /tmp/deepep-ll/DeepEP) and built there
 # (tests/deepep/run.sh, SAVE_EXT=$OUT/deepep-ext.tgz when set), so that calls that follow each other on a
@@ -12,7 +12,8 @@
 # 4096 one and a 32-expert one). --seeds S adds DeepEP's --pressure-test bounded to S seeds (see
 # launch_ll.py: DEEPEP_PRESSURE_SEEDS). Figures per config and path: the mean over ranks of each rank's
 # avg_t (DeepEP's own bench and kineto timings); a run that failed writes no row and is named in
-# $OUT/summary.txt.
+# $OUT/summary.txt. --two-host: the GDA runs in the two-host layout (run.sh --two-host; no P2P rows;
+# the CSV's gda rows are then the path between hosts).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 configs="128:7168:288:8 128:4096:288:8 128:7168:32:8"
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
     --configs) configs=${2:?}; shift ;;
     --ranks) ranks=${2:?}; shift ;;
     --seeds) seeds=${2:?}; shift ;;
-    --no-p2p-ref | --no-gda) extra+=("$1") ;;
+    --no-p2p-ref | --no-gda | --two-host) extra+=("$1") ;;
     -*) echo "ll_matrix.sh: unknown option $1" >&2; exit 2 ;;
     *) tree=$1 ;;
     esac

@@ -15,6 +15,11 @@
 #      preloaded as nvshmem_transport_libfabric.so.3;
 #   5. the same test with NVLink/P2P allowed and without the library (NVSHMEM's P2P path), for
 #      reference.
+# With --two-host, step 4 runs the 2 ranks in two network + UTS namespaces joined by a veth pair
+# (tests/twohost/netns.sh): the library sees two hosts and takes the path between hosts (provider
+# tcp over the veth, GPU memory staged by the software queue); rank r on GPU r (both on GPU 0 under
+# MPS on a one-GPU node), process group gloo over the veth; no P2P reference (NVSHMEM's P2P path does
+# not cross hosts).
 # Exit status: 0 when every run passed, 1 when one failed, 2 on a usage/setup error.
 set -uo pipefail
 
@@ -39,6 +44,10 @@ usage: tests/deepep/run.sh [options] DEEPEP_TREE
                       ~2 GiB, which NVSHMEM's VMM heap registers as several chunks (the library
                       publishes every chunk: device state version 2)
   --debug             NVSHMEM_DEBUG=INFO and NVSHMEM_EFA_LOG=nvshmem_efa_gda=debug
+  --two-host          the GDA run with each rank in its own network + UTS namespace (two "hosts"
+                      over a veth pair, provider tcp by default; needs root, unshare, nsenter and
+                      an ip command: on PATH, TWOHOST_IP, or .gpu/iproute2/bin/ip); implies
+                      --no-p2p-ref and --ranks 2
   --stacks S          when a run is still going after S seconds, dump its processes' threads,
                       host stacks and resident GPU kernels (tests/deepep/stacks.sh) to
                       $OUT/<run>-stacks.txt
@@ -59,6 +68,7 @@ test_args=""
 debug=0
 stacks=0
 single_reg=0
+two_host=0
 tree=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -72,6 +82,7 @@ while [ $# -gt 0 ]; do
     --debug) debug=1 ;;
     --stacks) stacks=${2:?--stacks needs seconds}; shift ;;
     --single-registration) single_reg=1 ;;
+    --two-host) two_host=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "run.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     *) [ -z "$tree" ] || { echo "run.sh: one DEEPEP_TREE only" >&2; exit 2; }; tree=$1 ;;
@@ -92,6 +103,11 @@ die() { say "error: $1"; exit "${2:-2}"; }
 tree=$(cd "$tree" && pwd)
 case $ranks in '' | *[!0-9]*) die "--ranks must be a number" ;; esac
 [ "$ranks" -ge 2 ] || die "--ranks must be at least 2"
+if [ $two_host = 1 ]; then
+    [ "$ranks" = 2 ] || die "--two-host runs 2 ranks (one per namespace)"
+    [ $do_p2p = 1 ] && say "two-host: no P2P reference run (NVSHMEM's P2P path does not cross hosts)"
+    do_p2p=0
+fi
 
 PYTHON=${PYTHON:-}
 if [ -z "$PYTHON" ]; then
@@ -190,8 +206,20 @@ if [ "$ngpu" -lt "$ranks" ]; then
 else
     say "placement: $ranks ranks on $ngpu GPUs, one per GPU, process group nccl"
 fi
+# The two "hosts": namespaces held open for the run, gone at exit.
+if [ $two_host = 1 ] && [ $do_gda = 1 ]; then
+    if [ -z "${TWOHOST_IP:-}" ] && ! command -v ip >/dev/null 2>&1; then
+        [ -x "$repo/.gpu/iproute2/bin/ip" ] || die "--two-host needs an ip command (PATH, TWOHOST_IP or .gpu/iproute2)"
+        export TWOHOST_IP=$repo/.gpu/iproute2/bin/ip TWOHOST_IP_LIBS=$repo/.gpu/iproute2/lib
+        command -v nsenter >/dev/null 2>&1 || export PATH="$PATH:$repo/.gpu/iproute2/bin"
+    fi
+    # shellcheck source=../twohost/netns.sh
+    source "$repo/tests/twohost/netns.sh"
+    twohost_up dpp && twohost_check || die "the two-host layout cannot be made here (root, unshare, ip)"
+    say "two-host: ${TH_HOST[0]} ${TH_ADDR[0]} | ${TH_HOST[1]} ${TH_ADDR[1]} over veth ${TH_IF[0]}"
+fi
 stop_mps() { [ $mps_started = 1 ] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; mps_started=0; }
-trap stop_mps EXIT
+trap 'stop_mps; if declare -F twohost_down >/dev/null; then twohost_down; fi' EXIT
 
 # NVSHMEM's host library by path too: an extension built elsewhere carries another rpath.
 export LD_LIBRARY_PATH="$nvshmem_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -218,10 +246,31 @@ run_case() { # run_case NAME ENV... -- TEST-ARGS...
         (sleep "$stacks"; bash "$here/stacks.sh" "$OUT/$name-stacks.txt") &
         watch=$!
     fi
-    # shellcheck disable=SC2086
-    timeout -k 20 "$timeout_s" env "${common_env[@]}" "${envs[@]}" \
-        "$PYTHON" "$here/launch_ll.py" --num-processes "$ranks" "$@" $test_args >"$log" 2>&1
-    local rc=$?
+    local rc
+    if [ $two_host = 1 ]; then
+        # One process per namespace, one rank each: node r of 2 (launch_ll.py's init_dist reads
+        # WORLD_SIZE / RANK as nodes), GPU r, the bootstrap, the provider and gloo on the veth.
+        local pids=() r gpu port=$((29500 + RANDOM % 1000))
+        for r in 0 1; do
+            gpu=$([ "$ngpu" -ge 2 ] && echo "$r" || echo 0)
+            # shellcheck disable=SC2086
+            timeout -k 20 "$timeout_s" nsenter -t "${TH_PID[$r]}" -n -u -- env "${common_env[@]}" "${envs[@]}" \
+                CUDA_VISIBLE_DEVICES="$gpu" WORLD_SIZE=2 RANK="$r" MASTER_ADDR="${TH_ADDR[0]}" MASTER_PORT="$port" \
+                DEEPEP_PG_BACKEND=gloo GLOO_SOCKET_IFNAME="${TH_IF[$r]}" NCCL_SOCKET_IFNAME="${TH_IF[$r]}" \
+                FI_TCP_IFACE="${TH_IF[$r]}" NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="${TH_IF[$r]}" \
+                NVSHMEM_BOOTSTRAP_UID_SOCK_FAMILY=AF_INET \
+                "$PYTHON" "$here/launch_ll.py" --num-processes 1 "$@" $test_args >"$OUT/$name.rank$r.log" 2>&1 &
+            pids+=($!)
+        done
+        rc=0
+        for r in "${pids[@]}"; do wait "$r" || rc=$?; done
+        cat "$OUT/$name.rank0.log" "$OUT/$name.rank1.log" >"$log"
+    else
+        # shellcheck disable=SC2086
+        timeout -k 20 "$timeout_s" env "${common_env[@]}" "${envs[@]}" \
+            "$PYTHON" "$here/launch_ll.py" --num-processes "$ranks" "$@" $test_args >"$log" 2>&1
+        rc=$?
+    fi
     if [ -n "$watch" ]; then
         # A run that ended first needs no dump; one that hung waits for its dump to finish.
         if [ $rc = 0 ]; then kill "$watch" 2>/dev/null; fi
@@ -241,7 +290,7 @@ if [ $do_gda = 1 ]; then
         LD_PRELOAD="$PLUGIN_DIR/nvshmem_transport_libfabric.so.3" \
         LD_LIBRARY_PATH="$PLUGIN_DIR:$fabric_lib:${LD_LIBRARY_PATH:-}" \
         NVSHMEM_REMOTE_TRANSPORT=libfabric \
-        NVSHMEM_LIBFABRIC_PROVIDER="${NVSHMEM_LIBFABRIC_PROVIDER:-shm}" \
+        NVSHMEM_LIBFABRIC_PROVIDER="${NVSHMEM_LIBFABRIC_PROVIDER:-$([ $two_host = 1 ] && echo tcp || echo shm)}" \
         NVSHMEM_DISABLE_P2P=1 \
         -- --disable-nvlink
 fi
