@@ -47,6 +47,7 @@ export RAILS_NS="${TH_PID[0]},${TH_PID[1]}"
 export RAILS_IFACES
 RAILS_IFACES=$(IFS=,; echo "${ifaces[*]}")
 export RAILS_CUT="nsenter -t ${TH_PID[0]} -n -- $ip_cmd link set dev ${ifaces[1]} down"
+export RAILS_CUT0="nsenter -t ${TH_PID[0]} -n -- $ip_cmd link set dev ${ifaces[0]} down"
 # The whole output (the library's log lines too, among them the deliberate cut's WARN and ERROR
 # lines) goes to a log file; the console gets the test's own progress lines and a count.
 logs=${CI_LOGS:-$ROOT/target/ci-logs}

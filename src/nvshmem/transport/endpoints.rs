@@ -758,12 +758,14 @@ impl Transport {
         )
     }
 
-    /// Takes a context for an operation to `pe` tagged `tag`; refused when `pe` is gone. One that
+    /// Takes a context for an operation to `pe` tagged `tag` on rail 0; refused when `pe` is gone
+    /// or rail 0 failed towards it (see `rails`). One that
     /// quiet waits for (see [`counted`]) is counted as submitted; an operation that is not posted
     /// gives its context back with [`EpState::release_unposted`].
     pub(super) fn alloc_for_peer(&self, c: &Connected, r: OpRoute) -> TResult<*mut c_void> {
         let OpRoute { ep, pe, tag, data } = r;
         self.check_peer(c, pe)?;
+        self.check_primary(pe)?;
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
         if counted(tag) {
             c.eps[ep].attach(ctx, pe);
