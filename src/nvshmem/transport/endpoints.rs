@@ -381,6 +381,15 @@ impl EpState {
         }
     }
 
+    /// Whether a counted context of a peer is still outstanding (not ended by the peer's death
+    /// or its rail's failure).
+    pub(super) fn is_outstanding(&self, ctx: *mut c_void) -> bool {
+        match self.peer_of(ctx).and_then(|p| self.peer.get(p)) {
+            Some(a) => a.outstanding.lock().contains(&(ctx as usize)),
+            None => true,
+        }
+    }
+
     /// Completes a context counted for quiet (an operation's or a waiting one) with its outcome.
     /// A context of a peer that was declared gone has been accounted already: it is only freed.
     pub(super) fn finish_counted(&self, ctx: *mut c_void, error: Option<String>) {

@@ -7,20 +7,20 @@
 //! section, bytes [`RAIL_SECTION`].., so a peer looks a key up per rail) and its own contexts.
 //! They carry provider RMA between registered memory: small operations go round-robin over the
 //! live rails (rail 0 included), operations of at least `NVSHMEM_EFA_RAIL_STRIPE_BYTES` are cut
-//! into one piece per live rail. Atomics stay on rail 0: one rail per peer keeps them exact (two
-//! NICs' atomics are not atomic with respect to each other, and target-applied atomics have one
-//! apply path), and no AMO is ever re-posted on another rail.
+//! into one piece per live rail. A peer's atomics take one rail at a time, rail 0 until it fails
+//! towards that peer ([`primary`]; then target-applied messages on an extra rail, [`msg`]): two
+//! NICs' atomics are not atomic with respect to each other, and no AMO is ever re-posted.
 //!
 //! Quiet, fence and blocking calls cover every rail: each rail counts its operations per (endpoint,
 //! PE) and joins the caller's completion group; progress (`progress_ep`) reads every rail's CQ.
 //!
-//! Failover: a rail whose post fails, or on which an operation fails (CQ error) or sees no
+//! Failover: an extra rail whose post fails, or on which an operation fails (CQ error) or sees no
 //! completion within `NVSHMEM_EFA_RAIL_TIMEOUT_MS` while its peer completes operations on other
-//! rails, is failed once: one WARN
-//! line, its endpoint is closed (the provider cancels what it still holds, so nothing lands
-//! later), and every operation in flight on it ends with an error (its group's, or its peer's for
-//! quiet). New operations use the remaining rails. Rail 0 is the last one left: its failure is the
-//! transport's existing broken-connection and dead-peer handling.
+//! rails, is failed once: one WARN line, its endpoint is closed (the provider cancels what it
+//! still holds, so nothing lands later), every operation in flight on it ends with an error (its
+//! group's, or its peer's for quiet), and atomics it carried move. New operations use the
+//! remaining rails. Rail 0, shared by every peer, fails per peer by the same timeout rule
+//! ([`primary`]). A failed rail stays down for the job (docs/rails.md says why).
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -42,6 +42,7 @@ use crate::topo;
 mod config;
 mod msg;
 mod primary;
+mod quiet;
 
 use config::section_key;
 pub use config::RailConfig;
@@ -969,79 +970,6 @@ impl Transport {
             r.index,
             r.name,
         );
-    }
-
-    /// Waits (until `deadline`) for the operations on every extra rail posted before the call on
-    /// endpoint `ep` (to PE `pe`, or to all); their errors are recorded for the caller's quiet.
-    pub(super) fn rails_quiet(
-        &self,
-        c: &Connected,
-        ep: usize,
-        pe: Option<usize>,
-        deadline: Instant,
-    ) -> TResult<()> {
-        let n = c.n_pes as usize;
-        let range = match pe {
-            Some(p) => p..p + 1,
-            None => 0..n,
-        };
-        let targets: Vec<(usize, usize, u64)> = self
-            .rails
-            .extra
-            .iter()
-            .filter_map(|r| r.counts.get().map(|cs| (r, cs)))
-            .flat_map(|(r, cs)| {
-                range.clone().map(move |p| {
-                    (
-                        r.index,
-                        ep * n + p,
-                        cs[ep * n + p].0.load(Ordering::Acquire),
-                    )
-                })
-            })
-            .collect();
-        let done = |(ri, slot, want): &(usize, usize, u64)| {
-            self.rails.extra[ri - 1]
-                .counts
-                .get()
-                .is_some_and(|cs| cs[*slot].1.load(Ordering::Acquire) >= *want)
-        };
-        while !targets.iter().all(done) {
-            self.check_alive()?;
-            self.progress_ep(c, ep);
-            if Instant::now() > deadline {
-                return Err(internal(format!(
-                    "quiet: operations on the extra rails of endpoint {ep} not complete after {:?}",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            std::thread::yield_now();
-        }
-        Ok(())
-    }
-
-    /// One line per rail for the description and the log at shutdown.
-    pub(super) fn rails_summary(&self) -> Vec<String> {
-        if !self.rails.active() {
-            return Vec::new();
-        }
-        self.rails
-            .stats()
-            .into_iter()
-            .map(|s| {
-                format!(
-                    "rail {} ({}): {} operations, {} bytes, {} AMOs{}",
-                    s.index,
-                    s.name,
-                    s.ops,
-                    s.bytes,
-                    s.amos,
-                    s.failed
-                        .map(|w| format!(", failed: {w}"))
-                        .unwrap_or_default()
-                )
-            })
-            .collect()
     }
 }
 
