@@ -28,7 +28,12 @@
 //!    written again over rail 2 alone (rails 0 and 1 idle) and checked at PE 1; the fetch-add in
 //!    flight at the cut was applied at most once (never: netns, where its connection is gone);
 //!    one WARN line names the move of the atomics to rail 2;
-//! 7. throughout, blocking fetch-adds to PE 1: every old value is the previous one plus one and
+//! 7. rail 2, carrying the atomics now, fails by test support with a fetch-add in flight on it
+//!    (applied at most once): over `lo` (four rails there) they move to rail 3 (one WARN line),
+//!    the fetch-adds after it are exact and the region is written over rail 3 alone; in the
+//!    namespaces no rail is left to PE 1: a fetch-add fails with "no rail left", a put with "no
+//!    other rail", at once;
+//! 8. throughout, blocking fetch-adds to PE 1: every old value is the previous one plus one and
 //!    PE 1's counter equals their number (none lost, none applied twice).
 use std::ffi::c_void;
 use std::io::Write;
@@ -56,7 +61,15 @@ const ENV_CUT: &str = "RAILS_CUT";
 /// Set by tests/twohost/rails.sh: the command that takes rail 0 down.
 const ENV_CUT0: &str = "RAILS_CUT0";
 
-const RAILS: usize = 3;
+/// Rails: three veth pairs (netns); four domains over `lo`, so that the rail carrying the atomics
+/// after rail 0's failure can fail in turn with one rail left.
+fn rails(netns: bool) -> usize {
+    if netns {
+        3
+    } else {
+        4
+    }
+}
 const RAIL_TIMEOUT_MS: u64 = 1500;
 const QUIET_MS: u64 = 20_000;
 /// How long the failed-over quiet may take: the rail timeout and some slack.
@@ -73,6 +86,8 @@ const CTR_OFF: usize = HEAP - 64; // PE 1's counter
 const RET_OFF: usize = HEAP - 128; // fetch results
 const CTR2_OFF: usize = HEAP - 192; // PE 1's counter of the fetch-add in flight at rail 0's cut
 const RET2_OFF: usize = HEAP - 256;
+const CTR3_OFF: usize = HEAP - 320; // ... of the one in flight at rail 2's failure
+const RET3_OFF: usize = HEAP - 384;
 const SMALL: usize = 4096;
 const BIG: usize = 1 << 20;
 const STREAM: usize = 16 << 10;
@@ -270,8 +285,8 @@ fn child_main(me: usize, sock: &str, netns: bool) {
         fetched: 0,
     };
     let n_rails = pe.stats().len();
-    if n_rails != RAILS {
-        fail(&format!("{n_rails} rails, expected {RAILS}"));
+    if n_rails != rails(netns) {
+        fail(&format!("{n_rails} rails, expected {}", rails(netns)));
     }
     if me == 0 {
         writer(&mut pe, netns);
@@ -431,7 +446,7 @@ fn writer(pe: &mut Pe, netns: bool) {
     rail0_cut(pe, netns);
 }
 
-/// 6. rail 0 (and the atomics on it) fails towards PE 1.
+/// Step 6: rail 0 (and the atomics on it) fails towards PE 1.
 fn rail0_cut(pe: &mut Pe, netns: bool) {
     let amos_before: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
     pe.fill(SRC_OFF, DATA_LEN, 6);
@@ -520,6 +535,68 @@ fn rail0_cut(pe: &mut Pe, netns: bool) {
     msg.push(netns as u8);
     hub_round("p5", &msg);
     hub_round("p5-checked", &[]);
+    rail2_cut(pe, netns);
+}
+
+/// Step 7: rail 2, which carries the atomics now, fails (by test support). Over `lo` they move
+/// to rail 3 and stay exact; in the namespaces no rail is left to PE 1, and its operations fail
+/// at once.
+fn rail2_cut(pe: &mut Pe, netns: bool) {
+    let amos_before: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
+    hub_round("half2", &[]);
+    pe.fetch_add_nbi(CTR3_OFF, RET3_OFF)
+        .unwrap_or_else(|e| fail(&format!("fetch-add before rail 2's failure: {e}")));
+    pe.t.inject_rail_failure(2);
+    let q = pe.t.quiet(EP_HOST);
+    note(&format!(
+        "quiet after rail 2's failure: {:?}",
+        q.as_ref().map_err(|e| &e.message)
+    ));
+    if let Err(e) = &q {
+        if !e.message.contains("rail 2") {
+            fail(&format!("quiet after rail 2's failure: {}", e.message));
+        }
+    }
+    if netns {
+        match pe.fetch_add_nbi(CTR_OFF, RET_OFF) {
+            Err(e) if e.contains("no rail left") => {}
+            r => fail(&format!(
+                "a fetch-add with no rail left returned {r:?} (want its error)"
+            )),
+        }
+        match pe.rma(true, false, DATA_OFF, SRC_OFF, SMALL) {
+            Err(e) if e.contains("no other rail") => {}
+            r => fail(&format!(
+                "a put with no rail left returned {r:?} (want its error)"
+            )),
+        }
+    } else {
+        let mid = pe.stats();
+        for _ in 0..4 {
+            pe.fetch_add();
+        }
+        pe.write_all(8)
+            .unwrap_or_else(|e| fail(&format!("puts after rail 2's failure: {e}")));
+        let after = pe.stats();
+        let amos: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
+        note(&format!(
+            "after rail 2's failure: per-rail operations {after:?}, AMOs per rail {amos_before:?} -> {amos:?}"
+        ));
+        if (0..3).any(|r| after[r].0 != mid[r].0) || after[3].0 <= mid[3].0 {
+            fail(&format!(
+                "after rail 2's failure rails 0 to 2 must stay idle, 3 carries: {mid:?} -> {after:?}"
+            ));
+        }
+        if amos[3] < amos_before[3] + 4 || amos[2] > amos_before[2] + 1 {
+            fail(&format!(
+                "after rail 2's failure the fetch-adds must go over rail 3: {amos_before:?} -> {amos:?}"
+            ));
+        }
+    }
+    let mut msg = pe.fetched.to_le_bytes().to_vec();
+    msg.push(netns as u8);
+    hub_round("p6", &msg);
+    hub_round("p6-checked", &[]);
 }
 
 fn target(pe: &mut Pe) {
@@ -570,6 +647,31 @@ fn target(pe: &mut Pe) {
         "counter {ctr} after {fetched} fetch-adds; the one in flight at rail 0's cut applied {ctr2} time(s)"
     ));
     hub_round("p5-checked", &[]);
+    hub_round("half2", &[]);
+    let all = hub_round("p6", &[0u8; 9]);
+    let fetched = u64::from_le_bytes(all[0..8].try_into().unwrap());
+    pe.check(
+        DATA_OFF,
+        DATA_LEN,
+        if netns { 7 } else { 8 },
+        "data after rail 2's failure",
+    );
+    // SAFETY: 8-aligned words inside the heap.
+    let (ctr, ctr3) = unsafe {
+        (
+            std::ptr::read_volatile(pe.heap.add(CTR_OFF) as *const u64),
+            std::ptr::read_volatile(pe.heap.add(CTR3_OFF) as *const u64),
+        )
+    };
+    if ctr != fetched || ctr3 > 1 {
+        fail(&format!(
+            "after rail 2's failure: counter {ctr} after {fetched} fetch-adds, the one in flight applied {ctr3} times"
+        ));
+    }
+    note(&format!(
+        "counter {ctr} after {fetched} fetch-adds; the one in flight at rail 2's failure applied {ctr3} time(s)"
+    ));
+    hub_round("p6-checked", &[]);
 }
 
 struct Job {
@@ -621,7 +723,7 @@ fn run_job(test_name: &str, ns: Option<Netns>) {
         };
         let rails = match &ns {
             Some((_, ifaces, _, _)) => ifaces.clone(),
-            None => ["lo"; RAILS].join(","),
+            None => vec!["lo"; rails(false)].join(","),
         };
         cmd.args([
             test_name,
@@ -680,7 +782,15 @@ fn run_job(test_name: &str, ns: Option<Netns>) {
             job.abort(&format!("the cut of rail 0 ({cut0}) failed: {st:?}"));
         }
     }
-    for tag in ["cut0", "p5", "p5-checked", "done"] {
+    for tag in [
+        "cut0",
+        "p5",
+        "p5-checked",
+        "half2",
+        "p6",
+        "p6-checked",
+        "done",
+    ] {
         job.serve(tag);
     }
     for pe in 0..2 {
@@ -724,6 +834,20 @@ fn run_job(test_name: &str, ns: Option<Netns>) {
     if moves != 1 {
         job.abort(&format!(
             "{moves} WARN lines name rail 0's failure and the atomics' move to rail 2 (want 1)"
+        ));
+    }
+    let then = if ns.is_some() {
+        "no rail is left for PE 1's atomics"
+    } else {
+        "PE 1's atomics now go over rail 3 ("
+    };
+    let moves2 = out0
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("rail 2 (") && l.contains(then))
+        .count();
+    if moves2 != 1 {
+        job.abort(&format!(
+            "{moves2} WARN lines name rail 2's failure and say \"{then}\" (want 1)"
         ));
     }
 }
