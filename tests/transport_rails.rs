@@ -341,6 +341,10 @@ fn writer(pe: &mut Pe, netns: bool) {
     note(&format!("phase 1: per-rail operations {before:?}"));
     // A stopped peer fails no rail: its operations wait (no progress anywhere), then complete.
     hub_round("pre-stop", &[]);
+    // The parent stops PE 1 right after this round: give the signal time to land first, so that
+    // none of the puts below completes (a completion on one rail and none on another would be
+    // the working peer and broken rail that fail a rail).
+    std::thread::sleep(Duration::from_millis(300));
     pe.fill(SRC_OFF, 8 * STREAM, 4);
     for k in 0..8 {
         pe.rma(

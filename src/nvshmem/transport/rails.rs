@@ -122,6 +122,8 @@ struct Rail {
     ctxs: OpContexts,
     /// Per `ep * n_pes + pe`: operations submitted and completed (set at connect).
     counts: OnceLock<Vec<(AtomicU64, AtomicU64)>>,
+    /// Per PE: operations completed without error (set at connect).
+    ok: OnceLock<Vec<AtomicU64>>,
     n_ops: AtomicU64,
     n_bytes: AtomicU64,
     n_amos: AtomicU64,
@@ -279,6 +281,7 @@ impl Rails {
                 ops: Mutex::new(HashMap::new()),
                 ctxs: OpContexts::new(max_inflight),
                 counts: OnceLock::new(),
+                ok: OnceLock::new(),
                 n_ops: AtomicU64::new(0),
                 n_bytes: AtomicU64::new(0),
                 n_amos: AtomicU64::new(0),
@@ -538,6 +541,7 @@ impl Transport {
                     .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
                     .collect(),
             );
+            let _ = r.ok.set((0..n).map(|_| AtomicU64::new(0)).collect());
             let ctx_mr = if r.info.mr_local() {
                 let (base, len) = r.ctxs.region();
                 // SAFETY: the pool lives as long as the rail, which outlives its link.
@@ -835,6 +839,11 @@ impl Transport {
     }
 
     fn rail_account(&self, c: &Connected, r: &Rail, op: RailOp, error: Option<String>) {
+        if error.is_none() {
+            if let Some(ok) = r.ok.get() {
+                ok[op.pe].fetch_add(1, Ordering::AcqRel);
+            }
+        }
         match op.group {
             Some(g) => {
                 if let Some(m) = error {
@@ -876,22 +885,17 @@ impl Transport {
         handled
     }
 
-    /// Completions of operations to `pe` on every rail but `except` (rail 0's on both endpoints).
+    /// Completions of operations to `pe` on every rail but `except` (rail 0's on both endpoints):
+    /// the peer's progress there. Only successes count on the extra rails, and rail 0's stop
+    /// counting when it fails towards the peer: the operations a failure ends are no progress.
     fn peer_progress(&self, c: &Connected, pe: usize, except: usize) -> u64 {
-        let n = c.n_pes as usize;
         let mut sum = 0;
         if except != 0 {
-            sum += c
-                .eps
-                .iter()
-                .map(|e| e.peer[pe].completed.load(Ordering::Acquire))
-                .sum::<u64>();
+            sum += self.primary_progress(c, pe);
         }
         for r in self.rails.extra.iter().filter(|r| r.index != except) {
-            if let Some(cs) = r.counts.get() {
-                sum += (0..NUM_EPS)
-                    .map(|ep| cs[ep * n + pe].1.load(Ordering::Acquire))
-                    .sum::<u64>();
+            if let Some(ok) = r.ok.get() {
+                sum += ok[pe].load(Ordering::Acquire);
             }
         }
         sum

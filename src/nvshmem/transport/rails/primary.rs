@@ -16,7 +16,7 @@
 //! peer's rail-0 operations), for an extra rail its link lock (taken exclusively by `fail_rail`,
 //! which ends that rail's operations before it moves atomics). An AMO that finds its peer's
 //! atomics moving waits for the move.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ pub(in crate::nvshmem::transport) struct PeerRails {
     down0: OnceLock<String>,
     /// Rail 0's failure handled: its operations ended, atomics moved.
     moved0: AtomicBool,
+    /// Rail 0's completions to this peer when it failed towards it (its progress from then on).
+    frozen0: AtomicU64,
     /// The rail that carries this peer's atomics (0 until rail 0 fails towards it; [`NO_RAIL`]).
     pub(super) amo_rail: AtomicUsize,
     /// AMOs on rail 0 are posted holding this shared; rail 0's failure takes it exclusively.
@@ -60,6 +62,7 @@ impl PeerRails {
         PeerRails {
             down0: OnceLock::new(),
             moved0: AtomicBool::new(false),
+            frozen0: AtomicU64::new(0),
             amo_rail: AtomicUsize::new(0),
             gate: RwLock::new(()),
             watch: Mutex::new(Watch {
@@ -137,6 +140,14 @@ impl Transport {
                 )));
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// Rail 0's completions of operations to `pe`, up to its failure towards it.
+    pub(super) fn primary_progress(&self, c: &Connected, pe: usize) -> u64 {
+        match self.peer_rails(pe) {
+            Some(p) if p.moved0.load(Ordering::Acquire) => p.frozen0.load(Ordering::Acquire),
+            _ => rail0_completed(c, pe),
         }
     }
 
@@ -270,9 +281,12 @@ impl Transport {
         let Some(_g) = p.gate.try_write() else {
             return;
         };
-        if p.moved0.swap(true, Ordering::AcqRel) {
+        // (The gate, held exclusively, makes this the only mover.)
+        if p.moved0.load(Ordering::Acquire) {
             return;
         }
+        p.frozen0.store(rail0_completed(c, pe), Ordering::Release);
+        p.moved0.store(true, Ordering::Release);
         let why = p.down0.get().cloned().unwrap_or_default();
         let name = &self.rails.primary_name;
         let msg = format!("rail 0 ({name}{RAIL_FAILED}{why}");
@@ -338,6 +352,14 @@ impl Transport {
             })
             .collect()
     }
+}
+
+/// Rail 0's completions of operations to `pe` (both endpoints).
+fn rail0_completed(c: &Connected, pe: usize) -> u64 {
+    c.eps
+        .iter()
+        .map(|e| e.peer[pe].completed.load(Ordering::Acquire))
+        .sum()
 }
 
 /// The rails state of every peer (set at connect).
