@@ -154,6 +154,8 @@ pub(super) struct Rails {
     primary_amos: AtomicU64,
     /// Per PE: rail 0 towards it, the rail of its atomics (set at connect; see [`primary`]).
     peers: OnceLock<Vec<PeerRails>>,
+    /// Origin of the probes' time stamps.
+    epoch: Instant,
     last_scan0: Mutex<Instant>,
 }
 
@@ -313,6 +315,7 @@ impl Rails {
                 primary_bytes: AtomicU64::new(0),
                 primary_amos: AtomicU64::new(0),
                 peers: OnceLock::new(),
+                epoch: Instant::now(),
                 last_scan0: Mutex::new(Instant::now()),
             },
             first,
@@ -916,7 +919,8 @@ impl Transport {
         }
         let timeout = self.rails.cfg.timeout;
         let mut gone = Vec::new();
-        let mut overdue = 0;
+        // Per peer: its overdue operations here, and when the first of them became overdue.
+        let mut suspects: Vec<(usize, usize, Instant)> = Vec::new();
         {
             let ops = r.ops.lock();
             for (ctx, op) in ops.iter() {
@@ -924,11 +928,25 @@ impl Transport {
                     if c.peers[op.pe].is_gone() {
                         gone.push(*ctx);
                     } else if self.peer_progress(c, op.pe, r.index) > op.peer_done {
-                        overdue += 1;
+                        let due = op.posted + timeout;
+                        match suspects.iter_mut().find(|s| s.0 == op.pe) {
+                            Some(s) => {
+                                s.1 += 1;
+                                s.2 = s.2.min(due);
+                            }
+                            None => suspects.push((op.pe, 1, due)),
+                        }
                     }
                 }
             }
         }
+        // The peer must also answer a probe on another rail sent after that: a peer that was
+        // stopped (or is dying) answers none, even when some of its operations completed first.
+        let overdue: usize = suspects
+            .into_iter()
+            .filter(|&(pe, _, due)| self.peer_answers(c, pe, due, r.index) != Some(false))
+            .map(|s| s.1)
+            .sum();
         for ctx in gone {
             let pe = r.ops.lock().get(&ctx).map(|o| o.pe);
             if let Some(pe) = pe {
@@ -936,8 +954,9 @@ impl Transport {
                 self.rail_finish(c, r, ctx as *mut c_void, Some(m));
             }
         }
-        (overdue > 0)
-            .then(|| format!("{overdue} operation(s) without completion after {timeout:?}"))
+        (overdue > 0).then(|| {
+            format!("{overdue} operation(s) without completion after {timeout:?} while their peer works on other rails")
+        })
     }
 
     /// Fails rail `r` (once): logs it, closes its endpoint, and ends every operation still in

@@ -33,6 +33,10 @@ pub(super) const TAG_WAIT: u64 = 1;
 pub(super) const TAG_SEND: u64 = 2;
 pub(super) const TAG_RECV: u64 = 3;
 const MSG_BYTES: usize = std::mem::size_of::<AmMsg>();
+/// A probe (`val`: its send time, nanoseconds after the rails' epoch; `result`: the sender PE),
+/// and its answer (the same `val`; `result`: the answering PE).
+const RAIL_PING: u32 = 10;
+const RAIL_PONG: u32 = 11;
 const _: () = assert!(MSG_BYTES <= 64, "a message fits a context's scratch");
 
 impl Transport {
@@ -227,6 +231,25 @@ impl Transport {
             }
         } else if m.kind == AM_RESP {
             self.rail_answer(c, r, &m);
+        } else if m.kind == RAIL_PING {
+            let src = m.result as usize;
+            if let Some(dest) = link.addrs.get(src).copied().flatten() {
+                let pong = AmMsg {
+                    kind: RAIL_PONG,
+                    result: c.my_pe as u64,
+                    ..m
+                };
+                if let Err(why) = self.rail_send(c, r, link, dest, pong, 0) {
+                    tracing::debug!(
+                        "rail {} ({}): probe answer to PE {src} not sent: {why}",
+                        r.index,
+                        r.name
+                    );
+                }
+            }
+        } else if m.kind == RAIL_PONG {
+            let sent = self.rails.epoch + std::time::Duration::from_nanos(m.val);
+            self.pong(m.result as usize, sent);
         }
         if let Err(e) = rail_recv(r, link, ctx) {
             tracing::warn!(
@@ -235,6 +258,32 @@ impl Transport {
                 r.name
             );
             r.ctxs.free(ctx);
+        }
+    }
+
+    /// Sends a probe to `pe` over extra rail `k`, stamped `sent`; whether it went.
+    pub(super) fn rail_ping(&self, c: &Connected, k: usize, pe: usize, sent: Instant) -> bool {
+        let r = &self.rails.extra[k - 1];
+        let guard = r.link.read();
+        let Some(link) = guard.as_ref() else {
+            return false;
+        };
+        let Some(dest) = link.addrs.get(pe).copied().flatten() else {
+            return false;
+        };
+        let msg = AmMsg {
+            magic: RAIL_AM_MAGIC,
+            kind: RAIL_PING,
+            val: sent.saturating_duration_since(self.rails.epoch).as_nanos() as u64,
+            result: c.my_pe as u64,
+            ..Default::default()
+        };
+        match self.rail_send(c, r, link, dest, msg, 0) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::debug!("rail {k} ({}): probe to PE {pe} not sent: {why}", r.name);
+                false
+            }
         }
     }
 

@@ -35,6 +35,10 @@ pub(in crate::nvshmem::transport) struct PeerRails {
     down0: OnceLock<String>,
     /// Rail 0's failure handled: its operations ended, atomics moved.
     moved0: AtomicBool,
+    /// The probe in flight to this peer: when it was sent (see `peer_answers`).
+    ping: Mutex<Option<Instant>>,
+    /// The last answered probe: when it was sent, and when its answer came.
+    pong: Mutex<Option<(Instant, Instant)>>,
     /// Rail 0's completions to this peer when it failed towards it (its progress from then on).
     frozen0: AtomicU64,
     /// The rail that carries this peer's atomics (0 until rail 0 fails towards it; [`NO_RAIL`]).
@@ -62,6 +66,8 @@ impl PeerRails {
         PeerRails {
             down0: OnceLock::new(),
             moved0: AtomicBool::new(false),
+            ping: Mutex::new(None),
+            pong: Mutex::new(None),
             frozen0: AtomicU64::new(0),
             amo_rail: AtomicUsize::new(0),
             gate: RwLock::new(()),
@@ -140,6 +146,58 @@ impl Transport {
                 )));
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// Whether `pe` answered a probe sent (over an extra rail other than `except`) at or after
+    /// `since`, at least a quarter of the rail timeout ago (operations held up by a stop that
+    /// just ended complete meanwhile): `Some(false)` while not, with a probe sent where none
+    /// such is in flight; `None` when no other extra rail reaches the peer (no probe possible).
+    pub(super) fn peer_answers(
+        &self,
+        c: &Connected,
+        pe: usize,
+        since: Instant,
+        except: usize,
+    ) -> Option<bool> {
+        let p = self.peer_rails(pe)?;
+        let grace = self.rails.cfg.timeout / 4;
+        if let Some((sent, answered)) = *p.pong.lock() {
+            if sent >= since {
+                return Some(answered.elapsed() >= grace);
+            }
+        }
+        // One probe in flight at a time (a new one after a rail timeout without answer: the rail
+        // it went over may have failed meanwhile).
+        if p.ping
+            .lock()
+            .is_some_and(|sent| sent >= since && sent.elapsed() < self.rails.cfg.timeout)
+        {
+            return Some(false);
+        }
+        let k = self.rails.extra.iter().find_map(|r| {
+            (r.index != except
+                && r.failed.get().is_none()
+                && r.link
+                    .read()
+                    .as_ref()
+                    .is_some_and(|l| l.addrs.get(pe).is_some_and(|a| a.is_some())))
+            .then_some(r.index)
+        })?;
+        let now = Instant::now();
+        if self.rail_ping(c, k, pe, now) {
+            *p.ping.lock() = Some(now);
+        }
+        Some(false)
+    }
+
+    /// The answer to a probe sent to `pe` at `sent`.
+    pub(super) fn pong(&self, pe: usize, sent: Instant) {
+        if let Some(p) = self.peer_rails(pe) {
+            let mut g = p.pong.lock();
+            if g.is_none_or(|(s, _)| s < sent) {
+                *g = Some((sent, Instant::now()));
+            }
         }
     }
 
@@ -249,7 +307,12 @@ impl Transport {
                     w.since = Instant::now();
                     None
                 } else if w.since.elapsed() > timeout && other > w.other {
-                    Some(sub.saturating_sub(done) as usize + queued)
+                    // And the peer answers a probe on an extra rail sent since (see
+                    // `peer_answers`); without an extra rail there is nothing to fail over to.
+                    let due = w.since + timeout;
+                    drop(w);
+                    (self.peer_answers(c, pe, due, 0) == Some(true))
+                        .then_some(sub.saturating_sub(done) as usize + queued)
                 } else {
                     None
                 }
@@ -258,7 +321,7 @@ impl Transport {
                 self.fail_primary(
                     c,
                     pe,
-                    format!("{k} operation(s) to PE {pe} without completion after {timeout:?} while it completed operations on other rails"),
+                    format!("{k} operation(s) to PE {pe} without completion after {timeout:?} while it completed operations on other rails and answers probes there"),
                 );
             }
         }
