@@ -35,6 +35,11 @@
 //!    other rail", at once;
 //! 8. throughout, blocking fetch-adds to PE 1: every old value is the previous one plus one and
 //!    PE 1's counter equals their number (none lost, none applied twice).
+//!
+//! `rails_lo_provider_atomics` runs `rails_lo` with provider atomics (`NVSHMEM_EFA_ATOMICS=provider`,
+//! `tcp;ofi_rxm`'s): there a peer's atomics do not move off rail 0 (another PE's provider atomics
+//! could reach the same word over rail 0), so after rail 0's failure a fetch-add fails at once,
+//! saying why, one WARN line says so, and RMA fails over as in `rails_lo`.
 use std::ffi::c_void;
 use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -108,6 +113,8 @@ struct Pe {
     peer_base: u64,
     /// The endpoint RMA goes through (host, or the proxy's).
     ep: usize,
+    /// AMOs by provider atomics (`rails_lo_provider_atomics`): they do not move off rail 0.
+    provider_amo: bool,
     fetched: u64,
 }
 
@@ -282,8 +289,12 @@ fn child_main(me: usize, sock: &str, netns: bool) {
         peer,
         peer_base,
         ep: EP_HOST,
+        provider_amo: t.uses_provider_atomics(),
         fetched: 0,
     };
+    if pe.provider_amo != (std::env::var("NVSHMEM_EFA_ATOMICS").as_deref() == Ok("provider")) {
+        fail(&format!("provider atomics: {}", pe.provider_amo));
+    }
     let n_rails = pe.stats().len();
     if n_rails != rails(netns) {
         fail(&format!("{n_rails} rails, expected {}", rails(netns)));
@@ -505,8 +516,18 @@ fn rail0_cut(pe: &mut Pe, netns: bool) {
             "after rail 0's cut: want rails 0 and 1 failed, rail 2 up: {mid:?}"
         ));
     }
-    for _ in 0..4 {
-        pe.fetch_add();
+    if pe.provider_amo {
+        // Provider atomics do not move: the peer's AMOs fail, at once.
+        match pe.fetch_add_nbi(CTR_OFF, RET_OFF) {
+            Err(e) if e.contains("provider atomics do not move") => {}
+            r => fail(&format!(
+                "a fetch-add after rail 0's cut with provider atomics returned {r:?}"
+            )),
+        }
+    } else {
+        for _ in 0..4 {
+            pe.fetch_add();
+        }
     }
     // What has no other rail (here a put from unregistered memory) fails at once.
     let loose = Box::leak(vec![9u8; SMALL].into_boxed_slice()).as_mut_ptr();
@@ -530,7 +551,7 @@ fn rail0_cut(pe: &mut Pe, netns: bool) {
             "after rail 0's cut rails 0 and 1 must stay idle, 2 carries: {mid:?} -> {after:?}"
         ));
     }
-    if amos[2] < amos_before[2] + 4 || amos[1] != amos_before[1] {
+    if !pe.provider_amo && (amos[2] < amos_before[2] + 4 || amos[1] != amos_before[1]) {
         fail(&format!(
             "after rail 0's cut the fetch-adds must go over rail 2: {amos_before:?} -> {amos:?}"
         ));
@@ -548,8 +569,10 @@ fn rail0_cut(pe: &mut Pe, netns: bool) {
 fn rail2_cut(pe: &mut Pe, netns: bool) {
     let amos_before: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
     hub_round("half2", &[]);
-    pe.fetch_add_nbi(CTR3_OFF, RET3_OFF)
-        .unwrap_or_else(|e| fail(&format!("fetch-add before rail 2's failure: {e}")));
+    if !pe.provider_amo {
+        pe.fetch_add_nbi(CTR3_OFF, RET3_OFF)
+            .unwrap_or_else(|e| fail(&format!("fetch-add before rail 2's failure: {e}")));
+    }
     pe.t.inject_rail_failure(2);
     let q = pe.t.quiet(EP_HOST);
     note(&format!(
@@ -576,8 +599,10 @@ fn rail2_cut(pe: &mut Pe, netns: bool) {
         }
     } else {
         let mid = pe.stats();
-        for _ in 0..4 {
-            pe.fetch_add();
+        if !pe.provider_amo {
+            for _ in 0..4 {
+                pe.fetch_add();
+            }
         }
         pe.write_all(8)
             .unwrap_or_else(|e| fail(&format!("puts after rail 2's failure: {e}")));
@@ -591,7 +616,7 @@ fn rail2_cut(pe: &mut Pe, netns: bool) {
                 "after rail 2's failure rails 0 to 2 must stay idle, 3 carries: {mid:?} -> {after:?}"
             ));
         }
-        if amos[3] < amos_before[3] + 4 || amos[2] > amos_before[2] + 1 {
+        if !pe.provider_amo && (amos[3] < amos_before[3] + 4 || amos[2] > amos_before[2] + 1) {
             fail(&format!(
                 "after rail 2's failure the fetch-adds must go over rail 3: {amos_before:?} -> {amos:?}"
             ));
@@ -706,8 +731,8 @@ impl Job {
 /// The namespaces' holder PIDs, the rail interfaces, the commands that cut rail 1 and rail 0.
 type Netns = (Vec<String>, String, String, String);
 
-fn run_job(test_name: &str, ns: Option<Netns>) {
-    let sock = std::env::temp_dir().join(format!("rails-{}.sock", std::process::id()));
+fn run_job(test_name: &str, ns: Option<Netns>, provider_amo: bool) {
+    let sock = std::env::temp_dir().join(format!("rails-{}-{test_name}.sock", std::process::id()));
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).expect("bind hub socket");
     let exe = std::env::current_exe().expect("test executable");
@@ -740,6 +765,10 @@ fn run_job(test_name: &str, ns: Option<Netns>) {
         .env(ENV_SOCK, &sock)
         .env("NVSHMEM_LIBFABRIC_PROVIDER", "tcp")
         .env("NVSHMEM_EFA_GDA", "off")
+        .env(
+            "NVSHMEM_EFA_ATOMICS",
+            if provider_amo { "provider" } else { "auto" },
+        )
         .env(
             "NVSHMEM_EFA_LOG",
             std::env::var("RAILS_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -832,16 +861,22 @@ fn run_job(test_name: &str, ns: Option<Netns>) {
             l.contains("WARN")
                 && l.contains("rail 0 (")
                 && l.contains("failed towards PE 1")
-                && l.contains("atomics now go over rail 2 (")
+                && l.contains(if provider_amo {
+                    "PE 1's atomics fail from now on"
+                } else {
+                    "atomics now go over rail 2 ("
+                })
         })
         .count();
     if moves != 1 {
         job.abort(&format!(
-            "{moves} WARN lines name rail 0's failure and the atomics' move to rail 2 (want 1)"
+            "{moves} WARN lines name rail 0's failure and what became of the atomics (want 1)"
         ));
     }
     let then = if ns.is_some() {
         "no rail is left for PE 1's atomics"
+    } else if provider_amo {
+        ") failed: failure injected by a test"
     } else {
         "PE 1's atomics now go over rail 3 ("
     };
@@ -856,19 +891,26 @@ fn run_job(test_name: &str, ns: Option<Netns>) {
     }
 }
 
-fn entry(test_name: &str, ns: Option<Netns>) {
+fn entry(test_name: &str, ns: Option<Netns>, provider_amo: bool) {
     if let (Ok(pe), Ok(sock)) = (std::env::var(ENV_PE), std::env::var(ENV_SOCK)) {
         child_main(pe.parse().expect("PE number"), &sock, ns.is_some());
         return;
     }
-    run_job(test_name, ns);
+    run_job(test_name, ns, provider_amo);
 }
 
-/// Three rails over `lo` (three domains of one interface); rail 1, then rail 0, failed by test
-/// support.
+/// Four rails over `lo` (four domains of one interface); rail 1, then rail 0, then rail 2 failed
+/// by test support.
 #[test]
 fn rails_lo() {
-    entry("rails_lo", None);
+    entry("rails_lo", None, false);
+}
+
+/// `rails_lo` with provider atomics (`tcp;ofi_rxm`'s): after rail 0's failure the peer's atomics
+/// do not move, they fail at once with an error that says why; RMA fails over as before.
+#[test]
+fn rails_lo_provider_atomics() {
+    entry("rails_lo_provider_atomics", None, true);
 }
 
 /// Three rails over three veth pairs between two network namespaces; rail 1's link goes down
@@ -888,5 +930,5 @@ fn rails_netns() {
             "{ENV_NS}, {ENV_IFACES}, {ENV_CUT} and {ENV_CUT0} must be set (tests/twohost/rails.sh)"
         ),
     };
-    entry("rails_netns", Some(ns));
+    entry("rails_netns", Some(ns), false);
 }

@@ -128,10 +128,12 @@ impl Transport {
                 continue;
             }
             if k == NO_RAIL {
-                return Err(internal(format!(
-                    "amo to PE {pe}: no rail left for its atomics ({})",
-                    p.down0.get().map(String::as_str).unwrap_or("rails failed")
-                )));
+                let why = p.down0.get().map(String::as_str).unwrap_or("rails failed");
+                return Err(internal(if self.route.provider_atomics {
+                    format!("amo to PE {pe}: rail 0 failed towards it ({why}), and provider atomics do not move to another rail (two NICs' atomics are not atomic with respect to each other)")
+                } else {
+                    format!("amo to PE {pe}: no rail left for its atomics ({why})")
+                }));
             }
             if k != 0 && self.rail_amo(c, k, pe, opc, t, val, size, ep)? {
                 return Ok(RailAmo::Done);
