@@ -485,9 +485,29 @@ impl Transport {
                         RAIL_NAME_SLOT - 2
                     )));
                 }
+                // The AMO channel's receives (their buffers: the contexts' scratch, registered
+                // where the provider needs local registration), before the name is published.
+                let ctx_mr = if r.info.mr_local() {
+                    let (base, len) = r.ctxs.region();
+                    // SAFETY: the pool lives as long as the rail, which outlives its link.
+                    Some(unsafe {
+                        MemoryRegion::register(
+                            &r.domain,
+                            base,
+                            len,
+                            MemKind::Host,
+                            false,
+                            Some(&ep).filter(|_| r.info.mr_endpoint()),
+                        )
+                    }?)
+                } else {
+                    None
+                };
+                let desc = ctx_mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
+                self.rail_post_recvs(r, &ep, desc)?;
                 mine[at..at + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
                 mine[at + 2..at + 2 + name.len()].copy_from_slice(&name);
-                Ok((ep, cq, av))
+                Ok((ep, cq, av, ctx_mr))
             });
             if let Err(e) = &o {
                 tracing::warn!(
@@ -509,7 +529,9 @@ impl Transport {
             (len > 0 && len <= RAIL_NAME_SLOT - 2).then(|| rec[at + 2..at + 2 + len].to_vec())
         };
         for (r, o) in rails.extra.iter().zip(opened) {
-            let Some((ep, cq, av)) = o else { continue };
+            let Some((ep, cq, av, ctx_mr)) = o else {
+                continue;
+            };
             let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
             let own = name_at(&mine, at).and_then(|nm| ip_of(&nm));
             let mut addrs = Vec::with_capacity(n);
@@ -545,30 +567,12 @@ impl Transport {
                     .collect(),
             );
             let _ = r.ok.set((0..n).map(|_| AtomicU64::new(0)).collect());
-            let ctx_mr = if r.info.mr_local() {
-                let (base, len) = r.ctxs.region();
-                // SAFETY: the pool lives as long as the rail, which outlives its link.
-                Some(unsafe {
-                    MemoryRegion::register(
-                        &r.domain,
-                        base,
-                        len,
-                        MemKind::Host,
-                        false,
-                        Some(&ep).filter(|_| r.info.mr_endpoint()),
-                    )
-                }?)
-            } else {
-                None
-            };
-            let link = RailLink {
+            *r.link.write() = Some(RailLink {
                 ep,
                 cq,
                 addrs,
                 ctx_mr,
-            };
-            self.rail_post_recvs(r, &link)?;
-            *r.link.write() = Some(link);
+            });
         }
         let _ = rails.peers.set(primary::peers_state(n));
         Ok(())

@@ -20,7 +20,7 @@ use super::super::memory::write_any;
 use super::super::wire::{AmMsg, AM_REQ, AM_RESP};
 use super::super::{internal, Connected, TResult, Transport};
 use super::{Rail, RailLink, RailOp};
-use crate::fabric::FiAddr;
+use crate::fabric::{Endpoint, FiAddr};
 
 /// Magic of a rail AMO message ("RLAM").
 const RAIL_AM_MAGIC: u32 = u32::from_le_bytes(*b"RLAM");
@@ -40,14 +40,20 @@ const RAIL_PONG: u32 = 11;
 const _: () = assert!(MSG_BYTES <= 64, "a message fits a context's scratch");
 
 impl Transport {
-    /// Posts the receives of extra rail `r` (at connect).
-    pub(super) fn rail_post_recvs(&self, r: &Rail, link: &RailLink) -> TResult<()> {
+    /// Posts the receives of extra rail `r` on its endpoint `ep` (at connect; `desc`: the
+    /// contexts' registration, or null).
+    pub(super) fn rail_post_recvs(
+        &self,
+        r: &Rail,
+        ep: &Endpoint,
+        desc: *mut c_void,
+    ) -> TResult<()> {
         for _ in 0..RECVS {
             let ctx = r
                 .ctxs
                 .alloc(TAG_RECV, 0)
                 .ok_or_else(|| internal("rail receives: no free context"))?;
-            if let Err(e) = rail_recv(r, link, ctx) {
+            if let Err(e) = rail_recv(r, ep, desc, ctx) {
                 r.ctxs.free(ctx);
                 return Err(internal(format!(
                     "rail {} ({}): posting a receive: {e}",
@@ -251,7 +257,7 @@ impl Transport {
             let sent = self.rails.epoch + std::time::Duration::from_nanos(m.val);
             self.pong(m.result as usize, sent);
         }
-        if let Err(e) = rail_recv(r, link, ctx) {
+        if let Err(e) = rail_recv(r, &link.ep, link.ctx_desc(), ctx) {
             tracing::warn!(
                 "rail {} ({}): a receive not posted again: {e}",
                 r.index,
@@ -318,10 +324,15 @@ impl Transport {
     }
 }
 
-/// Posts a receive into `ctx`'s scratch on rail `r`.
-fn rail_recv(r: &Rail, link: &RailLink, ctx: *mut c_void) -> crate::fabric::Result<()> {
+/// Posts a receive into `ctx`'s scratch on rail `r`'s endpoint `ep`.
+fn rail_recv(
+    r: &Rail,
+    ep: &Endpoint,
+    desc: *mut c_void,
+    ctx: *mut c_void,
+) -> crate::fabric::Result<()> {
     let buf = r.ctxs.scratch(ctx).expect("own context") as *mut u8;
-    // SAFETY: 64 bytes of scratch of a context of this rail, ours until the receive completes or
-    // the endpoint is closed.
-    unsafe { link.ep.recv(buf, MSG_BYTES, link.ctx_desc(), ctx) }
+    // SAFETY: 64 bytes of scratch of a context of this rail (registered with `desc` where the
+    // provider needs it), ours until the receive completes or the endpoint is closed.
+    unsafe { ep.recv(buf, MSG_BYTES, desc, ctx) }
 }
