@@ -20,8 +20,26 @@
 //!    failed rail;
 //! 5. after the failover: the whole region is written again with a new pattern; quiet succeeds,
 //!    rail 1's counter no longer moves, rails 0 and 2 carry it, PE 1 checks every byte;
-//! 6. throughout, blocking fetch-adds to PE 1 (atomics stay on rail 0): every old value is the
-//!    previous one plus one and PE 1's counter equals their number (none lost, none applied twice).
+//! 6. rail 0 fails towards PE 1 (it carries the atomics): `rails_lo` fails it by test support,
+//!    `rails_netns` takes rail 0's link down in PE 0's namespace (RAILS_CUT0); a non-blocking
+//!    fetch-add to a second counter is in flight on rail 0 then, a stream of puts follows (half of
+//!    it round-robin on rail 0), quiet reports rail 0's error within the bound (netns); afterwards
+//!    blocking fetch-adds go over rail 2 (the lowest live one) and are exact, the whole region is
+//!    written again over rail 2 alone (rails 0 and 1 idle) and checked at PE 1; the fetch-add in
+//!    flight at the cut was applied at most once (never: netns, where its connection is gone);
+//!    one WARN line names the move of the atomics to rail 2;
+//! 7. rail 2, carrying the atomics now, fails by test support with a fetch-add in flight on it
+//!    (applied at most once): over `lo` (four rails there) they move to rail 3 (one WARN line),
+//!    the fetch-adds after it are exact and the region is written over rail 3 alone; in the
+//!    namespaces no rail is left to PE 1: a fetch-add fails with "no rail left", a put with "no
+//!    other rail", at once;
+//! 8. throughout, blocking fetch-adds to PE 1: every old value is the previous one plus one and
+//!    PE 1's counter equals their number (none lost, none applied twice).
+//!
+//! `rails_lo_provider_atomics` runs `rails_lo` with provider atomics (`NVSHMEM_EFA_ATOMICS=provider`,
+//! `tcp;ofi_rxm`'s): there a peer's atomics do not move off rail 0 (another PE's provider atomics
+//! could reach the same word over rail 0), so after rail 0's failure a fetch-add fails at once,
+//! saying why, one WARN line says so, and RMA fails over as in `rails_lo`.
 use std::ffi::c_void;
 use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -45,8 +63,18 @@ const ENV_SOCK: &str = "RAILS_TEST_SOCK";
 const ENV_NS: &str = "RAILS_NS";
 const ENV_IFACES: &str = "RAILS_IFACES";
 const ENV_CUT: &str = "RAILS_CUT";
+/// Set by tests/twohost/rails.sh: the command that takes rail 0 down.
+const ENV_CUT0: &str = "RAILS_CUT0";
 
-const RAILS: usize = 3;
+/// Rails: three veth pairs (netns); four domains over `lo`, so that the rail carrying the atomics
+/// after rail 0's failure can fail in turn with one rail left.
+fn rails(netns: bool) -> usize {
+    if netns {
+        3
+    } else {
+        4
+    }
+}
 const RAIL_TIMEOUT_MS: u64 = 1500;
 const QUIET_MS: u64 = 20_000;
 /// How long the failed-over quiet may take: the rail timeout and some slack.
@@ -61,6 +89,10 @@ const SRC_OFF: usize = 4 << 20; // PE 0's source (3 MiB)
 const BACK_OFF: usize = HEAP - (1 << 20) - 4096; // gets land here (1 MiB)
 const CTR_OFF: usize = HEAP - 64; // PE 1's counter
 const RET_OFF: usize = HEAP - 128; // fetch results
+const CTR2_OFF: usize = HEAP - 192; // PE 1's counter of the fetch-add in flight at rail 0's cut
+const RET2_OFF: usize = HEAP - 256;
+const CTR3_OFF: usize = HEAP - 320; // ... of the one in flight at rail 2's failure
+const RET3_OFF: usize = HEAP - 384;
 const SMALL: usize = 4096;
 const BIG: usize = 1 << 20;
 const STREAM: usize = 16 << 10;
@@ -81,6 +113,8 @@ struct Pe {
     peer_base: u64,
     /// The endpoint RMA goes through (host, or the proxy's).
     ep: usize,
+    /// AMOs by provider atomics (`rails_lo_provider_atomics`): they do not move off rail 0.
+    provider_amo: bool,
     fetched: u64,
 }
 
@@ -92,14 +126,6 @@ impl Pe {
             handle: &mut *self.peer,
         }
     }
-    fn local(&mut self, off: usize) -> RmaMemdesc {
-        RmaMemdesc {
-            // SAFETY: off < HEAP.
-            ptr: unsafe { self.heap.add(off) } as *mut c_void,
-            offset: off as u64,
-            handle: &mut *self.own,
-        }
-    }
     fn rma(
         &mut self,
         put: bool,
@@ -108,8 +134,26 @@ impl Pe {
         loff: usize,
         len: usize,
     ) -> Result<(), String> {
+        // SAFETY: loff < HEAP.
+        let lptr = unsafe { self.heap.add(loff) };
+        self.rma_from(put, nbi, roff, lptr, loff, len)
+    }
+    /// [`Pe::rma`] with local memory at `lptr` (`loff`: its offset in the heap's handle).
+    fn rma_from(
+        &mut self,
+        put: bool,
+        nbi: bool,
+        roff: usize,
+        lptr: *mut u8,
+        loff: usize,
+        len: usize,
+    ) -> Result<(), String> {
         let mut r = self.remote(roff);
-        let mut l = self.local(loff);
+        let mut l = RmaMemdesc {
+            ptr: lptr as *mut c_void,
+            offset: loff as u64,
+            handle: &mut *self.own,
+        };
         let verb = RmaVerb {
             op: if put { op::PUT } else { op::GET },
             is_nbi: nbi as i32,
@@ -125,13 +169,13 @@ impl Pe {
         // SAFETY: descriptors live for the call; both ranges lie in registered heaps.
         unsafe { self.t.rma(1, verb, &mut r, &mut l, bytes, self.ep) }.map_err(|e| e.message)
     }
-    /// A blocking fetch-add of 1 to PE 1's counter; the old value must follow the last one.
-    fn fetch_add(&mut self) {
+    /// A fetch-add of 1 to PE 1's counter at `ctr`, its old value to `ret`; no quiet.
+    fn fetch_add_nbi(&mut self, ctr: usize, ret: usize) -> Result<(), String> {
         let mut m = AmoMemdesc {
-            remote: self.remote(CTR_OFF),
+            remote: self.remote(ctr),
             retflag: 0,
-            // SAFETY: RET_OFF < HEAP.
-            retptr: unsafe { self.heap.add(RET_OFF) } as *mut c_void,
+            // SAFETY: ret < HEAP.
+            retptr: unsafe { self.heap.add(ret) } as *mut c_void,
             valptr: std::ptr::null_mut(),
             cmpptr: std::ptr::null_mut(),
             val: 1,
@@ -145,8 +189,12 @@ impl Pe {
             is_cmp: 0,
         };
         // SAFETY: as for rma; the result slot is in the registered heap.
-        if let Err(e) = unsafe { self.t.amo(1, verb, &mut m, 8, EP_HOST) } {
-            fail(&format!("fetch-add: {}", e.message));
+        unsafe { self.t.amo(1, verb, &mut m, 8, EP_HOST) }.map_err(|e| e.message)
+    }
+    /// A blocking fetch-add of 1 to PE 1's counter; the old value must follow the last one.
+    fn fetch_add(&mut self) {
+        if let Err(e) = self.fetch_add_nbi(CTR_OFF, RET_OFF) {
+            fail(&format!("fetch-add: {e}"));
         }
         if let Err(e) = self.t.quiet(EP_HOST) {
             fail(&format!("quiet after fetch-add: {}", e.message));
@@ -241,11 +289,15 @@ fn child_main(me: usize, sock: &str, netns: bool) {
         peer,
         peer_base,
         ep: EP_HOST,
+        provider_amo: t.uses_provider_atomics(),
         fetched: 0,
     };
+    if pe.provider_amo != (std::env::var("NVSHMEM_EFA_ATOMICS").as_deref() == Ok("provider")) {
+        fail(&format!("provider atomics: {}", pe.provider_amo));
+    }
     let n_rails = pe.stats().len();
-    if n_rails != RAILS {
-        fail(&format!("{n_rails} rails, expected {RAILS}"));
+    if n_rails != rails(netns) {
+        fail(&format!("{n_rails} rails, expected {}", rails(netns)));
     }
     if me == 0 {
         writer(&mut pe, netns);
@@ -300,6 +352,10 @@ fn writer(pe: &mut Pe, netns: bool) {
     note(&format!("phase 1: per-rail operations {before:?}"));
     // A stopped peer fails no rail: its operations wait (no progress anywhere), then complete.
     hub_round("pre-stop", &[]);
+    // The parent stops PE 1 right after this round: give the signal time to land first, so that
+    // none of the puts below completes (a completion on one rail and none on another would be
+    // the working peer and broken rail that fail a rail).
+    std::thread::sleep(Duration::from_millis(300));
     pe.fill(SRC_OFF, 8 * STREAM, 4);
     for k in 0..8 {
         pe.rma(
@@ -402,6 +458,174 @@ fn writer(pe: &mut Pe, netns: bool) {
     }
     hub_round("p3", &pe.fetched.to_le_bytes());
     hub_round("p3-checked", &[]);
+    rail0_cut(pe, netns);
+}
+
+/// Step 6: rail 0 (and the atomics on it) fails towards PE 1.
+fn rail0_cut(pe: &mut Pe, netns: bool) {
+    let amos_before: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
+    pe.fill(SRC_OFF, DATA_LEN, 6);
+    // The parent cuts rail 0 between these two rounds (netns); here it fails by test support,
+    // right after a fetch-add is posted on it.
+    hub_round("half0", &[]);
+    if !netns {
+        pe.fetch_add_nbi(CTR2_OFF, RET2_OFF)
+            .unwrap_or_else(|e| fail(&format!("fetch-add before rail 0's cut: {e}")));
+        pe.t.inject_rail_failure(0);
+    }
+    hub_round("cut0", &[]);
+    if netns {
+        pe.fetch_add_nbi(CTR2_OFF, RET2_OFF)
+            .unwrap_or_else(|e| fail(&format!("fetch-add after rail 0's cut: {e}")));
+    }
+    let t0 = Instant::now();
+    let n = DATA_LEN / STREAM;
+    for k in 0..n {
+        if let Err(e) = pe.rma(
+            true,
+            true,
+            DATA_OFF + k * STREAM,
+            SRC_OFF + k * STREAM,
+            STREAM,
+        ) {
+            fail(&format!("stream put {k} after rail 0's cut: {e}"));
+        }
+    }
+    let q = pe.t.quiet(EP_HOST);
+    let dt = t0.elapsed();
+    note(&format!(
+        "quiet after rail 0's cut: {:?} after {dt:?}",
+        q.as_ref().map_err(|e| &e.message)
+    ));
+    match (&q, netns) {
+        (Err(e), _) if e.message.contains("rail 0") => {}
+        (Ok(()), false) => {} // the fetch-add may have completed before the injection
+        _ => fail(&format!(
+            "quiet after rail 0's cut returned {:?} (want rail 0's error)",
+            q.map_err(|e| e.message)
+        )),
+    }
+    if dt > BOUND {
+        fail(&format!(
+            "quiet after rail 0's cut took {dt:?} (bound {BOUND:?})"
+        ));
+    }
+    let mid = pe.stats();
+    if !mid[0].1 || !mid[1].1 || mid[2].1 {
+        fail(&format!(
+            "after rail 0's cut: want rails 0 and 1 failed, rail 2 up: {mid:?}"
+        ));
+    }
+    if pe.provider_amo {
+        // Provider atomics do not move: the peer's AMOs fail, at once.
+        match pe.fetch_add_nbi(CTR_OFF, RET_OFF) {
+            Err(e) if e.contains("provider atomics do not move") => {}
+            r => fail(&format!(
+                "a fetch-add after rail 0's cut with provider atomics returned {r:?}"
+            )),
+        }
+    } else {
+        for _ in 0..4 {
+            pe.fetch_add();
+        }
+    }
+    // What has no other rail (here a put from unregistered memory) fails at once.
+    let loose = Box::leak(vec![9u8; SMALL].into_boxed_slice()).as_mut_ptr();
+    let t1 = Instant::now();
+    match pe.rma_from(true, false, DATA_OFF, loose, 0, SMALL) {
+        Err(e) if e.contains("rail 0") && t1.elapsed() < Duration::from_secs(1) => {}
+        r => fail(&format!(
+            "a put from unregistered memory after rail 0's cut: {r:?} after {:?} (want rail 0's error at once)",
+            t1.elapsed()
+        )),
+    }
+    pe.write_all(7)
+        .unwrap_or_else(|e| fail(&format!("puts after rail 0's cut: {e}")));
+    let after = pe.stats();
+    let amos: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
+    note(&format!(
+        "after rail 0's cut: per-rail operations {after:?}, AMOs per rail {amos_before:?} -> {amos:?}"
+    ));
+    if after[0].0 != mid[0].0 || after[1].0 != mid[1].0 || after[2].0 <= mid[2].0 {
+        fail(&format!(
+            "after rail 0's cut rails 0 and 1 must stay idle, 2 carries: {mid:?} -> {after:?}"
+        ));
+    }
+    if !pe.provider_amo && (amos[2] < amos_before[2] + 4 || amos[1] != amos_before[1]) {
+        fail(&format!(
+            "after rail 0's cut the fetch-adds must go over rail 2: {amos_before:?} -> {amos:?}"
+        ));
+    }
+    let mut msg = pe.fetched.to_le_bytes().to_vec();
+    msg.push(netns as u8);
+    hub_round("p5", &msg);
+    hub_round("p5-checked", &[]);
+    rail2_cut(pe, netns);
+}
+
+/// Step 7: rail 2, which carries the atomics now, fails (by test support). Over `lo` they move
+/// to rail 3 and stay exact; in the namespaces no rail is left to PE 1, and its operations fail
+/// at once.
+fn rail2_cut(pe: &mut Pe, netns: bool) {
+    let amos_before: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
+    hub_round("half2", &[]);
+    if !pe.provider_amo {
+        pe.fetch_add_nbi(CTR3_OFF, RET3_OFF)
+            .unwrap_or_else(|e| fail(&format!("fetch-add before rail 2's failure: {e}")));
+    }
+    pe.t.inject_rail_failure(2);
+    let q = pe.t.quiet(EP_HOST);
+    note(&format!(
+        "quiet after rail 2's failure: {:?}",
+        q.as_ref().map_err(|e| &e.message)
+    ));
+    if let Err(e) = &q {
+        if !e.message.contains("rail 2") {
+            fail(&format!("quiet after rail 2's failure: {}", e.message));
+        }
+    }
+    if netns {
+        match pe.fetch_add_nbi(CTR_OFF, RET_OFF) {
+            Err(e) if e.contains("no rail left") => {}
+            r => fail(&format!(
+                "a fetch-add with no rail left returned {r:?} (want its error)"
+            )),
+        }
+        match pe.rma(true, false, DATA_OFF, SRC_OFF, SMALL) {
+            Err(e) if e.contains("no other rail") => {}
+            r => fail(&format!(
+                "a put with no rail left returned {r:?} (want its error)"
+            )),
+        }
+    } else {
+        let mid = pe.stats();
+        if !pe.provider_amo {
+            for _ in 0..4 {
+                pe.fetch_add();
+            }
+        }
+        pe.write_all(8)
+            .unwrap_or_else(|e| fail(&format!("puts after rail 2's failure: {e}")));
+        let after = pe.stats();
+        let amos: Vec<u64> = pe.t.rail_stats().iter().map(|s| s.amos).collect();
+        note(&format!(
+            "after rail 2's failure: per-rail operations {after:?}, AMOs per rail {amos_before:?} -> {amos:?}"
+        ));
+        if (0..3).any(|r| after[r].0 != mid[r].0) || after[3].0 <= mid[3].0 {
+            fail(&format!(
+                "after rail 2's failure rails 0 to 2 must stay idle, 3 carries: {mid:?} -> {after:?}"
+            ));
+        }
+        if !pe.provider_amo && (amos[3] < amos_before[3] + 4 || amos[2] > amos_before[2] + 1) {
+            fail(&format!(
+                "after rail 2's failure the fetch-adds must go over rail 3: {amos_before:?} -> {amos:?}"
+            ));
+        }
+    }
+    let mut msg = pe.fetched.to_le_bytes().to_vec();
+    msg.push(netns as u8);
+    hub_round("p6", &msg);
+    hub_round("p6-checked", &[]);
 }
 
 fn target(pe: &mut Pe) {
@@ -423,6 +647,60 @@ fn target(pe: &mut Pe) {
         fail(&format!("counter {ctr} after {fetched} fetch-adds"));
     }
     hub_round("p3-checked", &[]);
+    hub_round("half0", &[]);
+    hub_round("cut0", &[]);
+    let all = hub_round("p5", &[0u8; 9]);
+    let fetched = u64::from_le_bytes(all[0..8].try_into().unwrap());
+    let netns = all[8] != 0;
+    pe.check(DATA_OFF, DATA_LEN, 7, "data after rail 0's cut");
+    // SAFETY: 8-aligned words inside the heap.
+    let (ctr, ctr2) = unsafe {
+        (
+            std::ptr::read_volatile(pe.heap.add(CTR_OFF) as *const u64),
+            std::ptr::read_volatile(pe.heap.add(CTR2_OFF) as *const u64),
+        )
+    };
+    if ctr != fetched {
+        fail(&format!(
+            "counter {ctr} after {fetched} fetch-adds (rail 0 cut)"
+        ));
+    }
+    // The fetch-add in flight at the cut ended with an error (or, injected, maybe completed
+    // first): applied at most once, and not at all where its connection went down with it.
+    if ctr2 > 1 || (netns && ctr2 != 0) {
+        fail(&format!(
+            "the fetch-add in flight at rail 0's cut was applied {ctr2} times"
+        ));
+    }
+    note(&format!(
+        "counter {ctr} after {fetched} fetch-adds; the one in flight at rail 0's cut applied {ctr2} time(s)"
+    ));
+    hub_round("p5-checked", &[]);
+    hub_round("half2", &[]);
+    let all = hub_round("p6", &[0u8; 9]);
+    let fetched = u64::from_le_bytes(all[0..8].try_into().unwrap());
+    pe.check(
+        DATA_OFF,
+        DATA_LEN,
+        if netns { 7 } else { 8 },
+        "data after rail 2's failure",
+    );
+    // SAFETY: 8-aligned words inside the heap.
+    let (ctr, ctr3) = unsafe {
+        (
+            std::ptr::read_volatile(pe.heap.add(CTR_OFF) as *const u64),
+            std::ptr::read_volatile(pe.heap.add(CTR3_OFF) as *const u64),
+        )
+    };
+    if ctr != fetched || ctr3 > 1 {
+        fail(&format!(
+            "after rail 2's failure: counter {ctr} after {fetched} fetch-adds, the one in flight applied {ctr3} times"
+        ));
+    }
+    note(&format!(
+        "counter {ctr} after {fetched} fetch-adds; the one in flight at rail 2's failure applied {ctr3} time(s)"
+    ));
+    hub_round("p6-checked", &[]);
 }
 
 struct Job {
@@ -450,8 +728,11 @@ impl Job {
     }
 }
 
-fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
-    let sock = std::env::temp_dir().join(format!("rails-{}.sock", std::process::id()));
+/// The namespaces' holder PIDs, the rail interfaces, the commands that cut rail 1 and rail 0.
+type Netns = (Vec<String>, String, String, String);
+
+fn run_job(test_name: &str, ns: Option<Netns>, provider_amo: bool) {
+    let sock = std::env::temp_dir().join(format!("rails-{}-{test_name}.sock", std::process::id()));
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).expect("bind hub socket");
     let exe = std::env::current_exe().expect("test executable");
@@ -462,7 +743,7 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
     };
     for pe in 0..2 {
         let mut cmd = match &ns {
-            Some((pids, _, _)) => {
+            Some((pids, _, _, _)) => {
                 let mut c = Command::new("nsenter");
                 c.args(["-t", &pids[pe], "-n", "-u", "--"]).arg(&exe);
                 c
@@ -470,8 +751,8 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
             None => Command::new(&exe),
         };
         let rails = match &ns {
-            Some((_, ifaces, _)) => ifaces.clone(),
-            None => ["lo"; RAILS].join(","),
+            Some((_, ifaces, _, _)) => ifaces.clone(),
+            None => vec!["lo"; rails(false)].join(","),
         };
         cmd.args([
             test_name,
@@ -484,6 +765,10 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
         .env(ENV_SOCK, &sock)
         .env("NVSHMEM_LIBFABRIC_PROVIDER", "tcp")
         .env("NVSHMEM_EFA_GDA", "off")
+        .env(
+            "NVSHMEM_EFA_ATOMICS",
+            if provider_amo { "provider" } else { "auto" },
+        )
         .env(
             "NVSHMEM_EFA_LOG",
             std::env::var("RAILS_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -515,13 +800,30 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
     for tag in ["resumed", "half"] {
         job.serve(tag);
     }
-    if let Some((_, _, cut)) = &ns {
+    if let Some((_, _, cut, _)) = &ns {
         let st = Command::new("sh").args(["-c", cut]).status();
         if !st.as_ref().is_ok_and(|s| s.success()) {
             job.abort(&format!("the cut ({cut}) failed: {st:?}"));
         }
     }
-    for tag in ["cut", "p3", "p3-checked", "done"] {
+    for tag in ["cut", "p3", "p3-checked", "half0"] {
+        job.serve(tag);
+    }
+    if let Some((_, _, _, cut0)) = &ns {
+        let st = Command::new("sh").args(["-c", cut0]).status();
+        if !st.as_ref().is_ok_and(|s| s.success()) {
+            job.abort(&format!("the cut of rail 0 ({cut0}) failed: {st:?}"));
+        }
+    }
+    for tag in [
+        "cut0",
+        "p5",
+        "p5-checked",
+        "half2",
+        "p6",
+        "p6-checked",
+        "done",
+    ] {
         job.serve(tag);
     }
     for pe in 0..2 {
@@ -544,29 +846,76 @@ fn run_job(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
     {
         eprintln!("[PE 0] {l}");
     }
+    let out1 = job.output[1].lock().unwrap().clone();
+    for l in out1.lines().filter(|l| l.starts_with("PE ")) {
+        eprintln!("[PE 1] {l}");
+    }
     if warns != 1 {
         job.abort(&format!(
             "{warns} WARN lines name rail 1's failure (want 1)"
         ));
     }
+    let moves = out0
+        .lines()
+        .filter(|l| {
+            l.contains("WARN")
+                && l.contains("rail 0 (")
+                && l.contains("failed towards PE 1")
+                && l.contains(if provider_amo {
+                    "PE 1's atomics fail from now on"
+                } else {
+                    "atomics now go over rail 2 ("
+                })
+        })
+        .count();
+    if moves != 1 {
+        job.abort(&format!(
+            "{moves} WARN lines name rail 0's failure and what became of the atomics (want 1)"
+        ));
+    }
+    let then = if ns.is_some() {
+        "no rail is left for PE 1's atomics"
+    } else if provider_amo {
+        ") failed: failure injected by a test"
+    } else {
+        "PE 1's atomics now go over rail 3 ("
+    };
+    let moves2 = out0
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("rail 2 (") && l.contains(then))
+        .count();
+    if moves2 != 1 {
+        job.abort(&format!(
+            "{moves2} WARN lines name rail 2's failure and say \"{then}\" (want 1)"
+        ));
+    }
 }
 
-fn entry(test_name: &str, ns: Option<(Vec<String>, String, String)>) {
+fn entry(test_name: &str, ns: Option<Netns>, provider_amo: bool) {
     if let (Ok(pe), Ok(sock)) = (std::env::var(ENV_PE), std::env::var(ENV_SOCK)) {
         child_main(pe.parse().expect("PE number"), &sock, ns.is_some());
         return;
     }
-    run_job(test_name, ns);
+    run_job(test_name, ns, provider_amo);
 }
 
-/// Three rails over `lo` (three domains of one interface); rail 1 failed by test support.
+/// Four rails over `lo` (four domains of one interface); rail 1, then rail 0, then rail 2 failed
+/// by test support.
 #[test]
 fn rails_lo() {
-    entry("rails_lo", None);
+    entry("rails_lo", None, false);
+}
+
+/// `rails_lo` with provider atomics (`tcp;ofi_rxm`'s): after rail 0's failure the peer's atomics
+/// do not move, they fail at once with an error that says why; RMA fails over as before.
+#[test]
+fn rails_lo_provider_atomics() {
+    entry("rails_lo_provider_atomics", None, true);
 }
 
 /// Three rails over three veth pairs between two network namespaces; rail 1's link goes down
-/// mid-stream. Needs tests/twohost/rails.sh (root), which sets RAILS_NS, RAILS_IFACES, RAILS_CUT.
+/// mid-stream, later rail 0's. Needs tests/twohost/rails.sh (root), which sets RAILS_NS,
+/// RAILS_IFACES, RAILS_CUT and RAILS_CUT0.
 #[test]
 #[ignore = "needs two network namespaces: tests/twohost/rails.sh runs it"]
 fn rails_netns() {
@@ -574,9 +923,12 @@ fn rails_netns() {
         std::env::var(ENV_NS),
         std::env::var(ENV_IFACES),
         std::env::var(ENV_CUT),
+        std::env::var(ENV_CUT0),
     ) {
-        (Ok(p), Ok(i), Ok(c)) => (p.split(',').map(str::to_string).collect(), i, c),
-        _ => panic!("{ENV_NS}, {ENV_IFACES} and {ENV_CUT} must be set (tests/twohost/rails.sh)"),
+        (Ok(p), Ok(i), Ok(c), Ok(c0)) => (p.split(',').map(str::to_string).collect(), i, c, c0),
+        _ => panic!(
+            "{ENV_NS}, {ENV_IFACES}, {ENV_CUT} and {ENV_CUT0} must be set (tests/twohost/rails.sh)"
+        ),
     };
-    entry("rails_netns", Some(ns));
+    entry("rails_netns", Some(ns), false);
 }

@@ -6,8 +6,12 @@
 # carries traffic (per-rail counters), quiet waits for all, then rail 1's link goes down inside PE
 # 0's namespace mid-stream (RAILS_CUT): its operations end with an error within the rail timeout,
 # one WARN line says so, the data written after it (over the other rails) is checked, and the
-# fetch-adds throughout are exact. This script also checks, from the kernel's counters, that every
-# rail interface of namespace 0 sent data. Root (CAP_SYS_ADMIN, CAP_NET_ADMIN), iproute2, veth.
+# fetch-adds throughout are exact. Then rail 0's link goes down too (RAILS_CUT0): its operations
+# to PE 1 end with an error within the rail timeout, PE 1's atomics move to rail 2 (one WARN line
+# names the move), the fetch-adds after it are exact, the one in flight at the cut is applied
+# never, and the data written over rail 2 alone is checked. This script also checks, from the
+# kernel's counters, that every rail interface of namespace 0 sent data. Root (CAP_SYS_ADMIN,
+# CAP_NET_ADMIN), iproute2, veth.
 # Under a minute once the test is built.
 #
 #   bash tests/twohost/rails.sh        (.ci/env.sh's setup; TWOHOST_IP / TWOHOST_IP_LIBS: netns.sh)
@@ -47,6 +51,7 @@ export RAILS_NS="${TH_PID[0]},${TH_PID[1]}"
 export RAILS_IFACES
 RAILS_IFACES=$(IFS=,; echo "${ifaces[*]}")
 export RAILS_CUT="nsenter -t ${TH_PID[0]} -n -- $ip_cmd link set dev ${ifaces[1]} down"
+export RAILS_CUT0="nsenter -t ${TH_PID[0]} -n -- $ip_cmd link set dev ${ifaces[0]} down"
 # The whole output (the library's log lines too, among them the deliberate cut's WARN and ERROR
 # lines) goes to a log file; the console gets the test's own progress lines and a count.
 logs=${CI_LOGS:-$ROOT/target/ci-logs}

@@ -8,6 +8,7 @@ use super::endpoints::TAG_AM_RECV;
 use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
+use super::rails::RailAmo;
 use super::wire::{AmMsg, AM_MAGIC, AM_REQ};
 use super::{internal, invalid, Connected, TResult, Transport};
 use crate::config::AtomicsPath;
@@ -117,6 +118,12 @@ impl Transport {
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
         // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
         self.wait_copies(ep, "amo: earlier puts")?;
+        // With rails, one rail at a time carries a peer's atomics (rail 0 until it fails towards
+        // the peer): posted there already, or the transport's ways below under the peer's gate.
+        let _gate = match self.rails_amo(c, pe as usize, opc, t, val, size, ep)? {
+            RailAmo::Done => return Ok(()),
+            RailAmo::Primary(g) => g,
+        };
         if self.route.provider_atomics {
             if let Some(pop) = provider_op(opc, elembytes) {
                 let (a, f, cmp) = c.eps[ep].ep.atomic_valid(pop.datatype, pop.op);

@@ -381,6 +381,15 @@ impl EpState {
         }
     }
 
+    /// Whether a counted context of a peer is still outstanding (not ended by the peer's death
+    /// or its rail's failure).
+    pub(super) fn is_outstanding(&self, ctx: *mut c_void) -> bool {
+        match self.peer_of(ctx).and_then(|p| self.peer.get(p)) {
+            Some(a) => a.outstanding.lock().contains(&(ctx as usize)),
+            None => true,
+        }
+    }
+
     /// Completes a context counted for quiet (an operation's or a waiting one) with its outcome.
     /// A context of a peer that was declared gone has been accounted already: it is only freed.
     pub(super) fn finish_counted(&self, ctx: *mut c_void, error: Option<String>) {
@@ -758,12 +767,14 @@ impl Transport {
         )
     }
 
-    /// Takes a context for an operation to `pe` tagged `tag`; refused when `pe` is gone. One that
+    /// Takes a context for an operation to `pe` tagged `tag` on rail 0; refused when `pe` is gone
+    /// or rail 0 failed towards it (see `rails`). One that
     /// quiet waits for (see [`counted`]) is counted as submitted; an operation that is not posted
     /// gives its context back with [`EpState::release_unposted`].
     pub(super) fn alloc_for_peer(&self, c: &Connected, r: OpRoute) -> TResult<*mut c_void> {
         let OpRoute { ep, pe, tag, data } = r;
         self.check_peer(c, pe)?;
+        self.check_primary(pe)?;
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
         if counted(tag) {
             c.eps[ep].attach(ctx, pe);

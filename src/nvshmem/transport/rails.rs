@@ -7,20 +7,20 @@
 //! section, bytes [`RAIL_SECTION`].., so a peer looks a key up per rail) and its own contexts.
 //! They carry provider RMA between registered memory: small operations go round-robin over the
 //! live rails (rail 0 included), operations of at least `NVSHMEM_EFA_RAIL_STRIPE_BYTES` are cut
-//! into one piece per live rail. Atomics stay on rail 0: one rail per peer keeps them exact (two
-//! NICs' atomics are not atomic with respect to each other, and target-applied atomics have one
-//! apply path), and no AMO is ever re-posted on another rail.
+//! into one piece per live rail. A peer's atomics take one rail at a time, rail 0 until it fails
+//! towards that peer ([`primary`]; then target-applied messages on an extra rail, [`msg`]): two
+//! NICs' atomics are not atomic with respect to each other, and no AMO is ever re-posted.
 //!
 //! Quiet, fence and blocking calls cover every rail: each rail counts its operations per (endpoint,
 //! PE) and joins the caller's completion group; progress (`progress_ep`) reads every rail's CQ.
 //!
-//! Failover: a rail whose post fails, or on which an operation fails (CQ error) or sees no
+//! Failover: an extra rail whose post fails, or on which an operation fails (CQ error) or sees no
 //! completion within `NVSHMEM_EFA_RAIL_TIMEOUT_MS` while its peer completes operations on other
-//! rails, is failed once: one WARN
-//! line, its endpoint is closed (the provider cancels what it still holds, so nothing lands
-//! later), and every operation in flight on it ends with an error (its group's, or its peer's for
-//! quiet). New operations use the remaining rails. Rail 0 is the last one left: its failure is the
-//! transport's existing broken-connection and dead-peer handling.
+//! rails, is failed once: one WARN line, its endpoint is closed (the provider cancels what it
+//! still holds, so nothing lands later), every operation in flight on it ends with an error (its
+//! group's, or its peer's for quiet), and atomics it carried move. New operations use the
+//! remaining rails. Rail 0, shared by every peer, fails per peer by the same timeout rule
+//! ([`primary`]). A failed rail stays down for the job (docs/rails.md says why).
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +39,17 @@ use crate::fabric::{
 use crate::mover::handle::HostId;
 use crate::topo;
 
+mod config;
+mod msg;
+mod primary;
+mod quiet;
+
+use config::section_key;
+pub use config::RailConfig;
+use config::{ip_of, write_section};
+use primary::PeerRails;
+pub(super) use primary::RailAmo;
+
 /// Offset of the rail section (magic, count, one key per extra rail) in the 512-byte handle.
 pub(super) const RAIL_SECTION: usize = 256;
 const RAIL_MAGIC: u32 = u32::from_le_bytes(*b"RAIL");
@@ -53,63 +64,6 @@ pub const RAIL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 /// Pieces of a striped operation start at multiples of this.
 const STRIPE_ALIGN: u64 = 4096;
 
-/// The rail variables.
-#[derive(Clone, Debug)]
-pub struct RailConfig {
-    /// `NVSHMEM_LIBFABRIC_MAX_NIC_PER_PE` (NVSHMEM's variable and default, 16).
-    pub max: usize,
-    /// `NVSHMEM_EFA_RAILS`: domains (NICs, tcp interfaces) to use, in order; repeats allowed.
-    pub names: Option<Vec<String>>,
-    /// `NVSHMEM_EFA_RAIL_STRIPE_BYTES`: operations of at least this size are striped.
-    pub stripe: u64,
-    /// `NVSHMEM_EFA_RAIL_TIMEOUT_MS`: an operation without completion this long fails its rail.
-    pub timeout: Duration,
-}
-
-impl RailConfig {
-    /// Reads the variables through `get`; a bad value is an error naming it.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<RailConfig, String> {
-        let policy = crate::topo::NicPolicy::from_lookup(&get).map_err(|e| e.0)?;
-        let mut c = RailConfig {
-            max: policy.max_nic_per_pe,
-            names: None,
-            stripe: STRIPE_DEFAULT,
-            timeout: RAIL_TIMEOUT_DEFAULT,
-        };
-        if let Some(v) = get("NVSHMEM_EFA_RAILS") {
-            let names: Vec<String> = v
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
-            if names.is_empty() {
-                return Err(format!(
-                    "NVSHMEM_EFA_RAILS={v:?}: expected a comma-separated list of domain (NIC or interface) names"
-                ));
-            }
-            c.names = Some(names);
-        }
-        let num = |k: &str, lo: u64, hi: u64| -> Result<Option<u64>, String> {
-            match get(k) {
-                None => Ok(None),
-                Some(v) => match v.trim().parse::<u64>() {
-                    Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
-                    _ => Err(format!(
-                        "{k}={v:?}: expected a whole number from {lo} to {hi}"
-                    )),
-                },
-            }
-        };
-        if let Some(n) = num("NVSHMEM_EFA_RAIL_STRIPE_BYTES", STRIPE_ALIGN, 1 << 40)? {
-            c.stripe = n;
-        }
-        if let Some(n) = num("NVSHMEM_EFA_RAIL_TIMEOUT_MS", 1, 86_400_000)? {
-            c.timeout = Duration::from_millis(n);
-        }
-        Ok(c)
-    }
-}
-
 /// One rail's traffic and state, for tests and the description.
 #[derive(Clone, Debug)]
 pub struct RailStat {
@@ -119,6 +73,8 @@ pub struct RailStat {
     /// Operations (pieces) posted on it, and their bytes.
     pub ops: u64,
     pub bytes: u64,
+    /// AMOs it carried (rail 0: those that went the transport's own ways).
+    pub amos: u64,
     /// Why it failed, once it has.
     pub failed: Option<String>,
 }
@@ -131,6 +87,8 @@ struct RailOp {
     posted: Instant,
     /// The peer's completions on the other rails when it was posted (see `peer_progress`).
     peer_done: u64,
+    /// An AMO waiting for its answer ([`msg`]): where its old value goes (0: nowhere), its size.
+    amo: Option<(u64, u32)>,
 }
 
 /// The connected part of an extra rail (closed when the rail fails).
@@ -139,6 +97,17 @@ struct RailLink {
     cq: Arc<CompletionQueue>,
     /// Per PE: its endpoint on this rail, `None` where the peer has no such rail.
     addrs: Vec<Option<FiAddr>>,
+    /// The contexts' registration, where the provider needs local registration (messages are
+    /// sent from and received into their scratch).
+    ctx_mr: Option<MemoryRegion>,
+}
+
+impl RailLink {
+    fn ctx_desc(&self) -> *mut c_void {
+        self.ctx_mr
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |m| m.desc())
+    }
 }
 
 /// An extra rail (index >= 1).
@@ -153,9 +122,14 @@ struct Rail {
     ctxs: OpContexts,
     /// Per `ep * n_pes + pe`: operations submitted and completed (set at connect).
     counts: OnceLock<Vec<(AtomicU64, AtomicU64)>>,
+    /// Per PE: operations completed without error (set at connect).
+    ok: OnceLock<Vec<AtomicU64>>,
     n_ops: AtomicU64,
     n_bytes: AtomicU64,
+    n_amos: AtomicU64,
     last_scan: Mutex<Instant>,
+    /// Why the rail fails, found where it could not be failed at once (reaping inside a send).
+    doom: Mutex<Option<String>>,
 }
 
 /// A region's registrations on the extra rails (index: rail - 1).
@@ -177,6 +151,12 @@ pub(super) struct Rails {
     regs: RwLock<HashMap<u64, RailReg>>,
     primary_ops: AtomicU64,
     primary_bytes: AtomicU64,
+    primary_amos: AtomicU64,
+    /// Per PE: rail 0 towards it, the rail of its atomics (set at connect; see [`primary`]).
+    peers: OnceLock<Vec<PeerRails>>,
+    /// Origin of the probes' time stamps.
+    epoch: Instant,
+    last_scan0: Mutex<Instant>,
 }
 
 /// NICs with a place on the PCIe tree, chosen by distance from the PE's GPU (the current CUDA
@@ -303,9 +283,12 @@ impl Rails {
                 ops: Mutex::new(HashMap::new()),
                 ctxs: OpContexts::new(max_inflight),
                 counts: OnceLock::new(),
+                ok: OnceLock::new(),
                 n_ops: AtomicU64::new(0),
                 n_bytes: AtomicU64::new(0),
+                n_amos: AtomicU64::new(0),
                 last_scan: Mutex::new(Instant::now()),
+                doom: Mutex::new(None),
             });
         }
         if !extra.is_empty() {
@@ -330,6 +313,10 @@ impl Rails {
                 regs: RwLock::new(HashMap::new()),
                 primary_ops: AtomicU64::new(0),
                 primary_bytes: AtomicU64::new(0),
+                primary_amos: AtomicU64::new(0),
+                peers: OnceLock::new(),
+                epoch: Instant::now(),
+                last_scan0: Mutex::new(Instant::now()),
             },
             first,
         ))
@@ -347,13 +334,23 @@ impl Rails {
             name: self.primary_name.clone(),
             ops: self.primary_ops.load(Ordering::Relaxed),
             bytes: self.primary_bytes.load(Ordering::Relaxed),
-            failed: None,
+            amos: self.primary_amos.load(Ordering::Relaxed),
+            failed: self.peers.get().and_then(|v| {
+                let down: Vec<String> = v
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.down0())
+                    .map(|(pe, _)| format!("PE {pe}"))
+                    .collect();
+                (!down.is_empty()).then(|| format!("down towards {}", down.join(", ")))
+            }),
         }];
         v.extend(self.extra.iter().map(|r| RailStat {
             index: r.index,
             name: r.name.clone(),
             ops: r.n_ops.load(Ordering::Relaxed),
             bytes: r.n_bytes.load(Ordering::Relaxed),
+            amos: r.n_amos.load(Ordering::Relaxed),
             failed: r.failed.get().cloned(),
         }));
         v
@@ -427,39 +424,6 @@ impl Rails {
     }
 }
 
-/// Writes the keys of the extra rails (`u64::MAX`: none on that rail) into the handle's section.
-fn write_section(handle: &mut [u8], keys: &[u64]) {
-    let sec = &mut handle[RAIL_SECTION..];
-    sec[0..4].copy_from_slice(&RAIL_MAGIC.to_le_bytes());
-    sec[4..8].copy_from_slice(&(keys.len() as u32).to_le_bytes());
-    for (i, k) in keys.iter().enumerate() {
-        sec[8 + i * 8..16 + i * 8].copy_from_slice(&k.to_le_bytes());
-    }
-}
-
-/// The key of extra rail `k` (0-based) in a peer's handle; `None` when it has none there.
-pub(super) fn section_key(handle: &[u8], k: usize) -> Option<u64> {
-    let sec = handle.get(RAIL_SECTION..)?;
-    let magic = u32::from_le_bytes(sec[0..4].try_into().ok()?);
-    let count = u32::from_le_bytes(sec[4..8].try_into().ok()?) as usize;
-    if magic != RAIL_MAGIC || k >= count || 16 + k * 8 > sec.len() {
-        return None;
-    }
-    let key = u64::from_le_bytes(sec[8 + k * 8..16 + k * 8].try_into().ok()?);
-    (key != u64::MAX).then_some(key)
-}
-
-/// The IP address in an endpoint name that is a `sockaddr_in` / `sockaddr_in6` (tcp's names);
-/// `None` for other names.
-fn ip_of(name: &[u8]) -> Option<Vec<u8>> {
-    let family = u16::from_ne_bytes(name.get(0..2)?.try_into().ok()?);
-    match (family as i32, name.len()) {
-        (libc::AF_INET, 16) => Some(name[4..8].to_vec()),
-        (libc::AF_INET6, 28) => Some(name[8..24].to_vec()),
-        _ => None,
-    }
-}
-
 /// What the error of an operation ended by its rail's failure says (see [`rail_failed`]).
 const RAIL_FAILED: &str = ") failed (rail failover): ";
 
@@ -521,9 +485,29 @@ impl Transport {
                         RAIL_NAME_SLOT - 2
                     )));
                 }
+                // The AMO channel's receives (their buffers: the contexts' scratch, registered
+                // where the provider needs local registration), before the name is published.
+                let ctx_mr = if r.info.mr_local() {
+                    let (base, len) = r.ctxs.region();
+                    // SAFETY: the pool lives as long as the rail, which outlives its link.
+                    Some(unsafe {
+                        MemoryRegion::register(
+                            &r.domain,
+                            base,
+                            len,
+                            MemKind::Host,
+                            false,
+                            Some(&ep).filter(|_| r.info.mr_endpoint()),
+                        )
+                    }?)
+                } else {
+                    None
+                };
+                let desc = ctx_mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc());
+                self.rail_post_recvs(r, &ep, desc)?;
                 mine[at..at + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
                 mine[at + 2..at + 2 + name.len()].copy_from_slice(&name);
-                Ok((ep, cq, av))
+                Ok((ep, cq, av, ctx_mr))
             });
             if let Err(e) = &o {
                 tracing::warn!(
@@ -545,7 +529,9 @@ impl Transport {
             (len > 0 && len <= RAIL_NAME_SLOT - 2).then(|| rec[at + 2..at + 2 + len].to_vec())
         };
         for (r, o) in rails.extra.iter().zip(opened) {
-            let Some((ep, cq, av)) = o else { continue };
+            let Some((ep, cq, av, ctx_mr)) = o else {
+                continue;
+            };
             let at = 8 + (r.index - 1) * RAIL_NAME_SLOT;
             let own = name_at(&mine, at).and_then(|nm| ip_of(&nm));
             let mut addrs = Vec::with_capacity(n);
@@ -580,8 +566,15 @@ impl Transport {
                     .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
                     .collect(),
             );
-            *r.link.write() = Some(RailLink { ep, cq, addrs });
+            let _ = r.ok.set((0..n).map(|_| AtomicU64::new(0)).collect());
+            *r.link.write() = Some(RailLink {
+                ep,
+                cq,
+                addrs,
+                ctx_mr,
+            });
         }
+        let _ = rails.peers.set(primary::peers_state(n));
         Ok(())
     }
 
@@ -590,11 +583,17 @@ impl Transport {
         self.rails.stats()
     }
 
-    /// Test support: fails extra rail `index` as a failed completion would.
+    /// Test support: fails rail `index` as a failed completion would (rail 0: towards every peer
+    /// an extra rail reaches, as operations without completion there would).
     #[cfg(any(test, feature = "test-support"))]
     #[doc(hidden)]
     pub fn inject_rail_failure(&self, index: usize) {
-        if let (Some(c), Some(r)) = (self.conn.get(), self.rails.extra.get(index.wrapping_sub(1))) {
+        let Some(c) = self.conn.get() else { return };
+        if index == 0 {
+            for pe in (0..c.n_pes as usize).filter(|&p| p != c.my_pe as usize) {
+                self.fail_primary(c, pe, "failure injected by a test".into());
+            }
+        } else if let Some(r) = self.rails.extra.get(index - 1) {
             self.fail_rail(c, r, "failure injected by a test".into());
         }
     }
@@ -610,7 +609,11 @@ impl Transport {
         let rails = &self.rails;
         // SAFETY: the remote handle was read by remote_blob (a 512-byte handle of NVSHMEM's).
         let handle = unsafe { &(*x.handle).reserved };
-        let live: Vec<usize> = std::iter::once(0)
+        // Rail 0 unless it failed towards the peer.
+        let down0 = self.peer_rails(x.pe).is_some_and(|p| p.down0());
+        let live: Vec<usize> = (!down0)
+            .then_some(0)
+            .into_iter()
             .chain(rails.extra.iter().filter_map(|r| {
                 (r.failed.get().is_none()
                     && section_key(handle, r.index - 1).is_some()
@@ -621,8 +624,15 @@ impl Transport {
                 .then_some(r.index)
             }))
             .collect();
+        if live.is_empty() {
+            return Err(internal(format!(
+                "PE {}: rail 0 failed towards it and no other rail can carry this {}",
+                x.pe,
+                if x.is_put { "put" } else { "get" }
+            )));
+        }
         let pieces: Vec<(usize, u64, u64)> = if live.len() == 1 {
-            vec![(0, 0, x.len)]
+            vec![(live[0], 0, x.len)]
         } else if x.len < rails.cfg.stripe {
             let k = rails.next.fetch_add(1, Ordering::Relaxed) % live.len();
             vec![(live[k], 0, x.len)]
@@ -644,7 +654,22 @@ impl Transport {
             v
         };
         for (r, off, n) in pieces {
-            let posted = r > 0 && self.rail_post(c, &rails.extra[r - 1], handle, &x, off, n)?;
+            let mut posted = r > 0 && self.rail_post(c, &rails.extra[r - 1], handle, &x, off, n)?;
+            if !posted && down0 {
+                // No rail 0 towards this peer: the other live rails, in order.
+                for &o in live.iter().filter(|&&o| o != r) {
+                    if self.rail_post(c, &rails.extra[o - 1], handle, &x, off, n)? {
+                        posted = true;
+                        break;
+                    }
+                }
+                if !posted {
+                    return Err(internal(format!(
+                        "PE {}: rail 0 failed towards it and no other rail took a piece of {n} bytes",
+                        x.pe
+                    )));
+                }
+            }
             if !posted {
                 rails.primary_ops.fetch_add(1, Ordering::Relaxed);
                 rails.primary_bytes.fetch_add(n, Ordering::Relaxed);
@@ -681,7 +706,7 @@ impl Transport {
             let Some(dest) = link.addrs.get(x.pe).copied().flatten() else {
                 return Ok(false);
             };
-            let Some(ctx) = r.ctxs.alloc(0, 0) else {
+            let Some(ctx) = r.ctxs.alloc(msg::TAG_RMA, 0) else {
                 return Ok(false);
             };
             let group = group::current();
@@ -698,6 +723,7 @@ impl Transport {
                     group,
                     posted: Instant::now(),
                     peer_done,
+                    amo: None,
                 },
             );
             let counts = r.counts.get().expect("counts set at connect");
@@ -760,26 +786,50 @@ impl Transport {
                 Ok(0) => return (handled, None),
                 Ok(k) => {
                     for ent in &buf[..k] {
-                        self.rail_finish(c, r, ent.op_context, None);
+                        match r.ctxs.get(ent.op_context).map(|t| t.0) {
+                            Some(msg::TAG_SEND) => {
+                                r.ctxs.free(ent.op_context);
+                            }
+                            Some(msg::TAG_RECV) => {
+                                self.rail_msg(c, r, link, ent.op_context, ent.len);
+                            }
+                            _ => self.rail_finish(c, r, ent.op_context, None),
+                        }
                     }
                     handled += k;
                 }
                 Err(err) => {
                     let msg = format!("rail {} ({}): {}", r.index, r.name, err.error);
+                    handled += 1;
+                    let (tag, data) = r.ctxs.get(err.context).unwrap_or((msg::TAG_RMA, 0));
+                    if tag == msg::TAG_RECV {
+                        // A receive the provider gave back (cancelled): not posted again.
+                        r.ctxs.free(err.context);
+                        continue;
+                    }
+                    // The operation the error ends: a send's is its waiting AMO (none for an
+                    // answer).
+                    let op_ctx = if tag == msg::TAG_SEND {
+                        r.ctxs.free(err.context);
+                        data as *mut c_void
+                    } else {
+                        err.context
+                    };
                     // The rail is to blame when the peer works on other rails (it completed
                     // operations there since this one was posted), or nobody knows whose
                     // operation failed; otherwise the peer may be the one failing (dying,
                     // gone): the operation ends with the error, the rail stays.
-                    let blame = match r.ops.lock().get(&(err.context as usize)) {
+                    let blame = match r.ops.lock().get(&(op_ctx as usize)) {
                         Some(op) => self.peer_progress(c, op.pe, r.index) > op.peer_done,
                         None => err.context.is_null(),
                     };
-                    if !err.context.is_null() {
-                        self.rail_finish(c, r, err.context, Some(msg.clone()));
+                    if !op_ctx.is_null() {
+                        self.rail_finish(c, r, op_ctx, Some(msg.clone()));
                     }
-                    handled += 1;
                     if blame {
-                        return (handled, Some(format!("provider error: {}", err.error)));
+                        let why = format!("provider error: {}", err.error);
+                        r.doom.lock().get_or_insert(why.clone());
+                        return (handled, Some(why));
                     }
                 }
             }
@@ -796,6 +846,11 @@ impl Transport {
     }
 
     fn rail_account(&self, c: &Connected, r: &Rail, op: RailOp, error: Option<String>) {
+        if error.is_none() {
+            if let Some(ok) = r.ok.get() {
+                ok[op.pe].fetch_add(1, Ordering::AcqRel);
+            }
+        }
         match op.group {
             Some(g) => {
                 if let Some(m) = error {
@@ -826,31 +881,28 @@ impl Transport {
                 let Some(link) = guard.as_ref() else { continue };
                 let (k, err) = self.rail_reap(c, r, link);
                 handled += k;
-                err.or_else(|| self.rail_overdue(c, r))
+                err.or_else(|| r.doom.lock().take())
+                    .or_else(|| self.rail_overdue(c, r))
             };
             if let Some(why) = failure {
                 self.fail_rail(c, r, why);
             }
         }
+        self.primary_scan(c);
         handled
     }
 
-    /// Completions of operations to `pe` on every rail but `except` (rail 0's on both endpoints).
+    /// Completions of operations to `pe` on every rail but `except` (rail 0's on both endpoints):
+    /// the peer's progress there. Only successes count on the extra rails, and rail 0's stop
+    /// counting when it fails towards the peer: the operations a failure ends are no progress.
     fn peer_progress(&self, c: &Connected, pe: usize, except: usize) -> u64 {
-        let n = c.n_pes as usize;
         let mut sum = 0;
         if except != 0 {
-            sum += c
-                .eps
-                .iter()
-                .map(|e| e.peer[pe].completed.load(Ordering::Acquire))
-                .sum::<u64>();
+            sum += self.primary_progress(c, pe);
         }
         for r in self.rails.extra.iter().filter(|r| r.index != except) {
-            if let Some(cs) = r.counts.get() {
-                sum += (0..NUM_EPS)
-                    .map(|ep| cs[ep * n + pe].1.load(Ordering::Acquire))
-                    .sum::<u64>();
+            if let Some(ok) = r.ok.get() {
+                sum += ok[pe].load(Ordering::Acquire);
             }
         }
         sum
@@ -871,7 +923,8 @@ impl Transport {
         }
         let timeout = self.rails.cfg.timeout;
         let mut gone = Vec::new();
-        let mut overdue = 0;
+        // Per peer: its overdue operations here, and when the first of them became overdue.
+        let mut suspects: Vec<(usize, usize, Instant)> = Vec::new();
         {
             let ops = r.ops.lock();
             for (ctx, op) in ops.iter() {
@@ -879,11 +932,25 @@ impl Transport {
                     if c.peers[op.pe].is_gone() {
                         gone.push(*ctx);
                     } else if self.peer_progress(c, op.pe, r.index) > op.peer_done {
-                        overdue += 1;
+                        let due = op.posted + timeout;
+                        match suspects.iter_mut().find(|s| s.0 == op.pe) {
+                            Some(s) => {
+                                s.1 += 1;
+                                s.2 = s.2.min(due);
+                            }
+                            None => suspects.push((op.pe, 1, due)),
+                        }
                     }
                 }
             }
         }
+        // The peer must also answer a probe on another rail sent after that: a peer that was
+        // stopped (or is dying) answers none, even when some of its operations completed first.
+        let overdue: usize = suspects
+            .into_iter()
+            .filter(|&(pe, _, due)| self.peer_answers(c, pe, due, r.index) != Some(false))
+            .map(|s| s.1)
+            .sum();
         for ctx in gone {
             let pe = r.ops.lock().get(&ctx).map(|o| o.pe);
             if let Some(pe) = pe {
@@ -891,8 +958,9 @@ impl Transport {
                 self.rail_finish(c, r, ctx as *mut c_void, Some(m));
             }
         }
-        (overdue > 0)
-            .then(|| format!("{overdue} operation(s) without completion after {timeout:?}"))
+        (overdue > 0).then(|| {
+            format!("{overdue} operation(s) without completion after {timeout:?} while their peer works on other rails")
+        })
     }
 
     /// Fails rail `r` (once): logs it, closes its endpoint, and ends every operation still in
@@ -911,89 +979,24 @@ impl Transport {
             .iter()
             .filter(|x| x.failed.get().is_none())
             .count();
-        tracing::warn!(
-            "rail {} ({}) failed: {why}; its {} operation(s) in flight end with an error, new operations use the {left} remaining rail(s)",
-            r.index,
-            r.name,
-            ops.len()
-        );
+        let n_ops = ops.len();
         for (ctx, op) in ops {
             r.ctxs.free(ctx as *mut c_void);
             let m = format!("rail {} ({}{RAIL_FAILED}{why}", r.index, r.name);
             self.rail_account(c, r, op, Some(m));
         }
-    }
-
-    /// Waits (until `deadline`) for the operations on every extra rail posted before the call on
-    /// endpoint `ep` (to PE `pe`, or to all); their errors are recorded for the caller's quiet.
-    pub(super) fn rails_quiet(
-        &self,
-        c: &Connected,
-        ep: usize,
-        pe: Option<usize>,
-        deadline: Instant,
-    ) -> TResult<()> {
-        let n = c.n_pes as usize;
-        let range = match pe {
-            Some(p) => p..p + 1,
-            None => 0..n,
+        // Its AMOs have ended (with their errors): their peers' atomics move now.
+        let moved = self.move_atomics_off(r.index);
+        let moved = if moved.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", moved.join("; "))
         };
-        let targets: Vec<(usize, usize, u64)> = self
-            .rails
-            .extra
-            .iter()
-            .filter_map(|r| r.counts.get().map(|cs| (r, cs)))
-            .flat_map(|(r, cs)| {
-                range.clone().map(move |p| {
-                    (
-                        r.index,
-                        ep * n + p,
-                        cs[ep * n + p].0.load(Ordering::Acquire),
-                    )
-                })
-            })
-            .collect();
-        let done = |(ri, slot, want): &(usize, usize, u64)| {
-            self.rails.extra[ri - 1]
-                .counts
-                .get()
-                .is_some_and(|cs| cs[*slot].1.load(Ordering::Acquire) >= *want)
-        };
-        while !targets.iter().all(done) {
-            self.check_alive()?;
-            self.progress_ep(c, ep);
-            if Instant::now() > deadline {
-                return Err(internal(format!(
-                    "quiet: operations on the extra rails of endpoint {ep} not complete after {:?}",
-                    self.cfg.quiet_timeout
-                )));
-            }
-            std::thread::yield_now();
-        }
-        Ok(())
-    }
-
-    /// One line per rail for the description and the log at shutdown.
-    pub(super) fn rails_summary(&self) -> Vec<String> {
-        if !self.rails.active() {
-            return Vec::new();
-        }
-        self.rails
-            .stats()
-            .into_iter()
-            .map(|s| {
-                format!(
-                    "rail {} ({}): {} operations, {} bytes{}",
-                    s.index,
-                    s.name,
-                    s.ops,
-                    s.bytes,
-                    s.failed
-                        .map(|w| format!(", failed: {w}"))
-                        .unwrap_or_default()
-                )
-            })
-            .collect()
+        tracing::warn!(
+            "rail {} ({}) failed: {why}; its {n_ops} operation(s) in flight end with an error, new operations use the {left} remaining rail(s){moved}; the rail stays down for the job",
+            r.index,
+            r.name,
+        );
     }
 }
 
