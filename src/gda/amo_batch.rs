@@ -183,10 +183,12 @@ impl<T> AmoBatch<T> {
 
     /// Applies the gathered AMOs (the batch is empty after) and returns each with its result.
     /// `single` applies one AMO alone (the one-by-one path), used when the words overlap or the
-    /// batch read failed (then nothing was written yet).
+    /// batch read failed (then nothing was written yet). `scratch`: page-locked bytes for the
+    /// words' values (8 per distinct word; too small or none: a vector of this call).
     pub fn apply(
         &mut self,
         io: &mut dyn WordIo,
+        scratch: Option<&mut [u8]>,
         single: &mut dyn FnMut(&AmoMsg, u64, bool) -> Result<(), String>,
     ) -> Applied<T> {
         let ops = std::mem::take(&mut self.ops);
@@ -215,13 +217,22 @@ impl<T> AmoBatch<T> {
             return one_by_one(ops, single);
         }
         // Each word's bytes, read in one batch (little-endian, the low `size` bytes used).
-        let mut vals = vec![[0u8; 8]; words.len()];
+        // Each word's bytes: in the caller's scratch when it has room (page-locked memory, so the
+        // copies are asynchronous and one wait covers them), else in a vector of this call.
+        let mut own = Vec::new();
+        let vals: &mut [u8] = match scratch {
+            Some(b) if b.len() >= 8 * words.len() => &mut b[..8 * words.len()],
+            _ => {
+                own.resize(8 * words.len(), 0u8);
+                &mut own
+            }
+        };
         let read = (|| {
             for (k, &(addr, size, device)) in words.iter().enumerate() {
                 // SAFETY: `addr` lies in a local heap chunk (checked by `check_message`), which
                 // stays allocated while the queue lives; `vals` is neither moved nor resized until
                 // the wait below returned.
-                unsafe { io.read(addr, size, device, vals[k].as_mut_ptr())? };
+                unsafe { io.read(addr, size, device, vals[8 * k..].as_mut_ptr())? };
             }
             io.wait()
         })();
@@ -236,18 +247,19 @@ impl<T> AmoBatch<T> {
         let mut dirty = vec![false; words.len()];
         for (m, addr, _, _) in &ops {
             let k = index[addr];
-            let mut old = u64::from_le_bytes(vals[k]);
+            let at = 8 * k..8 * k + 8;
+            let mut old = u64::from_le_bytes(vals[at.clone()].try_into().expect("8 bytes"));
             if m.size == 4 {
                 old &= 0xFFFF_FFFF;
             }
-            vals[k] = amo_result(m, old).to_le_bytes();
+            vals[at].copy_from_slice(&amo_result(m, old).to_le_bytes());
             dirty[k] = true;
         }
         let written = (|| {
             for (k, &(addr, size, device)) in words.iter().enumerate() {
                 if dirty[k] {
                     // SAFETY: as above; the host bytes stay put until the wait returned.
-                    unsafe { io.write(addr, size, device, vals[k].as_ptr())? };
+                    unsafe { io.write(addr, size, device, vals[8 * k..].as_ptr())? };
                 }
             }
             io.wait()
@@ -374,11 +386,17 @@ mod tests {
         assert_eq!(b.len(), 9);
         let mut io = Queued::default();
         let mut calls = 0;
-        let done = b.apply(&mut io, &mut |m, a, d| {
+        let mut scratch = [0u8; 40];
+        let done = b.apply(&mut io, Some(&mut scratch), &mut |m, a, d| {
             calls += 1;
             single(m, a, d)
         });
         assert!(b.is_empty());
+        assert_eq!(
+            &scratch[..8],
+            &101u64.to_le_bytes(),
+            "word 0's value went through the scratch"
+        );
         assert_eq!(batched, serial);
         assert_eq!(batched[0], 101);
         assert_eq!(batched[2], 43);
@@ -409,7 +427,7 @@ mod tests {
         b.push(amo(AMO_OP_ADD, 4, 2), base, true, 1);
         let mut io = Queued::default();
         let mut calls = 0;
-        let done = b.apply(&mut io, &mut |m, a, d| {
+        let done = b.apply(&mut io, None, &mut |m, a, d| {
             calls += 1;
             single(m, a, d)
         });
@@ -425,7 +443,7 @@ mod tests {
             ..Default::default()
         };
         let mut calls = 0;
-        let done = b.apply(&mut io, &mut |m, a, d| {
+        let done = b.apply(&mut io, None, &mut |m, a, d| {
             calls += 1;
             single(m, a, d)
         });
