@@ -406,6 +406,10 @@ struct Waiting {
     buf: Option<usize>,
 }
 
+/// Page-locked bytes for one AMO batch's GPU words (8 per distinct word: 4096 words; a batch with
+/// more uses pageable memory).
+const AMO_SCRATCH_BYTES: usize = 32 << 10;
+
 /// The thread's own state.
 struct Thread {
     inner: Arc<Inner>,
@@ -415,6 +419,14 @@ struct Thread {
     waiting: VecDeque<Waiting>,
     retry: Vec<usize>,
     rx_seq: u16,
+    /// AMO messages of the current CQ read, applied together at its end (`amo_batch.rs`); each
+    /// with its receive buffer, source address and length.
+    amos: crate::gda::amo_batch::AmoBatch<(usize, FiAddr, usize)>,
+    /// Copies of the batches' GPU words (made at first need; `None` inside: CUDA takes no copies
+    /// here, the batch's GPU words then go one by one).
+    copies: Option<Option<crate::cuda::CopyBatch>>,
+    /// Page-locked room for the batches' GPU word values (`Err`: none could be made).
+    words: Option<std::result::Result<crate::cuda::MappedHostBuffer, ()>>,
 }
 
 impl Thread {
@@ -426,6 +438,9 @@ impl Thread {
             waiting: VecDeque::new(),
             retry: Vec::new(),
             rx_seq: 0,
+            amos: Default::default(),
+            copies: None,
+            words: None,
         }
     }
 
@@ -449,9 +464,11 @@ impl Thread {
                     for k in 0..n {
                         self.on_completion(&entries[k], src[k]);
                     }
+                    self.flush_amos();
                 }
                 Err(e) => {
                     busy = true;
+                    self.flush_amos();
                     self.on_error(e);
                 }
             }
@@ -559,7 +576,24 @@ impl Thread {
             // SAFETY: the provider wrote `len` bytes into this buffer, which nobody else touches
             // until it is posted again.
             let payload = unsafe { std::slice::from_raw_parts(self.inner.pool.ptr(i), len) };
-            let outcome = apply::apply_message(payload, &*self.inner.heap.read());
+            let checked = apply::check_message(payload, &*self.inner.heap.read());
+            // A plain AMO joins the CQ read's batch (its word read and written back with the
+            // others': two waits per CQ read for GPU words instead of two per AMO). Heap chunks are
+            // removed only once AMOs to them have stopped (deregistration, finalize), so the
+            // checked address stays valid until the batch is applied at the end of this read.
+            if let apply::Checked::Ready(m, addr, device) = &checked {
+                if !cq_data {
+                    self.amos.push(*m, *addr, *device, (i, from, len));
+                    return;
+                }
+            }
+            // Everything else after the AMOs before it.
+            self.flush_amos();
+            let outcome = match checked {
+                apply::Checked::NotAmo => Outcome::NotAmo,
+                apply::Checked::Rejected { status, why } => Outcome::Rejected { status, why },
+                apply::Checked::Ready(m, addr, device) => apply::apply_checked(m, addr, device),
+            };
             let status = match outcome {
                 Outcome::NotAmo => {
                     self.reject(format_args!(
@@ -596,6 +630,7 @@ impl Thread {
                 Some(i),
             );
         } else if cq_data {
+            self.flush_amos();
             // An RDMA write with immediate: it consumed a receive where FI_RX_CQ_DATA holds.
             self.forward(
                 RxCqe {
@@ -613,6 +648,86 @@ impl Thread {
             if let Some(i) = buf {
                 self.repost(i);
             }
+        }
+    }
+
+    /// Applies the AMOs the current CQ read gathered, then gives their receive buffers back; one
+    /// that could not be applied gets an RX completion with an error status (logged), as alone.
+    fn flush_amos(&mut self) {
+        if self.amos.is_empty() {
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.amos);
+        let gpu = batch.has_gpu_words();
+        if gpu && self.copies.is_none() {
+            self.copies = Some(crate::cuda::CopyBatch::new().ok());
+        }
+        if gpu && self.words.is_none() {
+            self.words = Some(crate::cuda::MappedHostBuffer::new(AMO_SCRATCH_BYTES).map_err(|e| {
+                tracing::warn!(
+                    "GDA receive path: no page-locked memory for AMO batches ({e}); their GPU words \
+                     go through pageable memory, one copy at a time"
+                );
+            }));
+        }
+        let scratch = match &self.words {
+            // SAFETY: this thread's own buffer of `len` bytes, used by this call only and neither
+            // dropped nor moved while the slice lives.
+            Some(Ok(b)) if gpu => {
+                Some(unsafe { std::slice::from_raw_parts_mut(b.host(), b.len()) })
+            }
+            _ => None,
+        };
+        let io = if gpu {
+            self.copies.as_mut().and_then(|c| c.as_mut())
+        } else {
+            None
+        };
+        let mut single =
+            |m: &crate::gda::wire::AmoMsg, addr: u64, device: bool| match apply::apply_checked(
+                *m, addr, device,
+            ) {
+                Outcome::Rejected { why, .. } => Err(why),
+                _ => Ok(()),
+            };
+        let done = batch.apply(&mut crate::gda::amo_batch::Words(io), scratch, &mut single);
+        for (_, (i, from, len), r) in done {
+            match r {
+                Ok(()) => {
+                    self.inner.applied.fetch_add(1, Ordering::AcqRel);
+                    // Nothing waits for an RX entry of a plain AMO (the software queue does the same).
+                    self.repost(i);
+                }
+                Err(why) => {
+                    let status = CqStatus::LocalQpInternalError;
+                    self.reject(format_args!(
+                        "AMO from address {from:#x} not applied ({status}): {why}"
+                    ));
+                    let (my_qpn, ah, src_qp) = self.source(from);
+                    let req_id = self.rx_seq;
+                    self.rx_seq = self.rx_seq.wrapping_add(1);
+                    self.forward(
+                        RxCqe {
+                            req_id,
+                            status,
+                            phase: 0,
+                            op: OpType::Send,
+                            has_imm: false,
+                            unsolicited: false,
+                            qp_num: my_qpn,
+                            length: len as u32,
+                            ah,
+                            src_qp,
+                            imm: 0,
+                            src_addr: None,
+                        },
+                        Some(i),
+                    );
+                }
+            }
+        }
+        if self.amos.is_empty() {
+            self.amos = batch;
         }
     }
 
