@@ -145,6 +145,62 @@ unsafe fn host_store(word: u64, size: u32, v: u64) {
     }
 }
 
+/// What a receiving thread keeps to apply its batches: the copies of GPU words and page-locked
+/// room for their values, both made at the first batch with a GPU word.
+#[derive(Default)]
+pub struct Applier {
+    /// `Some(None)`: CUDA takes no copies here (GPU words then go one by one).
+    copies: Option<Option<crate::cuda::CopyBatch>>,
+    /// `Some(Err)`: no page-locked memory could be had (pageable memory then, one copy at a time).
+    words: Option<Result<crate::cuda::MappedHostBuffer, ()>>,
+}
+
+/// Page-locked bytes for one batch's GPU words (8 per distinct word: 4096 words; a batch with more
+/// uses pageable memory).
+const SCRATCH_BYTES: usize = 32 << 10;
+
+impl Applier {
+    /// Applies `batch` (empty after) as [`AmoBatch::apply`], each AMO alone through
+    /// [`super::apply::apply_checked`] where the batch cannot be applied together. `who` names the
+    /// thread in log lines.
+    pub fn apply<T>(&mut self, batch: &mut AmoBatch<T>, who: &str) -> Applied<T> {
+        let gpu = batch.has_gpu_words();
+        if gpu && self.copies.is_none() {
+            self.copies = Some(crate::cuda::CopyBatch::new().ok());
+        }
+        if gpu && self.words.is_none() {
+            self.words = Some(
+                crate::cuda::MappedHostBuffer::new(SCRATCH_BYTES).map_err(|e| {
+                    tracing::warn!(
+                        "{who}: no page-locked memory for AMO batches ({e}); their GPU words go \
+                     through pageable memory, one copy at a time"
+                    );
+                }),
+            );
+        }
+        let scratch = match &self.words {
+            // SAFETY: this applier's own buffer of `len` bytes, used by this call only and neither
+            // dropped nor moved while the slice lives.
+            Some(Ok(b)) if gpu => {
+                Some(unsafe { std::slice::from_raw_parts_mut(b.host(), b.len()) })
+            }
+            _ => None,
+        };
+        let io = if gpu {
+            self.copies.as_mut().and_then(|c| c.as_mut())
+        } else {
+            None
+        };
+        let mut single = |m: &AmoMsg, addr: u64, device: bool| match super::apply::apply_checked(
+            *m, addr, device,
+        ) {
+            super::apply::Outcome::Rejected { why, .. } => Err(why),
+            _ => Ok(()),
+        };
+        batch.apply(&mut Words(io), scratch, &mut single)
+    }
+}
+
 /// AMO messages gathered for one batch, each with its word (host-usable address, whether GPU
 /// memory) and a tag of the caller's (its receive buffer).
 pub struct AmoBatch<T> {

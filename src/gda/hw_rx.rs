@@ -406,10 +406,6 @@ struct Waiting {
     buf: Option<usize>,
 }
 
-/// Page-locked bytes for one AMO batch's GPU words (8 per distinct word: 4096 words; a batch with
-/// more uses pageable memory).
-const AMO_SCRATCH_BYTES: usize = 32 << 10;
-
 /// The thread's own state.
 struct Thread {
     inner: Arc<Inner>,
@@ -422,11 +418,8 @@ struct Thread {
     /// AMO messages of the current CQ read, applied together at its end (`amo_batch.rs`); each
     /// with its receive buffer, source address and length.
     amos: crate::gda::amo_batch::AmoBatch<(usize, FiAddr, usize)>,
-    /// Copies of the batches' GPU words (made at first need; `None` inside: CUDA takes no copies
-    /// here, the batch's GPU words then go one by one).
-    copies: Option<Option<crate::cuda::CopyBatch>>,
-    /// Page-locked room for the batches' GPU word values (`Err`: none could be made).
-    words: Option<std::result::Result<crate::cuda::MappedHostBuffer, ()>>,
+    /// What applies the batches (copies and page-locked room for GPU words).
+    applier: crate::gda::amo_batch::Applier,
 }
 
 impl Thread {
@@ -439,8 +432,7 @@ impl Thread {
             retry: Vec::new(),
             rx_seq: 0,
             amos: Default::default(),
-            copies: None,
-            words: None,
+            applier: Default::default(),
         }
     }
 
@@ -658,39 +650,7 @@ impl Thread {
             return;
         }
         let mut batch = std::mem::take(&mut self.amos);
-        let gpu = batch.has_gpu_words();
-        if gpu && self.copies.is_none() {
-            self.copies = Some(crate::cuda::CopyBatch::new().ok());
-        }
-        if gpu && self.words.is_none() {
-            self.words = Some(crate::cuda::MappedHostBuffer::new(AMO_SCRATCH_BYTES).map_err(|e| {
-                tracing::warn!(
-                    "GDA receive path: no page-locked memory for AMO batches ({e}); their GPU words \
-                     go through pageable memory, one copy at a time"
-                );
-            }));
-        }
-        let scratch = match &self.words {
-            // SAFETY: this thread's own buffer of `len` bytes, used by this call only and neither
-            // dropped nor moved while the slice lives.
-            Some(Ok(b)) if gpu => {
-                Some(unsafe { std::slice::from_raw_parts_mut(b.host(), b.len()) })
-            }
-            _ => None,
-        };
-        let io = if gpu {
-            self.copies.as_mut().and_then(|c| c.as_mut())
-        } else {
-            None
-        };
-        let mut single =
-            |m: &crate::gda::wire::AmoMsg, addr: u64, device: bool| match apply::apply_checked(
-                *m, addr, device,
-            ) {
-                Outcome::Rejected { why, .. } => Err(why),
-                _ => Ok(()),
-            };
-        let done = batch.apply(&mut crate::gda::amo_batch::Words(io), scratch, &mut single);
+        let done = self.applier.apply(&mut batch, "GDA receive path");
         for (_, (i, from, len), r) in done {
             match r {
                 Ok(()) => {

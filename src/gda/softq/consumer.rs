@@ -49,10 +49,9 @@ pub(super) struct Consumer {
     /// AMO messages on GPU words received in the current CQ read, applied together at its end
     /// (`receive.rs` `flush_amo_batch`); each with its receive buffer and SEND header.
     pub(super) amo_batch: crate::gda::amo_batch::AmoBatch<(usize, SendHdr)>,
-    /// Page-locked room for the batch's GPU word values (made at the first batch with a GPU word;
-    /// `Err` once making it failed: the batch then uses pageable memory, whose copies the driver
-    /// makes one at a time).
-    pub(super) amo_words: Option<std::result::Result<cuda::MappedHostBuffer, ()>>,
+    /// What applies the AMO batches (their own copies of GPU words and page-locked room for the
+    /// values; the copy stream is the staging copies' one).
+    pub(super) amo_applier: crate::gda::amo_batch::Applier,
     /// What the staged path did, for the stall report.
     pub(super) stats: StageStats,
     /// The queue's own copy queue (the copy route), created at first need.
@@ -174,7 +173,7 @@ impl Consumer {
             copies: None,
             rx_batch: Vec::new(),
             amo_batch: Default::default(),
-            amo_words: None,
+            amo_applier: Default::default(),
             stats: StageStats::default(),
             copyq: None,
             copyq_failed: false,

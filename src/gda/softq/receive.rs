@@ -1,11 +1,7 @@
 //! Receive path: receive buffers, remote CQ data and received SENDs become RX completions; AMO
 //! messages are applied to the local heap.
 use super::*;
-use crate::gda::{amo_batch, apply};
-
-/// Page-locked bytes for one AMO batch's GPU words (8 per distinct word: 4096 words; a batch with
-/// more uses pageable memory).
-const AMO_SCRATCH_BYTES: usize = 32 << 10;
+use crate::gda::apply;
 
 impl Consumer {
     pub(super) fn post_all_receives(&mut self) -> Result<()> {
@@ -142,32 +138,7 @@ impl Consumer {
         }
         let mut batch = std::mem::take(&mut self.amo_batch);
         let n = batch.len();
-        let gpu = batch.has_gpu_words();
-        if gpu && self.amo_words.is_none() {
-            self.amo_words = Some(cuda::MappedHostBuffer::new(AMO_SCRATCH_BYTES).map_err(|e| {
-                tracing::warn!(
-                    "software queue: no page-locked memory for AMO batches ({e}); their GPU \
-                         words go through pageable memory, one copy at a time"
-                );
-            }));
-        }
-        let scratch = match &self.amo_words {
-            // SAFETY: the consumer's own buffer of `len` bytes, used by this call only and not
-            // dropped or moved while the slice lives (the field is not touched below).
-            Some(Ok(b)) if gpu => {
-                Some(unsafe { std::slice::from_raw_parts_mut(b.host(), b.len()) })
-            }
-            _ => None,
-        };
-        let io = if gpu { self.copy_batch() } else { None };
-        let mut single =
-            |m: &crate::gda::wire::AmoMsg, addr: u64, device: bool| match apply::apply_checked(
-                *m, addr, device,
-            ) {
-                apply::Outcome::Rejected { why, .. } => Err(why),
-                _ => Ok(()),
-            };
-        let done = batch.apply(&mut amo_batch::Words(io), scratch, &mut single);
+        let done = self.amo_applier.apply(&mut batch, "software queue");
         self.stats.amo_batches += 1;
         self.stats.amo_batched += n as u64;
         for (_, (idx, h), r) in done {
