@@ -16,6 +16,8 @@ use nvshmem_efa_gda::gda::{Gda, GdaOptions};
 const USAGE: &str = "\
 usage: softq-bench [--csv PATH] [--provider tcp|shm] [--sizes 8,64,...] [--threads 1,2,4]
                    [--depth N] [--batch N] [--seconds S] [--mode provider|copy|null] [--help]
+       softq-bench --ll EXPERTS [--writes W] [--sizes S] [--threads 1,4] [--phases N]
+                   [--mode provider|copy] [--csv PATH] [--provider tcp|shm]
 
 Measures WQEs per second of the software EFA queue: RDMA writes of each size from PE 0 to PE 1
 (two PEs as threads of this process), posted by 1..n CPU threads that follow the GPU posting
@@ -23,7 +25,14 @@ protocol. Defaults: provider shm then tcp (the first that opens), sizes 8 B to 6
 1,2,4, depth 1024, batch 16, 1.5 s per point. Modes: provider (default: the writes go through
 the provider), copy (PE 1's heap is lent to PE 0's queue as mapped peer memory: the copy route,
 memcpy here), null (the null consumer: no data moves; the host-side cost of taking and completing
-WQEs).";
+WQEs).
+
+--ll EXPERTS: DeepEP's low-latency pattern on 2 PEs (its dispatch, one direction): PE 0's queue
+has EXPERTS/2 queues per PE (NVSHMEM_IBGDA_NUM_RC_PER_PE = local experts, as DeepEP sets it); a
+phase posts, for each of PE 1's EXPERTS/2 experts, W writes of S bytes (default 4 x 7168: 128
+tokens x top-8 spread over the experts) on the expert's queue, then a data-announcing AMO add to
+the expert's count word on the same queue; PE 1 waits until every count has moved. Prints the
+phase time (median, min, max over N phases, default 20) and the time per count.";
 
 /// Maps PE 1's heap at the same addresses (both PEs are threads of this process).
 struct SameProcess {
@@ -39,6 +48,9 @@ impl nvshmem_efa_gda::gda::PeerMemory for SameProcess {
 }
 
 struct Args {
+    ll: Option<u32>,
+    writes: u32,
+    phases: u32,
     csv: Option<String>,
     provider: Option<Provider>,
     sizes: Vec<u32>,
@@ -55,6 +67,9 @@ fn list<T: std::str::FromStr>(v: &str) -> Option<Vec<T>> {
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
+        ll: None,
+        writes: 4,
+        phases: 20,
         csv: None,
         provider: None,
         sizes: vec![8, 64, 512, 4096, 16384, 65536],
@@ -72,6 +87,28 @@ fn parse() -> Result<Args, String> {
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
         match k.as_str() {
             "--csv" => a.csv = Some(v),
+            "--ll" => {
+                a.ll = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|e: &u32| *e >= 2 && *e <= 1024 && e % 2 == 0)
+                        .ok_or("ll: an even number of experts, 2 to 1024")?,
+                )
+            }
+            "--writes" => {
+                a.writes = v
+                    .parse()
+                    .ok()
+                    .filter(|w: &u32| (1..=64).contains(w))
+                    .ok_or("writes: 1 to 64")?
+            }
+            "--phases" => {
+                a.phases = v
+                    .parse()
+                    .ok()
+                    .filter(|n: &u32| (1..=10000).contains(n))
+                    .ok_or("phases: 1 to 10000")?
+            }
             "--provider" => a.provider = Some(Provider::parse(&v).map_err(|e| e.to_string())?),
             "--sizes" => {
                 a.sizes = list(&v)
@@ -135,7 +172,14 @@ struct Pe {
     heap: SharedMem,
 }
 
-fn setup(p: &Provider, depth: u32, batch: u32, heap: usize, mode: &str) -> Result<Vec<Pe>, String> {
+fn setup(
+    p: &Provider,
+    depth: u32,
+    batch: u32,
+    heap: usize,
+    mode: &str,
+    queues_per_pe: Option<u32>,
+) -> Result<Vec<Pe>, String> {
     let mut cfg = Config::from_lookup(|_| None).map_err(|e| e.to_string())?;
     cfg.gda = GdaMode::Soft;
     cfg.soft_null = mode == "null";
@@ -147,7 +191,10 @@ fn setup(p: &Provider, depth: u32, batch: u32, heap: usize, mode: &str) -> Resul
     let mut pes = Vec::new();
     for _ in 0..2 {
         let d = domain(p).ok_or_else(|| format!("provider {p} does not open"))?;
-        let gda = Gda::new(&d, &cfg, &opts).map_err(|e| e.to_string())?;
+        let mut gda = Gda::new(&d, &cfg, &opts).map_err(|e| e.to_string())?;
+        if let Some(q) = queues_per_pe {
+            gda.set_queues_per_pe(q).map_err(|e| e.to_string())?;
+        }
         pes.push(Pe {
             gda,
             heap: SharedMem::new(heap, false).map_err(|e| e.to_string())?,
@@ -313,12 +360,16 @@ fn main() -> ExitCode {
         eprintln!("no software provider (shm, tcp) opens here");
         return ExitCode::from(1);
     };
+    if let Some(experts) = args.ll {
+        return ll_main(&args, &provider, experts);
+    }
     let pes = match setup(
         &provider,
         args.depth,
         args.batch as u32,
         16 * 65536,
         &args.mode,
+        None,
     ) {
         Ok(p) => p,
         Err(e) => {
@@ -368,6 +419,215 @@ fn main() -> ExitCode {
                     eprintln!("threads {t}, size {size}: {e}");
                     failed = true;
                 }
+            }
+        }
+    }
+    if let Some(path) = &args.csv {
+        if let Err(e) = std::fs::write(path, &csv) {
+            eprintln!("cannot write {path}: {e}");
+            return ExitCode::from(1);
+        }
+        println!("CSV written to {path}");
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// What one `--ll` configuration measured.
+struct LlPoint {
+    threads: usize,
+    size: u32,
+    phases: Vec<f64>,
+    errors: u64,
+}
+
+/// DeepEP's low-latency dispatch pattern (see the usage): `experts / 2` queues per PE, `writes`
+/// writes and one data-announcing count per expert of PE 1 per phase, posted by `threads` threads.
+fn run_ll(
+    pes: &[Pe],
+    experts: u32,
+    writes: u32,
+    size: u32,
+    threads: usize,
+    phases: u32,
+) -> Result<LlPoint, String> {
+    use nvshmem_efa_gda::efa::wqe::SendPayload;
+    use nvshmem_efa_gda::gda::queues::queue_index;
+    use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_AFTER_DATA, AMO_OP_ADD};
+    let local = experts / 2;
+    let q = pes[0].gda.soft_queue().ok_or("no software queue")?;
+    let posters: Vec<HostPoster> = (0..local)
+        .map(|e| {
+            HostPoster::on_ring(q, queue_index(1, e, local))
+                .map(|p| p.with_timeout(Duration::from_secs(60)))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let st = pes[0].gda.device_state().ok_or("no state")?;
+    let peer = pes[0].gda.peers()[1];
+    let (src_base, dst_base) = (pes[0].heap.host() as u64, pes[1].heap.host() as u64);
+    // PE 1's heap: the count words first (one 8-byte word per expert), then the data.
+    let data_off = 65536u64;
+    let per_expert = u64::from(writes) * u64::from(size);
+    let desc = |op| WqeDesc {
+        op,
+        req_id: 0,
+        req_id_64: false,
+        phase: 0,
+        comp_req: true,
+        dest_qpn: peer.qpn,
+        ah: peer.ahn,
+        qkey: peer.qkey,
+        high_pps: false,
+    };
+    let counts = dst_base as *const std::sync::atomic::AtomicU64;
+    // SAFETY: PE 1's heap starts with one aligned 8-byte count word per expert, written only by
+    // PE 1's queue with atomics.
+    let count = |e: usize| unsafe { &*counts.add(e) };
+    // The counts where an earlier configuration left them.
+    let base: Vec<u64> = (0..local as usize)
+        .map(|e| count(e).load(std::sync::atomic::Ordering::Acquire))
+        .collect();
+    let errors0: u64 = posters.iter().map(|p| p.errors()).sum();
+    let mut times = Vec::new();
+    for phase in 1..=u64::from(phases) {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let posters = &posters;
+                let desc = &desc;
+                s.spawn(move || {
+                    for e in (t as u32..local).step_by(threads) {
+                        let at = data_off + u64::from(e) * per_expert;
+                        let mut ds: Vec<WqeDesc> = (0..u64::from(writes))
+                            .map(|w| {
+                                let off = at + w * u64::from(size);
+                                desc(WqeOp::RdmaWrite {
+                                    remote: RemoteBuf {
+                                        addr: dst_base + off,
+                                        rkey: peer.heap_rkey,
+                                        len: size,
+                                    },
+                                    local: LocalBuf {
+                                        addr: src_base + off,
+                                        lkey: st.heap_lkey,
+                                        len: size,
+                                    },
+                                })
+                            })
+                            .collect();
+                        let amo = AmoMsg {
+                            op: AMO_OP_ADD,
+                            size: 8,
+                            offset: 8 * u64::from(e),
+                            value: 1,
+                            flags: AMO_AFTER_DATA,
+                        };
+                        ds.push(desc(WqeOp::Send {
+                            payload: SendPayload::inline(&amo.encode()).expect("32-byte message"),
+                            imm: None,
+                        }));
+                        if let Err(err) = posters[e as usize].post(&ds) {
+                            eprintln!("expert {e}: {err}");
+                        }
+                    }
+                });
+            }
+        });
+        // PE 1's side: every expert's count reached this phase.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for e in 0..local as usize {
+            let c = count(e);
+            while c.load(std::sync::atomic::Ordering::Acquire) < base[e] + phase {
+                if Instant::now() > deadline {
+                    return Err(format!("phase {phase}: expert {e}'s count did not arrive"));
+                }
+                std::hint::spin_loop();
+            }
+        }
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    for p in &posters {
+        p.quiet().map_err(|e| e.to_string())?;
+    }
+    let errors = posters.iter().map(|p| p.errors()).sum::<u64>() - errors0;
+    Ok(LlPoint {
+        threads,
+        size,
+        phases: times,
+        errors,
+    })
+}
+
+fn ll_main(args: &Args, provider: &Provider, experts: u32) -> ExitCode {
+    let size = args
+        .sizes
+        .first()
+        .copied()
+        .filter(|_| args.sizes.len() == 1)
+        .unwrap_or(7168);
+    let heap = 65536 + (experts as usize / 2) * args.writes as usize * size as usize;
+    let pes = match setup(
+        provider,
+        args.depth,
+        args.batch as u32,
+        heap.next_multiple_of(65536),
+        &args.mode,
+        Some(experts / 2),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("setup failed: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "software EFA queue, provider {provider}, mode {}, 2 PEs in one process, {cpus} CPUs: DeepEP \
+         low-latency dispatch pattern, {experts} experts ({} queues per PE), {} x {size} B writes \
+         and one count per expert of PE 1 per phase",
+        args.mode,
+        experts / 2,
+        args.writes
+    );
+    println!(
+        "{:>8} {:>8} {:>12} {:>12} {:>12} {:>14} {:>8}",
+        "threads", "size", "median us", "min us", "max us", "us per count", "errors"
+    );
+    let mut csv = String::from(
+        "provider,mode,experts,writes,size_bytes,threads,phases,median_us,min_us,max_us,us_per_count,errors,cpus\n",
+    );
+    let mut failed = false;
+    for &t in &args.threads {
+        match run_ll(&pes, experts, args.writes, size, t, args.phases) {
+            Ok(p) => {
+                let mut v = p.phases.clone();
+                v.sort_by(f64::total_cmp);
+                let med = v[v.len() / 2] * 1e6;
+                let (min, max) = (v[0] * 1e6, v[v.len() - 1] * 1e6);
+                let per = med / f64::from(experts / 2);
+                println!(
+                    "{:>8} {:>8} {:>12.1} {:>12.1} {:>12.1} {:>14.2} {:>8}",
+                    p.threads, p.size, med, min, max, per, p.errors
+                );
+                let _ = writeln!(
+                    csv,
+                    "{provider},{},{experts},{},{},{},{},{med:.1},{min:.1},{max:.1},{per:.2},{},{cpus}",
+                    args.mode,
+                    args.writes,
+                    p.size,
+                    p.threads,
+                    p.phases.len(),
+                    p.errors
+                );
+                failed |= p.errors > 0;
+            }
+            Err(e) => {
+                eprintln!("threads {t}: {e}");
+                failed = true;
             }
         }
     }
