@@ -539,9 +539,9 @@ fn run_ll(
         });
         // PE 1's side: every expert's count reached this phase.
         let deadline = Instant::now() + Duration::from_secs(60);
-        for e in 0..local as usize {
+        for (e, b) in base.iter().enumerate() {
             let c = count(e);
-            while c.load(std::sync::atomic::Ordering::Acquire) < base[e] + phase {
+            while c.load(std::sync::atomic::Ordering::Acquire) < b + phase {
                 if Instant::now() > deadline {
                     return Err(format!("phase {phase}: expert {e}'s count did not arrive"));
                 }
