@@ -16,6 +16,11 @@
 //!   (failed ones included), and finalize returns within `BOUND`; on shm no shared-memory region
 //!   of a survivor outlives it.
 //!
+//! Staged variants (`*_staged`): host memory moved the way GPU memory is for a PE the provider
+//! must not give it to (`NVSHMEM_EFA_GPU_STAGING=1`: puts and gets as active messages through host
+//! send slots, each waiting for the target's answer); the waiting contexts of the messages the dead
+//! PE never answered must be released with the rest.
+//!
 //! Layouts: the same host (tcp over `lo`, shm), and two hosts (tcp): each PE in a network, UTS and
 //! PID namespace of its own, joined by veth pairs on a bridge, so the library sees four hosts and
 //! learns of the death only through the provider, as on a cluster. The two-host layout needs
@@ -222,7 +227,7 @@ struct Acct {
     in_flight: u64,
     submitted: u64,
     completed: u64,
-    /// Contexts of target-applied AMOs waiting for their answer.
+    /// Contexts waiting for an answer (target-applied AMOs, staged puts and gets).
     waiting: u64,
 }
 
@@ -441,27 +446,24 @@ fn stream(mut pe: Pe, dir: &Path, idle: &[u64]) {
         }
     }
     // Nothing leaks: every operation, failed ones included, completed, and the contexts come back
-    // to what the endpoints held while idle (answers to the peers' last AMOs may still be on their
-    // way out: they get `BOUND`). One exception, known and bounded: the context of a
-    // target-applied AMO whose answer the dead PE never sent stays held (at most the `A` AMOs of
-    // the round it died in; freeing it is safe only once an answer can be told from a late one,
-    // see docs/routing.md).
+    // to what the endpoints held while idle (answers to the peers' last operations may still be on
+    // their way out: they get `BOUND`). That includes the contexts waiting for an answer the dead
+    // PE never sent (target-applied AMOs, staged puts and gets): they are released when the peer
+    // is declared gone (a late answer names a generation of its context that no longer exists).
     let t0 = Instant::now();
     loop {
         let acct = accounting(&pe.t);
         if acct.len() != idle.len() {
             fail(&format!("endpoints {acct:?}, idle {idle:?}"));
         }
-        let settled = acct.iter().zip(idle).all(|(a, &i)| {
-            a.submitted == a.completed && a.in_flight - a.waiting == i && a.waiting <= A as u64
-        });
+        let settled = acct
+            .iter()
+            .zip(idle)
+            .all(|(a, &i)| a.submitted == a.completed && a.in_flight == i && a.waiting == 0);
         if settled || t0.elapsed() > BOUND {
             for (ep, (a, &i)) in acct.iter().zip(idle).enumerate() {
                 note(&format!("endpoint {ep}: {a:?} (idle {i})"));
-                if !(a.submitted == a.completed
-                    && a.in_flight - a.waiting == i
-                    && a.waiting <= A as u64)
-                {
+                if !(a.submitted == a.completed && a.in_flight == i && a.waiting == 0) {
                     note(&pe.t.describe());
                     fail(&format!(
                         "endpoint {ep} {:?} after the stream: {a:?}, idle {i}",
@@ -592,11 +594,15 @@ fn pe_pid(child: &Child, layout: Layout) -> Option<libc::pid_t> {
 fn run_job(
     provider: &'static str,
     layout: Layout,
+    staged: bool,
     test_name: &str,
     wrap: &[Vec<String>],
     iface: &[String],
 ) {
-    let label = format!("{provider} ({layout:?})");
+    let label = format!(
+        "{provider} ({layout:?}{})",
+        if staged { ", staged" } else { "" }
+    );
     let dir = std::env::temp_dir().join(format!(
         "load-death-{}-{provider}-{layout:?}",
         std::process::id()
@@ -642,6 +648,7 @@ fn run_job(
                 .to_string(),
             )
             .env("FI_TCP_IFACE", &iface[pe])
+            .env("NVSHMEM_EFA_GPU_STAGING", if staged { "1" } else { "0" })
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if layout == Layout::TwoHosts {
@@ -734,7 +741,7 @@ fn child_role() -> bool {
     false
 }
 
-fn same_host(provider: &'static str, test_name: &str) {
+fn same_host(provider: &'static str, staged: bool, test_name: &str) {
     if child_role() {
         return;
     }
@@ -742,6 +749,7 @@ fn same_host(provider: &'static str, test_name: &str) {
     run_job(
         provider,
         Layout::SameHost,
+        staged,
         test_name,
         &vec![Vec::new(); NP],
         &vec![iface; NP],
@@ -750,12 +758,22 @@ fn same_host(provider: &'static str, test_name: &str) {
 
 #[test]
 fn load_death_tcp() {
-    same_host("tcp", "load_death_tcp");
+    same_host("tcp", false, "load_death_tcp");
 }
 
 #[test]
 fn load_death_shm() {
-    same_host("shm", "load_death_shm");
+    same_host("shm", false, "load_death_shm");
+}
+
+#[test]
+fn load_death_tcp_staged() {
+    same_host("tcp", true, "load_death_tcp_staged");
+}
+
+#[test]
+fn load_death_shm_staged() {
+    same_host("shm", true, "load_death_shm_staged");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -874,6 +892,7 @@ fn load_death_tcp_two_hosts() {
     run_job(
         "tcp",
         Layout::TwoHosts,
+        false,
         "load_death_tcp_two_hosts",
         &wrap,
         &ifaces,

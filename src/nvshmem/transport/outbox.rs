@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::abi::amo;
-use super::endpoints::{OpRoute, TAG_AM_WAIT};
 use super::rma::Transfer;
 use super::wire::{
     record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD, AM_BYTES, AM_MAGIC, AM_PUT,
@@ -41,6 +40,7 @@ struct Open {
     /// Payload bytes written (records).
     used: usize,
     count: u32,
+    /// Token of the waiting context the answer completes.
     wait: u64,
     since: Instant,
     /// Some record's data is being copied out of GPU memory (a copy mark is needed).
@@ -55,6 +55,8 @@ struct Ready {
     pe: usize,
     slot: usize,
     hdr: AmMsg,
+    /// Token of the waiting context the answer completes (released meanwhile when the peer
+    /// was declared gone: the message is dropped then).
     wait: u64,
     traced: bool,
     /// Done once the payload is in the slot; `None`: it is already.
@@ -147,8 +149,8 @@ impl Transport {
                 }
             }
             let slot = self.alloc_slot(c, ep, pe)?;
-            let wait = match self.alloc_for_peer(c, OpRoute::new(ep, pe, TAG_AM_WAIT, 0)) {
-                Ok(w) => w as u64,
+            let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
+                Ok((_, token)) => token,
                 Err(err) => {
                     e.send_free.lock().push(slot);
                     return Err(err);
@@ -262,7 +264,7 @@ impl Transport {
                     tracing::error!("endpoint {ep}: {msg}");
                     for (slot, _, wait) in msgs {
                         e.send_free.lock().push(slot);
-                        e.finish_counted(wait as *mut c_void, Some(msg.clone()));
+                        e.finish_wait(wait, Some(msg.clone()), "an unmarked staged put");
                     }
                     return;
                 }
@@ -331,10 +333,13 @@ impl Transport {
                 let bytes = r.hdr.size as u64;
                 stats.record(Stage::CopyOut, r.queued, bytes);
                 let stamp = stats.stamp();
-                // Before the send: the answer may come (and free the context) at once.
-                if let Some(sc) = e.ctxs.scratch(r.wait as *mut c_void) {
-                    // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace
-                    // flag for the answer (scratch[0] stays 0: no AMO operand size).
+                // Before the send: the answer may come (and free the context) at once. A context
+                // released meanwhile (its peer declared gone) is not written; the peer check
+                // below then drops the message.
+                if let Some(sc) = e.ctxs.by_token(r.wait).and_then(|w| e.ctxs.scratch(w)) {
+                    // SAFETY: the waiting context of this message; scratch[1..3] keep the post
+                    // time and the trace flag for the answer (scratch[0] stays 0: no AMO operand
+                    // size). Only the stage counters read them.
                     unsafe {
                         *sc.add(1) = stamp;
                         *sc.add(2) = r.traced as u64;
@@ -363,7 +368,7 @@ impl Transport {
             let msg = failed.expect("set above");
             tracing::error!("endpoint {ep}: {msg}");
             e.send_free.lock().push(r.slot);
-            e.finish_counted(r.wait as *mut c_void, Some(msg));
+            e.finish_wait(r.wait, Some(msg), "a staged put not sent");
         }
         posted
     }
@@ -398,8 +403,8 @@ impl Transport {
             let mut result = Ok(());
             for (k, &slot) in slots.iter().enumerate() {
                 let n = (STAGE_CHUNK as u64).min(len - off);
-                let wait = match self.alloc_for_peer(c, OpRoute::new(ep, pe, TAG_AM_WAIT, 0)) {
-                    Ok(w) => w as u64,
+                let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
+                    Ok((_, token)) => token,
                     Err(err) => {
                         e.send_free.lock().extend(slots[k..].iter().copied());
                         result = Err(err);
@@ -410,7 +415,7 @@ impl Transport {
                 let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
                 if let Err(err) = self.copy_out(sp, t.local + off, n as usize, device) {
                     e.send_free.lock().extend(slots[k..].iter().copied());
-                    e.uncount(wait as *mut c_void);
+                    e.uncount(wait);
                     result = Err(err);
                     break;
                 }
