@@ -346,17 +346,25 @@ impl Transport {
             for d in queued {
                 self.complete(c, i, d.ctx as *mut c_void, 0, Some(msg.clone()));
             }
-            let left: Vec<u64> = a.outstanding.lock().drain().collect();
+            // Accounted with the set locked: a provider completion of one of these operations
+            // (on another thread) frees its context only once it finds the token gone from the
+            // set, i.e. after it was accounted here; a context whose token is in the set is never
+            // free.
             let mut released = 0;
-            for token in left {
-                // Drained from the set: nobody else accounts or frees it any more.
-                let Some(ctx) = e.ctxs.by_token(token) else {
-                    continue;
-                };
-                let waiting = e.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_AM_WAIT);
-                e.account(ctx, Some(pe), Some(msg.clone()));
-                if waiting && e.ctxs.free_token(token) {
-                    released += 1;
+            {
+                let mut left = a.outstanding.lock();
+                for token in left.drain() {
+                    let Some(ctx) = e.ctxs.by_token(token) else {
+                        tracing::error!(
+                            "endpoint {i}: outstanding token {token:#x} names no context"
+                        );
+                        continue;
+                    };
+                    let waiting = e.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_AM_WAIT);
+                    e.account(ctx, Some(pe), Some(msg.clone()));
+                    if waiting && e.ctxs.free_token(token) {
+                        released += 1;
+                    }
                 }
             }
             if released > 0 {
