@@ -19,7 +19,13 @@
 //! Staged variants (`*_staged`): host memory moved the way GPU memory is for a PE the provider
 //! must not give it to (`NVSHMEM_EFA_GPU_STAGING=1`: puts and gets as active messages through host
 //! send slots, each waiting for the target's answer); the waiting contexts of the messages the dead
-//! PE never answered must be released with the rest.
+//! PE never answered must be released with the rest. On tcp the staged variant raises rxm's eager
+//! limit above the staged message size (`FI_OFI_RXM_BUFFER_SIZE`, [`RXM_EAGER_STAGED`]): with
+//! rxm's default, a staged message of 16-128 KiB goes by its segmentation protocol (SAR), and
+//! libfabric 2.1 crashes a survivor whose dead peer's connection closes with such a message half
+//! received (`rxm_close_conn` treats its `deferred_sar_msgs` entries as receive entries and calls
+//! through a null pointer; 1 run in ~60-100, docs/staged-path.md). `load_death_tcp_staged_sar`
+//! (ignored) keeps rxm's default.
 //!
 //! Layouts: the same host (tcp over `lo`, shm), and two hosts (tcp): each PE in a network, UTS and
 //! PID namespace of its own, joined by veth pairs on a bridge, so the library sees four hosts and
@@ -72,6 +78,20 @@ const ENV_DIR: &str = "LOAD_DEATH_DIR";
 /// Set for the two-host layout: the bound towards the dead PE is the quiet timeout (see
 /// [`dead_bound`]).
 const ENV_REMOTE: &str = "LOAD_DEATH_REMOTE";
+/// rxm's eager limit for the tcp staged variant: a whole staged message (64-byte header and up to
+/// 64 KiB) goes in one eager send.
+const RXM_EAGER_STAGED: &str = "65664";
+
+/// How the PEs move data.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Through the provider (RMA; AMOs as the route says).
+    Direct,
+    /// Staged; on tcp with rxm's eager limit at [`RXM_EAGER_STAGED`].
+    Staged,
+    /// Staged with rxm's default protocols (SAR for 16-128 KiB messages).
+    StagedSar,
+}
 
 /// How soon operations to the dead PE must fail. On one host the library sees the process go
 /// (`/proc`, every 100 ms) and `BOUND` holds. Across hosts tcp;ofi_rxm reports nothing for the
@@ -594,15 +614,12 @@ fn pe_pid(child: &Child, layout: Layout) -> Option<libc::pid_t> {
 fn run_job(
     provider: &'static str,
     layout: Layout,
-    staged: bool,
+    mode: Mode,
     test_name: &str,
     wrap: &[Vec<String>],
     iface: &[String],
 ) {
-    let label = format!(
-        "{provider} ({layout:?}{})",
-        if staged { ", staged" } else { "" }
-    );
+    let label = format!("{provider} ({layout:?}, {mode:?})");
     let dir = std::env::temp_dir().join(format!(
         "load-death-{}-{provider}-{layout:?}",
         std::process::id()
@@ -648,11 +665,17 @@ fn run_job(
                 .to_string(),
             )
             .env("FI_TCP_IFACE", &iface[pe])
-            .env("NVSHMEM_EFA_GPU_STAGING", if staged { "1" } else { "0" })
+            .env(
+                "NVSHMEM_EFA_GPU_STAGING",
+                if mode == Mode::Direct { "0" } else { "1" },
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if layout == Layout::TwoHosts {
             cmd.env(ENV_REMOTE, "1");
+        }
+        if mode == Mode::Staged && provider == "tcp" {
+            cmd.env("FI_OFI_RXM_BUFFER_SIZE", RXM_EAGER_STAGED);
         }
         let mut child = cmd.spawn().expect("spawn a PE");
         let out = hub_common::capture_stderr(&mut child);
@@ -741,7 +764,7 @@ fn child_role() -> bool {
     false
 }
 
-fn same_host(provider: &'static str, staged: bool, test_name: &str) {
+fn same_host(provider: &'static str, mode: Mode, test_name: &str) {
     if child_role() {
         return;
     }
@@ -749,7 +772,7 @@ fn same_host(provider: &'static str, staged: bool, test_name: &str) {
     run_job(
         provider,
         Layout::SameHost,
-        staged,
+        mode,
         test_name,
         &vec![Vec::new(); NP],
         &vec![iface; NP],
@@ -758,22 +781,30 @@ fn same_host(provider: &'static str, staged: bool, test_name: &str) {
 
 #[test]
 fn load_death_tcp() {
-    same_host("tcp", false, "load_death_tcp");
+    same_host("tcp", Mode::Direct, "load_death_tcp");
 }
 
 #[test]
 fn load_death_shm() {
-    same_host("shm", false, "load_death_shm");
+    same_host("shm", Mode::Direct, "load_death_shm");
 }
 
 #[test]
 fn load_death_tcp_staged() {
-    same_host("tcp", true, "load_death_tcp_staged");
+    same_host("tcp", Mode::Staged, "load_death_tcp_staged");
 }
 
 #[test]
 fn load_death_shm_staged() {
-    same_host("shm", true, "load_death_shm_staged");
+    same_host("shm", Mode::Staged, "load_death_shm_staged");
+}
+
+#[test]
+#[ignore = "libfabric 2.1's rxm crashes a survivor in about 1 run of 60-100: a connection that \
+            closes with a SAR message half received is torn down through a null pointer \
+            (rxm_close_conn, deferred_sar_msgs; docs/staged-path.md)"]
+fn load_death_tcp_staged_sar() {
+    same_host("tcp", Mode::StagedSar, "load_death_tcp_staged_sar");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -892,7 +923,7 @@ fn load_death_tcp_two_hosts() {
     run_job(
         "tcp",
         Layout::TwoHosts,
-        false,
+        Mode::Direct,
         "load_death_tcp_two_hosts",
         &wrap,
         &ifaces,
