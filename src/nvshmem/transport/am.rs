@@ -6,10 +6,13 @@ use std::ffi::c_void;
 use super::endpoints::{Claim, EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_SLOT_SEND};
 use super::memory::{copy_any, copy_many, is_device, write_any};
 use super::rma::Transfer;
-use super::wire::{parse_records, AM_PUT_MULTI, COALESCE_MAX};
+use super::wire::{
+    mergeable_answer, parse_records, resp_multi, resp_tokens, AM_PUT_MULTI, AM_RESP_MULTI,
+    COALESCE_MAX, RESP_TOKENS,
+};
 use super::wire::{
     AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
-    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK,
+    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK, STAGE_MAX,
 };
 use super::{abi, internal, Connected, TResult, Transport};
 use crate::fabric::{CqEntry, FiAddr};
@@ -47,7 +50,7 @@ impl Transport {
             let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
             if m.magic != AM_MAGIC
                 || m.size == 0
-                || m.size as usize > STAGE_CHUNK
+                || m.size as usize > STAGE_MAX
                 || ent.len < AM_BYTES + m.size as usize
             {
                 continue;
@@ -120,7 +123,7 @@ impl Transport {
             return;
         }
         let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA | AM_PUT_MULTI);
-        if carries_payload && (m.size as usize > STAGE_CHUNK || len < AM_BYTES + m.size as usize) {
+        if carries_payload && (m.size as usize > STAGE_MAX || len < AM_BYTES + m.size as usize) {
             let msg = format!(
                 "endpoint {i}: staged message of {len} bytes announces {} payload bytes",
                 m.size
@@ -193,6 +196,18 @@ impl Transport {
                     }
                 }
                 e.finish_claimed(w, error);
+            }
+            AM_RESP_MULTI => {
+                let stats = self.mover.stats();
+                for token in resp_tokens(&m) {
+                    let Some(w) = e.claim_wait(token, "merged put answer") else {
+                        continue;
+                    };
+                    // SAFETY: own waiting context; scratch[1] holds the message's post time.
+                    let stamp = e.ctxs.scratch(w.ctx).map_or(0, |s| unsafe { *s.add(1) });
+                    stats.record_since(Stage::ResponseRecv, stamp, 0);
+                    e.finish_claimed(w, None);
+                }
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
@@ -493,6 +508,26 @@ impl Transport {
                         }
                     }
                     prep.copied = None;
+                }
+            }
+            // Put answers to the same peer next in the queue leave as one message.
+            if let Pending::Msg(dest, msg) = &mut p {
+                if mergeable_answer(msg) {
+                    let mut tokens = vec![msg.token];
+                    let mut q = e.am_pending.lock();
+                    while tokens.len() < RESP_TOKENS {
+                        match q.front() {
+                            Some(Pending::Msg(d, m)) if d == dest && mergeable_answer(m) => {
+                                tokens.push(m.token);
+                                q.pop_front();
+                            }
+                            _ => break,
+                        }
+                    }
+                    drop(q);
+                    if tokens.len() > 1 {
+                        *msg = resp_multi(&tokens);
+                    }
                 }
             }
             let r = match &p {

@@ -12,7 +12,9 @@ use super::group::{self, Group, SCRATCH_GROUP};
 use super::lanes::{Lanes, LANE_NBI, LANE_WAIT};
 use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
 use super::provider_ops::again;
-use super::wire::{staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, STAGE_BYTES};
+use super::wire::{
+    staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, RESP_PUT, STAGE_BYTES,
+};
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
 use crate::config::GdaMode;
 use crate::cuda;
@@ -356,11 +358,13 @@ impl EpState {
     }
 
     /// Queues the response to staged put chunk `m`: its status, and the chunk's remote address and
-    /// trace flag echoed for the initiator's timeline.
+    /// trace flag echoed for the initiator's timeline (marked [`RESP_PUT`]: answers that succeeded
+    /// may leave merged, `wire::AM_RESP_MULTI`).
     pub(super) fn push_put_response(&self, dest: FiAddr, m: &AmMsg, status: i32) {
         let resp = AmMsg {
             magic: AM_MAGIC,
             kind: AM_RESP,
+            op: RESP_PUT,
             token: m.token,
             status,
             addr: m.addr,
