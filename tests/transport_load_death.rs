@@ -16,6 +16,17 @@
 //!   (failed ones included), and finalize returns within `BOUND`; on shm no shared-memory region
 //!   of a survivor outlives it.
 //!
+//! Staged variants (`*_staged`): host memory moved the way GPU memory is for a PE the provider
+//! must not give it to (`NVSHMEM_EFA_GPU_STAGING=1`: puts and gets as active messages through host
+//! send slots, each waiting for the target's answer); the waiting contexts of the messages the dead
+//! PE never answered must be released with the rest. On tcp the staged variant raises rxm's eager
+//! limit above the staged message size (`FI_OFI_RXM_BUFFER_SIZE`, [`RXM_EAGER_STAGED`]): with
+//! rxm's default, a staged message of 16-128 KiB goes by its segmentation protocol (SAR), and
+//! libfabric 2.1 crashes a survivor whose dead peer's connection closes with such a message half
+//! received (`rxm_close_conn` treats its `deferred_sar_msgs` entries as receive entries and calls
+//! through a null pointer; 1 run in ~60-100, docs/staged-path.md). `load_death_tcp_staged_sar`
+//! (ignored) keeps rxm's default.
+//!
 //! Layouts: the same host (tcp over `lo`, shm), and two hosts (tcp): each PE in a network, UTS and
 //! PID namespace of its own, joined by veth pairs on a bridge, so the library sees four hosts and
 //! learns of the death only through the provider, as on a cluster. The two-host layout needs
@@ -67,6 +78,20 @@ const ENV_DIR: &str = "LOAD_DEATH_DIR";
 /// Set for the two-host layout: the bound towards the dead PE is the quiet timeout (see
 /// [`dead_bound`]).
 const ENV_REMOTE: &str = "LOAD_DEATH_REMOTE";
+/// rxm's eager limit for the tcp staged variant: a whole staged message (64-byte header and up to
+/// 64 KiB) goes in one eager send.
+const RXM_EAGER_STAGED: &str = "65664";
+
+/// How the PEs move data.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Through the provider (RMA; AMOs as the route says).
+    Direct,
+    /// Staged; on tcp with rxm's eager limit at [`RXM_EAGER_STAGED`].
+    Staged,
+    /// Staged with rxm's default protocols (SAR for 16-128 KiB messages).
+    StagedSar,
+}
 
 /// How soon operations to the dead PE must fail. On one host the library sees the process go
 /// (`/proc`, every 100 ms) and `BOUND` holds. Across hosts tcp;ofi_rxm reports nothing for the
@@ -222,7 +247,7 @@ struct Acct {
     in_flight: u64,
     submitted: u64,
     completed: u64,
-    /// Contexts of target-applied AMOs waiting for their answer.
+    /// Contexts waiting for an answer (target-applied AMOs, staged puts and gets).
     waiting: u64,
 }
 
@@ -441,27 +466,24 @@ fn stream(mut pe: Pe, dir: &Path, idle: &[u64]) {
         }
     }
     // Nothing leaks: every operation, failed ones included, completed, and the contexts come back
-    // to what the endpoints held while idle (answers to the peers' last AMOs may still be on their
-    // way out: they get `BOUND`). One exception, known and bounded: the context of a
-    // target-applied AMO whose answer the dead PE never sent stays held (at most the `A` AMOs of
-    // the round it died in; freeing it is safe only once an answer can be told from a late one,
-    // see docs/routing.md).
+    // to what the endpoints held while idle (answers to the peers' last operations may still be on
+    // their way out: they get `BOUND`). That includes the contexts waiting for an answer the dead
+    // PE never sent (target-applied AMOs, staged puts and gets): they are released when the peer
+    // is declared gone (a late answer names a generation of its context that no longer exists).
     let t0 = Instant::now();
     loop {
         let acct = accounting(&pe.t);
         if acct.len() != idle.len() {
             fail(&format!("endpoints {acct:?}, idle {idle:?}"));
         }
-        let settled = acct.iter().zip(idle).all(|(a, &i)| {
-            a.submitted == a.completed && a.in_flight - a.waiting == i && a.waiting <= A as u64
-        });
+        let settled = acct
+            .iter()
+            .zip(idle)
+            .all(|(a, &i)| a.submitted == a.completed && a.in_flight == i && a.waiting == 0);
         if settled || t0.elapsed() > BOUND {
             for (ep, (a, &i)) in acct.iter().zip(idle).enumerate() {
                 note(&format!("endpoint {ep}: {a:?} (idle {i})"));
-                if !(a.submitted == a.completed
-                    && a.in_flight - a.waiting == i
-                    && a.waiting <= A as u64)
-                {
+                if !(a.submitted == a.completed && a.in_flight == i && a.waiting == 0) {
                     note(&pe.t.describe());
                     fail(&format!(
                         "endpoint {ep} {:?} after the stream: {a:?}, idle {i}",
@@ -592,13 +614,15 @@ fn pe_pid(child: &Child, layout: Layout) -> Option<libc::pid_t> {
 fn run_job(
     provider: &'static str,
     layout: Layout,
+    mode: Mode,
     test_name: &str,
     wrap: &[Vec<String>],
     iface: &[String],
 ) {
-    let label = format!("{provider} ({layout:?})");
+    let label = format!("{provider} ({layout:?}, {mode:?})");
+    // One directory per job: the staged and direct variants of a provider run at the same time.
     let dir = std::env::temp_dir().join(format!(
-        "load-death-{}-{provider}-{layout:?}",
+        "load-death-{}-{provider}-{layout:?}-{mode:?}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
@@ -642,10 +666,17 @@ fn run_job(
                 .to_string(),
             )
             .env("FI_TCP_IFACE", &iface[pe])
+            .env(
+                "NVSHMEM_EFA_GPU_STAGING",
+                if mode == Mode::Direct { "0" } else { "1" },
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if layout == Layout::TwoHosts {
             cmd.env(ENV_REMOTE, "1");
+        }
+        if mode == Mode::Staged && provider == "tcp" {
+            cmd.env("FI_OFI_RXM_BUFFER_SIZE", RXM_EAGER_STAGED);
         }
         let mut child = cmd.spawn().expect("spawn a PE");
         let out = hub_common::capture_stderr(&mut child);
@@ -734,7 +765,7 @@ fn child_role() -> bool {
     false
 }
 
-fn same_host(provider: &'static str, test_name: &str) {
+fn same_host(provider: &'static str, mode: Mode, test_name: &str) {
     if child_role() {
         return;
     }
@@ -742,6 +773,7 @@ fn same_host(provider: &'static str, test_name: &str) {
     run_job(
         provider,
         Layout::SameHost,
+        mode,
         test_name,
         &vec![Vec::new(); NP],
         &vec![iface; NP],
@@ -750,12 +782,30 @@ fn same_host(provider: &'static str, test_name: &str) {
 
 #[test]
 fn load_death_tcp() {
-    same_host("tcp", "load_death_tcp");
+    same_host("tcp", Mode::Direct, "load_death_tcp");
 }
 
 #[test]
 fn load_death_shm() {
-    same_host("shm", "load_death_shm");
+    same_host("shm", Mode::Direct, "load_death_shm");
+}
+
+#[test]
+fn load_death_tcp_staged() {
+    same_host("tcp", Mode::Staged, "load_death_tcp_staged");
+}
+
+#[test]
+fn load_death_shm_staged() {
+    same_host("shm", Mode::Staged, "load_death_shm_staged");
+}
+
+#[test]
+#[ignore = "libfabric 2.1's rxm crashes a survivor in about 1 run of 60-100: a connection that \
+            closes with a SAR message half received is torn down through a null pointer \
+            (rxm_close_conn, deferred_sar_msgs; docs/staged-path.md)"]
+fn load_death_tcp_staged_sar() {
+    same_host("tcp", Mode::StagedSar, "load_death_tcp_staged_sar");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -874,6 +924,7 @@ fn load_death_tcp_two_hosts() {
     run_job(
         "tcp",
         Layout::TwoHosts,
+        Mode::Direct,
         "load_death_tcp_two_hosts",
         &wrap,
         &ifaces,

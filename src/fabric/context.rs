@@ -1,8 +1,15 @@
 //! Operation contexts. Providers that require FI_CONTEXT / FI_CONTEXT2 (efa-direct) own the first
 //! bytes of every operation's context until its completion, so each posted operation gets one from a
 //! fixed pool; the completion hands it back. The `tag` says what the completion means to the caller.
+//!
+//! Each hand-out of a context has a *token* ([`OpContexts::token`]): its slot and a generation that
+//! changes at every hand-out and every free. A token therefore names one use of a context, not its
+//! memory: a message that echoes a token (an answer to a request) and arrives after the context was
+//! freed, or freed and taken again, finds no context ([`OpContexts::by_token`]), and
+//! [`OpContexts::free_token`] frees a context at most once however many parties try.
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
@@ -17,6 +24,9 @@ pub struct OpContext {
     /// Scratch space that lives as long as the operation (operands, small messages).
     pub scratch: [u64; 8],
     slot: u32,
+    /// Odd while handed out, even while free; advanced (under the free list's lock) by every
+    /// alloc and every free.
+    gen: AtomicU32,
 }
 
 /// A fixed pool of contexts.
@@ -41,6 +51,7 @@ impl OpContexts {
                     data: 0,
                     scratch: [0; 8],
                     slot: i as u32,
+                    gen: AtomicU32::new(0),
                 })
             })
             .collect();
@@ -62,9 +73,50 @@ impl OpContexts {
             (*p).tag = tag;
             (*p).data = data;
             (*p).scratch = [0; 8];
+            (*p).gen.fetch_add(1, Ordering::AcqRel);
         }
         drop(free);
         Some(p as *mut c_void)
+    }
+
+    /// The token of a handed-out context: its slot (low 32 bits) and its current generation (high
+    /// 32 bits); `None` for a foreign pointer or a context that is free.
+    pub fn token(&self, ctx: *mut c_void) -> Option<u64> {
+        let slot = self.slot_of(ctx)?;
+        let gen = self.gen_of(slot);
+        (gen & 1 == 1).then_some(u64::from(gen) << 32 | slot as u64)
+    }
+
+    /// The context a token names, while that hand-out lasts; `None` once it was freed (whether or
+    /// not the slot was taken again since) or for a token this pool never made.
+    pub fn by_token(&self, token: u64) -> Option<*mut c_void> {
+        let (slot, gen) = ((token & 0xffff_ffff) as usize, (token >> 32) as u32);
+        if slot >= self.slots.len() || gen & 1 == 0 || self.gen_of(slot) != gen {
+            return None;
+        }
+        Some(self.slots[slot].get() as *mut c_void)
+    }
+
+    /// Frees the context a token names if that hand-out still lasts; false (nothing done) when it
+    /// was freed already.
+    pub fn free_token(&self, token: u64) -> bool {
+        let (slot, gen) = ((token & 0xffff_ffff) as usize, (token >> 32) as u32);
+        if slot >= self.slots.len() || gen & 1 == 0 {
+            return false;
+        }
+        let mut free = self.free.lock();
+        if self.gen_of(slot) != gen {
+            return false;
+        }
+        // SAFETY: slot < len (checked above); the generation is atomic.
+        unsafe { (*self.slots[slot].get()).gen.fetch_add(1, Ordering::AcqRel) };
+        free.push(slot as u32);
+        true
+    }
+
+    fn gen_of(&self, slot: usize) -> u32 {
+        // SAFETY: slot < len (callers check); the generation is atomic and read without the lock.
+        unsafe { (*self.slots[slot].get()).gen.load(Ordering::Acquire) }
     }
 
     /// Reads the tag and data of a context this pool handed out, or `None` for a foreign pointer.
@@ -90,15 +142,21 @@ impl OpContexts {
         )
     }
 
-    /// Returns a context to the pool. Foreign or null pointers are ignored (returns false).
+    /// Returns a context to the pool. Foreign or null pointers, and a context that is free
+    /// already (a second free), are ignored (returns false).
     pub fn free(&self, ctx: *mut c_void) -> bool {
-        match self.slot_of(ctx) {
-            Some(slot) => {
-                self.free.lock().push(slot as u32);
-                true
-            }
-            None => false,
+        let Some(slot) = self.slot_of(ctx) else {
+            return false;
+        };
+        let mut free = self.free.lock();
+        // SAFETY: slot_of checked the pointer; the generation is atomic.
+        let gen = unsafe { &(*self.slots[slot].get()).gen };
+        if gen.load(Ordering::Acquire) & 1 == 0 {
+            return false;
         }
+        gen.fetch_add(1, Ordering::AcqRel);
+        free.push(slot as u32);
+        true
     }
 
     /// Contexts currently handed out.
@@ -161,5 +219,39 @@ mod tests {
         assert_eq!(pool.get(d), Some((5, 50)));
         assert!(pool.free(a) && pool.free(c) && pool.free(d));
         assert_eq!(pool.in_flight(), 0);
+        // A second free is refused: the slot is not handed out twice.
+        assert!(!pool.free(a));
+        assert_eq!(pool.in_flight(), 0);
+        assert_eq!(pool.free.lock().len(), 3);
+    }
+
+    #[test]
+    fn a_token_names_one_hand_out_of_a_context() {
+        let pool = OpContexts::new(1);
+        let a = pool.alloc(1, 10).unwrap();
+        let ta = pool.token(a).unwrap();
+        assert_eq!(pool.by_token(ta), Some(a));
+        assert!(pool.free(a));
+        // Freed: the token names nothing, and a free through it does nothing.
+        assert_eq!(pool.token(a), None);
+        assert_eq!(pool.by_token(ta), None);
+        assert!(!pool.free_token(ta));
+        // The same memory handed out again has another token; the old one still names nothing.
+        let b = pool.alloc(2, 20).unwrap();
+        assert_eq!(b, a);
+        let tb = pool.token(b).unwrap();
+        assert_ne!(ta, tb);
+        assert_eq!(pool.by_token(ta), None);
+        assert!(!pool.free_token(ta));
+        assert_eq!(pool.get(b), Some((2, 20)));
+        // Freed once through its token, whoever tries next.
+        assert!(pool.free_token(tb));
+        assert!(!pool.free_token(tb));
+        assert!(!pool.free(b));
+        assert_eq!(pool.in_flight(), 0);
+        // Tokens this pool never made.
+        assert_eq!(pool.by_token(u64::MAX), None);
+        assert_eq!(pool.by_token(tb & 0xffff_ffff), None);
+        assert!(!pool.free_token(7 << 32 | 5));
     }
 }

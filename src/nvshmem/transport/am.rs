@@ -3,26 +3,39 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 
-use super::endpoints::{EpState, OpRoute, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_SLOT_SEND};
+use super::endpoints::{Claim, EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_SLOT_SEND};
 use super::memory::{copy_any, copy_many, is_device, write_any};
 use super::rma::Transfer;
-use super::wire::{parse_records, AM_PUT_MULTI, COALESCE_MAX};
+use super::wire::{
+    mergeable_answer, parse_records, resp_multi, resp_tokens, AM_PUT_MULTI, AM_RESP_MULTI,
+    COALESCE_MAX, RESP_TOKENS,
+};
 use super::wire::{
     AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
-    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK,
+    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK, STAGE_MAX,
 };
 use super::{abi, internal, Connected, TResult, Transport};
 use crate::fabric::{CqEntry, FiAddr};
 use crate::mover::stats::Stage;
 
+/// What [`Transport::copy_in_batch`] did for one received message before it is handled: its
+/// payload is in place already (`copied`), and the waiting context a get answer completes, taken
+/// for it (`claim`; the context's data is where the payload goes).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Landed {
+    pub copied: bool,
+    pub claim: Option<Claim>,
+}
+
 impl Transport {
     /// The copies of received staged payloads into GPU memory among the completions `ents` of
     /// endpoint `i` (put chunks into this PE's registered memory, get data into the initiator's
-    /// buffer), enqueued together and waited for once; `true` at the index of each completion
-    /// whose payload is in place. Messages that fail a check, host memory, and a batch the driver
+    /// buffer), enqueued together and waited for once; at the index of each completion, whether
+    /// its payload is in place and the waiting context of a get answer (claimed here, before its
+    /// buffer is written). Messages that fail a check, host memory, and a batch the driver
     /// refused are left to [`Transport::handle_am`], which copies (or refuses) each itself.
-    pub(super) fn copy_in_batch(&self, c: &Connected, i: usize, ents: &[CqEntry]) -> [bool; 16] {
-        let mut done = [false; 16];
+    pub(super) fn copy_in_batch(&self, c: &Connected, i: usize, ents: &[CqEntry]) -> [Landed; 16] {
+        let mut done = [Landed::default(); 16];
         let e = &c.eps[i];
         let mut copies: Vec<(u64, u64, usize)> = Vec::new();
         let mut at: Vec<usize> = Vec::new();
@@ -37,16 +50,19 @@ impl Transport {
             let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
             if m.magic != AM_MAGIC
                 || m.size == 0
-                || m.size as usize > STAGE_CHUNK
+                || m.size as usize > STAGE_MAX
                 || ent.len < AM_BYTES + m.size as usize
             {
                 continue;
             }
             let dst = match m.kind {
                 AM_PUT if self.find_registration(m.addr, m.size as u64).is_some() => m.addr,
-                AM_GET_DATA if m.status == 0 => match e.ctxs.get(m.token as *mut c_void) {
-                    Some((TAG_AM_WAIT, dst)) => dst,
-                    _ => continue,
+                AM_GET_DATA if m.status == 0 => match e.claim_wait(m.token, "staged get data") {
+                    Some(w) => {
+                        done[k].claim = Some(w);
+                        w.data
+                    }
+                    None => continue,
                 },
                 _ => continue,
             };
@@ -68,7 +84,7 @@ impl Transport {
                 let bytes = copies.iter().map(|c| c.2 as u64).sum();
                 stats.record(Stage::TargetCopy, t, bytes);
                 for k in at {
-                    done[k] = true;
+                    done[k].copied = true;
                 }
             }
             Err(err) => tracing::warn!(
@@ -80,35 +96,43 @@ impl Transport {
         done
     }
 
-    /// Applies an AM request, or completes a waiting AMO with a response. `copied`: the payload of
-    /// a staged put or get answer is in place already ([`Transport::copy_in_batch`]); `amos`: the
-    /// batch of AMO words of this CQ read ([`Transport::amo_batch`]), which also holds the answers.
+    /// Applies an AM request, or completes a waiting AMO with a response. `landed`: the payload of
+    /// a staged put or get answer is in place already, and the waiting context of a get answer
+    /// claimed ([`Transport::copy_in_batch`]); `amos`: the batch of AMO words of this CQ read
+    /// ([`Transport::amo_batch`]), which also holds the answers.
     pub(super) fn handle_am(
         &self,
         c: &Connected,
         i: usize,
         slot: usize,
         len: usize,
-        copied: bool,
+        landed: Landed,
         amos: Option<&mut super::amo::AmoBatch<'_>>,
     ) {
         let e = &c.eps[i];
+        let copied = landed.copied;
         let Some(base) = e.am_buf(slot) else { return };
         // SAFETY: slot < recv_bufs (am_buf); the receive completed, so the provider is done writing it.
         let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
         if m.magic != AM_MAGIC || len < std::mem::size_of::<AmMsg>() {
-            tracing::error!("endpoint {i}: dropped a {len}-byte message without the AM header");
+            let msg = format!("endpoint {i}: dropped a {len}-byte message without the AM header");
+            tracing::error!("{msg}");
+            if let Some(w) = landed.claim {
+                e.finish_claimed(w, Some(msg));
+            }
             return;
         }
         let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA | AM_PUT_MULTI);
-        if carries_payload && (m.size as usize > STAGE_CHUNK || len < AM_BYTES + m.size as usize) {
+        if carries_payload && (m.size as usize > STAGE_MAX || len < AM_BYTES + m.size as usize) {
             let msg = format!(
                 "endpoint {i}: staged message of {len} bytes announces {} payload bytes",
                 m.size
             );
             tracing::error!("{msg}");
-            if m.kind == AM_GET_DATA {
-                self.fail_am_wait(e, m.token as *mut c_void, msg);
+            if let Some(w) = landed.claim {
+                e.finish_claimed(w, Some(msg));
+            } else if m.kind == AM_GET_DATA {
+                self.fail_am_wait(e, m.token, msg);
             }
             // A truncated put is not answered: its initiator's quiet reports the loss at its bound.
             return;
@@ -139,9 +163,10 @@ impl Transport {
                 }
             }
             AM_RESP => {
-                let Some((wait, retptr)) = e.waiting(m.token, "AM response") else {
+                let Some(w) = e.claim_wait(m.token, "AM response") else {
                     return;
                 };
+                let (wait, retptr) = (w.ctx, w.data);
                 // SAFETY: own waiting context; scratch[1..3] hold a staged chunk's post time and
                 // trace flag (both 0 for AMOs, whose scratch[0] is the operand size).
                 let (stamp, traced) = e
@@ -172,7 +197,19 @@ impl Transport {
                         error = Some(err.message);
                     }
                 }
-                e.finish_counted(wait, error);
+                e.finish_claimed(w, error);
+            }
+            AM_RESP_MULTI => {
+                let stats = self.mover.stats();
+                for token in resp_tokens(&m) {
+                    let Some(w) = e.claim_wait(token, "merged put answer") else {
+                        continue;
+                    };
+                    // SAFETY: own waiting context; scratch[1] holds the message's post time.
+                    let stamp = e.ctxs.scratch(w.ctx).map_or(0, |s| unsafe { *s.add(1) });
+                    stats.record_since(Stage::ResponseRecv, stamp, 0);
+                    e.finish_claimed(w, None);
+                }
             }
             AM_PUT => {
                 let src_pe = m.val as i64;
@@ -245,9 +282,13 @@ impl Transport {
                 });
             }
             AM_GET_DATA => {
-                let Some((wait, dst)) = e.waiting(m.token, "staged get data") else {
+                let claimed = landed
+                    .claim
+                    .or_else(|| e.claim_wait(m.token, "staged get data"));
+                let Some(w) = claimed else {
                     return;
                 };
+                let (wait, dst) = (w.ctx, w.data);
                 let stats = self.mover.stats();
                 // SAFETY: own waiting context; scratch[1] holds the request's post time.
                 let stamp = e.ctxs.scratch(wait).map_or(0, |s| unsafe { *s.add(1) });
@@ -262,7 +303,7 @@ impl Transport {
                     error = Some(err.message);
                 }
                 stats.record(Stage::CopyIn, t, m.size as u64);
-                e.finish_counted(wait, error);
+                e.finish_claimed(w, error);
             }
             AM_PING => {
                 let Some(dest) = c.peer_addr(m.val as i64, i) else {
@@ -469,6 +510,26 @@ impl Transport {
                         }
                     }
                     prep.copied = None;
+                }
+            }
+            // Put answers to the same peer next in the queue leave as one message.
+            if let Pending::Msg(dest, msg) = &mut p {
+                if mergeable_answer(msg) {
+                    let mut tokens = vec![msg.token];
+                    let mut q = e.am_pending.lock();
+                    while tokens.len() < RESP_TOKENS {
+                        match q.front() {
+                            Some(Pending::Msg(d, m)) if d == dest && mergeable_answer(m) => {
+                                tokens.push(m.token);
+                                q.pop_front();
+                            }
+                            _ => break,
+                        }
+                    }
+                    drop(q);
+                    if tokens.len() > 1 {
+                        *msg = resp_multi(&tokens);
+                    }
                 }
             }
             let r = match &p {
@@ -684,8 +745,8 @@ impl Transport {
         })
     }
 
-    /// Sends send slot `slot` (header written here, payload already in place). `wait` is the
-    /// initiator's waiting context to fail if the send fails (0: none); `stamp` and `traced` feed
+    /// Sends send slot `slot` (header written here, payload already in place). `wait` is the token
+    /// of the initiator's waiting context to fail if the send fails (0: none); `stamp` and `traced` feed
     /// the stage counters and the timeline at its completion.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn send_slot(
@@ -704,7 +765,7 @@ impl Transport {
             slot as u64,
             "no context for a staged send",
             |ctx| {
-                // SAFETY: own context; scratch[0] remembers the waiting context, [1] the post time,
+                // SAFETY: own context; scratch[0] remembers the waiting context's token, [1] the post time,
                 // [2] the trace flag, [3] the remote address (read back at the send completion).
                 unsafe {
                     let sc = e.ctxs.scratch(ctx).expect("own context");
@@ -777,25 +838,21 @@ impl Transport {
         let dest = c.addr(pe, ep);
         let stats = self.mover.stats();
         let wait_data = t.local + off;
-        let wait = self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, wait_data))?;
+        // scratch[1..3] keep the post time and the trace flag for the answer (scratch[0] stays 0:
+        // no AMO operand size).
+        let stamp = stats.stamp();
+        let (_, wait) =
+            self.alloc_wait(c, ep, pe as usize, wait_data, &[0, stamp, traced as u64])?;
         let hdr = AmMsg {
             magic: AM_MAGIC,
             kind: AM_GET,
-            token: wait as u64,
+            token: wait,
             size: n as u32,
             addr: t.remote + off,
             val: c.my_pe as u64,
             reserved: if traced { AM_TRACED } else { 0 },
             ..Default::default()
         };
-        let stamp = stats.stamp();
-        // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace flag for
-        // the answer (scratch[0] stays 0: no AMO operand size).
-        unsafe {
-            let sc = e.ctxs.scratch(wait).expect("own context");
-            *sc.add(1) = stamp;
-            *sc.add(2) = traced as u64;
-        }
         let t0 = stats.start();
         let r = self.retry_again(c, ep, || {
             self.check_peer(c, pe as usize).map_err(|_| gone())?;
@@ -807,7 +864,7 @@ impl Transport {
             return Err(err);
         }
         if traced {
-            stats.timeline(Stage::ChunkPost, "", wait as u64, t.remote + off, n);
+            stats.timeline(Stage::ChunkPost, "", wait, t.remote + off, n);
         }
         Ok(())
     }

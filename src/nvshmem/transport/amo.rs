@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::abi::{self, amo, AmoMemdesc, MemHandle, RmaMemdesc};
 use super::endpoints::TAG_AM_RECV;
-use super::endpoints::{EpState, OpRoute, TAG_AM_SEND, TAG_AM_WAIT};
+use super::endpoints::{EpState, OpRoute, TAG_AM_SEND};
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
 use super::rails::RailAmo;
@@ -489,13 +489,12 @@ impl Transport {
         } else {
             0
         };
-        let wait = self.alloc_for_peer(c, OpRoute::new(ep, pe as usize, TAG_AM_WAIT, retptr))?;
-        // SAFETY: own context; scratch[0] keeps the operand size for the response handler.
-        unsafe { *e.ctxs.scratch(wait).expect("own context") = size };
+        // scratch[0] keeps the operand size for the response handler.
+        let (_, wait) = self.alloc_wait(c, ep, pe as usize, retptr, &[size])?;
         let msg = AmMsg {
             magic: AM_MAGIC,
             kind: AM_REQ,
-            token: wait as u64,
+            token: wait,
             op: opc,
             size: size as u32,
             addr: t.remote.ptr as u64,
@@ -509,7 +508,7 @@ impl Transport {
         let ep_addr = e as *const EpState as usize;
         let r = self.post_deferrable(
             c,
-            OpRoute::new(ep, pe as usize, TAG_AM_SEND, wait as u64),
+            OpRoute::new(ep, pe as usize, TAG_AM_SEND, wait),
             move |ctx| {
                 // SAFETY: the endpoint state owns the backlog this closure may wait in.
                 let e = unsafe { &*(ep_addr as *const EpState) };

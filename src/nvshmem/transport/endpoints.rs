@@ -12,7 +12,9 @@ use super::group::{self, Group, SCRATCH_GROUP};
 use super::lanes::{Lanes, LANE_NBI, LANE_WAIT};
 use super::peers::{Deferred, PeerAcct, PeerState, ProcId, PROC_ID_BYTES};
 use super::provider_ops::again;
-use super::wire::{staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, STAGE_BYTES};
+use super::wire::{
+    staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, RESP_PUT, STAGE_BYTES,
+};
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
 use crate::config::GdaMode;
 use crate::cuda;
@@ -46,6 +48,16 @@ impl OpRoute {
         OpRoute::new(ep, pe, TAG_OP, 0)
     }
 }
+/// A waiting context taken by one caller alone ([`EpState::claim_wait`]): its address, its token,
+/// its peer and its data.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Claim {
+    pub ctx: *mut c_void,
+    pub token: u64,
+    pub pe: usize,
+    pub data: u64,
+}
+
 pub(super) const TAG_AM_SEND: u64 = 2;
 pub(super) const TAG_AM_RECV: u64 = 3;
 pub(super) const TAG_AM_WAIT: u64 = 4;
@@ -187,43 +199,58 @@ impl EpState {
                 .scratch(c)
                 .is_some_and(|s| unsafe { *s.add(SCRATCH_GROUP) } != 0)
         };
+        // A message names its waiting context by token: one released meanwhile (its peer was
+        // declared gone) is no longer waited for.
         let w = match self.ctxs.get(ctx) {
-            Some((TAG_OP, _)) => ctx,
-            Some((TAG_AM_SEND, data)) => data as *mut c_void,
-            // SAFETY: own context; send_slot wrote the waiting context to scratch[0] before posting.
+            Some((TAG_OP, _)) => Some(ctx),
+            Some((TAG_AM_SEND, token)) => self.ctxs.by_token(token),
+            // SAFETY: own context; send_slot wrote the waiting context's token to scratch[0]
+            // before posting.
             Some((TAG_SLOT_SEND, _)) => self
                 .ctxs
                 .scratch(ctx)
-                .map_or(std::ptr::null_mut(), |s| unsafe { *s } as *mut c_void),
-            _ => std::ptr::null_mut(),
+                .and_then(|s| self.ctxs.by_token(unsafe { *s })),
+            _ => None,
         };
-        if !w.is_null() && waited(w) {
+        if w.is_some_and(waited) {
             LANE_WAIT
         } else {
             LANE_NBI
         }
     }
 
-    /// Gives back a counted context (see [`counted`]) whose operation was not posted.
-    pub(super) fn uncount(&self, ctx: *mut c_void) {
-        if let Some(g) = self.take_group(ctx) {
-            g.pending.fetch_sub(1, Ordering::AcqRel);
+    /// Gives back the counted context (see [`counted`]) of `token`, whose operation was not
+    /// posted: uncounted, unless its peer was declared gone meanwhile (it was accounted as failed
+    /// then, and a waiting context released); freed in either case, once.
+    pub(super) fn uncount(&self, token: u64) {
+        let Some(ctx) = self.ctxs.by_token(token) else {
+            return;
+        };
+        let pe = self.peer_of(ctx);
+        let mine = match pe.and_then(|p| self.peer.get(p)) {
+            Some(a) => a.outstanding.lock().remove(&token),
+            None => true,
+        };
+        if mine {
+            if let Some(g) = self.take_group(ctx) {
+                g.pending.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Some(a) = pe.and_then(|p| self.peer.get(p)) {
+                a.submitted.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.submitted.fetch_sub(1, Ordering::AcqRel);
         }
-        if let Some(a) = self.peer_of(ctx).and_then(|p| self.peer.get(p)) {
-            a.outstanding.lock().remove(&(ctx as usize));
-            a.submitted.fetch_sub(1, Ordering::AcqRel);
-        }
-        self.ctxs.free(ctx);
-        self.submitted.fetch_sub(1, Ordering::AcqRel);
+        self.ctxs.free_token(token);
     }
 
     /// Gives back a context taken with `Transport::alloc_for_peer` for an operation tagged `tag`
     /// that was not posted.
     pub(super) fn release_unposted(&self, ctx: *mut c_void, tag: u64) {
-        if counted(tag) {
-            self.uncount(ctx);
-        } else {
-            self.ctxs.free(ctx);
+        match self.ctxs.token(ctx) {
+            Some(token) if counted(tag) => self.uncount(token),
+            _ => {
+                self.ctxs.free(ctx);
+            }
         }
     }
 
@@ -235,22 +262,28 @@ impl EpState {
         (v != 0 && (v as usize) <= self.peer.len()).then(|| v as usize - 1)
     }
 
-    /// Counts a freshly taken counted context for its peer and joins it to this thread's group.
-    fn attach(&self, ctx: *mut c_void, pe: usize) {
+    /// Counts a freshly taken counted context for its peer and joins it to this thread's group;
+    /// returns its token. Its peer's `outstanding` set receives the token last: from then on a
+    /// peer declared gone accounts it (and releases a waiting context), so everything it reads
+    /// is in place before.
+    fn attach(&self, ctx: *mut c_void, pe: usize) -> u64 {
+        let token = self.ctxs.token(ctx).expect("a context just taken");
         let Some(s) = self.ctxs.scratch(ctx) else {
-            return;
+            return token;
         };
-        if let Some(a) = self.peer.get(pe) {
-            // SAFETY: own context's scratch word.
-            unsafe { *s.add(SCRATCH_PEER) = pe as u64 + 1 };
-            a.submitted.fetch_add(1, Ordering::AcqRel);
-            a.outstanding.lock().insert(ctx as usize);
-        }
         if let Some(g) = group::current() {
             g.pending.fetch_add(1, Ordering::AcqRel);
             // SAFETY: own context's scratch word; the reference is taken back by take_group.
             unsafe { *s.add(SCRATCH_GROUP) = Arc::into_raw(g) as u64 };
         }
+        self.submitted.fetch_add(1, Ordering::AcqRel);
+        if let Some(a) = self.peer.get(pe) {
+            // SAFETY: own context's scratch word.
+            unsafe { *s.add(SCRATCH_PEER) = pe as u64 + 1 };
+            a.submitted.fetch_add(1, Ordering::AcqRel);
+            a.outstanding.lock().insert(token);
+        }
+        token
     }
 
     /// The group of a counted context, detached from it.
@@ -325,11 +358,13 @@ impl EpState {
     }
 
     /// Queues the response to staged put chunk `m`: its status, and the chunk's remote address and
-    /// trace flag echoed for the initiator's timeline.
+    /// trace flag echoed for the initiator's timeline (marked [`RESP_PUT`]: answers that succeeded
+    /// may leave merged, `wire::AM_RESP_MULTI`).
     pub(super) fn push_put_response(&self, dest: FiAddr, m: &AmMsg, status: i32) {
         let resp = AmMsg {
             magic: AM_MAGIC,
             kind: AM_RESP,
+            op: RESP_PUT,
             token: m.token,
             status,
             addr: m.addr,
@@ -364,39 +399,78 @@ impl EpState {
         *self.last_error.lock() = Some(msg);
     }
 
-    /// The context waiting for an answer with this token, and its data; `None` (logged) when the
-    /// token names no waiting context.
-    pub(super) fn waiting(&self, token: u64, what: &str) -> Option<(*mut c_void, u64)> {
-        let wait = token as *mut c_void;
-        match self.ctxs.get(wait) {
-            Some((TAG_AM_WAIT, data)) => Some((wait, data)),
-            Some(_) => {
-                tracing::error!("{what} for a context that is not waiting");
-                None
+    /// Takes the waiting context of `token` for the caller alone (its answer came, or its message
+    /// failed): removed from its peer's outstanding set, so nobody else accounts or frees it.
+    /// `None` when the token names no waiting context any more: its peer was declared gone and
+    /// the context released (a late answer), or another party finished it; such an answer is
+    /// dropped (`what` says which, in a debug line).
+    pub(super) fn claim_wait(&self, token: u64, what: &str) -> Option<Claim> {
+        // What is read before the removal may belong to a later hand-out of the context; the
+        // removal of this token from the set succeeds only for this one, and after it the context
+        // is the caller's (read again).
+        let claimed = self.ctxs.by_token(token).and_then(|ctx| {
+            if self.ctxs.get(ctx)?.0 != TAG_AM_WAIT {
+                return None;
             }
-            None => {
-                tracing::error!("{what} for an unknown token {token:#x}");
-                None
+            let pe = self.peer_of(ctx)?;
+            if !self.peer.get(pe)?.outstanding.lock().remove(&token) {
+                return None;
             }
+            let (_, data) = self.ctxs.get(ctx)?;
+            Some(Claim {
+                ctx,
+                token,
+                pe,
+                data,
+            })
+        });
+        if claimed.is_none() {
+            tracing::debug!(
+                "{what} for token {token:#x}, which names no waiting context (released when its \
+                 peer was declared gone, or finished already): dropped"
+            );
+        }
+        claimed
+    }
+
+    /// Accounts a claimed waiting context with its outcome and frees it.
+    pub(super) fn finish_claimed(&self, w: Claim, error: Option<String>) {
+        self.account(w.ctx, Some(w.pe), error);
+        self.ctxs.free_token(w.token);
+    }
+
+    /// Finishes the waiting context of `token` with `error` unless it was released or finished
+    /// already; true when this call finished it.
+    pub(super) fn finish_wait(&self, token: u64, error: Option<String>, what: &str) -> bool {
+        match self.claim_wait(token, what) {
+            Some(w) => {
+                self.finish_claimed(w, error);
+                true
+            }
+            None => false,
         }
     }
 
     /// Whether a counted context of a peer is still outstanding (not ended by the peer's death
     /// or its rail's failure).
     pub(super) fn is_outstanding(&self, ctx: *mut c_void) -> bool {
-        match self.peer_of(ctx).and_then(|p| self.peer.get(p)) {
-            Some(a) => a.outstanding.lock().contains(&(ctx as usize)),
-            None => true,
+        match (
+            self.peer_of(ctx).and_then(|p| self.peer.get(p)),
+            self.ctxs.token(ctx),
+        ) {
+            (Some(a), Some(token)) => a.outstanding.lock().contains(&token),
+            _ => true,
         }
     }
 
-    /// Completes a context counted for quiet (an operation's or a waiting one) with its outcome.
-    /// A context of a peer that was declared gone has been accounted already: it is only freed.
-    pub(super) fn finish_counted(&self, ctx: *mut c_void, error: Option<String>) {
+    /// Completes the context of an operation the provider returned (an RMA or AMO, counted for
+    /// quiet) with its outcome. A context of a peer that was declared gone has been accounted
+    /// already: it is only freed.
+    pub(super) fn finish_op(&self, ctx: *mut c_void, error: Option<String>) {
         let pe = self.peer_of(ctx);
-        let first = match pe.and_then(|p| self.peer.get(p)) {
-            Some(a) => a.outstanding.lock().remove(&(ctx as usize)),
-            None => true,
+        let first = match (pe.and_then(|p| self.peer.get(p)), self.ctxs.token(ctx)) {
+            (Some(a), Some(token)) => a.outstanding.lock().remove(&token),
+            _ => true,
         };
         if first {
             self.account(ctx, pe, error);
@@ -772,15 +846,58 @@ impl Transport {
     /// quiet waits for (see [`counted`]) is counted as submitted; an operation that is not posted
     /// gives its context back with [`EpState::release_unposted`].
     pub(super) fn alloc_for_peer(&self, c: &Connected, r: OpRoute) -> TResult<*mut c_void> {
+        self.alloc_counted(c, r, &[]).map(|(ctx, _)| ctx)
+    }
+
+    /// Takes a context waiting for an answer from `pe` on endpoint `ep` (`data`: the tag's data,
+    /// `scratch`: its first scratch words, written before anyone else can see it); returns it and
+    /// the token its messages carry. Refused when `pe` is gone.
+    pub(super) fn alloc_wait(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        data: u64,
+        scratch: &[u64],
+    ) -> TResult<(*mut c_void, u64)> {
+        self.alloc_counted(c, OpRoute::new(ep, pe, TAG_AM_WAIT, data), scratch)
+    }
+
+    /// [`Transport::alloc_for_peer`] with the first scratch words written before the context is
+    /// counted; also returns its token.
+    fn alloc_counted(
+        &self,
+        c: &Connected,
+        r: OpRoute,
+        scratch: &[u64],
+    ) -> TResult<(*mut c_void, u64)> {
         let OpRoute { ep, pe, tag, data } = r;
         self.check_peer(c, pe)?;
         self.check_primary(pe)?;
+        let e = &c.eps[ep];
         let ctx = self.alloc_ctx(c, ep, tag, data)?;
-        if counted(tag) {
-            c.eps[ep].attach(ctx, pe);
-            c.eps[ep].submitted.fetch_add(1, Ordering::AcqRel);
+        if let Some(s) = e.ctxs.scratch(ctx) {
+            for (k, &v) in scratch
+                .iter()
+                .enumerate()
+                .take(SCRATCH_PEER.min(SCRATCH_GROUP))
+            {
+                // SAFETY: own context's scratch words, below the ones attach uses.
+                unsafe { *s.add(k) = v };
+            }
         }
-        Ok(ctx)
+        if !counted(tag) {
+            let token = e.ctxs.token(ctx).expect("a context just taken");
+            return Ok((ctx, token));
+        }
+        let token = e.attach(ctx, pe);
+        // A peer declared gone between the check above and attach did not see this context: it
+        // goes back here (a declaration after attach accounted it; uncount then only frees it).
+        if c.peers[pe].is_gone() {
+            e.uncount(token);
+            return Err(self.gone_error(c, pe));
+        }
+        Ok((ctx, token))
     }
 
     /// Posts an operation whose arguments stay valid until it completes. When the provider cannot

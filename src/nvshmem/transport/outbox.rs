@@ -8,17 +8,17 @@
 //! before it waits, so a fence orders what came before it.
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::abi::amo;
-use super::endpoints::{OpRoute, TAG_AM_WAIT};
 use super::rma::Transfer;
 use super::wire::{
-    record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD, AM_BYTES, AM_MAGIC, AM_PUT,
-    AM_PUT_MULTI, AM_TRACED, PUT_RECORD, STAGE_CHUNK,
+    put_chunk, put_chunks, record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD,
+    AM_BYTES, AM_MAGIC, AM_PUT, AM_PUT_MULTI, AM_TRACED, PUT_RECORD, STAGE_CHUNK,
 };
 use super::{internal, Connected, TResult, Transport};
 use crate::cuda;
@@ -29,10 +29,16 @@ use crate::mover::stats::Stage;
 const OPEN_FOR: Duration = Duration::from_micros(20);
 
 /// Per endpoint: the open coalesced message of each peer and the messages waiting to be posted.
+/// The counts let progress, which looks at the outbox every round, pass an empty one without
+/// taking its locks (which the thread issuing puts takes for each message).
 #[derive(Default)]
 pub(super) struct Outbox {
     open: Mutex<Vec<Option<Open>>>,
     ready: Mutex<VecDeque<Ready>>,
+    /// Open messages (changed under `open`'s lock).
+    opened: AtomicUsize,
+    /// Entries of `ready` (changed under its lock).
+    queued: AtomicUsize,
 }
 
 /// A coalesced message being filled.
@@ -41,6 +47,7 @@ struct Open {
     /// Payload bytes written (records).
     used: usize,
     count: u32,
+    /// Token of the waiting context the answer completes.
     wait: u64,
     since: Instant,
     /// Some record's data is being copied out of GPU memory (a copy mark is needed).
@@ -55,6 +62,8 @@ struct Ready {
     pe: usize,
     slot: usize,
     hdr: AmMsg,
+    /// Token of the waiting context the answer completes (released meanwhile when the peer
+    /// was declared gone: the message is dropped then).
     wait: u64,
     traced: bool,
     /// Done once the payload is in the slot; `None`: it is already.
@@ -142,13 +151,14 @@ impl Transport {
                 }
                 // Full (or none): closed, and a new one opened below.
                 if let Some(o) = open[pe].take() {
+                    e.outbox.opened.fetch_sub(1, Ordering::AcqRel);
                     drop(open);
                     self.close_open(c, ep, pe, o);
                 }
             }
             let slot = self.alloc_slot(c, ep, pe)?;
-            let wait = match self.alloc_for_peer(c, OpRoute::new(ep, pe, TAG_AM_WAIT, 0)) {
-                Ok(w) => w as u64,
+            let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
+                Ok((_, token)) => token,
                 Err(err) => {
                     e.send_free.lock().push(slot);
                     return Err(err);
@@ -169,9 +179,14 @@ impl Transport {
                 open.resize_with(pe + 1, || None);
             }
             // Another thread on this endpoint may have opened one meanwhile: it goes first.
-            if let Some(o) = open[pe].replace(fresh) {
-                drop(open);
-                self.close_open(c, ep, pe, o);
+            match open[pe].replace(fresh) {
+                Some(o) => {
+                    drop(open);
+                    self.close_open(c, ep, pe, o);
+                }
+                None => {
+                    e.outbox.opened.fetch_add(1, Ordering::AcqRel);
+                }
             }
         }
     }
@@ -194,12 +209,18 @@ impl Transport {
 
     /// Moves peer `pe`'s open message (if any) to the queue of messages to post.
     pub(super) fn close_peer(&self, c: &Connected, ep: usize, pe: usize) {
-        let o = c.eps[ep]
-            .outbox
-            .open
-            .lock()
-            .get_mut(pe)
-            .and_then(|o| o.take());
+        let outbox = &c.eps[ep].outbox;
+        if outbox.opened.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let o = {
+            let mut open = outbox.open.lock();
+            let o = open.get_mut(pe).and_then(|o| o.take());
+            if o.is_some() {
+                outbox.opened.fetch_sub(1, Ordering::AcqRel);
+            }
+            o
+        };
         if let Some(o) = o {
             self.close_open(c, ep, pe, o);
         }
@@ -209,16 +230,21 @@ impl Transport {
     /// [`OPEN_FOR`]) and posts what is ready.
     pub(super) fn close_all(&self, c: &Connected, ep: usize, stale_only: bool) {
         let e = &c.eps[ep];
-        let taken: Vec<(usize, Open)> = {
+        let taken: Vec<(usize, Open)> = if e.outbox.opened.load(Ordering::Acquire) == 0 {
+            Vec::new()
+        } else {
             let mut open = e.outbox.open.lock();
-            open.iter_mut()
+            let taken: Vec<(usize, Open)> = open
+                .iter_mut()
                 .enumerate()
                 .filter(|(_, o)| {
                     o.as_ref()
                         .is_some_and(|o| !stale_only || o.since.elapsed() >= OPEN_FOR)
                 })
                 .filter_map(|(pe, o)| o.take().map(|o| (pe, o)))
-                .collect()
+                .collect();
+            e.outbox.opened.fetch_sub(taken.len(), Ordering::AcqRel);
+            taken
         };
         for (pe, o) in taken {
             self.close_open(c, ep, pe, o);
@@ -262,7 +288,7 @@ impl Transport {
                     tracing::error!("endpoint {ep}: {msg}");
                     for (slot, _, wait) in msgs {
                         e.send_free.lock().push(slot);
-                        e.finish_counted(wait as *mut c_void, Some(msg.clone()));
+                        e.finish_wait(wait, Some(msg.clone()), "an unmarked staged put");
                     }
                     return;
                 }
@@ -272,6 +298,7 @@ impl Transport {
         };
         let queued = self.mover.stats().start();
         let mut q = e.outbox.ready.lock();
+        e.outbox.queued.fetch_add(msgs.len(), Ordering::AcqRel);
         for (slot, hdr, wait) in msgs {
             q.push_back(Ready {
                 pe,
@@ -290,6 +317,9 @@ impl Transport {
     /// while other peers' go. Returns how many were posted.
     pub(super) fn post_staged(&self, c: &Connected, ep: usize) -> usize {
         let e = &c.eps[ep];
+        if e.outbox.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         // Another thread posting now holds the queue briefly; waiting a little for it lets the
         // caller post its own message rather than leave it for the next progress round. Bounded:
         // a send that drives progress (no context free) may come back here on this thread.
@@ -331,10 +361,13 @@ impl Transport {
                 let bytes = r.hdr.size as u64;
                 stats.record(Stage::CopyOut, r.queued, bytes);
                 let stamp = stats.stamp();
-                // Before the send: the answer may come (and free the context) at once.
-                if let Some(sc) = e.ctxs.scratch(r.wait as *mut c_void) {
-                    // SAFETY: own waiting context; scratch[1..3] keep the post time and the trace
-                    // flag for the answer (scratch[0] stays 0: no AMO operand size).
+                // Before the send: the answer may come (and free the context) at once. A context
+                // released meanwhile (its peer declared gone) is not written; the peer check
+                // below then drops the message.
+                if let Some(sc) = e.ctxs.by_token(r.wait).and_then(|w| e.ctxs.scratch(w)) {
+                    // SAFETY: the waiting context of this message; scratch[1..3] keep the post
+                    // time and the trace flag for the answer (scratch[0] stays 0: no AMO operand
+                    // size). Only the stage counters read them.
                     unsafe {
                         *sc.add(1) = stamp;
                         *sc.add(2) = r.traced as u64;
@@ -348,6 +381,7 @@ impl Transport {
                             stats.timeline(Stage::ChunkPost, "", r.wait, r.hdr.addr, bytes);
                         }
                         q.remove(k);
+                        e.outbox.queued.fetch_sub(1, Ordering::AcqRel);
                         posted += 1;
                         continue;
                     }
@@ -360,10 +394,11 @@ impl Transport {
                 }
             }
             let r = q.remove(k).expect("index in range");
+            e.outbox.queued.fetch_sub(1, Ordering::AcqRel);
             let msg = failed.expect("set above");
             tracing::error!("endpoint {ep}: {msg}");
             e.send_free.lock().push(r.slot);
-            e.finish_counted(r.wait as *mut c_void, Some(msg));
+            e.finish_wait(r.wait, Some(msg), "a staged put not sent");
         }
         posted
     }
@@ -381,7 +416,7 @@ impl Transport {
         self.close_peer(c, ep, pe);
         let mut off = 0u64;
         while off < len {
-            let chunks_left = (len - off).div_ceil(STAGE_CHUNK as u64) as usize;
+            let chunks_left = put_chunks(len - off);
             let t0 = stats.start();
             let mut slots = vec![self.alloc_slot(c, ep, pe)?];
             stats.record(Stage::SlotWait, t0, 0);
@@ -397,20 +432,20 @@ impl Transport {
             let mut msgs: Vec<(usize, AmMsg, u64)> = Vec::with_capacity(slots.len());
             let mut result = Ok(());
             for (k, &slot) in slots.iter().enumerate() {
-                let n = (STAGE_CHUNK as u64).min(len - off);
-                let wait = match self.alloc_for_peer(c, OpRoute::new(ep, pe, TAG_AM_WAIT, 0)) {
-                    Ok(w) => w as u64,
+                let n = put_chunk(len - off);
+                let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
+                    Ok((_, token)) => token,
                     Err(err) => {
                         e.send_free.lock().extend(slots[k..].iter().copied());
                         result = Err(err);
                         break;
                     }
                 };
-                // SAFETY: the slot's payload area holds STAGE_CHUNK >= n bytes.
+                // SAFETY: the slot's payload area holds STAGE_MAX >= n bytes.
                 let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
                 if let Err(err) = self.copy_out(sp, t.local + off, n as usize, device) {
                     e.send_free.lock().extend(slots[k..].iter().copied());
-                    e.uncount(wait as *mut c_void);
+                    e.uncount(wait);
                     result = Err(err);
                     break;
                 }

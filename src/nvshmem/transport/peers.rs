@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::endpoints::TAG_AM_WAIT;
 use super::error::broken_connection;
 use super::lanes::{Lanes, ProbeStep};
 use super::wire::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING};
@@ -195,8 +196,9 @@ pub(super) struct PeerAcct {
     pub completed: AtomicU64,
     pub errors: AtomicU64,
     pub last_error: Mutex<Option<String>>,
-    /// Counted contexts not yet completed (addresses).
-    pub outstanding: Mutex<HashSet<usize>>,
+    /// Counted contexts not yet completed (their tokens: `OpContexts::token`). Whoever removes a
+    /// token finishes that operation: its completion, its answer, or the peer's death.
+    pub outstanding: Mutex<HashSet<u64>>,
     pub backlog: Mutex<VecDeque<Deferred>>,
     /// Entries in `backlog` (read without the lock).
     pub backlogged: AtomicUsize,
@@ -315,9 +317,12 @@ impl Transport {
         }
     }
 
-    /// A peer is dead or departed: everything outstanding towards it fails now (operations the
-    /// provider still holds are accounted as failed and their contexts freed when, if ever, the
-    /// provider returns them), and new operations to it fail at once.
+    /// A peer is dead or departed: everything outstanding towards it fails now, and new operations
+    /// to it fail at once. Operations the provider still holds are accounted as failed and their
+    /// contexts freed when, if ever, the provider returns them. Contexts waiting for the peer's
+    /// answer (target-applied AMOs, staged puts and gets) are released now: their messages name
+    /// them by token, so an answer that still comes, a send completion, or a message still queued
+    /// finds no context and is dropped.
     pub(super) fn declare_gone(&self, c: &Connected, pe: usize, why: &str) {
         let Some(p) = c.peers.get(pe) else { return };
         if !p.set_gone(why) {
@@ -341,9 +346,31 @@ impl Transport {
             for d in queued {
                 self.complete(c, i, d.ctx as *mut c_void, 0, Some(msg.clone()));
             }
-            let left: Vec<usize> = a.outstanding.lock().drain().collect();
-            for ctx in left {
-                e.account(ctx as *mut c_void, Some(pe), Some(msg.clone()));
+            // Accounted with the set locked: a provider completion of one of these operations
+            // (on another thread) frees its context only once it finds the token gone from the
+            // set, i.e. after it was accounted here; a context whose token is in the set is never
+            // free.
+            let mut released = 0;
+            {
+                let mut left = a.outstanding.lock();
+                for token in left.drain() {
+                    let Some(ctx) = e.ctxs.by_token(token) else {
+                        tracing::error!(
+                            "endpoint {i}: outstanding token {token:#x} names no context"
+                        );
+                        continue;
+                    };
+                    let waiting = e.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_AM_WAIT);
+                    e.account(ctx, Some(pe), Some(msg.clone()));
+                    if waiting && e.ctxs.free_token(token) {
+                        released += 1;
+                    }
+                }
+            }
+            if released > 0 {
+                tracing::debug!(
+                    "endpoint {i}: released {released} context(s) waiting for PE {pe}'s answer"
+                );
             }
             // Its lanes close: what is posted on them comes back at the next progress.
             if let Some(l) = &e.lanes {

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::am::Landed;
 use super::endpoints::{
     EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_PROBE, TAG_SLOT_SEND,
 };
@@ -198,7 +199,7 @@ impl Transport {
                         "endpoint {i}: operation to PE {} failed: {why}",
                         retired[k].pe
                     );
-                    e.finish_counted(ctx, Some(why.clone()));
+                    e.finish_op(ctx, Some(why.clone()));
                 }
                 Some((TAG_SLOT_SEND, slot)) => {
                     e.send_free.lock().push(slot as usize);
@@ -221,11 +222,12 @@ impl Transport {
         len: usize,
         error: Option<String>,
     ) {
-        self.complete_copied(c, i, ctx, len, error, false, None)
+        self.complete_copied(c, i, ctx, len, error, Landed::default(), None)
     }
 
-    /// [`Transport::complete`]; `copied`: a received staged message's payload is in place already
-    /// ([`Transport::copy_in_batch`]); `amos`: this CQ read's batch of AMO words.
+    /// [`Transport::complete`]; `landed`: what [`Transport::copy_in_batch`] did for a received
+    /// staged message (payload in place, waiting context claimed); `amos`: this CQ read's batch of
+    /// AMO words.
     #[allow(clippy::too_many_arguments)]
     fn complete_copied(
         &self,
@@ -234,7 +236,7 @@ impl Transport {
         ctx: *mut c_void,
         len: usize,
         error: Option<String>,
-        copied: bool,
+        landed: Landed,
         amos: Option<&mut super::amo::AmoBatch<'_>>,
     ) {
         let e = &c.eps[i];
@@ -245,7 +247,7 @@ impl Transport {
         // A provider error names the peer of the operation: it may be gone.
         let peer = match tag {
             TAG_OP => e.peer_of(ctx),
-            TAG_AM_SEND if data != 0 => e.peer_of(data as *mut c_void),
+            TAG_AM_SEND if data != 0 => e.ctxs.by_token(data).and_then(|w| e.peer_of(w)),
             _ => None,
         };
         if let (Some(pe), Some(msg)) = (peer, &error) {
@@ -256,14 +258,14 @@ impl Transport {
                 if let Some(msg) = &error {
                     tracing::error!("endpoint {i}: operation failed: {msg}");
                 }
-                e.finish_counted(ctx, error);
+                e.finish_op(ctx, error);
             }
             TAG_AM_SEND => {
                 if let Some(msg) = error {
                     // A request that never left fails its waiting operation; a lost response
                     // leaves the initiator's quiet to time out and report.
                     tracing::error!("endpoint {i}: active message send failed: {msg}");
-                    self.fail_am_wait(e, data as *mut c_void, msg);
+                    self.fail_am_wait(e, data, msg);
                 }
                 e.ctxs.free(ctx);
             }
@@ -271,7 +273,7 @@ impl Transport {
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: active message receive failed: {msg}");
                 } else {
-                    self.handle_am(c, i, data as usize, len, copied, amos);
+                    self.handle_am(c, i, data as usize, len, landed, amos);
                 }
                 // Repost the same buffer with the same context.
                 if let Err(err) = e.post_am_recv(data as usize, ctx) {
@@ -280,7 +282,8 @@ impl Transport {
                 }
             }
             TAG_SLOT_SEND => {
-                // SAFETY: own context; send_slot wrote scratch[0..4]: the waiting context (or 0),
+                // SAFETY: own context; send_slot wrote scratch[0..4]: the waiting context's token
+                // (or 0),
                 // the post time, the trace flag, the remote address.
                 let (wait, stamp, traced, addr) = e
                     .ctxs
@@ -294,7 +297,7 @@ impl Transport {
                 }
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: staged send failed: {msg}");
-                    self.fail_am_wait(e, wait as *mut c_void, msg);
+                    self.fail_am_wait(e, wait, msg);
                 }
                 e.send_free.lock().push(data as usize);
                 e.ctxs.free(ctx);
@@ -316,11 +319,12 @@ impl Transport {
         }
     }
 
-    /// Fails the waiting context `wait` with `msg` (quiet reports it); anything else (no context,
-    /// as for a send that had no waiter, or one that is not waiting) is left alone.
-    pub(super) fn fail_am_wait(&self, e: &EpState, wait: *mut c_void, msg: String) {
-        if e.ctxs.get(wait).map(|(t, _)| t) == Some(TAG_AM_WAIT) {
-            e.finish_counted(wait, Some(msg));
+    /// Fails the waiting context of token `wait` with `msg` (quiet reports it); a token of 0 (a
+    /// send that had no waiter) or of a context no longer waiting (released when its peer was
+    /// declared gone, or answered) is left alone.
+    pub(super) fn fail_am_wait(&self, e: &EpState, wait: u64, msg: String) {
+        if wait != 0 {
+            e.finish_wait(wait, Some(msg), "a failed message");
         }
     }
 }

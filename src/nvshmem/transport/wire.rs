@@ -10,10 +10,34 @@ pub(super) const AM_REQ: u32 = 1;
 pub(super) const AM_RESP: u32 = 2;
 /// Header of every active message; staged payloads follow it.
 pub(super) const AM_BYTES: usize = 64;
-/// Size of a receive or send slot: a header plus up to `STAGE_CHUNK` payload bytes.
-pub(super) const STAGE_BYTES: usize = 64 << 10;
-/// Payload bytes per staged message.
-pub(super) const STAGE_CHUNK: usize = STAGE_BYTES - AM_BYTES;
+/// Payload bytes one staged message may carry: a put of up to 64 KiB is one message.
+pub(super) const STAGE_MAX: usize = 64 << 10;
+/// Size of a receive or send slot: a header plus up to [`STAGE_MAX`] payload bytes.
+pub(super) const STAGE_BYTES: usize = AM_BYTES + STAGE_MAX;
+/// Payload bytes per chunk of a longer put (and per staged get message, and per coalesced
+/// message): header and chunk make 64 KiB, a whole number of the segments a provider cuts a
+/// message into (tcp;ofi_rxm: 16 KiB), so only a put's last chunk (up to [`STAGE_MAX`]) may end
+/// in a short segment.
+pub(super) const STAGE_CHUNK: usize = (64 << 10) - AM_BYTES;
+
+/// Payload bytes of the next chunk of a put with `rest` bytes left: all of them when they fit one
+/// message ([`STAGE_MAX`]), else [`STAGE_CHUNK`].
+pub(super) const fn put_chunk(rest: u64) -> u64 {
+    if rest <= STAGE_MAX as u64 {
+        rest
+    } else {
+        STAGE_CHUNK as u64
+    }
+}
+
+/// How many messages a put of `len` bytes takes ([`put_chunk`] after [`put_chunk`]).
+pub(super) const fn put_chunks(len: u64) -> usize {
+    if len <= STAGE_MAX as u64 {
+        1
+    } else {
+        (len - STAGE_MAX as u64).div_ceil(STAGE_CHUNK as u64) as usize + 1
+    }
+}
 /// The staging window when the provider does not bound it lower ([`staging_window`]): send slots
 /// per endpoint (staged chunks and get answers in flight; `NVSHMEM_EFA_STAGE_SLOTS`). With 128,
 /// shm refused a chunk's send (EAGAIN) for a whole quiet timeout once about 112 chunks were in
@@ -54,6 +78,46 @@ pub(super) const AM_PONG: u32 = 8;
 /// (target address, length) and the data, padded to 8 bytes. The target applies them in order and
 /// answers once, with AM_RESP (the first failure's status, if any).
 pub(super) const AM_PUT_MULTI: u32 = 9;
+/// Answers to several staged put messages from one PE (`size`: how many, 2 to
+/// [`RESP_TOKENS`]), all successful: their tokens in `token`, `addr`, `val`, `cmp` and `result`
+/// ([`resp_tokens`]). The target merges the put answers it owes one peer that are next to each
+/// other in its queue, so a stream of puts costs one answer message per up to five messages.
+pub(super) const AM_RESP_MULTI: u32 = 10;
+/// Most answers in one [`AM_RESP_MULTI`].
+pub(super) const RESP_TOKENS: usize = 5;
+/// `AmMsg::op` of an AM_RESP that answers a staged put message (mergeable into an
+/// [`AM_RESP_MULTI`] when its status is 0 and it is not traced).
+pub(super) const RESP_PUT: i32 = 1;
+
+/// The tokens an [`AM_RESP_MULTI`] carries (`m.size` of them, at most [`RESP_TOKENS`]).
+pub(super) fn resp_tokens(m: &AmMsg) -> impl Iterator<Item = u64> {
+    [m.token, m.addr, m.val, m.cmp, m.result]
+        .into_iter()
+        .take((m.size as usize).min(RESP_TOKENS))
+}
+
+/// An [`AM_RESP_MULTI`] for `tokens` (2 to [`RESP_TOKENS`] of them).
+pub(super) fn resp_multi(tokens: &[u64]) -> AmMsg {
+    debug_assert!((2..=RESP_TOKENS).contains(&tokens.len()));
+    let t = |k: usize| tokens.get(k).copied().unwrap_or(0);
+    AmMsg {
+        magic: AM_MAGIC,
+        kind: AM_RESP_MULTI,
+        token: t(0),
+        addr: t(1),
+        val: t(2),
+        cmp: t(3),
+        result: t(4),
+        size: tokens.len().min(RESP_TOKENS) as u32,
+        ..Default::default()
+    }
+}
+
+/// Whether `m` is an answer to a staged put message that may share an [`AM_RESP_MULTI`].
+pub(super) fn mergeable_answer(m: &AmMsg) -> bool {
+    m.kind == AM_RESP && m.op == RESP_PUT && m.status == 0 && m.reserved & AM_TRACED == 0
+}
+
 /// Bytes of a coalesced put's record header: the target address (u64), the length (u32), the
 /// record's flags (u32: 0, or [`REC_AMO`]).
 pub(super) const PUT_RECORD: usize = 16;
@@ -231,8 +295,12 @@ mod tests {
             (back.token, back.addr, back.status),
             (m.token, m.addr, m.status)
         );
-        // A staged message is the header and at most one chunk: one receive buffer.
-        assert_eq!(AM_BYTES + STAGE_CHUNK, STAGE_BYTES);
+        // A staged message is the header and at most STAGE_MAX payload bytes: one receive
+        // buffer; a chunk and its header make 64 KiB.
+        assert_eq!(AM_BYTES + STAGE_MAX, STAGE_BYTES);
+        assert_eq!(AM_BYTES + STAGE_CHUNK, 64 << 10);
+        // Slots stay 64-byte aligned in their slab.
+        assert_eq!(STAGE_BYTES % 64, 0);
         // The kinds are distinct.
         let kinds = [
             AM_REQ,
@@ -244,6 +312,7 @@ mod tests {
             AM_PING,
             AM_PONG,
             AM_PUT_MULTI,
+            AM_RESP_MULTI,
         ];
         for (i, a) in kinds.iter().enumerate() {
             assert!(!kinds[i + 1..].contains(a), "kind {a} twice");
@@ -300,6 +369,69 @@ mod tests {
         // A full message of 8-byte puts: thousands per 64 KiB message.
         assert_eq!(STAGE_CHUNK / record_bytes(8), 2728);
         assert!(record_bytes(COALESCE_MAX) <= STAGE_CHUNK);
+    }
+
+    #[test]
+    fn merged_put_answers_carry_their_tokens() {
+        let tokens = [0x1_0000_0003u64, 0x3_0000_0007, 5, 0xffff_ffff_0000_0001, 9];
+        for n in 2..=RESP_TOKENS {
+            let m = resp_multi(&tokens[..n]);
+            assert_eq!(
+                (m.magic, m.kind, m.size),
+                (AM_MAGIC, AM_RESP_MULTI, n as u32)
+            );
+            assert_eq!(resp_tokens(&m).collect::<Vec<_>>(), tokens[..n]);
+        }
+        // A count beyond the fields never reads past them.
+        let mut m = resp_multi(&tokens);
+        m.size = 99;
+        assert_eq!(resp_tokens(&m).count(), RESP_TOKENS);
+        // Only successful, untraced put answers merge.
+        let put = AmMsg {
+            magic: AM_MAGIC,
+            kind: AM_RESP,
+            op: RESP_PUT,
+            ..Default::default()
+        };
+        assert!(mergeable_answer(&put));
+        assert!(!mergeable_answer(&AmMsg { status: -1, ..put }));
+        assert!(!mergeable_answer(&AmMsg {
+            reserved: AM_TRACED,
+            ..put
+        }));
+        assert!(!mergeable_answer(&AmMsg { op: 0, ..put }));
+        assert!(!mergeable_answer(&AmMsg {
+            kind: AM_PUT,
+            ..put
+        }));
+    }
+
+    #[test]
+    fn a_put_of_up_to_64_kib_is_one_message_and_longer_ones_64_kib_messages() {
+        let chunks = |len: u64| {
+            let mut v = Vec::new();
+            let mut off = 0;
+            while off < len {
+                let n = put_chunk(len - off);
+                v.push(n);
+                off += n;
+            }
+            assert_eq!(v.len(), put_chunks(len), "{len} bytes");
+            v
+        };
+        assert_eq!(chunks(8), [8]);
+        assert_eq!(chunks(32 << 10), [32 << 10]);
+        // 64 KiB: one message (it used to be 65472 + 64 bytes, two messages and two answers).
+        assert_eq!(chunks(64 << 10), [64 << 10]);
+        let c = STAGE_CHUNK as u64;
+        assert_eq!(chunks((64 << 10) + 1), [c, 65]);
+        assert_eq!(chunks(128 << 10), [c, c, 128]);
+        // 1 MiB: 16 chunks whose messages are 64 KiB each, and the rest.
+        let mib = chunks(1 << 20);
+        assert_eq!(mib.len(), 17);
+        assert!(mib[..16].iter().all(|&n| n == c));
+        assert_eq!(mib[16], (1 << 20) - 16 * c);
+        assert!(mib.iter().all(|&n| n as usize <= STAGE_MAX));
     }
 
     #[test]
