@@ -189,9 +189,10 @@ impl Transport {
                 let mut error = None;
                 if m.status != 0 {
                     error = Some(format!("remote AMO failed with status {}", m.status));
-                } else if retptr != 0 && e.is_outstanding(wait) {
-                    // (An AMO ended already, by its peer's death or its rail's failure, has
-                    // its error; its late answer writes nothing.)
+                } else if retptr != 0 {
+                    // (An AMO ended already, by its peer's death or its rail's failure, has its
+                    // error and its token left the outstanding set: its late answer is not
+                    // claimed above and writes nothing.)
                     let bytes = m.result.to_le_bytes();
                     if let Err(err) = write_any(retptr as *mut u8, &bytes[..size]) {
                         error = Some(err.message);

@@ -451,18 +451,6 @@ impl EpState {
         }
     }
 
-    /// Whether a counted context of a peer is still outstanding (not ended by the peer's death
-    /// or its rail's failure).
-    pub(super) fn is_outstanding(&self, ctx: *mut c_void) -> bool {
-        match (
-            self.peer_of(ctx).and_then(|p| self.peer.get(p)),
-            self.ctxs.token(ctx),
-        ) {
-            (Some(a), Some(token)) => a.outstanding.lock().contains(&token),
-            _ => true,
-        }
-    }
-
     /// Completes the context of an operation the provider returned (an RMA or AMO, counted for
     /// quiet) with its outcome. A context of a peer that was declared gone has been accounted
     /// already: it is only freed.
