@@ -71,7 +71,7 @@ impl Consumer {
                 n += 1;
             }
         }
-        if let Some(p) = self.stalled.take() {
+        for (_, p) in std::mem::take(&mut self.stalled) {
             self.finish_failed(p, CqStatus::Flushed, "queue stopped");
             n += 1;
         }

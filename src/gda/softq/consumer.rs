@@ -28,7 +28,10 @@ pub(super) struct Consumer {
     /// (receive credits only).
     pub(super) pending_rx: VecDeque<(RxCqe, Option<usize>)>,
     pub(super) rx_pending_warned: bool,
-    pub(super) stalled: Option<Pending>,
+    /// WQEs the provider (or a pool) refused for now, one per ring at most, by the ring's position
+    /// in `rings`: that ring waits until it goes, the others go on (WQEs of different rings are
+    /// unordered, as EFA's queues are).
+    pub(super) stalled: std::collections::BTreeMap<usize, Pending>,
     pub(super) slots: Vec<Option<InFlight>>,
     pub(super) free_slots: Vec<u32>,
     pub(super) free_bounce: Vec<u32>,
@@ -159,7 +162,7 @@ impl Consumer {
             rx_seq: 0,
             pending_rx: VecDeque::new(),
             rx_pending_warned: false,
-            stalled: None,
+            stalled: Default::default(),
             slots: vec![None; sq as usize],
             free_slots: (0..sq).rev().collect(),
             free_bounce: (0..bounce).rev().collect(),
@@ -269,7 +272,7 @@ impl Consumer {
                 // Thread 0 serves the other threads' hand-overs until they all left.
                 let helpers = endpoint && self.inner.helpers_live.load(Ordering::Acquire) > 0;
                 if self.in_flight == 0
-                    && self.stalled.is_none()
+                    && self.stalled.is_empty()
                     && self.outbox.is_empty()
                     && self.order.idle()
                     && self.late.is_empty()
@@ -285,7 +288,7 @@ impl Consumer {
                         break;
                     }
                 }
-                if self.stalled.is_some() {
+                if !self.stalled.is_empty() {
                     work += self.retry_stalled();
                 }
             } else {
@@ -436,7 +439,7 @@ impl Consumer {
         let err_lock = word(OFF_FIRST_ERROR);
         if self.in_flight == 0
             && self.outbox.is_empty()
-            && self.stalled.is_none()
+            && self.stalled.is_empty()
             && pending_wqes == 0
             && self.pending_rx.is_empty()
             && self.order.idle()
@@ -470,7 +473,7 @@ impl Consumer {
             self.in_flight,
             self.outbox.len(),
             self.free_bounce.len(),
-            usize::from(self.stalled.is_some()),
+            self.stalled.len(),
             self.order.held(),
             cq_pc,
             self.pending_rx.len(),

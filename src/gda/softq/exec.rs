@@ -105,19 +105,32 @@ impl Consumer {
         n
     }
 
+    /// Posts again every ring's refused WQE that the provider now takes.
     pub(super) fn retry_stalled(&mut self) -> usize {
-        let n = match self.stalled.take() {
+        let rings: Vec<usize> = self.stalled.keys().copied().collect();
+        let n = rings.into_iter().map(|q| self.retry_one(q)).sum();
+        self.flush_copies();
+        n
+    }
+
+    /// Posts again the refused WQE of the ring at position `q`, if the provider now takes it.
+    pub(super) fn retry_stalled_at(&mut self, q: usize) -> usize {
+        let n = self.retry_one(q);
+        self.flush_copies();
+        n
+    }
+
+    fn retry_one(&mut self, q: usize) -> usize {
+        match self.stalled.remove(&q) {
             Some(p) => match self.post(p) {
                 Ok(()) => 1,
                 Err(p) => {
-                    self.stalled = Some(p);
+                    self.stalled.insert(q, p);
                     0
                 }
             },
             None => 0,
-        };
-        self.flush_copies();
-        n
+        }
     }
 
     /// Posts a validated WQE. `Err` hands it back when the provider (or the bounce pool) asks to try

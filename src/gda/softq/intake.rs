@@ -203,9 +203,11 @@ impl Consumer {
 
     pub(super) fn consume(&mut self) -> usize {
         let mut work = 0;
-        if self.stalled.is_some() {
-            work += self.retry_stalled();
-            if self.stalled.is_some() {
+        // A ring whose WQE the provider refused waits for it; the other rings go on.
+        let cur = self.cur;
+        if self.stalled.contains_key(&cur) {
+            work += self.retry_stalled_at(cur);
+            if self.stalled.contains_key(&cur) {
                 return work;
             }
         }
@@ -303,7 +305,7 @@ impl Consumer {
                         continue;
                     }
                     if let Err(p) = self.post(p) {
-                        self.stalled = Some(p);
+                        self.stalled.insert(q, p);
                         break;
                     }
                 }

@@ -59,8 +59,9 @@
 //!   ring, then ring to destination, on the same stream (stream order chains them); the WQE
 //!   completes when the second hop is done. Each WQE reserves its length, contiguous (wrapping to
 //!   the ring's start when the tail is too short); ranges are released in completion order (copies
-//!   complete in submission order). A WQE that finds no room waits as a stalled WQE and is retried
-//!   on the next loop turn, after completions released space; the thread never blocks. A WQE larger
+//!   complete in submission order). A WQE that finds no room waits as its ring's stalled WQE and is
+//!   retried on the next loop turn, after completions released space (that ring waits, the other
+//!   rings go on); the thread never blocks. A WQE larger
 //!   than the ring takes the message path. Where copies are `memcpy` the two hops are two
 //!   `memcpy`s through a plain ring, so host tests exercise the ring.
 //!
