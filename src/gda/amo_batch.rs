@@ -272,8 +272,8 @@ impl<T> AmoBatch<T> {
         if clash {
             return one_by_one(ops, single);
         }
-        // Each word's bytes, read in one batch (little-endian, the low `size` bytes used).
-        // Each word's bytes: in the caller's scratch when it has room (page-locked memory, so the
+        // Each word's bytes (little-endian, the low `size` bytes used), read in one batch: in the
+        // caller's scratch when it has room (page-locked memory, so the
         // copies are asynchronous and one wait covers them), else in a vector of this call.
         let mut own = Vec::new();
         let vals: &mut [u8] = match scratch {
