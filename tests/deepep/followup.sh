@@ -7,7 +7,8 @@
 #   PLUGIN_DIR=.gpu/plugin/lib LIBFABRIC_HOME=.gpu/libfabric NVSHMEM_DISABLE_NVLS=1 \
 #   LOAD_EXT=.gpu/deepep-ext.tgz OUT=<dir> bash tests/deepep/followup.sh [--budget S] [--p2p] DEEPEP_TREE
 #
-# LOAD_EXT: the extension SAVE_EXT kept (tests/deepep/build_ext.sh, ll_matrix.sh). --p2p adds the
+# Staged here with tests/deepep/stage_followup.sh (.gpu/followup.tgz, unpacked into .gpu on the
+# node). LOAD_EXT: the extension SAVE_EXT kept (tests/deepep/build_ext.sh, ll_matrix.sh). --p2p adds the
 # NVLink reference rows. Writes $OUT/<step>/ (ll_matrix.sh's logs and deepep-ll.csv per step),
 # $OUT/deepep-ll.csv (every step's rows, with a label column naming the step) and $OUT/summary.txt.
 set -uo pipefail
