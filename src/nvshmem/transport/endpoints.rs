@@ -295,6 +295,30 @@ impl EpState {
         (raw != 0).then(|| unsafe { Arc::from_raw(raw as *const Group) })
     }
 
+    /// Ends every operation of peer `pe` still outstanding on this endpoint (endpoint `i`) with
+    /// error `msg`, accounted with the set locked: a provider completion of one of them (on another
+    /// thread) frees its context only once it finds the token gone from the set, i.e. after it was
+    /// accounted here; a context whose token is in the set is never free. A context waiting for the
+    /// peer's answer is released here. Returns how many operations ended and how many waiting
+    /// contexts were released.
+    pub(super) fn end_outstanding(&self, i: usize, pe: usize, msg: &str) -> (usize, usize) {
+        let (mut ended, mut released) = (0, 0);
+        let mut left = self.peer[pe].outstanding.lock();
+        for token in left.drain() {
+            ended += 1;
+            let Some(ctx) = self.ctxs.by_token(token) else {
+                tracing::error!("endpoint {i}: outstanding token {token:#x} names no context");
+                continue;
+            };
+            let waiting = self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_AM_WAIT);
+            self.account(ctx, Some(pe), Some(msg.to_string()));
+            if waiting && self.ctxs.free_token(token) {
+                released += 1;
+            }
+        }
+        (ended, released)
+    }
+
     /// Accounts a counted operation as finished (once): its error goes to its group (blocking
     /// call), else to its peer (or the endpoint) for quiet; the counters advance. The context is
     /// not freed here.

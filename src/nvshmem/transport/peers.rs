@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::endpoints::TAG_AM_WAIT;
 use super::error::broken_connection;
 use super::lanes::{Lanes, ProbeStep};
 use super::wire::{AmMsg, AM_GOODBYE, AM_MAGIC, AM_PING};
@@ -346,27 +345,7 @@ impl Transport {
             for d in queued {
                 self.complete(c, i, d.ctx as *mut c_void, 0, Some(msg.clone()));
             }
-            // Accounted with the set locked: a provider completion of one of these operations
-            // (on another thread) frees its context only once it finds the token gone from the
-            // set, i.e. after it was accounted here; a context whose token is in the set is never
-            // free.
-            let mut released = 0;
-            {
-                let mut left = a.outstanding.lock();
-                for token in left.drain() {
-                    let Some(ctx) = e.ctxs.by_token(token) else {
-                        tracing::error!(
-                            "endpoint {i}: outstanding token {token:#x} names no context"
-                        );
-                        continue;
-                    };
-                    let waiting = e.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_AM_WAIT);
-                    e.account(ctx, Some(pe), Some(msg.clone()));
-                    if waiting && e.ctxs.free_token(token) {
-                        released += 1;
-                    }
-                }
-            }
+            let (_, released) = e.end_outstanding(i, pe, &msg);
             if released > 0 {
                 tracing::debug!(
                     "endpoint {i}: released {released} context(s) waiting for PE {pe}'s answer"

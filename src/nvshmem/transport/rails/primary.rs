@@ -365,27 +365,9 @@ impl Transport {
             for d in queued {
                 self.complete(c, i, d.ctx as *mut std::ffi::c_void, 0, Some(msg.clone()));
             }
-            // Accounted now, with the set locked (as `declare_gone` does): the provider's later
-            // completion (if any) finds the token gone and only frees the context; a context
-            // waiting for an answer over rail 0 is released here.
-            {
-                let mut left = a.outstanding.lock();
-                for token in left.drain() {
-                    ended += 1;
-                    let Some(ctx) = e.ctxs.by_token(token) else {
-                        tracing::error!(
-                            "endpoint {i}: outstanding token {token:#x} names no context"
-                        );
-                        continue;
-                    };
-                    let waiting = e.ctxs.get(ctx).map(|(t, _)| t)
-                        == Some(super::super::endpoints::TAG_AM_WAIT);
-                    e.account(ctx, Some(pe), Some(msg.clone()));
-                    if waiting {
-                        e.ctxs.free_token(token);
-                    }
-                }
-            }
+            // Accounted now (the provider's later completion, if any, only frees the context);
+            // a context waiting for an answer over rail 0 is released.
+            ended += e.end_outstanding(i, pe, &msg).0;
         }
         self.drop_primary_connection(c, pe);
         let (k, atomics) = self.next_amo_rail(pe);
