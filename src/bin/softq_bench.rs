@@ -11,6 +11,7 @@ use nvshmem_efa_gda::efa::wqe::{self, LocalBuf, RemoteBuf, WqeDesc, WqeOp};
 use nvshmem_efa_gda::fabric::{Domain, Fabric, Info, InfoRequest, Provider};
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
 use nvshmem_efa_gda::gda::mem::{CtrlPlacement, SharedMem};
+use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
 use nvshmem_efa_gda::gda::{Gda, GdaOptions};
 
 const USAGE: &str = "\
@@ -287,28 +288,17 @@ fn run_point(
                 let poster = &poster;
                 s.spawn(move || -> Result<u64, String> {
                     let mut n = 0u64;
-                    let d = WqeDesc {
-                        op: WqeOp::RdmaWrite {
-                            remote: RemoteBuf {
-                                addr: dst_base + (t as u64 % 16) * slot,
-                                rkey: peer.heap_rkey,
-                                len: size,
-                            },
-                            local: LocalBuf {
-                                addr: src_base + (t as u64 % 16) * slot,
-                                lkey: st.heap_lkey,
-                                len: size,
-                            },
-                        },
-                        req_id: 0,
-                        req_id_64: false,
-                        phase: 0,
-                        comp_req: true,
-                        dest_qpn: peer.qpn,
-                        ah: peer.ahn,
-                        qkey: peer.qkey,
-                        high_pps: false,
-                    };
+                    let off = (t as u64 % 16) * slot;
+                    let d = wqe_to(
+                        &peer,
+                        write_op(
+                            src_base + off,
+                            st.heap_lkey,
+                            dst_base + off,
+                            peer.heap_rkey,
+                            size,
+                        ),
+                    );
                     while Instant::now() < stop {
                         poster
                             .post_with(batch, |pc, phase| {
@@ -422,18 +412,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    if let Some(path) = &args.csv {
-        if let Err(e) = std::fs::write(path, &csv) {
-            eprintln!("cannot write {path}: {e}");
-            return ExitCode::from(1);
-        }
-        println!("CSV written to {path}");
-    }
-    if failed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    }
+    finish(args.csv.as_deref(), &csv, failed)
 }
 
 /// What one `--ll` configuration measured.
@@ -472,17 +451,7 @@ fn run_ll(
     // PE 1's heap: the count words first (one 8-byte word per expert), then the data.
     let data_off = 65536u64;
     let per_expert = u64::from(writes) * u64::from(size);
-    let desc = |op| WqeDesc {
-        op,
-        req_id: 0,
-        req_id_64: false,
-        phase: 0,
-        comp_req: true,
-        dest_qpn: peer.qpn,
-        ah: peer.ahn,
-        qkey: peer.qkey,
-        high_pps: false,
-    };
+    let desc = |op| wqe_to(&peer, op);
     let counts = dst_base as *const std::sync::atomic::AtomicU64;
     // SAFETY: PE 1's heap starts with one aligned 8-byte count word per expert, written only by
     // PE 1's queue with atomics.
@@ -505,18 +474,13 @@ fn run_ll(
                         let mut ds: Vec<WqeDesc> = (0..u64::from(writes))
                             .map(|w| {
                                 let off = at + w * u64::from(size);
-                                desc(WqeOp::RdmaWrite {
-                                    remote: RemoteBuf {
-                                        addr: dst_base + off,
-                                        rkey: peer.heap_rkey,
-                                        len: size,
-                                    },
-                                    local: LocalBuf {
-                                        addr: src_base + off,
-                                        lkey: st.heap_lkey,
-                                        len: size,
-                                    },
-                                })
+                                desc(write_op(
+                                    src_base + off,
+                                    st.heap_lkey,
+                                    dst_base + off,
+                                    peer.heap_rkey,
+                                    size,
+                                ))
                             })
                             .collect();
                         let amo = AmoMsg {
@@ -631,8 +595,44 @@ fn ll_main(args: &Args, provider: &Provider, experts: u32) -> ExitCode {
             }
         }
     }
-    if let Some(path) = &args.csv {
-        if let Err(e) = std::fs::write(path, &csv) {
+    finish(args.csv.as_deref(), &csv, failed)
+}
+
+/// A WQE to `peer` (request id and phase are the poster's).
+fn wqe_to(peer: &NvshmemEfaGdaPeer, op: WqeOp) -> WqeDesc {
+    WqeDesc {
+        op,
+        req_id: 0,
+        req_id_64: false,
+        phase: 0,
+        comp_req: true,
+        dest_qpn: peer.qpn,
+        ah: peer.ahn,
+        qkey: peer.qkey,
+        high_pps: false,
+    }
+}
+
+/// An RDMA write of `len` bytes from `src` (`lkey`) to `dst` (`rkey`).
+fn write_op(src: u64, lkey: u32, dst: u64, rkey: u32, len: u32) -> WqeOp {
+    WqeOp::RdmaWrite {
+        remote: RemoteBuf {
+            addr: dst,
+            rkey,
+            len,
+        },
+        local: LocalBuf {
+            addr: src,
+            lkey,
+            len,
+        },
+    }
+}
+
+/// Writes the CSV where asked and turns the run's outcome into the exit status.
+fn finish(path: Option<&str>, csv: &str, failed: bool) -> ExitCode {
+    if let Some(path) = path {
+        if let Err(e) = std::fs::write(path, csv) {
             eprintln!("cannot write {path}: {e}");
             return ExitCode::from(1);
         }
