@@ -538,21 +538,7 @@ impl Thread {
     fn on_completion(&mut self, e: &CqEntry, from: FiAddr) {
         let buf = self.take_buf(e.op_context);
         let cq_data = e.flags & flags::REMOTE_CQ_DATA != 0;
-        let (my_qpn, ah, src_qp) = self.source(from);
-        let base = RxCqe {
-            req_id: 0,
-            status: CqStatus::Ok,
-            phase: 0,
-            op: OpType::Send,
-            has_imm: cq_data,
-            unsolicited: false,
-            qp_num: my_qpn,
-            length: e.len as u32,
-            ah,
-            src_qp,
-            imm: if cq_data { e.data as u32 } else { 0 },
-            src_addr: None,
-        };
+        let base = self.send_entry(from, e.len as u32, cq_data.then_some(e.data as u32));
         // A SEND completes with FI_RECV; a write with immediate without it, with FI_REMOTE_CQ_DATA
         // (efa: with FI_RMA | FI_REMOTE_WRITE too, prov/efa/src/efa_cq.c:26-27, whether or not it
         // consumed a receive; tcp: with FI_REMOTE_WRITE; shm: alone).
@@ -610,16 +596,13 @@ impl Thread {
                     status
                 }
             };
-            let req_id = self.rx_seq;
-            self.rx_seq = self.rx_seq.wrapping_add(1);
-            self.forward(
+            self.forward_send(
                 RxCqe {
-                    req_id,
                     status,
                     length: len as u32,
                     ..base
                 },
-                Some(i),
+                i,
             );
         } else if cq_data {
             self.flush_amos();
@@ -643,6 +626,33 @@ impl Thread {
         }
     }
 
+    /// The RX entry of a SEND of `len` bytes from `from` (with its immediate, if any); status Ok.
+    fn send_entry(&self, from: FiAddr, len: u32, imm: Option<u32>) -> RxCqe {
+        let (my_qpn, ah, src_qp) = self.source(from);
+        RxCqe {
+            req_id: 0,
+            status: CqStatus::Ok,
+            phase: 0,
+            op: OpType::Send,
+            has_imm: imm.is_some(),
+            unsolicited: false,
+            qp_num: my_qpn,
+            length: len,
+            ah,
+            src_qp,
+            imm: imm.unwrap_or(0),
+            src_addr: None,
+        }
+    }
+
+    /// Forwards a received SEND's entry `c` with the next receive sequence number as its request
+    /// id; `buf` is the receive buffer it came in.
+    fn forward_send(&mut self, c: RxCqe, buf: usize) {
+        let req_id = self.rx_seq;
+        self.rx_seq = self.rx_seq.wrapping_add(1);
+        self.forward(RxCqe { req_id, ..c }, Some(buf));
+    }
+
     /// Applies the AMOs the current CQ read gathered, then gives their receive buffers back; one
     /// that could not be applied gets an RX completion with an error status (logged), as alone.
     fn flush_amos(&mut self) {
@@ -663,26 +673,11 @@ impl Thread {
                     self.reject(format_args!(
                         "AMO from address {from:#x} not applied ({status}): {why}"
                     ));
-                    let (my_qpn, ah, src_qp) = self.source(from);
-                    let req_id = self.rx_seq;
-                    self.rx_seq = self.rx_seq.wrapping_add(1);
-                    self.forward(
-                        RxCqe {
-                            req_id,
-                            status,
-                            phase: 0,
-                            op: OpType::Send,
-                            has_imm: false,
-                            unsolicited: false,
-                            qp_num: my_qpn,
-                            length: len as u32,
-                            ah,
-                            src_qp,
-                            imm: 0,
-                            src_addr: None,
-                        },
-                        Some(i),
-                    );
+                    let entry = RxCqe {
+                        status,
+                        ..self.send_entry(from, len as u32, None)
+                    };
+                    self.forward_send(entry, i);
                 }
             }
         }
