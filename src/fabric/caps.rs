@@ -92,6 +92,12 @@ struct Identity {
     /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` per pointer, which VMM allocations refuse
     /// (ofiwg/libfabric#12853; efa's RDM fabric).
     hmem_vmm_sync_memops: bool,
+    /// A send asked for FI_DELIVERY_COMPLETE goes by a protocol that has one transfer in flight
+    /// per peer (libfabric 2.1's shm: `smr_select_proto` picks SAR for it at any size, and SAR
+    /// refuses a second transfer to the peer with -FI_EAGAIN until the first one's handshake,
+    /// which needs the receiver's progress, is over). Sends that need no delivery completion
+    /// are then posted with FI_TRANSMIT_COMPLETE (docs/staged-path.md, docs/ordering.md).
+    dc_sends_serialise: bool,
 }
 
 impl Identity {
@@ -120,6 +126,7 @@ impl Identity {
             },
             Some(Provider::Shm) => Identity {
                 nonfetch_atomics_as_fetch: true,
+                dc_sends_serialise: true,
                 per_peer_lanes: true,
                 named_endpoints: true,
                 hmem_needs_legacy_ipc: true,
@@ -155,6 +162,8 @@ pub struct Caps {
     pub native_atomics: bool,
     /// Non-fetching provider atomics are issued as fetching ones.
     pub nonfetch_atomics_as_fetch: bool,
+    /// Sends with FI_DELIVERY_COMPLETE go one per peer at a time (see [`Identity`]).
+    pub dc_sends_serialise: bool,
     /// Operations to each peer leave through transmit endpoints of their own.
     pub per_peer_lanes: bool,
     /// Endpoints are opened with names of the caller's (C strings).
@@ -200,6 +209,7 @@ impl Caps {
             atomics: a.atomics,
             native_atomics: a.atomics && id.nic_atomics,
             nonfetch_atomics_as_fetch: a.atomics && id.nonfetch_atomics_as_fetch,
+            dc_sends_serialise: id.dc_sends_serialise,
             per_peer_lanes: id.per_peer_lanes,
             named_endpoints: id.named_endpoints,
             hmem_needs_legacy_ipc: a.hmem && id.hmem_needs_legacy_ipc,
@@ -394,6 +404,16 @@ pub(crate) mod tests {
         // shm without FI_HMEM or FI_ATOMIC: no HMEM or atomics quirk applies.
         let c = Caps::from_answer(&answer("shm", "shm", false, false));
         assert!(!c.hmem_needs_legacy_ipc && !c.nonfetch_atomics_as_fetch && c.per_peer_lanes);
+        // Delivery-complete sends go one per peer at a time on shm (SAR) whatever it grants, on
+        // no other provider.
+        assert!(c.dc_sends_serialise);
+        for (prov, fabric) in [
+            ("tcp;ofi_rxm", "192.0.2.0/24"),
+            ("efa", "efa"),
+            ("efa", "efa-direct"),
+        ] {
+            assert!(!Caps::from_answer(&answer(prov, fabric, true, true)).dc_sends_serialise);
+        }
         // An unknown provider is taken as a software provider with what its answer grants.
         let c = Caps::from_answer(&answer("psm3", "psm3", true, true));
         assert_eq!(c.provider, None);

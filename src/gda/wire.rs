@@ -26,14 +26,22 @@
 //! so ADDs from any number of PEs are exact. The initiator's completion means the message reached
 //! the target; the application is visible to the target through its RX completion.
 //!
-//! # Wire header of a SEND between software queues (16 bytes, then the payload)
+//! # Wire header of a SEND between software queues (24 bytes, then the payload)
 //! | bytes | field |
 //! |---|---|
 //! | 0-3 | magic `0x53414447` (`GDAS`) |
 //! | 4-7 | sender's PE |
 //! | 8-11 | immediate data |
-//! | 12-13 | flags: bit 0 = has immediate |
+//! | 12-13 | flags: bit 0 = has immediate, bit 1 = answer wanted |
 //! | 14-15 | payload length |
+//! | 16-23 | the sender's token when an answer is wanted (else 0) |
+//!
+//! An answered SEND: where the provider takes delivery-complete sends one per peer at a time
+//! ([`crate::fabric::Caps::dc_sends_serialise`]), the sender posts SENDs with transmit completion
+//! and asks for an answer; the target, once it handled the SEND (an AMO applied to its heap, an RX
+//! completion written), answers with a staged acknowledgement ([`STAGE_WRITE_ACK`]) carrying the
+//! token and the status, and the sender completes the WQE then. So a completed AMO has been applied
+//! at the target (docs/gda-amo-path.md).
 //!
 //! # Staged transfers (40-byte header, then the payload)
 //! Where a queue stages RDMA (see the software queue's module doc), writes and reads travel as SENDs
@@ -72,9 +80,11 @@ pub const AMO_MSG_SIZE: usize = std::mem::size_of::<NvshmemEfaGdaAmoMsg>();
 /// Magic of the software queue's SEND header (`GDAS`).
 pub const SEND_MAGIC: u32 = u32::from_le_bytes(*b"GDAS");
 /// Size of the SEND header.
-pub const SEND_HDR_SIZE: usize = 16;
+pub const SEND_HDR_SIZE: usize = 24;
 /// SEND header flag: immediate data present.
 pub const SEND_FLAG_IMM: u16 = 1;
+/// SEND header flag: the sender waits for an answer carrying its token (an answered SEND).
+pub const SEND_FLAG_ANSWER: u16 = 2;
 
 /// Largest number of PEs a software queue addresses (`ah` is 16 bits and 0xFFFF means unknown).
 pub const SOFT_MAX_PES: i32 = 0xFFFF;
@@ -221,6 +231,8 @@ pub struct SendHdr {
     pub imm: Option<u32>,
     /// Payload length.
     pub len: u16,
+    /// The sender's token, when it waits for an answer (an answered SEND, see the module doc).
+    pub answer: Option<u64>,
 }
 
 impl SendHdr {
@@ -230,9 +242,13 @@ impl SendHdr {
         b[0..4].copy_from_slice(&SEND_MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&self.src_pe.to_le_bytes());
         b[8..12].copy_from_slice(&self.imm.unwrap_or(0).to_le_bytes());
-        let flags = if self.imm.is_some() { SEND_FLAG_IMM } else { 0 };
+        let mut flags = if self.imm.is_some() { SEND_FLAG_IMM } else { 0 };
+        if self.answer.is_some() {
+            flags |= SEND_FLAG_ANSWER;
+        }
         b[12..14].copy_from_slice(&flags.to_le_bytes());
         b[14..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.answer.unwrap_or(0).to_le_bytes());
         b
     }
 
@@ -244,10 +260,13 @@ impl SendHdr {
         }
         let flags = u16::from_le_bytes(msg[12..14].try_into().ok()?);
         let len = u16::from_le_bytes(msg[14..16].try_into().ok()?);
-        if flags & !SEND_FLAG_IMM != 0 || usize::from(len) != msg.len() - SEND_HDR_SIZE {
+        if flags & !(SEND_FLAG_IMM | SEND_FLAG_ANSWER) != 0
+            || usize::from(len) != msg.len() - SEND_HDR_SIZE
+        {
             return None;
         }
         let imm = u32::from_le_bytes(msg[8..12].try_into().ok()?);
+        let token = u64::from_le_bytes(msg[16..24].try_into().ok()?);
         Some(SendHdr {
             src_pe: u32::from_le_bytes(msg[4..8].try_into().ok()?),
             imm: if flags & SEND_FLAG_IMM != 0 {
@@ -256,6 +275,7 @@ impl SendHdr {
                 None
             },
             len,
+            answer: (flags & SEND_FLAG_ANSWER != 0).then_some(token),
         })
     }
 }
@@ -459,6 +479,7 @@ mod tests {
             src_pe: 3,
             imm: Some(0xabcd),
             len: 5,
+            answer: None,
         };
         let mut msg = h.encode().to_vec();
         msg.extend_from_slice(b"hello");
@@ -468,8 +489,26 @@ mod tests {
             src_pe: 0,
             imm: None,
             len: 0,
+            answer: None,
         };
         assert_eq!(SendHdr::decode(&h2.encode()), Some(h2));
+        // An answered SEND: flag bit 1 and the token in bytes 16-23 (a token of 0 is a token).
+        for token in [0u64, 0x0123_4567_89ab_cdef] {
+            let h3 = SendHdr {
+                src_pe: 7,
+                imm: None,
+                len: 0,
+                answer: Some(token),
+            };
+            let b = h3.encode();
+            assert_eq!(u16::from_le_bytes([b[12], b[13]]), SEND_FLAG_ANSWER);
+            assert_eq!(u64::from_le_bytes(b[16..24].try_into().unwrap()), token);
+            assert_eq!(SendHdr::decode(&b), Some(h3));
+        }
+        // An unknown flag is not a software-queue SEND.
+        let mut b = h2.encode();
+        b[12] = 4;
+        assert_eq!(SendHdr::decode(&b), None);
     }
 
     #[test]

@@ -35,7 +35,8 @@ usage: tests/gpu/stream_run.sh [options]
   --dry-run      check the inputs and print every command without running anything
 environment: OUT (default ./stream-out), PYTHON (torch python, default /opt/torch/.venv/bin/python),
   NVSHMEM_HOME (default: the torch python's nvidia-nvshmem-cu13), STREAM_EXTRA (more stream_bench
-  arguments for every run)
+  arguments for every run), STREAM_PLUGIN_DIR (the library to measure, default .gpu/plugin/lib: an
+  older build there compares a change with what it replaced on one node)
 EOF
 }
 
@@ -74,7 +75,7 @@ for t in .gpu/stream-base.tgz .gpu/py.tgz; do
         [ $dry = 1 ] || tar -xzf "$t" -C .gpu || die "cannot unpack $t"
     fi
 done
-PLUGIN_DIR=$repo/.gpu/plugin/lib
+PLUGIN_DIR=${STREAM_PLUGIN_DIR:-$repo/.gpu/plugin/lib}
 FAB=$repo/.gpu/libfabric
 BINS=$repo/.gpu/bins-3.4.5
 IPR=$repo/.gpu/iproute2

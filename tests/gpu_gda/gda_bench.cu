@@ -33,8 +33,15 @@
 // NVSHMEM_IBGDA_NUM_RC_PER_PE >= Q so the table has Q queues per PE; the program prints the loaded
 // table (entries, per PE, distinct queues) and warns when Q exceeds it.
 //
+// Counts (DeepEP's "data, then count"): with --count-every N (warp scope, path gda) every warp, after
+// each N-th put, adds 1 to a 64-bit word of its own at the peer with amo_nonfetch_add_qp on the same
+// queue, as DeepEP's dispatch announces a batch of tokens with rdma_recv_count. The target applies
+// the count (an AMO message) to GPU memory. Rows are named gda-countN; after each measurement PE 1
+// checks every word's total besides the window's bytes, and msgs counts the puts only (the counts
+// are msgs / N more WQEs).
+//
 // Usage: gda_bench CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S]
-//                  [--blocks B] [--warps W] [--scope warp|thread] [--queues Q]
+//                  [--blocks B] [--warps W] [--scope warp|thread] [--queues Q] [--count-every N]
 // CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps
 //              (usec = whole measurement)
 #include "gda_common.cuh"
@@ -67,17 +74,27 @@ __device__ void quiet_and_count(unsigned s, KStatus *st, int peer, int qp) {
 }
 
 // Message m goes to window slot m % slots; warp w posts messages w, w + nwarps, ... on the queue
-// of (peer, qp_id = w % queues).
+// of (peer, qp_id = w % queues). With count_every > 0, after each count_every-th of its puts the
+// warp adds 1 to counts[w] at the peer on the same queue (data, then count).
 __global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, int msgs, int slots,
-                               int peer, int queues, KStatus *st) {
+                               int peer, int queues, KStatus *st, int count_every,
+                               unsigned long long *counts) {
     const int nwarps = (int)(gridDim.x * blockDim.x / 32);
     const int w = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32);
     const int qp = w % queues;
     unsigned s = 0;
+    int mine = 0;
     for (int m = w; m < msgs; m += nwarps) {
         const size_t off = (size_t)(m % slots) * size;
         const unsigned r = gda::put_nbi_warp_qp(dst + off, src + off, size, peer, qp);
         if (r != 0u && s == 0u) s = r;
+        if (count_every > 0 && ++mine % count_every == 0) {
+            if (threadIdx.x % 32 == 0) {
+                const unsigned c = gda::amo_nonfetch_add_qp(&counts[w], 1ull, peer, qp);
+                if (c != 0u && s == 0u) s = c;
+            }
+            __syncwarp();
+        }
     }
     if (threadIdx.x % 32 == 0) quiet_and_count(s, st, peer, qp);
 }
@@ -197,7 +214,7 @@ struct Row {
 
 void usage(const char *argv0) {
     printf("usage: %s CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S] [--blocks B] "
-           "[--warps W] [--scope warp|thread] [--queues Q]\n"
+           "[--warps W] [--scope warp|thread] [--queues Q] [--count-every N]\n"
            "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n"
            "NVSHMEM_EFA_SOFT_NULL=1: path gda measures the WQE post rate (no data moves)\n",
            argv0);
@@ -214,7 +231,7 @@ int main(int argc, char **argv) {
     std::string paths_arg = "gda,proxy";
     size_t max_bytes = 4ull << 20;
     double budget_s = 70.0;
-    int blocks = 4, warps = 4, queues = 1;
+    int blocks = 4, warps = 4, queues = 1, count_every = 0;
     std::string scope = "warp";
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
@@ -232,6 +249,7 @@ int main(int argc, char **argv) {
         else if (a == "--warps") warps = atoi(need("--warps"));
         else if (a == "--scope") scope = need("--scope");
         else if (a == "--queues") queues = atoi(need("--queues"));
+        else if (a == "--count-every") count_every = atoi(need("--count-every"));
         else {
             usage(argv[0]);
             return 2;
@@ -250,8 +268,12 @@ int main(int argc, char **argv) {
             return 2;
         }
     if (blocks < 1 || warps < 1 || warps > 32 || queues < 1 || max_bytes < 8 || max_bytes > kWindow ||
-        (scope != "warp" && scope != "thread")) {
+        (scope != "warp" && scope != "thread") || count_every < 0) {
         usage(argv[0]);
+        return 2;
+    }
+    if (count_every > 0 && (scope != "warp" || paths_arg != "gda")) {
+        printf("--count-every needs --scope warp and --paths gda\n");
         return 2;
     }
 
@@ -270,6 +292,11 @@ int main(int argc, char **argv) {
     watchdog_arm("setup", 60);
     uint8_t *dst = (uint8_t *)sym_malloc(kWindow, "window");
     uint8_t *src = (uint8_t *)sym_malloc(kWindow, "source");
+    // One count word per posting warp (symmetric, GPU memory: the target applies counts there).
+    const int count_words = blocks * warps;
+    unsigned long long *counts =
+        (unsigned long long *)sym_malloc((size_t)count_words * sizeof(unsigned long long), "counts");
+    std::vector<unsigned long long> hcounts((size_t)count_words);
     const uint32_t seed = make_seed(0, 77);
     fill_pattern(src, kWindow, seed);
     KStatus *kst = nullptr;
@@ -296,9 +323,10 @@ int main(int argc, char **argv) {
     int ok = 1;
     if (me == 0) {
         printf("gda_bench: paths %s, %d blocks x %d warps, %s scope, %d queue(s), 8 B .. %zu B, budget "
-               "%.0f s, peer %s\n",
+               "%.0f s, peer %s, count every %d put(s)%s\n",
                paths_arg.c_str(), blocks, warps, scope.c_str(), queues, max_bytes, budget_s,
-               p2p_mapped ? "mapped (P2P)" : "not mapped (remote transport)");
+               p2p_mapped ? "mapped (P2P)" : "not mapped (remote transport)", count_every,
+               count_every == 0 ? " (none)" : "");
         if (need_gda && load_rc == NVSHMEM_EFA_GDA_LOAD_OK) {
             printf("gda_bench: queue table: %u entries, %u per PE, %u distinct queue(s)\n", table[0],
                    table[1], table[2]);
@@ -362,6 +390,7 @@ int main(int argc, char **argv) {
         const bool verify = !(null_mode && path == "gda");
         const int slots = (int)std::max<size_t>(1, std::min<size_t>(kWindow / size, (size_t)msgs));
         CK(cudaMemset(dst, 0, (size_t)slots * size));
+        CK(cudaMemset(counts, 0, (size_t)count_words * sizeof(unsigned long long)));
         CK(cudaMemset(kst, 0, sizeof *kst));
         CK(cudaDeviceSynchronize());
         job_barrier();
@@ -375,7 +404,7 @@ int main(int argc, char **argv) {
                                                               queues, kst);
             else if (path == "gda")
                 gda_put_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer, queues,
-                                                       kst);
+                                                       kst, path == "gda" ? count_every : 0, counts);
             else if (thread_scope)
                 nvshmem_put_thread_kernel<<<blocks, warps * 32>>>(dst, src, size, msgs, slots, peer);
             else
@@ -404,6 +433,21 @@ int main(int argc, char **argv) {
                 printf("VERIFY FAIL: %s %zu B: %llu of %zu bytes wrong at the target\n", path.c_str(),
                        size, bad, (size_t)slots * size);
                 verify_fail = 1;
+            }
+            if (count_every > 0 && path == "gda") {
+                // Warp w posted ceil((msgs - w) / nwarps) puts, so floor(that / N) counts.
+                CK(cudaMemcpy(hcounts.data(), counts, hcounts.size() * sizeof(unsigned long long),
+                              cudaMemcpyDeviceToHost));
+                for (int w = 0; w < count_words; ++w) {
+                    const long long puts = w < msgs ? (msgs - w + nwarps - 1) / nwarps : 0;
+                    const unsigned long long want = (unsigned long long)(puts / count_every);
+                    if (hcounts[(size_t)w] != want) {
+                        printf("VERIFY FAIL: %s %zu B: count word %d is %llu, want %llu\n", path.c_str(),
+                               size, w, hcounts[(size_t)w], want);
+                        verify_fail = 1;
+                        break;
+                    }
+                }
             }
         }
         double us = (double)ms * 1000.0;
@@ -453,7 +497,10 @@ int main(int argc, char **argv) {
             watchdog_disarm();
             const std::string name = (null_mode && path == "gda" ? std::string("gda-null") : path) +
                                      (path == "gda" && !null_mode ? gda_suffix : std::string()) +
-                                     (thread_scope ? "-thread" : "");
+                                     (thread_scope ? "-thread" : "") +
+                                     (path == "gda" && count_every > 0
+                                          ? "-count" + std::to_string(count_every)
+                                          : std::string());
             rows.push_back({name, size, msgs, best, best_wqes});
             if (me == 0)
                 printf("  %-8s %10zu B %7d msgs %12.1f us %10.4f Mmsg/s %9.3f GB/s %9.3f MWQE/s\n",
@@ -488,6 +535,7 @@ int main(int argc, char **argv) {
                budget_hit ? " (stopped at the time budget)" : "", vf_all ? "; VERIFY FAILED" : "");
     }
     CK(cudaFree(dresv));
+    nvshmem_free(counts);
     nvshmem_free(dst);
     nvshmem_free(src);
     job_finalize(60);

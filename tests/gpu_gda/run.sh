@@ -35,8 +35,10 @@ environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARG
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
   NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), NVSHMEM_IBGDA_NUM_RC_PER_PE (queues per
   PE of the tests' runs, default 4), GDA_TESTS_CASE_TIMEOUT (s per case),
-  GDA_BENCH_SETS (comma list of main, null, thread, host, gda, sweep; default the first three; host: the
-  gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path alone; sweep:
+  GDA_BENCH_SETS (comma list of main, null, thread, host, gda, count, sweep; default the first three;
+  host: the gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path
+  alone; count: puts each followed by a count at the target (GDA_COUNT_EVERY, GDA_COUNT_QUEUES), rows
+  gda-countN, into bench-count.csv; sweep:
   8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
   GDA_SWEEP (the sweep's points BLOCKSxWARPS, default "1x1 1x4 4x4 16x4 32x8 66x8 132x8"),
   GDA_SWEEP_QUEUES (the sweep's queue counts per PE, default "1 4 16 64"),
@@ -609,6 +611,15 @@ if [ $do_bench = 1 ]; then
     host_env=("${bench_env[@]}" NVSHMEM_EFA_SOFT_IPC=host)
     case ",${GDA_BENCH_SETS:-}," in *,host,*) bench_one bench-host host_env 120 gda ;; esac
     case ",${GDA_BENCH_SETS:-}," in *,gda,*) bench_one bench-gda bench_env 120 gda ;; esac
+    # Only with GDA_BENCH_SETS naming it: counts (DeepEP's "data, then count"): every warp adds 1 to a
+    # word of its own at the peer after each GDA_COUNT_EVERY-th put (default 1), on its own queue of
+    # GDA_COUNT_QUEUES (default 16), 16 blocks x 4 warps, 8 B to 64 KiB; rows gda-countN, the
+    # counts checked at the target. The target applies each count to GPU memory (AMO messages).
+    count_env=("${bench_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="${GDA_COUNT_QUEUES:-16}")
+    case ",${GDA_BENCH_SETS:-}," in *,count,*)
+        bench_one bench-count count_env 120 gda --count-every "${GDA_COUNT_EVERY:-1}" \
+            --queues "${GDA_COUNT_QUEUES:-16}" --blocks 16 --warps 4 --max-bytes 65536 --budget-s 40 ;;
+    esac
     if want_set main; then
         bench_one bench-gda-proxy bench_env 120 gda,proxy
         bench_one bench-p2p p2p_env 90 p2p

@@ -43,6 +43,33 @@ impl Consumer {
         self.advance_cq(q, 1);
     }
 
+    /// The provider's completion of the operation in `slot`. An answered SEND (`wire.rs`) gives its
+    /// bounce buffer back and completes once the answer is in too (at once when the send failed:
+    /// no answer comes then); any other operation completes now.
+    pub(super) fn tx_done(&mut self, slot: u64, status: CqStatus) {
+        let answered = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.as_mut())
+            .and_then(|f| f.stage.as_mut().map(|st| (f.bounce.take(), st)));
+        let Some((bounce, st)) = answered else {
+            self.complete_tx(slot, status);
+            return;
+        };
+        st.queued = false;
+        if status != CqStatus::Ok {
+            st.awaiting = 0;
+            if st.status == CqStatus::Ok {
+                st.status = status;
+            }
+        }
+        let token = st.token;
+        if let Some(b) = bounce {
+            self.free_bounce.push(b);
+        }
+        self.stage_settle(token);
+    }
+
     pub(super) fn complete_tx(&mut self, slot: u64, status: CqStatus) {
         let Some(f) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
             tracing::error!("software queue: completion for unknown slot {slot}");
@@ -142,7 +169,7 @@ impl Consumer {
         match self.inner.ctxs.get(e.op_context) {
             Some((TAG_TX, slot)) => {
                 self.inner.ctxs.free(e.op_context);
-                self.complete_tx(slot, CqStatus::Ok);
+                self.tx_done(slot, CqStatus::Ok);
             }
             Some((TAG_RX, idx)) => {
                 self.inner.ctxs.free(e.op_context);
@@ -166,7 +193,7 @@ impl Consumer {
                 self.inner.ctxs.free(ctx);
                 let status = fabric_error_status(code);
                 tracing::warn!("software queue: operation failed ({status}): {text}");
-                self.complete_tx(slot, status);
+                self.tx_done(slot, status);
             }
             Some((TAG_STX, b)) => {
                 self.inner.ctxs.free(ctx);

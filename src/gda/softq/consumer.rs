@@ -134,6 +134,10 @@ pub(super) struct StageStats {
     /// AMO batches applied (`amo_batch.rs`) and the AMOs in them.
     pub(super) amo_batches: u64,
     pub(super) amo_batched: u64,
+    /// Time spent applying AMO batches (debug level only: a clock read costs).
+    pub(super) amo_time: Duration,
+    /// WQEs the provider refused for now (their ring waited: `stalled`).
+    pub(super) wqe_refused: u64,
 }
 
 impl Consumer {
@@ -365,6 +369,20 @@ impl Consumer {
             _ => 0.0,
         };
         let taken = self.taken();
+        if self.stats.amo_batches > 0 || self.stats.wqe_refused > 0 {
+            tracing::debug!(
+                "software queue consumer thread {}: {} AMO messages applied in {} batches ({:.1} \
+                 per batch), {:.3} s applying them ({:.1} us per batch); {} WQEs refused by the \
+                 provider for now",
+                self.id,
+                self.stats.amo_batched,
+                self.stats.amo_batches,
+                self.stats.amo_batched as f64 / self.stats.amo_batches.max(1) as f64,
+                self.stats.amo_time.as_secs_f64(),
+                self.stats.amo_time.as_secs_f64() * 1e6 / self.stats.amo_batches.max(1) as f64,
+                self.stats.wqe_refused
+            );
+        }
         tracing::debug!(
             "software queue consumer thread {} stopped after {} WQEs ({} rejected) from {} \
              ring(s), {} handed over: {} loop \

@@ -162,13 +162,18 @@ impl Consumer {
         {
             return self.post_copy(p, dst, src, len, device);
         }
+        // An answered SEND (`wire.rs`): its token names the slot, and the WQE completes when the
+        // target's answer comes (`tx_done`, the staged acknowledgement's handler).
+        let answer = (self.inner.answered_sends && matches!(p.action, Action::Send { .. }))
+            .then(|| super::staging::stage_token(p.pc, p.slot.expect("slot taken above")));
         if let Action::Send { hdr, payload, .. } = &p.action {
             if p.bounce.is_none() {
                 let Some(b) = self.free_bounce.pop() else {
                     return Err(p);
                 };
                 p.bounce = Some(b);
-                if let Err(why) = self.fill_bounce(b, hdr, payload) {
+                let hdr = SendHdr { answer, ..*hdr };
+                if let Err(why) = self.fill_bounce(b, &hdr, payload) {
                     self.finish_failed(p, CqStatus::LocalQpInternalError, &why);
                     return Ok(());
                 }
@@ -204,7 +209,20 @@ impl Consumer {
         };
         match r {
             Ok(()) => {
-                self.occupy(slot, InFlight::of(&p, p.bounce, None));
+                // An answered SEND waits for its send completion (`queued`) and for the answer
+                // (`awaiting`).
+                let stage = answer.map(|token| Stage {
+                    token,
+                    awaiting: 1,
+                    queued: true,
+                    deferred: None,
+                    status: CqStatus::Ok,
+                    read_dst: 0,
+                    read_device: false,
+                    read_len: 0,
+                    read_left: 0,
+                });
+                self.occupy(slot, InFlight::of(&p, p.bounce, stage));
                 Ok(())
             }
             Err(e) if e.is_again() => {
@@ -267,6 +285,12 @@ impl Consumer {
             Action::Send { dest, hdr, .. } => {
                 let b = p.bounce.expect("bounce buffer taken before issue") as usize;
                 let len = SEND_HDR_SIZE + usize::from(hdr.len);
+                // An answered SEND needs no delivery completion: the answer says more.
+                let flags = if inner.answered_sends {
+                    flags::COMPLETION | flags::TRANSMIT_COMPLETE
+                } else {
+                    self.delivery_flags
+                };
                 // SAFETY: forwarded contract; the bounce buffer holds header and payload.
                 unsafe {
                     ep.send_msg(
@@ -275,7 +299,7 @@ impl Consumer {
                         inner.send_bufs.desc(),
                         dest,
                         ctx,
-                        self.delivery_flags,
+                        flags,
                     )
                 }
             }

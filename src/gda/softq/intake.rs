@@ -305,6 +305,8 @@ impl Consumer {
                         continue;
                     }
                     if let Err(p) = self.post(p) {
+                        self.stats.wqe_refused += 1;
+                        self.inner.wqes_refused.fetch_add(1, Ordering::Relaxed);
                         self.stalled.insert(q, p);
                         break;
                     }
@@ -553,6 +555,8 @@ impl Consumer {
                     src_pe: t.my_pe as u32,
                     imm,
                     len: len as u16,
+                    // Set when the SEND is posted (the token names its slot): `post`.
+                    answer: None,
                 };
                 Ok(Action::Send {
                     dest: peer.fi_addr,

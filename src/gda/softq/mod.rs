@@ -418,6 +418,12 @@ pub struct SoftQueueStats {
     /// them waited for earlier WQEs to their PE (the ordering rule, docs/ordering.md).
     pub amos_announcing: u64,
     pub amos_waited: u64,
+    /// Batches the received AMO messages were applied in (`amo_batch.rs`: one per CQ read).
+    pub amo_batches: u64,
+    /// WQEs the provider refused for now (`-FI_EAGAIN`; each counted once, however often retried).
+    pub wqes_refused: u64,
+    /// SENDs answered by the target (answered SENDs, `wire.rs`), and the answers received.
+    pub sends_answered: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -450,6 +456,9 @@ struct Inner {
     completed: AtomicU64,
     rx_pending: AtomicU64,
     amos_applied: AtomicU64,
+    amo_batches: AtomicU64,
+    wqes_refused: AtomicU64,
+    sends_answered: AtomicU64,
     ahead_of_doorbell: AtomicU64,
     rx_overwrite: bool,
     rx_overruns: AtomicU64,
@@ -465,6 +474,10 @@ struct Inner {
     /// [`SoftQueueConfig::kernel_ahead`].
     kernel_ahead: usize,
     null_consumer: bool,
+    /// SENDs are answered SENDs (`wire.rs`): posted with transmit completion, completed when the
+    /// target's answer comes, because this provider takes delivery-complete SENDs one per peer at
+    /// a time ([`crate::fabric::Caps::dc_sends_serialise`]; docs/gda-amo-path.md).
+    answered_sends: bool,
     /// [`SoftQueueConfig::unordered`].
     unordered: Duration,
     /// [`SoftQueueConfig::max_rings`].
@@ -558,6 +571,9 @@ impl SoftQueue {
             completed: AtomicU64::new(0),
             rx_pending: AtomicU64::new(0),
             amos_applied: AtomicU64::new(0),
+            amo_batches: AtomicU64::new(0),
+            wqes_refused: AtomicU64::new(0),
+            sends_answered: AtomicU64::new(0),
             ahead_of_doorbell: AtomicU64::new(0),
             rx_overwrite: cfg.rx_overwrite,
             rx_overruns: AtomicU64::new(0),
@@ -571,6 +587,7 @@ impl SoftQueue {
             kernel_stuck: cfg.kernel_stuck,
             kernel_ahead: cfg.kernel_ahead.max(1),
             null_consumer: cfg.null_consumer,
+            answered_sends: crate::fabric::Caps::of(info).dc_sends_serialise,
             unordered: cfg.unordered,
             max_rings: cfg.max_rings,
             ctrl_placement: cfg.ctrl,
@@ -605,13 +622,20 @@ impl SoftQueue {
         let threads = start_consumers(&inner, cfg, slots0)?;
         tracing::info!(
             "software EFA queue: {sq_entries} x {} B WQE entries, max batch {}, CQ {cq_entries} x 16 B, RX \
-             {rx_entries} x 32 B, rings in {} memory, control block in {} memory, provider {}, staging {:?}",
+             {rx_entries} x 32 B, rings in {} memory, control block in {} memory, provider {}, staging {:?}, \
+             SENDs complete on {}",
             cfg.sq_entry_size,
             cfg.max_batch,
             if inner.rings.is_mapped() { "CUDA-mapped host" } else { "plain host" },
             if inner.ctrl.host().is_some() { "host" } else { "device" },
             info.provider_name(),
-            cfg.staging
+            cfg.staging,
+            if inner.answered_sends {
+                "the target's answer (delivery completion would take one SEND per peer at a time \
+                 on this provider)"
+            } else {
+                "delivery"
+            }
         );
         Ok(SoftQueue {
             inner,
@@ -902,6 +926,9 @@ impl SoftQueue {
             kernel_taken_over: i.kernel_counts[2].load(Ordering::Acquire),
             amos_announcing: i.order_counts[0].load(Ordering::Acquire),
             amos_waited: i.order_counts[1].load(Ordering::Acquire),
+            amo_batches: i.amo_batches.load(Ordering::Acquire),
+            wqes_refused: i.wqes_refused.load(Ordering::Acquire),
+            sends_answered: i.sends_answered.load(Ordering::Acquire),
         }
     }
 

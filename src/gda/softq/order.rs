@@ -193,6 +193,7 @@ mod tests {
                     src_pe: 0,
                     imm: None,
                     len: 32,
+                    answer: None,
                 },
                 payload: super::super::Payload::Inline([0; crate::efa::wqe::INLINE_MAX], 32),
                 after_data,

@@ -138,8 +138,13 @@ impl Consumer {
         }
         let mut batch = std::mem::take(&mut self.amo_batch);
         let n = batch.len();
+        let t = self.rounds.timing.then(Instant::now);
         let done = self.amo_applier.apply(&mut batch, "software queue");
+        if let Some(t) = t {
+            self.stats.amo_time += t.elapsed();
+        }
         self.stats.amo_batches += 1;
+        self.inner.amo_batches.fetch_add(1, Ordering::Relaxed);
         self.stats.amo_batched += n as u64;
         for (_, (idx, h), r) in done {
             let status = match r {
@@ -170,6 +175,10 @@ impl Consumer {
     /// anything else gets its RX completion; then the receive buffer is posted again (unless it is
     /// held for ring room, with receive credits).
     fn finish_send(&mut self, h: &SendHdr, idx: usize, is_amo: bool, status: CqStatus) {
+        if let Some(token) = h.answer {
+            self.answer_send(h.src_pe, token, status);
+            self.inner.sends_answered.fetch_add(1, Ordering::Relaxed);
+        }
         if !(is_amo && status == CqStatus::Ok && h.imm.is_none()) {
             let (ah, src_qp) = self.source(Some(h.src_pe));
             let hold = self.inner.rx_credits.then_some(idx);
@@ -200,6 +209,22 @@ impl Consumer {
     }
 
     /// Posts receive buffer `idx` again (not once the queue stops).
+    /// Answers an answered SEND (`wire.rs`) of PE `src_pe` once it was handled here: a staged
+    /// acknowledgement carrying the sender's token and the status, ahead of other staged messages.
+    fn answer_send(&mut self, src_pe: u32, token: u64, status: CqStatus) {
+        let h = StageHdr {
+            kind: STAGE_WRITE_ACK,
+            imm: None,
+            status: 0,
+            src_pe,
+            token,
+            offset: 0,
+            len: 0,
+            total: 0,
+        };
+        self.reply(&h, STAGE_WRITE_ACK, status, 0, false, 0);
+    }
+
     fn repost(&mut self, idx: usize) {
         if !self.inner.stop.load(Ordering::Acquire) {
             if let Err(e) = self.post_receive(idx) {
