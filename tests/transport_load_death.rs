@@ -19,13 +19,15 @@
 //! Staged variants (`*_staged`): host memory moved the way GPU memory is for a PE the provider
 //! must not give it to (`NVSHMEM_EFA_GPU_STAGING=1`: puts and gets as active messages through host
 //! send slots, each waiting for the target's answer); the waiting contexts of the messages the dead
-//! PE never answered must be released with the rest. On tcp the staged variant raises rxm's eager
-//! limit above the staged message size (`FI_OFI_RXM_BUFFER_SIZE`, [`RXM_EAGER_STAGED`]): with
-//! rxm's default, a staged message of 16-128 KiB goes by its segmentation protocol (SAR), and
-//! libfabric 2.1 crashes a survivor whose dead peer's connection closes with such a message half
-//! received (`rxm_close_conn` treats its `deferred_sar_msgs` entries as receive entries and calls
-//! through a null pointer; 1 run in ~60-100, docs/staged-path.md). `load_death_tcp_staged_sar`
-//! (ignored) keeps rxm's default.
+//! PE never answered must be released with the rest. On tcp the staged variant runs with rxm's
+//! eager limit above the staged message size, which the library sets itself when it is loaded
+//! (`FI_OFI_RXM_BUFFER_SIZE` = `fabric::rxm::EAGER_LIMIT` for `NVSHMEM_LIBFABRIC_PROVIDER=tcp`;
+//! the test checks the survivors' log line saying so): with rxm's default, a staged message of
+//! 16-128 KiB goes by its segmentation protocol (SAR), and libfabric 2.1 crashes a survivor whose
+//! dead peer's connection closes with such a message half received (`rxm_close_conn` treats its
+//! `deferred_sar_msgs` entries as receive entries and calls through a null pointer; 1 run in
+//! ~60-100, docs/staged-path.md). `load_death_tcp_staged_sar` (ignored) keeps rxm's default
+//! (`NVSHMEM_EFA_RXM_EAGER=keep`).
 //!
 //! Layouts: the same host (tcp over `lo`, shm), and two hosts (tcp): each PE in a network, UTS and
 //! PID namespace of its own, joined by veth pairs on a bridge, so the library sees four hosts and
@@ -78,16 +80,13 @@ const ENV_DIR: &str = "LOAD_DEATH_DIR";
 /// Set for the two-host layout: the bound towards the dead PE is the quiet timeout (see
 /// [`dead_bound`]).
 const ENV_REMOTE: &str = "LOAD_DEATH_REMOTE";
-/// rxm's eager limit for the tcp staged variant: a whole staged message (64-byte header and up to
-/// 64 KiB) goes in one eager send.
-const RXM_EAGER_STAGED: &str = "65664";
 
 /// How the PEs move data.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
     /// Through the provider (RMA; AMOs as the route says).
     Direct,
-    /// Staged; on tcp with rxm's eager limit at [`RXM_EAGER_STAGED`].
+    /// Staged; on tcp with rxm's eager limit the library sets at load.
     Staged,
     /// Staged with rxm's default protocols (SAR for 16-128 KiB messages).
     StagedSar,
@@ -283,6 +282,19 @@ fn child_main(me: usize, sock: &str, dir: &Path) {
     nvshmem_efa_gda::log::init();
     let cfg = Config::from_env().unwrap_or_else(|e| fail(&format!("config: {e}")));
     let t = Arc::new(Transport::new(cfg).unwrap_or_else(|e| fail(&e.message)));
+    // On tcp the library's load-time hook raised rxm's eager limit (unless kept) before
+    // libfabric read it.
+    if std::env::var("NVSHMEM_LIBFABRIC_PROVIDER").as_deref() == Ok("tcp") {
+        let kept = std::env::var("NVSHMEM_EFA_RXM_EAGER").is_ok();
+        let eager = nvshmem_efa_gda::fabric::rxm::configured();
+        let want = (!kept).then_some(nvshmem_efa_gda::fabric::rxm::EAGER_LIMIT);
+        if eager != want {
+            fail(&format!(
+                "FI_OFI_RXM_BUFFER_SIZE is {eager:?}, want {want:?} (NVSHMEM_EFA_RXM_EAGER {})",
+                if kept { "=keep" } else { "unset" }
+            ));
+        }
+    }
     let ag = |send: &[u8], recv: &mut [u8]| {
         let all = hub_round("lib", send);
         if all.len() != recv.len() {
@@ -675,8 +687,8 @@ fn run_job(
         if layout == Layout::TwoHosts {
             cmd.env(ENV_REMOTE, "1");
         }
-        if mode == Mode::Staged && provider == "tcp" {
-            cmd.env("FI_OFI_RXM_BUFFER_SIZE", RXM_EAGER_STAGED);
+        if mode == Mode::StagedSar {
+            cmd.env("NVSHMEM_EFA_RXM_EAGER", "keep");
         }
         let mut child = cmd.spawn().expect("spawn a PE");
         let out = hub_common::capture_stderr(&mut child);

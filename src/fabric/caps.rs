@@ -98,6 +98,10 @@ struct Identity {
     /// which needs the receiver's progress, is over). Sends that need no delivery completion
     /// are then posted with FI_TRANSMIT_COMPLETE (docs/staged-path.md, docs/ordering.md).
     dc_sends_serialise: bool,
+    /// The provider is rxm over tcp, whose eager limit decides how staged messages travel
+    /// (`fabric::rxm`: the library raises it for them; verbs;ofi_rxm carries no staged traffic
+    /// worth the memory).
+    rxm_staged: bool,
 }
 
 impl Identity {
@@ -132,10 +136,20 @@ impl Identity {
                 hmem_needs_legacy_ipc: true,
                 ..none
             },
-            // A software provider, and one this crate does not know: nothing assumed.
-            Some(Provider::Tcp) | None => none,
+            Some(Provider::Tcp) => Identity {
+                rxm_staged: true,
+                ..none
+            },
+            // One this crate does not know: nothing assumed.
+            None => none,
         }
     }
+}
+
+/// Whether `p` is rxm over tcp, for decisions made before libfabric answers (the load-time hook of
+/// [`super::rxm`]).
+pub fn rxm_staged(p: &Provider) -> bool {
+    Identity::of(Some(p)).rxm_staged
 }
 
 /// The provider's capabilities, as the crate acts on them.
@@ -164,6 +178,8 @@ pub struct Caps {
     pub nonfetch_atomics_as_fetch: bool,
     /// Sends with FI_DELIVERY_COMPLETE go one per peer at a time (see [`Identity`]).
     pub dc_sends_serialise: bool,
+    /// rxm over tcp: its eager limit decides how staged messages travel ([`super::rxm`]).
+    pub rxm_staged: bool,
     /// Operations to each peer leave through transmit endpoints of their own.
     pub per_peer_lanes: bool,
     /// Endpoints are opened with names of the caller's (C strings).
@@ -210,6 +226,7 @@ impl Caps {
             native_atomics: a.atomics && id.nic_atomics,
             nonfetch_atomics_as_fetch: a.atomics && id.nonfetch_atomics_as_fetch,
             dc_sends_serialise: id.dc_sends_serialise,
+            rxm_staged: id.rxm_staged,
             per_peer_lanes: id.per_peer_lanes,
             named_endpoints: id.named_endpoints,
             hmem_needs_legacy_ipc: a.hmem && id.hmem_needs_legacy_ipc,
@@ -414,6 +431,11 @@ pub(crate) mod tests {
         ] {
             assert!(!Caps::from_answer(&answer(prov, fabric, true, true)).dc_sends_serialise);
         }
+        // rxm's eager limit matters for tcp;ofi_rxm only (not shm, not verbs;ofi_rxm).
+        assert!(!c.rxm_staged);
+        assert!(Caps::from_answer(&answer("tcp;ofi_rxm", "192.0.2.0/24", false, true)).rxm_staged);
+        assert!(!Caps::from_answer(&answer("verbs;ofi_rxm", "IB-0x", true, true)).rxm_staged);
+        assert!(rxm_staged(&Provider::Tcp) && !rxm_staged(&Provider::Verbs));
         // An unknown provider is taken as a software provider with what its answer grants.
         let c = Caps::from_answer(&answer("psm3", "psm3", true, true));
         assert_eq!(c.provider, None);

@@ -19,6 +19,7 @@ mod info;
 mod mr;
 #[cfg(test)]
 mod mr_gpu_tests;
+pub mod rxm;
 mod types;
 
 pub use av::AddressVector;

@@ -12,7 +12,7 @@ use super::wire::{
 };
 use super::wire::{
     AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
-    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_CHUNK, STAGE_MAX,
+    AM_PUT, AM_REQ, AM_RESP, AM_TRACED, STAGE_MAX,
 };
 use super::{abi, internal, Connected, TResult, Transport};
 use crate::fabric::{CqEntry, FiAddr};
@@ -269,7 +269,7 @@ impl Transport {
                 let src_pe = m.val as i64;
                 let Some(dest) = c
                     .peer_addr(src_pe, i)
-                    .filter(|_| m.size as usize <= STAGE_CHUNK)
+                    .filter(|_| m.size as usize <= STAGE_MAX)
                 else {
                     tracing::error!("staged get from PE {src_pe} with {} bytes dropped", m.size);
                     return;
@@ -558,7 +558,7 @@ impl Transport {
                                 kept.push_back(p);
                                 continue;
                             };
-                            // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+                            // SAFETY: the payload area of the slot has STAGE_MAX >= len bytes.
                             let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
                             let stats = self.mover.stats();
                             let t = stats.start();
@@ -644,7 +644,7 @@ impl Transport {
                     (abi::status::INVALID_VALUE, false)
                 }
             };
-            // SAFETY: the payload area of the slot has STAGE_CHUNK >= len bytes.
+            // SAFETY: the payload area of the slot has STAGE_MAX >= len bytes.
             let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) } as u64;
             taken.push((k, slot, payload, *addr, *len as usize, status, device));
         }
@@ -817,7 +817,8 @@ impl Transport {
         let traced = self.mover.stats().sample(len);
         let mut off = 0u64;
         while off < len {
-            let n = (STAGE_CHUNK as u64).min(len - off);
+            // A get of up to 64 KiB is one request and one answer; longer ones in even chunks.
+            let n = super::wire::get_chunk(len, off);
             self.post_get_chunk(c, t, off, n, traced)?;
             off += n;
         }

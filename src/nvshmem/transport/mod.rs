@@ -262,6 +262,7 @@ impl Transport {
         crate::cuda::module_loading::report(
             route.staging != Staging::Off || !route.provider_atomics,
         );
+        crate::fabric::rxm::report(route.caps.rxm_staged, route.staging != Staging::Off);
         let mover = Mover::new(route.mover_policy(), NUM_EPS)
             .with_timeout(cfg.quiet_timeout)
             .with_copy_batch(cfg.copy_batch);
