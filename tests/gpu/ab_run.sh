@@ -100,7 +100,7 @@ if want countvar; then
     done
 fi
 if want gdatests; then
-    run "gdatests-${names[0]}" 330 bash tests/gpu_gda/run.sh --bin-dir "$BINS_GDA" --no-sanitizer --no-bench \
+    run "gdatests-${names[0]}" 150 bash tests/gpu_gda/run.sh --bin-dir "$BINS_GDA" --no-sanitizer --no-bench \
         --plugin-dir "${dirs[0]}" --out "$OUT/gdatests-${names[0]}"
     grep -hE "^(PASS|FAIL)|RESULT|cases passed" "$OUT/gdatests-${names[0]}.console.txt" 2>/dev/null | tail -n 20 |
         sed 's/^/    /' | tee -a "$summary"
