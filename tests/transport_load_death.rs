@@ -22,7 +22,7 @@
 //! PE never answered must be released with the rest. On tcp the staged variant runs with rxm's
 //! eager limit above the staged message size, which the library sets itself when it is loaded
 //! (`FI_OFI_RXM_BUFFER_SIZE` = `fabric::rxm::EAGER_LIMIT` for `NVSHMEM_LIBFABRIC_PROVIDER=tcp`;
-//! the test checks the survivors' log line saying so): with rxm's default, a staged message of
+//! every PE checks the variable after the transport opened): with rxm's default, a staged message of
 //! 16-128 KiB goes by its segmentation protocol (SAR), and libfabric 2.1 crashes a survivor whose
 //! dead peer's connection closes with such a message half received (`rxm_close_conn` treats its
 //! `deferred_sar_msgs` entries as receive entries and calls through a null pointer; 1 run in
