@@ -46,10 +46,15 @@ pub fn decide(provider: Option<&str>, buffer_size: Option<&str>, opt_out: Option
     }
 }
 
-/// Runs when the shared library is loaded (ELF constructor), while the loader is single-threaded.
+/// Runs when the shared library is loaded (ELF constructor): at process start when it is preloaded
+/// or linked, at `dlopen` when a program loads it later (the Python package's `enable()`), as the
+/// CUDA variables' hook does (`crate::cuda::module_loading`). It changes the environment only when
+/// the provider named is tcp and the variable is unset.
 extern "C" fn on_load() {
-    // SAFETY: getenv/setenv with NUL-terminated literals while the loader is single-threaded; the
-    // values getenv returns are copied before setenv runs.
+    // SAFETY: getenv/setenv with NUL-terminated literals; the values getenv returns are copied
+    // before setenv runs. At process start the loader is single-threaded; at a later dlopen a
+    // getenv of another thread could race this one setenv (glibc's caveat, shared with the CUDA
+    // hook).
     unsafe {
         let get = |name: &std::ffi::CStr| {
             let v = libc::getenv(name.as_ptr());
