@@ -51,21 +51,22 @@ impl Consumer {
             .slots
             .get_mut(slot as usize)
             .and_then(|s| s.as_mut())
-            .and_then(|f| f.stage.as_mut().map(|st| (f.bounce.take(), st)));
-        let Some((bounce, st)) = answered else {
+            .and_then(|f| f.stage.map(|st| (f.bounce.take(), st.token)));
+        let Some((bounce, token)) = answered else {
             self.complete_tx(slot, status);
             return;
         };
-        st.queued = false;
-        if status != CqStatus::Ok {
-            st.awaiting = 0;
-            if st.status == CqStatus::Ok {
-                st.status = status;
-            }
-        }
-        let token = st.token;
         if let Some(b) = bounce {
             self.free_bounce.push(b);
+        }
+        if status != CqStatus::Ok {
+            self.stage_fail(token, status);
+        }
+        if let Some(st) = self.stage_mut(token) {
+            st.queued = false;
+            if status != CqStatus::Ok {
+                st.awaiting = 0; // no answer comes for a send that failed
+            }
         }
         self.stage_settle(token);
     }

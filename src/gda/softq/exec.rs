@@ -212,15 +212,8 @@ impl Consumer {
                 // An answered SEND waits for its send completion (`queued`) and for the answer
                 // (`awaiting`).
                 let stage = answer.map(|token| Stage {
-                    token,
                     awaiting: 1,
-                    queued: true,
-                    deferred: None,
-                    status: CqStatus::Ok,
-                    read_dst: 0,
-                    read_device: false,
-                    read_len: 0,
-                    read_left: 0,
+                    ..Stage::new(token)
                 });
                 self.occupy(slot, InFlight::of(&p, p.bounce, stage));
                 Ok(())

@@ -23,6 +23,24 @@ pub(super) struct Stage {
     pub(super) read_left: u64,
 }
 
+impl Stage {
+    /// A WQE `token` that has a part still to go out (`queued`), nothing awaited or failed yet,
+    /// and no read.
+    pub(super) fn new(token: u64) -> Stage {
+        Stage {
+            token,
+            awaiting: 0,
+            queued: true,
+            deferred: None,
+            status: CqStatus::Ok,
+            read_dst: 0,
+            read_device: false,
+            read_len: 0,
+            read_left: 0,
+        }
+    }
+}
+
 /// A staged message (or a run of chunks) waiting for a send buffer.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct OutItem {
@@ -114,15 +132,11 @@ impl Consumer {
                 &p,
                 None,
                 Some(Stage {
-                    token: item.token,
-                    awaiting: 0,
-                    queued: true,
-                    deferred: None,
-                    status: CqStatus::Ok,
                     read_dst,
                     read_device,
                     read_len: read_left,
                     read_left,
+                    ..Stage::new(item.token)
                 }),
             ),
         );
