@@ -267,13 +267,13 @@ impl<T> AmoBatch<T> {
             });
             clash |= words[i].1 != m.size;
         }
-        if !clash {
-            let mut sorted: Vec<(u64, u32)> = words.iter().map(|w| (w.0, w.1)).collect();
-            sorted.sort_unstable();
-            clash = sorted
+        // The words in address order: for the overlap check and for the ranges below.
+        let mut by_addr: Vec<usize> = (0..words.len()).collect();
+        by_addr.sort_unstable_by_key(|&k| words[k].0);
+        clash = clash
+            || by_addr
                 .windows(2)
-                .any(|w| w[0].0 + u64::from(w[0].1) > w[1].0);
-        }
+                .any(|w| words[w[0]].0 + u64::from(words[w[0]].1) > words[w[1]].0);
         if clash {
             return one_by_one(ops, single);
         }
@@ -283,8 +283,6 @@ impl<T> AmoBatch<T> {
         // each, more than the bytes); host words have ranges of their own. Nothing between words
         // is copied: a range holds only words of this batch, and every word of a batch is
         // written (each has an AMO).
-        let mut by_addr: Vec<usize> = (0..words.len()).collect();
-        by_addr.sort_unstable_by_key(|&k| words[k].0);
         let mut loc = vec![0usize; words.len()];
         // (address, host offset, bytes, GPU memory)
         let mut ranges: Vec<(u64, usize, usize, bool)> = Vec::new();
