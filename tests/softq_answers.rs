@@ -66,8 +66,8 @@ fn amo_messages_on_shm_are_answered_once_applied_and_leave_without_waiting() {
     let s1 = pes[1].gda.soft_queue().unwrap().stats();
     eprintln!(
         "shm: {N} AMO messages: word {word} at the quiet; sender: {} refused for now; target: {} \
-         applied in {} batches, {} answered",
-        s0.wqes_refused, s1.amos_applied, s1.amo_batches, s1.sends_answered
+         applied in {} batches, {} answered in {} messages",
+        s0.wqes_refused, s1.amos_applied, s1.amo_batches, s1.sends_answered, s1.answer_msgs
     );
     assert_eq!(
         word, N,
@@ -75,6 +75,13 @@ fn amo_messages_on_shm_are_answered_once_applied_and_leave_without_waiting() {
     );
     assert_eq!(s1.amos_applied, N);
     assert_eq!(s1.sends_answered, N, "every SEND is answered on shm");
+    // The answers of one batch share a message (STAGE_ACKS): no more messages than batches.
+    assert!(
+        s1.answer_msgs >= 1 && s1.answer_msgs <= s1.amo_batches,
+        "{} answer messages for {} batches",
+        s1.answer_msgs,
+        s1.amo_batches
+    );
     assert!(
         s0.wqes_refused < N / 4,
         "the SENDs waited for each other: {} of {N} refused by the provider",

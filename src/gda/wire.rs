@@ -41,7 +41,8 @@
 //! and asks for an answer; the target, once it handled the SEND (an AMO applied to its heap, an RX
 //! completion written), answers with a staged acknowledgement ([`STAGE_WRITE_ACK`]) carrying the
 //! token and the status, and the sender completes the WQE then. So a completed AMO has been applied
-//! at the target (docs/gda-amo-path.md).
+//! at the target (docs/gda-amo-path.md). The answers to the SENDs of one sender that one CQ read
+//! brought (a batch of AMOs) travel together, as one [`STAGE_ACKS`] message with their tokens.
 //!
 //! # Staged transfers (40-byte header, then the payload)
 //! Where a queue stages RDMA (see the software queue's module doc), writes and reads travel as SENDs
@@ -296,6 +297,12 @@ pub const STAGE_WRITE_ACK: u8 = 2;
 pub const STAGE_READ_REQ: u8 = 3;
 /// Read data (target to initiator): payload when the status is 0.
 pub const STAGE_READ_DATA: u8 = 4;
+/// Answers to several answered SENDs of the initiator (target to initiator), all with the
+/// header's status: the payload is `len` bytes, the SENDs' tokens (8 bytes each, little-endian);
+/// `total` is their count.
+pub const STAGE_ACKS: u8 = 5;
+/// Most tokens one [`STAGE_ACKS`] message carries.
+pub const STAGE_ACKS_MAX: usize = STAGE_CHUNK / 8;
 /// Staged header flag: the immediate is present (the last chunk of a write with immediate).
 pub const STAGE_FLAG_IMM: u8 = 1;
 
@@ -304,7 +311,7 @@ pub const STAGE_FLAG_IMM: u8 = 1;
 /// | bytes | field |
 /// |---|---|
 /// | 0-3 | magic `GDAT` |
-/// | 4 | kind ([`STAGE_WRITE`], [`STAGE_WRITE_ACK`], [`STAGE_READ_REQ`], [`STAGE_READ_DATA`]) |
+/// | 4 | kind ([`STAGE_WRITE`], [`STAGE_WRITE_ACK`], [`STAGE_READ_REQ`], [`STAGE_READ_DATA`], [`STAGE_ACKS`]) |
 /// | 5 | flags: bit 0 = immediate present |
 /// | 6-7 | status (EFA completion status; acks and read data) |
 /// | 8-11 | sender's PE |
@@ -314,7 +321,8 @@ pub const STAGE_FLAG_IMM: u8 = 1;
 /// | 32-35 | length of this message's range (the payload's, when it carries one) |
 /// | 36-39 | total length of the WQE |
 ///
-/// A write chunk and read data with status 0 carry `len` payload bytes; the others none.
+/// A write chunk, read data with status 0 and answers ([`STAGE_ACKS`]: `len` = 8 x `total` token
+/// bytes) carry `len` payload bytes; the others none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageHdr {
     /// Message kind.
@@ -341,6 +349,7 @@ impl StageHdr {
         match self.kind {
             STAGE_WRITE => self.len as usize,
             STAGE_READ_DATA if self.status == 0 => self.len as usize,
+            STAGE_ACKS => self.len as usize,
             _ => 0,
         }
     }
@@ -378,7 +387,7 @@ impl StageHdr {
         let kind = msg[4];
         let flags = msg[5];
         let status = u16::from_le_bytes([msg[6], msg[7]]);
-        if !(STAGE_WRITE..=STAGE_READ_DATA).contains(&kind)
+        if !(STAGE_WRITE..=STAGE_ACKS).contains(&kind)
             || flags & !STAGE_FLAG_IMM != 0
             || (flags != 0 && kind != STAGE_WRITE)
             || status > 0xFF
@@ -395,10 +404,22 @@ impl StageHdr {
             len: u32_at(32),
             total: u32_at(36),
         };
-        if msg.len() - STAGE_HDR_SIZE != h.payload_len() {
+        if msg.len() - STAGE_HDR_SIZE != h.payload_len()
+            || (kind == STAGE_ACKS
+                && (h.len == 0
+                    || h.len as usize > STAGE_ACKS_MAX * 8
+                    || u64::from(h.len) != 8 * u64::from(h.total)))
+        {
             return None;
         }
         Some(h)
+    }
+
+    /// The tokens of a [`STAGE_ACKS`] message's payload (checked by [`StageHdr::decode`]).
+    pub fn ack_tokens(payload: &[u8]) -> impl Iterator<Item = u64> + '_ {
+        payload
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
     }
 }
 
@@ -544,6 +565,36 @@ mod tests {
         let mut bad = ack.encode();
         bad[4] = 9;
         assert_eq!(StageHdr::decode(&bad), None);
+        // Answers: two tokens; the golden bytes of the header's kind, status, count and length.
+        let acks = StageHdr {
+            kind: STAGE_ACKS,
+            imm: None,
+            status: 0,
+            src_pe: 3,
+            token: 0x11,
+            offset: 0,
+            len: 16,
+            total: 2,
+        };
+        let mut m = acks.encode().to_vec();
+        assert_eq!(&m[4..8], &[5, 0, 0, 0]);
+        assert_eq!(&m[32..40], &[16, 0, 0, 0, 2, 0, 0, 0]);
+        m.extend_from_slice(&0x11u64.to_le_bytes());
+        m.extend_from_slice(&0x2_0000_0007u64.to_le_bytes());
+        assert_eq!(StageHdr::decode(&m), Some(acks));
+        let toks: Vec<u64> = StageHdr::ack_tokens(&m[STAGE_HDR_SIZE..]).collect();
+        assert_eq!(toks, vec![0x11, 0x2_0000_0007]);
+        // A count that disagrees with the length, an empty list, or a short payload: refused.
+        let mut wrong = m.clone();
+        wrong[36] = 3;
+        assert_eq!(StageHdr::decode(&wrong), None);
+        assert_eq!(StageHdr::decode(&m[..m.len() - 8]), None);
+        let empty = StageHdr {
+            len: 0,
+            total: 0,
+            ..acks
+        };
+        assert_eq!(StageHdr::decode(&empty.encode()), None);
         assert_eq!(SendHdr::decode(&msg), None);
     }
 

@@ -13,6 +13,13 @@
 #   countvar the first build only: the count benchmark in variants (AB_COUNT_VARIANTS, "NAME:VAR=V,...;..."
 #            default: one queue per warp, the host copy route, a count every 4 puts), with the
 #            software queue's debug summary in the log (rounds, copy kernel, ordering rule)
+#   exchange the first build only: DeepEP's dispatch pattern both ways with the wait inside the kernel
+#            (gda_bench --exchange; tests/gpu_gda/run.sh GDA_BENCH_SETS=exchange) in variants
+#            (AB_EXCHANGE_VARIANTS, as AB_COUNT_VARIANTS; default: 144 experts on the copy kernel, on
+#            the host copy route, 4 consumer threads, 16 experts x 32 puts, 8-byte puts), with the
+#            software queue's debug summary in the log; with AB_EXCHANGE_TRACE=1 also the consumers'
+#            event traces (NVSHMEM_EFA_SOFT_TRACE, in exchange-<variant>/trace.*.csv) and what
+#            tests/bench/softq_trace.py reads in them (exchange-<variant>/trace.txt)
 #   gdatests the first build only: the GDA device-API suite (tests/gpu_gda/run.sh, no sanitizer)
 #   same     the stream benchmark, same-host layout, library on shm (tests/gpu/stream_run.sh --quick
 #            --only same)
@@ -31,7 +38,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cd "$repo"
 budget=560
-steps="count,countvar,gdatests,same,threads,two"
+steps="count,countvar,exchange,gdatests,same,threads,two"
 while [ $# -gt 0 ]; do
     case "$1" in
     --budget) budget=${2:?--budget needs seconds}; shift ;;
@@ -42,7 +49,7 @@ while [ $# -gt 0 ]; do
 done
 case $budget in '' | *[!0-9]*) echo "ab_run.sh: --budget must be seconds" >&2; exit 2 ;; esac
 for s in ${steps//,/ }; do
-    case $s in count | countvar | gdatests | same | threads | two) ;; *) echo "ab_run.sh: unknown step '$s'" >&2; exit 2 ;; esac
+    case $s in count | countvar | exchange | gdatests | same | threads | two) ;; *) echo "ab_run.sh: unknown step '$s'" >&2; exit 2 ;; esac
 done
 [ -n "${AB_PLUGINS:-}" ] || { echo "ab_run.sh: AB_PLUGINS is not set (NAME=LIB_DIR ...)" >&2; exit 2; }
 names=() dirs=()
@@ -60,6 +67,7 @@ T0=$SECONDS
 left() { echo $((budget - (SECONDS - T0))); }
 want() { [[ ",$steps," == *",$1,"* ]]; }
 status=0
+say "node: $(nproc) CPUs, cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none), load $(cut -d' ' -f1-3 /proc/loadavg)"
 # run NAME LIMIT CMD...: runs when LIMIT seconds are left, bounded by LIMIT.
 run() {
     local name=$1 limit=$2
@@ -75,7 +83,7 @@ run() {
 BINS_GDA=${BINS_GDA:-/tmp/ab-bins-gda}
 gda=(bash tests/gpu_gda/run.sh --bin-dir "$BINS_GDA" --no-tests --no-sanitizer)
 export NVSHMEM_DISABLE_NVLS=1
-if { want count || want countvar || want gdatests || want threads; } && ! [ -x "$BINS_GDA/gda_bench" ]; then
+if { want count || want countvar || want exchange || want gdatests || want threads; } && ! [ -x "$BINS_GDA/gda_bench" ]; then
     run build-gda 240 bash tests/gpu_gda/run.sh --no-tests --no-sanitizer --no-bench \
         --plugin-dir "${dirs[0]}" --save-bins "$BINS_GDA" --out "$OUT/build-gda"
 fi
@@ -97,6 +105,29 @@ if want countvar; then
             "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/countvar-$vn"
         grep -h "gda-count" "$OUT/countvar-$vn/bench-count.log" 2>/dev/null | sed -n '1p;6p;14p' |
             sed "s/^/    $vn /" | tee -a "$summary"
+    done
+fi
+if want exchange; then
+    variants=${AB_EXCHANGE_VARIANTS:-"e144:;host:NVSHMEM_EFA_SOFT_IPC=host;t4:NVSHMEM_EFA_SOFT_THREADS=4;e16:GDA_EXCHANGE=50 4x4 16 32 7168;small:GDA_EXCHANGE=200 36x4 144 1 8"}
+    IFS=';' read -r -a vlist <<<"$variants"
+    for v in "${vlist[@]}"; do
+        vn=${v%%:*} venv=${v#*:}
+        IFS=',' read -r -a vars <<<"$venv"
+        trace=()
+        if [ "${AB_EXCHANGE_TRACE:-0}" = 1 ]; then
+            mkdir -p "$OUT/exchange-$vn"
+            trace=(NVSHMEM_EFA_SOFT_TRACE="$OUT/exchange-$vn/trace")
+        fi
+        run "exchange-$vn" 60 env GDA_BENCH_SETS=exchange \
+            NVSHMEM_EFA_LOG="nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug" "${trace[@]}" "${vars[@]}" \
+            "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/exchange-$vn"
+        grep -h "gda-exchange\|FAIL" "$OUT/exchange-$vn/bench-exchange.log" 2>/dev/null | grep -v "^gda_bench" |
+            sed "s/^/    $vn /" | tee -a "$summary"
+        tfiles=("$OUT/exchange-$vn"/trace.pe*.t0.csv)
+        if [ ${#trace[@]} -gt 0 ] && [ -f "${tfiles[0]}" ]; then
+            python3 tests/bench/softq_trace.py "${tfiles[@]}" >"$OUT/exchange-$vn/trace.txt" 2>&1
+            sed -n '/^timeline/q;p' "$OUT/exchange-$vn/trace.txt" | sed "s/^/    $vn /" | tee -a "$summary"
+        fi
     done
 fi
 if want gdatests; then

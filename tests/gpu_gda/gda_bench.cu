@@ -40,12 +40,29 @@
 // checks every word's total besides the window's bytes, and msgs counts the puts only (the counts
 // are msgs / N more WQEs).
 //
+// Exchange (DeepEP's low-latency dispatch with its wait inside the kernel): with --exchange R both
+// PEs run one kernel of R rounds; in each round every warp ("expert") puts --tokens T messages of
+// --size S bytes (default 4 x 7168, DeepEP's default config spread over 144 experts per rank) into a
+// region of its own at the peer on its queue (qp_id = w % Q), adds 1 to its count word at the peer
+// on the same queue with signal_add_qp (what DeepEP's nvshmemi_ibgda_amo_nonfetch_add is here: the
+// target applies it after the puts before it), and then spins until its own count word, which the peer's warp w bumps, reaches
+// the round number (ld.acquire.sys, as DeepEP's receive phase polls rdma_recv_count). The target's
+// kernel is thus running, polling GPU memory, while the data and counts for it arrive: what the
+// count benchmark (target idle) does not show. A round's time is from its first warp's start to its
+// last warp's count on this PE (%globaltimer); printed per PE as median / p90 / max over the rounds,
+// the rows named gda-exchange (CSV: usec = kernel time, msgs = puts of this PE; the per-round times
+// in CSV_PATH.rounds.csv: pe,round,usec). Checked after each run: every count is R, every region
+// holds the source's bytes. A count that has not arrived 10 s after its round began fails the run
+// (status 0x7e0u), it does not hang.
+//
 // Usage: gda_bench CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S]
 //                  [--blocks B] [--warps W] [--scope warp|thread] [--queues Q] [--count-every N]
+//                  [--exchange R [--size S] [--tokens T]]
 // CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps
 //              (usec = whole measurement)
 #include "gda_common.cuh"
 
+#include <algorithm>
 #include <string>
 
 #include "nvshmem_efa_gda_device.cuh"
@@ -97,6 +114,54 @@ __global__ void gda_put_kernel(uint8_t *dst, const uint8_t *src, size_t size, in
         }
     }
     if (threadIdx.x % 32 == 0) quiet_and_count(s, st, peer, qp);
+}
+
+// Status of a count that did not arrive within the exchange's timeout.
+const unsigned kExchangeTimeout = 0x7e0u;
+
+__device__ __forceinline__ unsigned long long ld_acquire_sys_u64(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// --exchange: rounds of "puts, then count" to the peer, each ended by waiting for the peer's count
+// of the same round (see the file's comment). t_start[r] / t_end[r]: the first warp's start and the
+// last warp's arrival of round r (min / max over warps; the host sets them to ~0 / 0).
+__global__ void gda_exchange_kernel(uint8_t *recv, const uint8_t *src, size_t size, int tokens,
+                                    int rounds, int peer, int queues, unsigned long long *counts,
+                                    unsigned long long *t_start, unsigned long long *t_end,
+                                    KStatus *st, unsigned long long timeout_ns) {
+    const int w = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+    const int lane = (int)(threadIdx.x % 32);
+    const int qp = w % queues;
+    unsigned s = 0;
+    for (int r = 0; r < rounds && s == 0u; ++r) {
+        if (lane == 0) atomicMin(&t_start[r], global_ns());
+        for (int t = 0; t < tokens; ++t) {
+            const size_t off = ((size_t)w * (size_t)tokens + (size_t)t) * size;
+            const unsigned x = gda::put_nbi_warp_qp(recv + off, src + off, size, peer, qp);
+            if (x != 0u && s == 0u) s = x;
+        }
+        if (lane == 0) {
+            // DeepEP's nvshmemi_ibgda_amo_nonfetch_add on this library: a signal (applied at the
+            // target after the puts before it on this queue; docs/ordering.md).
+            const unsigned c = gda::signal_add_qp(&counts[w], 1ull, peer, qp);
+            if (c != 0u && s == 0u) s = c;
+            const unsigned long long t0 = global_ns();
+            while (s == 0u && ld_acquire_sys_u64(&counts[w]) < (unsigned long long)(r + 1))
+                if (global_ns() - t0 > timeout_ns) s = kExchangeTimeout;
+            atomicMax(&t_end[r], global_ns());
+        }
+        s = __shfl_sync(0xffffffffu, s, 0);
+    }
+    if (lane == 0) quiet_and_count(s, st, peer, qp);
 }
 
 // Thread scope: message m goes to slot m % slots; thread t posts messages t, t + nthreads, ...
@@ -214,7 +279,8 @@ struct Row {
 
 void usage(const char *argv0) {
     printf("usage: %s CSV_PATH [--paths gda,proxy|p2p] [--max-bytes N] [--budget-s S] [--blocks B] "
-           "[--warps W] [--scope warp|thread] [--queues Q] [--count-every N]\n"
+           "[--warps W] [--scope warp|thread] [--queues Q] [--count-every N] [--exchange R [--size S] "
+           "[--tokens T]]\n"
            "CSV columns: path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n"
            "NVSHMEM_EFA_SOFT_NULL=1: path gda measures the WQE post rate (no data moves)\n",
            argv0);
@@ -231,7 +297,8 @@ int main(int argc, char **argv) {
     std::string paths_arg = "gda,proxy";
     size_t max_bytes = 4ull << 20;
     double budget_s = 70.0;
-    int blocks = 4, warps = 4, queues = 1, count_every = 0;
+    int blocks = 4, warps = 4, queues = 1, count_every = 0, exchange = 0, tokens = 4;
+    size_t xsize = 7168;
     std::string scope = "warp";
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
@@ -250,6 +317,9 @@ int main(int argc, char **argv) {
         else if (a == "--scope") scope = need("--scope");
         else if (a == "--queues") queues = atoi(need("--queues"));
         else if (a == "--count-every") count_every = atoi(need("--count-every"));
+        else if (a == "--exchange") exchange = atoi(need("--exchange"));
+        else if (a == "--size") xsize = strtoull(need("--size"), nullptr, 0);
+        else if (a == "--tokens") tokens = atoi(need("--tokens"));
         else {
             usage(argv[0]);
             return 2;
@@ -270,6 +340,14 @@ int main(int argc, char **argv) {
     if (blocks < 1 || warps < 1 || warps > 32 || queues < 1 || max_bytes < 8 || max_bytes > kWindow ||
         (scope != "warp" && scope != "thread") || count_every < 0) {
         usage(argv[0]);
+        return 2;
+    }
+    if (exchange < 0 || tokens < 1 ||
+        (exchange > 0 && (scope != "warp" || paths_arg != "gda" || count_every != 0 || xsize < 1 ||
+                          (size_t)blocks * warps * tokens * xsize > kWindow))) {
+        printf("--exchange R needs R > 0, --scope warp, --paths gda, no --count-every, and blocks x warps "
+               "x tokens x size within the %zu MiB window\n",
+               kWindow >> 20);
         return 2;
     }
     if (count_every > 0 && (scope != "warp" || paths_arg != "gda")) {
@@ -368,6 +446,120 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    if (exchange > 0) {
+        // --exchange: both PEs run the rounds (see the file's comment).
+        const int nw = blocks * warps;
+        const size_t region = (size_t)nw * (size_t)tokens * xsize;
+        unsigned long long *ts = nullptr, *te = nullptr;
+        CK(cudaMalloc(&ts, (size_t)exchange * sizeof(unsigned long long)));
+        CK(cudaMalloc(&te, (size_t)exchange * sizeof(unsigned long long)));
+        std::vector<unsigned long long> hs((size_t)exchange), he((size_t)exchange);
+        int xfail = 0;
+        auto run_rounds = [&](int rounds, float *ms) {
+            CK(cudaMemset(dst, 0, region));
+            CK(cudaMemset(counts, 0, (size_t)count_words * sizeof(unsigned long long)));
+            CK(cudaMemset(kst, 0, sizeof *kst));
+            CK(cudaMemset(ts, 0xff, (size_t)rounds * sizeof(unsigned long long)));
+            CK(cudaMemset(te, 0, (size_t)rounds * sizeof(unsigned long long)));
+            CK(cudaDeviceSynchronize());
+            job_barrier();
+            CK(cudaEventRecord(e0));
+            gda_exchange_kernel<<<blocks, warps * 32>>>(dst, src, xsize, tokens, rounds, peer, queues, counts, ts,
+                                                        te, kst, 10000000000ull);
+            CK_LAUNCH();
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(ms, e0, e1));
+            KStatus h;
+            CK(cudaMemcpy(&h, kst, sizeof h, cudaMemcpyDeviceToHost));
+            if (h.bad) {
+                printf("FAIL: PE %d exchange: %u warps saw status 0x%x%s\n", me, h.bad, h.first,
+                       h.first == kExchangeTimeout ? " (a count did not arrive within 10 s)" : "");
+                xfail = 1;
+            }
+            job_barrier();  // both PEs' quiets returned: every count and region of the run is in place
+            CK(cudaMemcpy(hcounts.data(), counts, hcounts.size() * sizeof(unsigned long long),
+                          cudaMemcpyDeviceToHost));
+            for (int w = 0; w < nw && !xfail; ++w)
+                if (hcounts[(size_t)w] != (unsigned long long)rounds) {
+                    printf("VERIFY FAIL: PE %d exchange: count word %d is %llu, want %d\n", me, w,
+                           hcounts[(size_t)w], rounds);
+                    xfail = 1;
+                }
+            CK(cudaMemset(dbad, 0, sizeof *dbad));
+            check_kernel<<<grid_for(region, 256, 4096), 256>>>(dst, region, seed, dbad);
+            CK_LAUNCH();
+            unsigned long long bad = 0;
+            CK(cudaMemcpy(&bad, dbad, sizeof bad, cudaMemcpyDeviceToHost));
+            if (bad) {
+                printf("VERIFY FAIL: PE %d exchange: %llu of %zu bytes wrong\n", me, bad, region);
+                xfail = 1;
+            }
+        };
+        if (me == 0)
+            printf("gda_bench: exchange: %d rounds, %d warps (experts) x %d puts of %zu B each way per round, "
+                   "then a count each; %d queue(s)\n",
+                   exchange, nw, tokens, xsize, queues);
+        watchdog_arm("exchange warm-up", 60);
+        float ms = 0.f;
+        run_rounds(std::min(exchange, 8), &ms);
+        watchdog_disarm();
+        watchdog_arm("exchange", 120);
+        run_rounds(exchange, &ms);
+        watchdog_disarm();
+        CK(cudaMemcpy(hs.data(), ts, hs.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(he.data(), te, he.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+        std::vector<double> us((size_t)exchange);
+        for (int r = 0; r < exchange; ++r)
+            us[(size_t)r] = he[(size_t)r] >= hs[(size_t)r] && he[(size_t)r] != 0ull
+                                ? (double)(he[(size_t)r] - hs[(size_t)r]) / 1e3
+                                : -1.0;
+        std::vector<double> all_us((size_t)exchange * 2);
+        job_allgather(us.data(), all_us.data(), us.size() * sizeof(double));
+        double kus = (double)ms * 1000.0;
+        std::vector<double> all_k(2);
+        job_allgather(&kus, all_k.data(), sizeof kus);
+        std::vector<int> vf(2);
+        job_allgather(&xfail, vf.data(), sizeof xfail);
+        xfail = vf[0] || vf[1];
+        if (me == 0) {
+            const std::string rp = csv_path + ".rounds.csv";
+            FILE *rf = fopen(rp.c_str(), "w");
+            if (rf == nullptr) fatal(__FILE__, __LINE__, "cannot write %s", rp.c_str());
+            fprintf(rf, "pe,round,usec\n");
+            for (int pe = 0; pe < 2; ++pe)
+                for (int r = 0; r < exchange; ++r)
+                    fprintf(rf, "%d,%d,%.3f\n", pe, r, all_us[(size_t)pe * exchange + r]);
+            fclose(rf);
+            FILE *f = fopen(csv_path.c_str(), "w");
+            if (f == nullptr) fatal(__FILE__, __LINE__, "cannot write %s", csv_path.c_str());
+            fprintf(f, "path,size_bytes,msgs,usec,msg_rate_mps,gbytes_per_s,wqes,wqe_rate_mwps\n");
+            const int msgs = exchange * nw * tokens;
+            for (int pe = 0; pe < 2; ++pe) {
+                std::vector<double> v(all_us.begin() + (long)pe * exchange, all_us.begin() + (long)(pe + 1) * exchange);
+                std::sort(v.begin(), v.end());
+                const double k = all_k[(size_t)pe];
+                printf("  %-12s PE %d %8zu B %4d rounds: round median %9.1f us  p90 %9.1f  max %9.1f  min %9.1f; "
+                       "kernel %10.1f us (%.1f us per round, %.3f GB/s each way)\n",
+                       "gda-exchange", pe, xsize, exchange, v[v.size() / 2], v[v.size() * 9 / 10], v.back(), v.front(),
+                       k, k / exchange, (double)msgs * (double)xsize / k / 1e3);
+                fprintf(f, "gda-exchange,%zu,%d,%.3f,%.6f,%.6f,0,0\n", xsize, msgs, k, msgs / k,
+                        (double)msgs * (double)xsize / k / 1e3);
+            }
+            fclose(f);
+            printf("gda_bench: exchange rows -> %s, rounds -> %s%s\n", csv_path.c_str(), rp.c_str(),
+                   xfail ? "; VERIFY FAILED" : "");
+        }
+        CK(cudaFree(ts));
+        CK(cudaFree(te));
+        CK(cudaFree(dresv));
+        nvshmem_free(counts);
+        nvshmem_free(dst);
+        nvshmem_free(src);
+        job_finalize(60);
+        return xfail ? 1 : 0;
+    }
+
     std::vector<Row> rows;
     const double t_start = now_s();
     int verify_fail = 0;

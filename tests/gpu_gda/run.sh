@@ -35,10 +35,11 @@ environment: NVSHMEM_HOME, NVCC, CUDA_HOME, GPU_ARCH (default sm_90), MPIRUN_ARG
   NVSHMEM_LIBFABRIC_PROVIDER (default shm), NVSHMEM_SYMMETRIC_SIZE (default 1G),
   NVSHMEM_EFA_SQ_DEPTH (default 256: many ring wraps), NVSHMEM_IBGDA_NUM_RC_PER_PE (queues per
   PE of the tests' runs, default 4), GDA_TESTS_CASE_TIMEOUT (s per case),
-  GDA_BENCH_SETS (comma list of main, null, thread, host, gda, count, sweep; default the first three;
+  GDA_BENCH_SETS (comma list of main, null, thread, host, gda, count, exchange, sweep; default the first three;
   host: the gda path on the copy route NVSHMEM_EFA_SOFT_IPC=host, rows gda-host; gda: the gda path
   alone; count: puts each followed by a count at the target (GDA_COUNT_EVERY, GDA_COUNT_QUEUES), rows
-  gda-countN, into bench-count.csv; sweep:
+  gda-countN, into bench-count.csv; exchange: DeepEP's dispatch pattern both ways with the wait in
+  the kernel (GDA_EXCHANGE), into bench-exchange.csv; sweep:
   8-byte messages over posting warps, null consumer and with data, into bench-sweep.csv),
   GDA_SWEEP (the sweep's points BLOCKSxWARPS, default "1x1 1x4 4x4 16x4 32x8 66x8 132x8"),
   GDA_SWEEP_QUEUES (the sweep's queue counts per PE, default "1 4 16 64"),
@@ -598,7 +599,7 @@ if [ $do_bench = 1 ]; then
         # shellcheck disable=SC2086 # GDA_BENCH_EXTRA: extra gda_bench options, split on spaces
         run_mpi "$name" "$log" "$tmo" "$envname" -- "$BENCH" "$csv" --paths "$paths" "$@" ${GDA_BENCH_EXTRA:-}
         rc=$?
-        grep -E '^gda_bench|^  [a-z0-9-]+ +[0-9]+ B|^  profile|FAIL|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
+        grep -E '^gda_bench|^  [a-z0-9-]+ +[0-9]+ B|^  gda-exchange|^  profile|FAIL|FATAL|WATCHDOG' "$log" | sed 's/^/    /'
         [ $rc != 0 ] && { echo "    --- last lines of $log:"; tail -n 20 "$log" | sed 's/^/    /'; }
         rows=0
         [ -f "$csv" ] && rows=$(($(wc -l <"$csv") - 1))
@@ -619,6 +620,17 @@ if [ $do_bench = 1 ]; then
     case ",${GDA_BENCH_SETS:-}," in *,count,*)
         bench_one bench-count count_env 120 gda --count-every "${GDA_COUNT_EVERY:-1}" \
             --queues "${GDA_COUNT_QUEUES:-16}" --blocks 16 --warps 4 --max-bytes 65536 --budget-s 40 ;;
+    esac
+    # Only with GDA_BENCH_SETS naming it: the exchange (DeepEP's low-latency dispatch with the wait
+    # in the kernel, both directions; gda_bench --exchange). GDA_EXCHANGE="ROUNDS BLOCKSxWARPS QUEUES
+    # TOKENS SIZE" (default "50 36x4 144 4 7168": 144 experts per PE, each with its own queue, as
+    # DeepEP's default config on 2 ranks); rows gda-exchange and the per-round times in
+    # bench-exchange.csv.rounds.csv.
+    case ",${GDA_BENCH_SETS:-}," in *,exchange,*)
+        read -r x_rounds x_bw x_q x_tokens x_size <<<"${GDA_EXCHANGE:-50 36x4 144 4 7168}"
+        exchange_env=("${bench_env[@]}" NVSHMEM_IBGDA_NUM_RC_PER_PE="$x_q")
+        bench_one bench-exchange exchange_env 120 gda --exchange "$x_rounds" --blocks "${x_bw%x*}" \
+            --warps "${x_bw#*x}" --queues "$x_q" --tokens "$x_tokens" --size "$x_size" ;;
     esac
     if want_set main; then
         bench_one bench-gda-proxy bench_env 120 gda,proxy

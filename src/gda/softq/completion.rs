@@ -77,6 +77,13 @@ impl Consumer {
             return;
         };
         self.free_slots.push(slot as u32);
+        if let Some(t) = f.since {
+            self.rounds.latency[f.op as usize % 3].add(t.elapsed());
+            if f.op == OpType::Send {
+                let us = t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+                self.note(super::trace::Event::SendDone, u32::from(f.q), us);
+            }
+        }
         if let Some(b) = f.bounce {
             self.free_bounce.push(b);
         }
@@ -131,7 +138,8 @@ impl Consumer {
     pub(super) fn poll_cq(&mut self) -> usize {
         let inner = self.inner.clone();
         let mut total = 0;
-        for _ in 0..4 {
+        // Up to 8 x 32 entries per call: the AMOs among them are applied as one batch.
+        for _ in 0..8 {
             // SAFETY: an all-zero CQ entry is valid plain data.
             let mut entries: [CqEntry; 32] = unsafe { std::mem::zeroed() };
             match inner.ep.cq().read(&mut entries) {
@@ -156,8 +164,12 @@ impl Consumer {
                 }
             }
         }
+        if total > 0 {
+            self.note(super::trace::Event::Cq, total as u32, 0);
+        }
         self.flush_rx_batch();
         self.flush_amo_batch();
+        self.flush_answers();
         total
     }
 

@@ -87,6 +87,14 @@ pub(super) struct Consumer {
     pub(super) order: super::order::Order,
     /// RDMA writes held back by the unordered fabric model, with the time each may go.
     pub(super) late: VecDeque<(Instant, Pending)>,
+    /// The event trace (`NVSHMEM_EFA_SOFT_TRACE`).
+    pub(super) trace: Option<Box<super::trace::Trace>>,
+    /// When the current consumer pass began (one clock read per pass for what needs only a coarse
+    /// time per ring).
+    pub(super) pass_now: Instant,
+    /// Answers owed to answered SENDs handled in this CQ read: sender's PE, token, status
+    /// (`Consumer::flush_answers`).
+    pub(super) answers: Vec<(u32, u64, CqStatus)>,
 }
 
 /// How the consumer's loop went, printed when it stops (debug level): tells a queue whose
@@ -113,6 +121,37 @@ pub(super) struct RoundStats {
     pub(super) post: Duration,
     /// Whether the times above are taken (debug level).
     pub(super) timing: bool,
+    /// Post-to-completion times of WQEs by opcode (SEND, RDMA read, RDMA write; debug level).
+    pub(super) latency: [Latency; 3],
+}
+
+/// Count, sum and maximum of a set of durations.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Latency {
+    pub(super) n: u64,
+    pub(super) sum: Duration,
+    pub(super) max: Duration,
+}
+
+impl Latency {
+    pub(super) fn add(&mut self, d: Duration) {
+        self.n += 1;
+        self.sum += d;
+        self.max = self.max.max(d);
+    }
+
+    /// "N, mean M us, max X us" (or "none").
+    pub(super) fn describe(&self) -> String {
+        if self.n == 0 {
+            return "none".into();
+        }
+        format!(
+            "{}, mean {:.1} us, max {:.1} us",
+            self.n,
+            self.sum.as_secs_f64() * 1e6 / self.n as f64,
+            self.max.as_secs_f64() * 1e6
+        )
+    }
 }
 
 /// Counts of the staged path, printed by [`Consumer::report`]: they tell a queue that waits on the
@@ -196,6 +235,9 @@ impl Consumer {
             rounds: RoundStats::default(),
             order: Default::default(),
             late: VecDeque::new(),
+            trace: super::trace::Trace::from_env(),
+            answers: Vec::new(),
+            pass_now: Instant::now(),
             inner,
         };
         c.sync_rings();
@@ -240,9 +282,20 @@ impl Consumer {
         let mut last_report = last_work;
         let mut taken_at_report = 0u64;
         // Where the loop's time goes, for the stop summary (debug level only: a clock read costs).
-        let timing = tracing::enabled!(tracing::Level::DEBUG);
+        // The trace needs them too (its slow passes).
+        let timing = tracing::enabled!(tracing::Level::DEBUG) || self.trace.is_some();
         self.rounds.timing = timing;
+        // When the last pass ended (trace only: the gaps between passes).
+        let mut pass_end: Option<Instant> = None;
         loop {
+            self.pass_now = Instant::now();
+            if let Some(e) = pass_end.take() {
+                let gap = e.elapsed();
+                if gap >= Duration::from_micros(50) {
+                    let us = gap.as_micros().min(u128::from(u32::MAX)) as u32;
+                    self.note(super::trace::Event::Gap, us, 0);
+                }
+            }
             self.heartbeat += 1;
             self.rounds.loops += 1;
             let endpoint = self.owns_endpoint();
@@ -267,6 +320,7 @@ impl Consumer {
                 work += self.flush_rx();
                 work += self.pump_outbox();
             }
+            let t3 = timing.then(Instant::now);
             if let (Some(t0), Some(t1), Some(t2)) = (t0, t1, t2) {
                 self.rounds.provider += t1 - t0;
                 self.rounds.copies += t2 - t1;
@@ -310,10 +364,20 @@ impl Consumer {
                 self.cur = 0;
                 // The copies every ring's WQEs of this round asked for, together.
                 self.flush_copies();
+                if let (Some(t0), Some(t1), Some(t2), Some(t3), Some(t)) = (t0, t1, t2, t3, t) {
+                    self.note_slow_pass([t1 - t0, t2 - t1, t3 - t2, t.elapsed()]);
+                }
                 if let Some(t) = t {
                     self.rounds.intake += t.elapsed();
                 }
-                self.rounds.count(self.taken() - before);
+                let took = self.taken() - before;
+                if took > 0 {
+                    self.note(super::trace::Event::Take, took as u32, 0);
+                }
+                self.rounds.count(took);
+            }
+            if self.trace.is_some() {
+                pass_end = Some(Instant::now());
             }
             if work > 0 {
                 idle = 0;
@@ -344,6 +408,9 @@ impl Consumer {
         }
         self.mark_stopped();
         self.publish_counts();
+        if let Some(t) = &self.trace {
+            t.write(self.tables.my_pe, self.id);
+        }
         if let Some(k) = &self.kcopies {
             tracing::debug!(
                 "software queue copy kernel: {} launches, {} applied by the kernel, {} taken over \
@@ -358,9 +425,21 @@ impl Consumer {
         if self.order.announced > 0 {
             tracing::debug!(
                 "software queue: {} AMOs announced data, {} of them waited for earlier WQEs to \
-                 their PE",
+                 their PE (held: {})",
                 self.order.announced,
-                self.order.waited
+                self.order.waited,
+                self.order.hold_time.describe()
+            );
+        }
+        if self.rounds.timing && self.rounds.latency.iter().any(|l| l.n > 0) {
+            let [send, read, write] = &self.rounds.latency;
+            tracing::debug!(
+                "software queue consumer thread {}: post to completion: SEND {}; RDMA read {}; RDMA \
+                 write {}",
+                self.id,
+                send.describe(),
+                read.describe(),
+                write.describe()
             );
         }
         let r = self.rounds;
@@ -533,6 +612,29 @@ impl Consumer {
             self.tables = self.inner.tables.lock().clone();
             self.generation = g;
             self.sync_rings();
+        }
+    }
+}
+
+impl Consumer {
+    /// Records a consumer pass of 50 us or more in the trace: its microseconds and the part that
+    /// took longest (0 the provider's CQ, 1 copies and held AMOs, 2 the endpoint's hand-overs,
+    /// receive batch and outbox, 3 taking WQEs).
+    fn note_slow_pass(&mut self, parts: [Duration; 4]) {
+        let total: Duration = parts.iter().sum();
+        if self.trace.is_none() || total < Duration::from_micros(50) {
+            return;
+        }
+        let worst = (0..4).max_by_key(|&i| parts[i]).unwrap_or(0) as u32;
+        let us = total.as_micros().min(u128::from(u32::MAX)) as u32;
+        self.note(super::trace::Event::SlowPass, us, worst);
+    }
+
+    /// Records an event in the trace, when there is one.
+    #[inline]
+    pub(super) fn note(&mut self, e: super::trace::Event, a: u32, b: u32) {
+        if let Some(t) = self.trace.as_mut() {
+            t.note(e, a, b);
         }
     }
 }

@@ -14,6 +14,8 @@ pub(super) struct InFlight {
     pub(super) stage: Option<Stage>,
     /// Handed over by another thread (`threads.rs`): its completion goes back there.
     pub(super) from: Option<super::threads::Origin>,
+    /// When it was posted (debug level only: the post-to-completion times of the stop summary).
+    pub(super) since: Option<Instant>,
 }
 
 impl InFlight {
@@ -28,6 +30,7 @@ impl InFlight {
             bounce,
             stage,
             from: p.from,
+            since: None,
         }
     }
 }
@@ -74,7 +77,8 @@ impl Consumer {
     }
 
     /// Records WQE `f` in flight in consumer slot `slot`.
-    pub(super) fn occupy(&mut self, slot: u32, f: InFlight) {
+    pub(super) fn occupy(&mut self, slot: u32, mut f: InFlight) {
+        f.since = self.rounds.timing.then(Instant::now);
         self.slots[slot as usize] = Some(f);
         self.in_flight += 1;
     }
@@ -95,7 +99,10 @@ impl Consumer {
         }
         while let Some(p) = self.order.next_ready() {
             match self.post(p) {
-                Ok(()) => n += 1,
+                Ok(()) => {
+                    self.order.released();
+                    n += 1;
+                }
                 Err(p) => {
                     self.order.put_back(p);
                     break;
@@ -207,6 +214,14 @@ impl Consumer {
                 other => break other,
             }
         };
+        if matches!(p.action, Action::Send { .. }) {
+            let e = if r.as_ref().is_err_and(|e| e.is_again()) {
+                super::trace::Event::SendRefused
+            } else {
+                super::trace::Event::Send
+            };
+            self.note(e, u32::from(p.q), u32::from(p.peer));
+        }
         match r {
             Ok(()) => {
                 // An answered SEND waits for its send completion (`queued`) and for the answer

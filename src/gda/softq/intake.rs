@@ -153,10 +153,17 @@ impl Consumer {
         const EVERY: Duration = Duration::from_micros(50);
         // Each ring every EVERY x rings: the look costs the same over all rings as for one.
         let every = EVERY * self.rings.len() as u32;
-        if self.r().ahead_checked.is_some_and(|t| t.elapsed() < every) {
+        // The pass's clock: one read per consumer pass, not one per ring (with hundreds of rings
+        // the reads were most of an idle pass).
+        let now = self.pass_now;
+        if self
+            .r()
+            .ahead_checked
+            .is_some_and(|t| now.saturating_duration_since(t) < every)
+        {
             return;
         }
-        self.r().ahead_checked = Some(Instant::now());
+        self.r().ahead_checked = Some(now);
         let n = u64::from(self.inner.sq_entries);
         let b = u64::from(self.inner.max_batch).min(n);
         if b >= n {

@@ -288,8 +288,9 @@ pub(super) struct CopyRound {
     pub(super) first: Vec<(u64, u64, usize)>,
     /// Second hops (of the host route), or the copies the kernel makes in one hop.
     pub(super) last: Vec<(u64, u64, usize)>,
-    /// The WQEs: slot and bounce ring release mark.
-    pub(super) waits: Vec<(u32, Option<u64>)>,
+    /// The WQEs: slot, bounce ring release mark, and whether it has a copy in `first` / `last`
+    /// (a zero-length WQE has none), in the order taken.
+    pub(super) waits: Vec<(u32, Option<u64>, bool)>,
     /// Some copy's local range is host memory, which the copy kernel may not reach.
     pub(super) host_memory: bool,
 }
@@ -300,6 +301,42 @@ pub(super) struct CopyRound {
 pub(super) struct Hops {
     first: Vec<(u64, u64, usize)>,
     last: Vec<(u64, u64, usize)>,
+}
+
+/// The part of a round (`waits`, the WQEs in the order taken; `first`, the copies of those with
+/// one) that one copy kernel launch takes: the longest prefix of copies within
+/// [`crate::cuda::kernel::COPY_MAX`] copies of at most [`crate::mover::kcopy::MAX_COPY_BYTES`]
+/// each and [`crate::mover::kcopy::MAX_LAUNCH_BYTES`] in all. Returns (copies, WQEs): the WQEs
+/// up to the last copy taken, zero-length ones among them riding along, and every trailing
+/// zero-length WQE when all copies are taken.
+pub(super) fn launch_prefix(
+    waits: &[(u32, Option<u64>, bool)],
+    first: &[(u64, u64, usize)],
+) -> (usize, usize) {
+    let (mut copies, mut bytes, mut n) = (0usize, 0usize, 0usize);
+    for &(_, _, has_copy) in waits {
+        if has_copy {
+            let Some(&(_, _, len)) = first.get(copies) else {
+                break;
+            };
+            if copies == crate::cuda::kernel::COPY_MAX
+                || len > crate::mover::kcopy::MAX_COPY_BYTES
+                || bytes + len > crate::mover::kcopy::MAX_LAUNCH_BYTES
+            {
+                break;
+            }
+            copies += 1;
+            bytes += len;
+        }
+        n += 1;
+    }
+    if copies == 0 {
+        return (0, 0);
+    }
+    if copies == first.len() {
+        n = waits.len();
+    }
+    (copies, n)
 }
 
 /// A WQE executed as a copy, waiting for its copy: the queue's submission count once it was
@@ -444,7 +481,7 @@ impl Consumer {
         }
         self.occupy(slot, InFlight::of(&p, None, None));
         self.ipc_copies += 1;
-        self.round.waits.push((slot, bounce));
+        self.round.waits.push((slot, bounce, len > 0));
         self.round.host_memory |= len > 0 && !device;
         Ok(())
     }
@@ -459,39 +496,56 @@ impl Consumer {
         if self.round.waits.is_empty() || self.copyq.is_none() || self.round_gathers() {
             return;
         }
-        let kernel = self.launch_round();
-        let (seq, failed) = match kernel {
-            Some(_) => (0, false),
-            None => {
-                let q = self.copyq.as_mut().expect("checked above");
-                // SAFETY: the local ranges lie in registrations the queue keeps, the remote ones
-                // in peer regions the transport keeps mapped until GDA is shut down (before its
-                // mappings close), the bounce ranges (one per WQE, disjoint) are held until the
-                // copies completed. The copies of one submission may run in any order: they
-                // belong to WQEs of one round, which are unordered as EFA WQEs are (ordering two
-                // WQEs takes the first one's completion, so they land in different rounds).
-                let r = unsafe {
-                    q.submit_many(&self.round.first)
-                        .and_then(|()| q.submit_many(&self.round.last))
-                };
-                let failed = match r {
-                    Ok(()) => false,
-                    Err(e) => {
-                        tracing::warn!(
-                            "software queue: copies of {} WQEs not (all) enqueued: {e}; they \
-                             complete with an error",
-                            self.round.waits.len()
-                        );
-                        true
-                    }
-                };
-                (q.counts().0, failed)
+        // As many copy kernel launches as the round fills (each up to COPY_MAX copies and
+        // MAX_LAUNCH_BYTES), in the order taken; what no launch takes goes to the copy engine.
+        while let Some((id, n)) = self.launch_round() {
+            self.note(super::trace::Event::CopyLaunch, n as u32, 1);
+            for (slot, bounce, _) in self.round.waits.drain(..n) {
+                self.copy_waits.push_back(CopyWait {
+                    seq: 0,
+                    kernel: Some(id),
+                    slot,
+                    failed: false,
+                    bounce,
+                });
+            }
+        }
+        if self.round.waits.is_empty() {
+            self.round.host_memory = false;
+            return;
+        }
+        self.note(
+            super::trace::Event::CopyLaunch,
+            self.round.waits.len() as u32,
+            0,
+        );
+        let q = self.copyq.as_mut().expect("checked above");
+        // SAFETY: the local ranges lie in registrations the queue keeps, the remote ones in peer
+        // regions the transport keeps mapped until GDA is shut down (before its mappings close),
+        // the bounce ranges (one per WQE, disjoint) are held until the copies completed. The
+        // copies of one submission may run in any order: they belong to WQEs of one round, which
+        // are unordered as EFA WQEs are (ordering two WQEs takes the first one's completion, so
+        // they land in different rounds).
+        let r = unsafe {
+            q.submit_many(&self.round.first)
+                .and_then(|()| q.submit_many(&self.round.last))
+        };
+        let failed = match r {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(
+                    "software queue: copies of {} WQEs not (all) enqueued: {e}; they complete \
+                     with an error",
+                    self.round.waits.len()
+                );
+                true
             }
         };
-        for (slot, bounce) in self.round.waits.drain(..) {
+        let seq = q.counts().0;
+        for (slot, bounce, _) in self.round.waits.drain(..) {
             self.copy_waits.push_back(CopyWait {
                 seq,
-                kernel,
+                kernel: None,
                 slot,
                 failed,
                 bounce,
@@ -522,33 +576,38 @@ impl Consumer {
         bytes < crate::mover::kcopy::MAX_LAUNCH_BYTES / 2
     }
 
-    /// The round's copies as one launch of the copy kernel ([`CopyRoute::Kernel`]), when there is
-    /// one and they fit it: returns the launch's id. Each copy goes in one hop, from the source of
-    /// its first hop to the destination of its second; the hops are kept for a take-over.
-    fn launch_round(&mut self) -> Option<u64> {
+    /// The next copy kernel launch of the round ([`CopyRoute::Kernel`]): the longest prefix of its
+    /// copies, in the order taken, that fits one launch ([`crate::mover::kcopy::KernelCopies::fits`]),
+    /// with the zero-length WQEs among them. Returns the launch's id and how many of the round's
+    /// WQEs (`waits`) it carries, which the caller drains; `None` when nothing (more) can be
+    /// launched: the rest takes the copy engine. Each copy goes in one hop, from the source of its
+    /// first hop to the destination of its second; the hops are kept for a take-over.
+    fn launch_round(&mut self) -> Option<(u64, usize)> {
         let k = self.kcopies.as_mut()?;
         if self.round.first.is_empty() || (self.round.host_memory && !k.reaches_host_memory()) {
             return None;
         }
-        let direct: Vec<(u64, u64, usize)> = self
-            .round
-            .first
+        let (copies, n) = launch_prefix(&self.round.waits, &self.round.first);
+        if copies == 0 {
+            return None;
+        }
+        let first: Vec<_> = self.round.first.drain(..copies).collect();
+        let last: Vec<_> = self.round.last.drain(..copies).collect();
+        let direct: Vec<(u64, u64, usize)> = first
             .iter()
-            .zip(&self.round.last)
+            .zip(&last)
             .map(|(first, last)| (last.0, first.1, first.2))
             .collect();
-        let hops = Hops {
-            first: std::mem::take(&mut self.round.first),
-            last: std::mem::take(&mut self.round.last),
-        };
+        let hops = Hops { first, last };
         // SAFETY: the ranges as in flush_copies (GPU memory, or host memory for the host's
         // stand-in); they stay valid until the launch is settled: the consumer settles or closes
         // every launch before it stops, and the transport's mappings outlive the consumer.
         match unsafe { k.launch(&direct, hops, Instant::now()) } {
-            Ok(id) => Some(id),
+            Ok(id) => Some((id, n)),
             Err((_, hops)) => {
-                self.round.first = hops.first;
-                self.round.last = hops.last;
+                // Back in front, in order: the copy engine takes them with the rest.
+                self.round.first.splice(0..0, hops.first);
+                self.round.last.splice(0..0, hops.last);
                 None
             }
         }
@@ -650,6 +709,9 @@ impl Consumer {
             };
             self.complete_tx(u64::from(w.slot), status);
             n += 1;
+        }
+        if n > 0 {
+            self.note(super::trace::Event::CopyDone, n as u32, 0);
         }
         n
     }
@@ -869,5 +931,59 @@ mod tests {
             "switched off"
         );
         assert_eq!(ipc_route(true, None, 1, 0x1000, 8, false), None, "no map");
+    }
+}
+
+#[cfg(test)]
+mod launch_tests {
+    use super::launch_prefix;
+    use crate::cuda::kernel::COPY_MAX;
+    use crate::mover::kcopy::{MAX_COPY_BYTES, MAX_LAUNCH_BYTES};
+
+    fn round(lens: &[usize]) -> (Vec<(u32, Option<u64>, bool)>, Vec<(u64, u64, usize)>) {
+        let waits = lens.iter().map(|&l| (0, None, l > 0)).collect();
+        let first = lens
+            .iter()
+            .filter(|&&l| l > 0)
+            .map(|&l| (0, 0, l))
+            .collect();
+        (waits, first)
+    }
+
+    #[test]
+    fn a_round_that_fits_is_one_launch_with_its_zero_length_wqes() {
+        let (w, f) = round(&[0, 8, 0, 100, 0]);
+        assert_eq!(launch_prefix(&w, &f), (2, 5));
+    }
+
+    #[test]
+    fn many_copies_split_at_copy_max_and_the_rest_is_the_next_launch() {
+        let (w, f) = round(&vec![64; COPY_MAX * 2 + 3]);
+        assert_eq!(launch_prefix(&w, &f), (COPY_MAX, COPY_MAX));
+        let (w2, f2) = (&w[COPY_MAX..], &f[COPY_MAX..]);
+        assert_eq!(launch_prefix(w2, f2), (COPY_MAX, COPY_MAX));
+        assert_eq!(launch_prefix(&w2[COPY_MAX..], &f2[COPY_MAX..]), (3, 3));
+    }
+
+    #[test]
+    fn bytes_split_at_the_launch_limit_and_a_large_copy_goes_to_the_engine() {
+        let fit = MAX_LAUNCH_BYTES / MAX_COPY_BYTES;
+        let mut lens = vec![MAX_COPY_BYTES; fit];
+        lens.extend([0, MAX_COPY_BYTES, 8]);
+        let (w, f) = round(&lens);
+        // `fit` fill the launch (the zero-length WQE after them rides along); the next starts
+        // the next launch.
+        assert_eq!(launch_prefix(&w, &f), (fit, fit + 1));
+        assert_eq!(launch_prefix(&w[fit + 1..], &f[fit..]), (2, 2));
+        let (w, f) = round(&[MAX_COPY_BYTES + 1, 8]);
+        assert_eq!(
+            launch_prefix(&w, &f),
+            (0, 0),
+            "a copy too large for the kernel: engine"
+        );
+        let (w, f) = round(&[8, MAX_COPY_BYTES + 1]);
+        assert_eq!(launch_prefix(&w, &f), (1, 1));
+        let (w, f) = round(&[0, 0]);
+        assert_eq!(launch_prefix(&w, &f), (0, 0));
     }
 }

@@ -162,6 +162,7 @@ mod rings;
 mod staging;
 mod tables;
 mod threads;
+mod trace;
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -190,8 +191,9 @@ use super::state::{
     NvshmemEfaGdaHostCtrl, NvshmemEfaGdaQueue, NvshmemEfaGdaQueueCtrl, NVSHMEM_EFA_GDA_MODE_SOFT,
 };
 use super::wire::{
-    self, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_SEND_MAX, STAGE_CHUNK, STAGE_HDR_SIZE,
-    STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE, STAGE_WRITE_ACK,
+    self, AmoMsg, SendHdr, StageHdr, SEND_HDR_SIZE, SOFT_SEND_MAX, STAGE_ACKS, STAGE_ACKS_MAX,
+    STAGE_CHUNK, STAGE_HDR_SIZE, STAGE_READ_DATA, STAGE_READ_REQ, STAGE_SLOT, STAGE_WRITE,
+    STAGE_WRITE_ACK,
 };
 
 use self::consumer::Consumer;
@@ -424,6 +426,8 @@ pub struct SoftQueueStats {
     pub wqes_refused: u64,
     /// SENDs answered by the target (answered SENDs, `wire.rs`), and the answers received.
     pub sends_answered: u64,
+    /// Messages those answers went in (several answers to one sender share one, `STAGE_ACKS`).
+    pub answer_msgs: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -459,6 +463,7 @@ struct Inner {
     amo_batches: AtomicU64,
     wqes_refused: AtomicU64,
     sends_answered: AtomicU64,
+    answer_msgs: AtomicU64,
     ahead_of_doorbell: AtomicU64,
     rx_overwrite: bool,
     rx_overruns: AtomicU64,
@@ -574,6 +579,7 @@ impl SoftQueue {
             amo_batches: AtomicU64::new(0),
             wqes_refused: AtomicU64::new(0),
             sends_answered: AtomicU64::new(0),
+            answer_msgs: AtomicU64::new(0),
             ahead_of_doorbell: AtomicU64::new(0),
             rx_overwrite: cfg.rx_overwrite,
             rx_overruns: AtomicU64::new(0),
@@ -929,6 +935,7 @@ impl SoftQueue {
             amo_batches: i.amo_batches.load(Ordering::Acquire),
             wqes_refused: i.wqes_refused.load(Ordering::Acquire),
             sends_answered: i.sends_answered.load(Ordering::Acquire),
+            answer_msgs: i.answer_msgs.load(Ordering::Acquire),
         }
     }
 

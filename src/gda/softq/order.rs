@@ -16,6 +16,7 @@
 //! announcing AMO to `p` is such a WQE until it completes, so announcing AMOs to one PE also
 //! leave, and are applied, in order.
 use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use super::intake::{Action, Pending};
 
@@ -26,8 +27,8 @@ struct PeerOrder {
     /// taken (so in increasing producer count), each with a "completed" mark; completed entries
     /// leave from the front.
     open: VecDeque<(u64, bool)>,
-    /// Announcing AMOs held back, in the order taken.
-    held: VecDeque<Pending>,
+    /// Announcing AMOs held back, in the order taken, with when each was held.
+    held: VecDeque<(Instant, Pending)>,
 }
 
 impl PeerOrder {
@@ -50,6 +51,11 @@ pub(super) struct Order {
     pub(super) waited: u64,
     /// Announcing AMOs seen.
     pub(super) announced: u64,
+    /// How long the held AMOs that left were held.
+    pub(super) hold_time: super::consumer::Latency,
+    /// When the AMO [`Order::next_ready`] gave out last was held (until [`Order::released`] or
+    /// [`Order::put_back`]).
+    out: Option<Instant>,
 }
 
 impl Pending {
@@ -126,7 +132,7 @@ impl Order {
         if peer.oldest_open().is_none_or(|first| first >= p.pc) {
             return Some(p);
         }
-        peer.held.push_back(p);
+        peer.held.push_back((Instant::now(), p));
         self.waited += 1;
         self.n_held += 1;
         None
@@ -138,21 +144,31 @@ impl Order {
             return None;
         }
         for peer in &mut self.peers {
-            let Some(front) = peer.held.front() else {
+            let Some((_, front)) = peer.held.front() else {
                 continue;
             };
             if peer.oldest_open().is_some_and(|first| first < front.pc) {
                 continue;
             }
             self.n_held -= 1;
-            return peer.held.pop_front();
+            let (t, p) = peer.held.pop_front()?;
+            self.out = Some(t);
+            return Some(p);
         }
         None
     }
 
+    /// The AMO [`Order::next_ready`] gave out last was posted: its hold time is counted.
+    pub(super) fn released(&mut self) {
+        if let Some(t) = self.out.take() {
+            self.hold_time.add(t.elapsed());
+        }
+    }
+
     /// Puts back an AMO [`Order::next_ready`] gave out that could not be posted yet.
     pub(super) fn put_back(&mut self, p: Pending) {
-        self.peer(p.stream()).held.push_front(p);
+        let t = self.out.take().unwrap_or_else(Instant::now);
+        self.peer(p.stream()).held.push_front((t, p));
         self.n_held += 1;
     }
 
@@ -171,7 +187,7 @@ impl Order {
         self.n_held = 0;
         self.peers
             .iter_mut()
-            .flat_map(|p| p.held.drain(..))
+            .flat_map(|p| p.held.drain(..).map(|(_, p)| p))
             .collect()
     }
 }

@@ -70,6 +70,13 @@ impl Consumer {
         // until it is reposted below.
         let msg = unsafe { std::slice::from_raw_parts(inner.rx_bufs.ptr(idx), len) };
         if let Some(h) = StageHdr::decode(msg) {
+            if matches!(h.kind, STAGE_WRITE_ACK | STAGE_ACKS) {
+                // Acknowledgements complete this queue's own WQEs: nothing orders them with the
+                // writes and AMOs other PEs sent here, so they do not cut the batches.
+                self.on_stage_msg(&h, &msg[STAGE_HDR_SIZE..]);
+                self.repost(idx);
+                return;
+            }
             if h.kind == STAGE_WRITE && self.batch_write(&h, &msg[STAGE_HDR_SIZE..]) {
                 self.stats.received += 1;
                 self.rx_batch.push((h, idx));
@@ -142,6 +149,8 @@ impl Consumer {
         let done = self.amo_applier.apply(&mut batch, "software queue");
         if let Some(t) = t {
             self.stats.amo_time += t.elapsed();
+            let us = t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+            self.note(super::trace::Event::AmoBatch, n as u32, us);
         }
         self.stats.amo_batches += 1;
         self.inner.amo_batches.fetch_add(1, Ordering::Relaxed);
@@ -208,23 +217,15 @@ impl Consumer {
         self.repost(idx);
     }
 
-    /// Posts receive buffer `idx` again (not once the queue stops).
-    /// Answers an answered SEND (`wire.rs`) of PE `src_pe` once it was handled here: a staged
-    /// acknowledgement carrying the sender's token and the status, ahead of other staged messages.
+    /// Answers an answered SEND (`wire.rs`) of PE `src_pe` once it was handled here: the answer
+    /// waits in `answers` for the end of the CQ read, then goes with the others to that PE in one
+    /// staged message (`Consumer::flush_answers`).
     fn answer_send(&mut self, src_pe: u32, token: u64, status: CqStatus) {
-        let h = StageHdr {
-            kind: STAGE_WRITE_ACK,
-            imm: None,
-            status: 0,
-            src_pe,
-            token,
-            offset: 0,
-            len: 0,
-            total: 0,
-        };
-        self.reply(&h, STAGE_WRITE_ACK, status, 0, false, 0);
+        self.answers.push((src_pe, token, status));
+        self.note(super::trace::Event::Answer, src_pe, 0);
     }
 
+    /// Posts receive buffer `idx` again (not once the queue stops).
     fn repost(&mut self, idx: usize) {
         if !self.inner.stop.load(Ordering::Acquire) {
             if let Err(e) = self.post_receive(idx) {

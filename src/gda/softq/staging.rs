@@ -264,6 +264,7 @@ impl Consumer {
 
     pub(super) fn pump_outbox(&mut self) -> usize {
         let mut sent = 0;
+        self.flush_answers();
         self.prefetch_outbox();
         while let Some(mut item) = self.outbox.pop_front() {
             if let Some(slot) = item.owner {
@@ -341,8 +342,9 @@ impl Consumer {
         };
         let inner = self.inner.clone();
         let buf = inner.send_bufs.ptr(b as usize);
-        let carries =
-            matches!(item.kind, STAGE_WRITE | STAGE_READ_DATA) && item.status == CqStatus::Ok;
+        let carries = (matches!(item.kind, STAGE_WRITE | STAGE_READ_DATA)
+            && item.status == CqStatus::Ok)
+            || item.kind == STAGE_ACKS;
         let chunk = if carries {
             (item.len - item.sent).min(self.chunk_room())
         } else {
@@ -365,7 +367,12 @@ impl Consumer {
             } else {
                 item.len as u32
             },
-            total: item.len as u32,
+            // Answers: the count of tokens.
+            total: if item.kind == STAGE_ACKS {
+                (item.len / 8) as u32
+            } else {
+                item.len as u32
+            },
         };
         let h = hdr.encode();
         debug_assert!(prepared.is_none_or(|c| c == chunk));
@@ -467,11 +474,33 @@ impl Consumer {
         }
     }
 
+    /// An acknowledgement (of a write chunk, or the answer to an answered SEND) of WQE `token`
+    /// came, with the target's status.
+    fn acked(&mut self, token: u64, status: CqStatus) {
+        if status != CqStatus::Ok {
+            self.stage_fail(token, status);
+        }
+        if let Some(st) = self.stage_mut(token) {
+            st.awaiting = st.awaiting.saturating_sub(1);
+            self.stage_settle(token);
+        }
+    }
+
     /// A staged message arrived.
     pub(super) fn on_stage_msg(&mut self, h: &StageHdr, payload: &[u8]) {
         self.stats.received += 1;
-        self.stats.acks += u64::from(h.kind == STAGE_WRITE_ACK);
+        self.stats.acks += match h.kind {
+            STAGE_WRITE_ACK => 1,
+            STAGE_ACKS => u64::from(h.total),
+            _ => 0,
+        };
         match h.kind {
+            STAGE_ACKS => {
+                let status = CqStatus::from_raw(h.status).unwrap_or(CqStatus::RemoteBadStatus);
+                for token in StageHdr::ack_tokens(payload) {
+                    self.acked(token, status);
+                }
+            }
             STAGE_WRITE => {
                 let status = self.stage_write_here(h, payload);
                 if status == CqStatus::Ok {
@@ -479,7 +508,7 @@ impl Consumer {
                         self.push_write_imm_rx(imm, Some(h.src_pe), h.total);
                     }
                 }
-                self.reply(h, STAGE_WRITE_ACK, status, 0, false, 0);
+                self.reply(h.src_pe, h.token, STAGE_WRITE_ACK, status, 0, false, 0);
             }
             STAGE_READ_REQ => {
                 let heap = self.tables.heap_at(h.offset, u64::from(h.len));
@@ -487,9 +516,15 @@ impl Consumer {
                     r.translate(r.dev_base.wrapping_add(h.offset), u64::from(h.len))
                         .map(|a| (a, r.device))
                 }) {
-                    Some((src, device)) => {
-                        self.reply(h, STAGE_READ_DATA, CqStatus::Ok, src, device, h.len)
-                    }
+                    Some((src, device)) => self.reply(
+                        h.src_pe,
+                        h.token,
+                        STAGE_READ_DATA,
+                        CqStatus::Ok,
+                        src,
+                        device,
+                        h.len,
+                    ),
                     None => {
                         tracing::warn!(
                             "software queue: staged read of {:#x}+{} from PE {} outside the heap",
@@ -498,7 +533,8 @@ impl Consumer {
                             h.src_pe
                         );
                         self.reply(
-                            h,
+                            h.src_pe,
+                            h.token,
                             STAGE_READ_DATA,
                             CqStatus::RemoteBadAddress,
                             0,
@@ -510,13 +546,7 @@ impl Consumer {
             }
             STAGE_WRITE_ACK => {
                 let status = CqStatus::from_raw(h.status).unwrap_or(CqStatus::RemoteBadStatus);
-                if status != CqStatus::Ok {
-                    self.stage_fail(h.token, status);
-                }
-                if let Some(st) = self.stage_mut(h.token) {
-                    st.awaiting = st.awaiting.saturating_sub(1);
-                    self.stage_settle(h.token);
-                }
+                self.acked(h.token, status);
             }
             STAGE_READ_DATA => {
                 let mut status = CqStatus::from_raw(h.status).unwrap_or(CqStatus::RemoteBadStatus);
@@ -608,7 +638,7 @@ impl Consumer {
                     self.push_write_imm_rx(imm, Some(h.src_pe), h.total);
                 }
             }
-            self.reply(h, STAGE_WRITE_ACK, status, 0, false, 0);
+            self.reply(h.src_pe, h.token, STAGE_WRITE_ACK, status, 0, false, 0);
             if !stopping {
                 if let Err(e) = self.post_receive(*idx) {
                     tracing::error!("software queue: cannot repost a receive buffer: {e}");
@@ -681,26 +711,25 @@ impl Consumer {
     }
 
     /// Queues a reply to the sender of `h` (replies go before new work).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn reply(
         &mut self,
-        h: &StageHdr,
+        src_pe: u32,
+        token: u64,
         kind: u8,
         status: CqStatus,
         src: u64,
         device: bool,
         len: u32,
     ) {
-        let Some(dest) = self.tables.peers.get(h.src_pe as usize).map(|p| p.fi_addr) else {
-            tracing::warn!(
-                "software queue: staged message from unknown PE {}: no reply",
-                h.src_pe
-            );
+        let Some(dest) = self.tables.peers.get(src_pe as usize).map(|p| p.fi_addr) else {
+            tracing::warn!("software queue: staged message from unknown PE {src_pe}: no reply");
             return;
         };
         let item = OutItem {
             dest,
             kind,
-            token: h.token,
+            token,
             status,
             imm: None,
             src,
@@ -716,6 +745,74 @@ impl Consumer {
             self.outbox.push_front(item);
         } else {
             self.outbox.push_back(item);
+        }
+    }
+
+    /// Sends the answers of the answered SENDs handled since the last call (`answers`, see
+    /// `Consumer::answer_send`): those of one sender with one status as one [`STAGE_ACKS`]
+    /// message of their tokens, written into a send buffer now (up to [`STAGE_ACKS_MAX`] and the
+    /// buffer's room each), ahead of other staged messages. Without a free send buffer, or with
+    /// send buffers too small for two tokens, each answer goes alone as a [`STAGE_WRITE_ACK`].
+    pub(super) fn flush_answers(&mut self) {
+        if self.answers.is_empty() {
+            return;
+        }
+        let mut answers = std::mem::take(&mut self.answers);
+        // By sender and status; a stable sort keeps each group's order.
+        answers.sort_by_key(|&(pe, _, status)| (pe, status as u8));
+        let room = (self.chunk_room() as usize / 8).min(STAGE_ACKS_MAX);
+        for group in answers.chunk_by(|a, b| a.0 == b.0 && a.2 == b.2) {
+            for part in group.chunks(room.max(1)) {
+                let (pe, first, status) = part[0];
+                let dest = self.tables.peers.get(pe as usize).map(|p| p.fi_addr);
+                let buf = if room >= 2 && part.len() > 1 {
+                    dest.and_then(|_| self.free_bounce.pop())
+                } else {
+                    None
+                };
+                let (Some(dest), Some(b)) = (dest, buf) else {
+                    for &(pe, token, status) in part {
+                        self.reply(pe, token, STAGE_WRITE_ACK, status, 0, false, 0);
+                    }
+                    self.inner
+                        .answer_msgs
+                        .fetch_add(part.len() as u64, Ordering::Relaxed);
+                    continue;
+                };
+                self.inner.answer_msgs.fetch_add(1, Ordering::Relaxed);
+                let bytes = part.len() * 8;
+                let p = self.inner.send_bufs.ptr(b as usize);
+                for (i, &(_, token, _)) in part.iter().enumerate() {
+                    // SAFETY: the send buffer holds STAGE_HDR_SIZE + chunk_room() >= the header
+                    // and `bytes`; this consumer owns it (taken from its free list).
+                    unsafe {
+                        ptr::copy_nonoverlapping(
+                            token.to_le_bytes().as_ptr(),
+                            p.add(STAGE_HDR_SIZE + 8 * i),
+                            8,
+                        )
+                    };
+                }
+                self.outbox.push_front(OutItem {
+                    dest,
+                    kind: STAGE_ACKS,
+                    token: first,
+                    status,
+                    imm: None,
+                    src: 0,
+                    device: false,
+                    off: 0,
+                    len: bytes as u64,
+                    sent: 0,
+                    msgs: 0,
+                    owner: None,
+                    prepared: Some((b, bytes as u64)),
+                });
+            }
+        }
+        answers.clear();
+        if self.answers.is_empty() {
+            self.answers = answers;
         }
     }
 }
