@@ -65,9 +65,14 @@ fn amo_messages_on_shm_are_answered_once_applied_and_leave_without_waiting() {
     let s0 = pes[0].gda.soft_queue().unwrap().stats();
     let s1 = pes[1].gda.soft_queue().unwrap().stats();
     eprintln!(
-        "shm: {N} AMO messages: word {word} at the quiet; sender: {} refused for now; target: {} \
-         applied in {} batches, {} answered in {} messages",
-        s0.wqes_refused, s1.amos_applied, s1.amo_batches, s1.sends_answered, s1.answer_msgs
+        "shm: {N} AMO messages: word {word} at the quiet; sender: {} refused for now, {} packed \
+         SENDs; target: {} applied in {} batches, {} answered in {} messages",
+        s0.wqes_refused,
+        s0.sends_packed,
+        s1.amos_applied,
+        s1.amo_batches,
+        s1.sends_answered,
+        s1.answer_msgs
     );
     assert_eq!(
         word, N,
@@ -75,6 +80,13 @@ fn amo_messages_on_shm_are_answered_once_applied_and_leave_without_waiting() {
     );
     assert_eq!(s1.amos_applied, N);
     assert_eq!(s1.sends_answered, N, "every SEND is answered on shm");
+    // The AMOs went packed (several per SEND) and the answers of one batch share a message
+    // (STAGE_ACKS): fewer SENDs than AMOs, no more answer messages than batches.
+    assert!(
+        s0.sends_packed >= 1 && s0.sends_packed < N / 4,
+        "{} packed SENDs for {N} AMOs",
+        s0.sends_packed
+    );
     // The answers of one batch share a message (STAGE_ACKS): no more messages than batches.
     assert!(
         s1.answer_msgs >= 1 && s1.answer_msgs <= s1.amo_batches,

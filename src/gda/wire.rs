@@ -86,6 +86,14 @@ pub const SEND_HDR_SIZE: usize = 24;
 pub const SEND_FLAG_IMM: u16 = 1;
 /// SEND header flag: the sender waits for an answer carrying its token (an answered SEND).
 pub const SEND_FLAG_ANSWER: u16 = 2;
+/// SEND header flag: the payload is several answered AMO messages ([`PACKED_ENTRY`] bytes each:
+/// the AMO's token, then its message); each is answered with its own token. Needs
+/// [`SEND_FLAG_ANSWER`], no immediate.
+pub const SEND_FLAG_PACKED: u16 = 4;
+/// Bytes of one entry of a packed SEND: the token (8, little-endian), then the AMO message.
+pub const PACKED_ENTRY: usize = 8 + AMO_MSG_SIZE;
+/// Most AMO messages one packed SEND carries.
+pub const PACKED_MAX: usize = SOFT_SEND_MAX / PACKED_ENTRY;
 
 /// Largest number of PEs a software queue addresses (`ah` is 16 bits and 0xFFFF means unknown).
 pub const SOFT_MAX_PES: i32 = 0xFFFF;
@@ -234,6 +242,8 @@ pub struct SendHdr {
     pub len: u16,
     /// The sender's token, when it waits for an answer (an answered SEND, see the module doc).
     pub answer: Option<u64>,
+    /// The payload is packed AMO messages ([`SEND_FLAG_PACKED`]).
+    pub packed: bool,
 }
 
 impl SendHdr {
@@ -246,6 +256,9 @@ impl SendHdr {
         let mut flags = if self.imm.is_some() { SEND_FLAG_IMM } else { 0 };
         if self.answer.is_some() {
             flags |= SEND_FLAG_ANSWER;
+        }
+        if self.packed {
+            flags |= SEND_FLAG_PACKED;
         }
         b[12..14].copy_from_slice(&flags.to_le_bytes());
         b[14..16].copy_from_slice(&self.len.to_le_bytes());
@@ -261,8 +274,14 @@ impl SendHdr {
         }
         let flags = u16::from_le_bytes(msg[12..14].try_into().ok()?);
         let len = u16::from_le_bytes(msg[14..16].try_into().ok()?);
-        if flags & !(SEND_FLAG_IMM | SEND_FLAG_ANSWER) != 0
+        let packed = flags & SEND_FLAG_PACKED != 0;
+        if flags & !(SEND_FLAG_IMM | SEND_FLAG_ANSWER | SEND_FLAG_PACKED) != 0
             || usize::from(len) != msg.len() - SEND_HDR_SIZE
+            || (packed
+                && (flags & SEND_FLAG_ANSWER == 0
+                    || flags & SEND_FLAG_IMM != 0
+                    || len == 0
+                    || usize::from(len) % PACKED_ENTRY != 0))
         {
             return None;
         }
@@ -277,6 +296,18 @@ impl SendHdr {
             },
             len,
             answer: (flags & SEND_FLAG_ANSWER != 0).then_some(token),
+            packed,
+        })
+    }
+
+    /// The (token, AMO message bytes) entries of a packed SEND's payload (checked by
+    /// [`SendHdr::decode`]).
+    pub fn packed_entries(payload: &[u8]) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        payload.chunks_exact(PACKED_ENTRY).map(|e| {
+            (
+                u64::from_le_bytes(e[..8].try_into().expect("8 bytes")),
+                &e[8..],
+            )
         })
     }
 }
@@ -501,6 +532,7 @@ mod tests {
             imm: Some(0xabcd),
             len: 5,
             answer: None,
+            packed: false,
         };
         let mut msg = h.encode().to_vec();
         msg.extend_from_slice(b"hello");
@@ -511,6 +543,7 @@ mod tests {
             imm: None,
             len: 0,
             answer: None,
+            packed: false,
         };
         assert_eq!(SendHdr::decode(&h2.encode()), Some(h2));
         // An answered SEND: flag bit 1 and the token in bytes 16-23 (a token of 0 is a token).
@@ -520,6 +553,7 @@ mod tests {
                 imm: None,
                 len: 0,
                 answer: Some(token),
+                packed: false,
             };
             let b = h3.encode();
             assert_eq!(u16::from_le_bytes([b[12], b[13]]), SEND_FLAG_ANSWER);
@@ -528,8 +562,42 @@ mod tests {
         }
         // An unknown flag is not a software-queue SEND.
         let mut b = h2.encode();
-        b[12] = 4;
+        b[12] = 8;
         assert_eq!(SendHdr::decode(&b), None);
+        // Packed AMOs: flags 2 | 4, two entries of token + 32-byte message.
+        assert_eq!(AMO_MSG_SIZE, 32);
+        assert_eq!(PACKED_ENTRY, 40);
+        let hp = SendHdr {
+            src_pe: 1,
+            imm: None,
+            len: 80,
+            answer: Some(0x55),
+            packed: true,
+        };
+        let mut m = hp.encode().to_vec();
+        assert_eq!(u16::from_le_bytes([m[12], m[13]]), 6);
+        for (tok, fill) in [(0x55u64, 0xa1u8), (0x2_0000_0009, 0xb2)] {
+            m.extend_from_slice(&tok.to_le_bytes());
+            m.extend_from_slice(&[fill; 32]);
+        }
+        assert_eq!(SendHdr::decode(&m), Some(hp));
+        let e: Vec<(u64, Vec<u8>)> = SendHdr::packed_entries(&m[SEND_HDR_SIZE..])
+            .map(|(t, a)| (t, a.to_vec()))
+            .collect();
+        assert_eq!(
+            e,
+            vec![(0x55, vec![0xa1; 32]), (0x2_0000_0009, vec![0xb2; 32])]
+        );
+        // Packed without an answer, with an immediate, or with a partial entry: refused.
+        let mut no_answer = m.clone();
+        no_answer[12] = 4;
+        assert_eq!(SendHdr::decode(&no_answer), None);
+        let mut imm = m.clone();
+        imm[12] = 7;
+        assert_eq!(SendHdr::decode(&imm), None);
+        let mut short = SendHdr { len: 41, ..hp }.encode().to_vec();
+        short.extend_from_slice(&[0; 41]);
+        assert_eq!(SendHdr::decode(&short), None);
     }
 
     #[test]

@@ -17,7 +17,8 @@
 #            (gda_bench --exchange; tests/gpu_gda/run.sh GDA_BENCH_SETS=exchange) in variants
 #            (AB_EXCHANGE_VARIANTS, as AB_COUNT_VARIANTS; default: 144 experts on the copy kernel, on
 #            the host copy route, 4 consumer threads, 16 experts x 32 puts, 8-byte puts), with the
-#            software queue's debug summary in the log; with AB_EXCHANGE_TRACE=1 also the consumers'
+#            software queue's debug summary in the log (AB_EXCHANGE_LOG replaces the log filter:
+#            with no debug level the consumer reads no clocks per WQE); with AB_EXCHANGE_TRACE=1 also the consumers'
 #            event traces (NVSHMEM_EFA_SOFT_TRACE, in exchange-<variant>/trace.*.csv) and what
 #            tests/bench/softq_trace.py reads in them (exchange-<variant>/trace.txt)
 #   gdatests the first build only: the GDA device-API suite (tests/gpu_gda/run.sh, no sanitizer)
@@ -67,7 +68,7 @@ T0=$SECONDS
 left() { echo $((budget - (SECONDS - T0))); }
 want() { [[ ",$steps," == *",$1,"* ]]; }
 status=0
-say "node: $(nproc) CPUs, cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none), load $(cut -d' ' -f1-3 /proc/loadavg)"
+say "node: $(nproc) CPUs, cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none), clock source $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg)"
 # run NAME LIMIT CMD...: runs when LIMIT seconds are left, bounded by LIMIT.
 run() {
     local name=$1 limit=$2
@@ -119,7 +120,7 @@ if want exchange; then
             trace=(NVSHMEM_EFA_SOFT_TRACE="$OUT/exchange-$vn/trace")
         fi
         run "exchange-$vn" 60 env GDA_BENCH_SETS=exchange \
-            NVSHMEM_EFA_LOG="nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug" "${trace[@]}" "${vars[@]}" \
+            NVSHMEM_EFA_LOG="${AB_EXCHANGE_LOG:-nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug}" "${trace[@]}" "${vars[@]}" \
             "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/exchange-$vn"
         grep -h "gda-exchange\|FAIL" "$OUT/exchange-$vn/bench-exchange.log" 2>/dev/null | grep -v "^gda_bench" |
             sed "s/^/    $vn /" | tee -a "$summary"

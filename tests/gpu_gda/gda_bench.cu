@@ -383,6 +383,15 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&dbad, sizeof *dbad));
     CK(cudaMalloc(&dresv, sizeof *dresv));
     CK(cudaDeviceSynchronize());
+    // Frees what every path allocated, finalizes, and gives the exit status.
+    auto finish = [&](int failed) {
+        CK(cudaFree(dresv));
+        nvshmem_free(counts);
+        nvshmem_free(dst);
+        nvshmem_free(src);
+        job_finalize(60);
+        return failed ? 1 : 0;
+    };
     const bool p2p_mapped = nvshmem_ptr(dst, peer) != nullptr;
     bool need_gda = false;
     for (const std::string &p : paths) need_gda = need_gda || p == "gda";
@@ -552,12 +561,7 @@ int main(int argc, char **argv) {
         }
         CK(cudaFree(ts));
         CK(cudaFree(te));
-        CK(cudaFree(dresv));
-        nvshmem_free(counts);
-        nvshmem_free(dst);
-        nvshmem_free(src);
-        job_finalize(60);
-        return xfail ? 1 : 0;
+        return finish(xfail);
     }
 
     std::vector<Row> rows;
@@ -726,10 +730,5 @@ int main(int argc, char **argv) {
         printf("gda_bench: %zu rows -> %s%s%s\n", rows.size(), csv_path.c_str(),
                budget_hit ? " (stopped at the time budget)" : "", vf_all ? "; VERIFY FAILED" : "");
     }
-    CK(cudaFree(dresv));
-    nvshmem_free(counts);
-    nvshmem_free(dst);
-    nvshmem_free(src);
-    job_finalize(60);
-    return vf_all ? 1 : 0;
+    return finish(vf_all);
 }

@@ -99,6 +99,8 @@ impl Consumer {
 
     pub(super) fn flush_in_flight(&mut self) {
         self.drop_copy_waits();
+        // Packed AMOs not sent yet: their WQEs are flushed below with the other slots.
+        self.packing.clear();
         let mut n = 0;
         for s in 0..self.slots.len() {
             if self.slots[s].is_some() {

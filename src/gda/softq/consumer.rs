@@ -92,6 +92,11 @@ pub(super) struct Consumer {
     /// When the current consumer pass began (one clock read per pass for what needs only a coarse
     /// time per ring).
     pub(super) pass_now: Instant,
+    /// Answered AMOs posted this pass and not sent yet, by destination, each entry its token and
+    /// message ([`Consumer::flush_packed`]).
+    pub(super) packing: Vec<(FiAddr, Vec<[u8; wire::PACKED_ENTRY]>)>,
+    /// The tokens of the AMOs each send buffer carries as a packed SEND, until its completion.
+    pub(super) packed_owners: Vec<Vec<u64>>,
     /// Answers owed to answered SENDs handled in this CQ read: sender's PE, token, status
     /// (`Consumer::flush_answers`).
     pub(super) answers: Vec<(u32, u64, CqStatus)>,
@@ -237,6 +242,8 @@ impl Consumer {
             late: VecDeque::new(),
             trace: super::trace::Trace::from_env(),
             answers: Vec::new(),
+            packing: Vec::new(),
+            packed_owners: vec![Vec::new(); bounce as usize],
             pass_now: Instant::now(),
             inner,
         };
@@ -314,6 +321,7 @@ impl Consumer {
             let t1 = timing.then(Instant::now);
             work += self.poll_copies();
             work += self.release_held();
+            work += self.flush_packed();
             let t2 = timing.then(Instant::now);
             if endpoint {
                 work += self.serve_handed();
@@ -362,8 +370,10 @@ impl Consumer {
                     };
                 }
                 self.cur = 0;
-                // The copies every ring's WQEs of this round asked for, together.
+                // The copies every ring's WQEs of this round asked for, together; the AMOs
+                // packed per PE.
                 self.flush_copies();
+                self.flush_packed();
                 if let (Some(t0), Some(t1), Some(t2), Some(t3), Some(t)) = (t0, t1, t2, t3, t) {
                     self.note_slow_pass([t1 - t0, t2 - t1, t3 - t2, t.elapsed()]);
                 }

@@ -22,6 +22,8 @@ pub(super) enum Action {
         hdr: SendHdr,
         payload: Payload,
         after_data: bool,
+        /// The payload is one AMO message (inline, checked): it may travel packed with others.
+        amo: bool,
     },
     /// RDMA write (with immediate) or read by staged messages: `off` is the offset in the target's
     /// heap.
@@ -537,6 +539,7 @@ impl Consumer {
                     ));
                 }
                 let mut after_data = false;
+                let mut amo = false;
                 if let Payload::Inline(data, n) = payload {
                     match AmoMsg::parse(&data[..n], peer.heap_extent()) {
                         Some(Err(e)) => {
@@ -554,7 +557,10 @@ impl Consumer {
                                 ),
                             ))
                         }
-                        Some(Ok(m)) => after_data = m.flags & wire::AMO_AFTER_DATA != 0,
+                        Some(Ok(m)) => {
+                            after_data = m.flags & wire::AMO_AFTER_DATA != 0;
+                            amo = n == wire::AMO_MSG_SIZE;
+                        }
                         None => {}
                     }
                 }
@@ -564,12 +570,14 @@ impl Consumer {
                     len: len as u16,
                     // Set when the SEND is posted (the token names its slot): `post`.
                     answer: None,
+                    packed: false,
                 };
                 Ok(Action::Send {
                     dest: peer.fi_addr,
                     hdr,
                     payload,
                     after_data,
+                    amo,
                 })
             }
         }

@@ -940,7 +940,10 @@ mod launch_tests {
     use crate::cuda::kernel::COPY_MAX;
     use crate::mover::kcopy::{MAX_COPY_BYTES, MAX_LAUNCH_BYTES};
 
-    fn round(lens: &[usize]) -> (Vec<(u32, Option<u64>, bool)>, Vec<(u64, u64, usize)>) {
+    type Waits = Vec<(u32, Option<u64>, bool)>;
+    type Copies = Vec<(u64, u64, usize)>;
+
+    fn round(lens: &[usize]) -> (Waits, Copies) {
         let waits = lens.iter().map(|&l| (0, None, l > 0)).collect();
         let first = lens
             .iter()

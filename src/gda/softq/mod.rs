@@ -428,6 +428,8 @@ pub struct SoftQueueStats {
     pub sends_answered: u64,
     /// Messages those answers went in (several answers to one sender share one, `STAGE_ACKS`).
     pub answer_msgs: u64,
+    /// SENDs that carried packed AMOs (several answered AMOs to one PE share one).
+    pub sends_packed: u64,
 }
 
 /// State shared between the queue handle and its consumer thread. Field order is drop order: the
@@ -464,6 +466,7 @@ struct Inner {
     wqes_refused: AtomicU64,
     sends_answered: AtomicU64,
     answer_msgs: AtomicU64,
+    sends_packed: AtomicU64,
     ahead_of_doorbell: AtomicU64,
     rx_overwrite: bool,
     rx_overruns: AtomicU64,
@@ -580,6 +583,7 @@ impl SoftQueue {
             wqes_refused: AtomicU64::new(0),
             sends_answered: AtomicU64::new(0),
             answer_msgs: AtomicU64::new(0),
+            sends_packed: AtomicU64::new(0),
             ahead_of_doorbell: AtomicU64::new(0),
             rx_overwrite: cfg.rx_overwrite,
             rx_overruns: AtomicU64::new(0),
@@ -936,6 +940,7 @@ impl SoftQueue {
             wqes_refused: i.wqes_refused.load(Ordering::Acquire),
             sends_answered: i.sends_answered.load(Ordering::Acquire),
             answer_msgs: i.answer_msgs.load(Ordering::Acquire),
+            sends_packed: i.sends_packed.load(Ordering::Acquire),
         }
     }
 

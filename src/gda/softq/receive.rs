@@ -3,6 +3,9 @@
 use super::*;
 use crate::gda::apply;
 
+/// The receive buffer of an AMO that came packed: its buffer went back when it was read.
+const NO_RX_BUF: usize = usize::MAX;
+
 impl Consumer {
     pub(super) fn post_all_receives(&mut self) -> Result<()> {
         for i in 0..self.inner.rx_bufs.count {
@@ -103,6 +106,11 @@ impl Consumer {
             return;
         };
         let payload = &msg[SEND_HDR_SIZE..];
+        if h.packed {
+            self.on_packed(&h, payload);
+            self.repost(idx);
+            return;
+        }
         let checked = apply::check_message(payload, &*self.tables);
         // An AMO without an immediate joins the CQ read's batch (amo_batch.rs): its word is read
         // and written back with the others', for GPU words two waits per CQ read instead of two
@@ -135,6 +143,40 @@ impl Consumer {
             }
         };
         self.finish_send(&h, idx, is_amo, status);
+    }
+
+    /// A packed SEND (`wire.rs`): each AMO joins the CQ read's batch with its own token (its
+    /// message is copied out, so the receive buffer goes back at once); one that does not check
+    /// out is answered with its status now.
+    fn on_packed(&mut self, h: &SendHdr, payload: &[u8]) {
+        for (token, amo) in SendHdr::packed_entries(payload) {
+            let one = SendHdr {
+                len: wire::AMO_MSG_SIZE as u16,
+                answer: Some(token),
+                packed: false,
+                ..*h
+            };
+            match apply::check_message(amo, &*self.tables) {
+                apply::Checked::Ready(m, addr, device) => {
+                    self.amo_batch.push(m, addr, device, (NO_RX_BUF, one))
+                }
+                apply::Checked::Rejected { status, why } => {
+                    tracing::warn!(
+                        "software queue: AMO from PE {} not applied ({status}): {why}",
+                        h.src_pe
+                    );
+                    self.finish_send(&one, NO_RX_BUF, true, status);
+                }
+                apply::Checked::NotAmo => {
+                    tracing::warn!(
+                        "software queue: a packed SEND from PE {} holds something that is not an \
+                         AMO message: answered as failed",
+                        h.src_pe
+                    );
+                    self.finish_send(&one, NO_RX_BUF, true, CqStatus::RemoteBadStatus);
+                }
+            }
+        }
     }
 
     /// Applies the AMOs the current CQ read gathered ([`crate::gda::amo_batch`]), then gives their
@@ -190,7 +232,7 @@ impl Consumer {
         }
         if !(is_amo && status == CqStatus::Ok && h.imm.is_none()) {
             let (ah, src_qp) = self.source(Some(h.src_pe));
-            let hold = self.inner.rx_credits.then_some(idx);
+            let hold = (self.inner.rx_credits && idx != NO_RX_BUF).then_some(idx);
             let held = self.push_rx_holding(
                 RxCqe {
                     req_id: self.rx_seq as u16,
@@ -214,7 +256,9 @@ impl Consumer {
                 return;
             }
         }
-        self.repost(idx);
+        if idx != NO_RX_BUF {
+            self.repost(idx);
+        }
     }
 
     /// Answers an answered SEND (`wire.rs`) of PE `src_pe` once it was handled here: the answer

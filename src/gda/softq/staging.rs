@@ -452,6 +452,31 @@ impl Consumer {
     /// A staged message's send buffer came back (`code` 0: sent).
     pub(super) fn on_stage_sent(&mut self, b: usize, code: i32, text: &str) {
         let owner = self.buf_owner.get_mut(b).and_then(|o| o.take());
+        let packed = self
+            .packed_owners
+            .get_mut(b)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if !packed.is_empty() {
+            // A packed SEND of AMOs (`Consumer::flush_packed`): sent, each waits for its answer;
+            // failed, none will come.
+            if b < self.inner.send_bufs.count {
+                self.free_bounce.push(b as u32);
+            }
+            if code != 0 {
+                let status = fabric_error_status(code);
+                if code.unsigned_abs() != errno::ECANCELED {
+                    tracing::warn!(
+                        "software queue: a SEND of {} AMOs failed ({status}): {text}",
+                        packed.len()
+                    );
+                }
+                for t in packed {
+                    self.unanswered(t, status);
+                }
+            }
+            return;
+        }
         self.stats.send_done += 1;
         if b < self.inner.send_bufs.count {
             self.free_bounce.push(b as u32);
