@@ -112,115 +112,6 @@ impl Consumer {
         n
     }
 
-    /// Sends the AMOs `post` packed since the last call: per PE, as few SENDs as hold them
-    /// ([`wire::PACKED_MAX`] each), with transmit completion; each AMO's WQE completes when its own
-    /// answer comes. What the provider refuses now waits for the next call, in order; a SEND that
-    /// fails fails its AMOs' WQEs.
-    pub(super) fn flush_packed(&mut self) -> usize {
-        if self.packing.is_empty() {
-            return 0;
-        }
-        let inner = self.inner.clone();
-        let mut sent = 0;
-        let mut packing = std::mem::take(&mut self.packing);
-        for (dest, entries) in packing.iter_mut() {
-            let mut done = 0;
-            while done < entries.len() {
-                let part = &entries[done..entries.len().min(done + wire::PACKED_MAX)];
-                let Some(b) = self.free_bounce.pop() else {
-                    break;
-                };
-                let Some(ctx) = inner.ctxs.alloc(TAG_STX, u64::from(b)) else {
-                    self.free_bounce.push(b);
-                    break;
-                };
-                let len = part.len() * wire::PACKED_ENTRY;
-                let hdr = SendHdr {
-                    src_pe: self.tables.my_pe as u32,
-                    imm: None,
-                    len: len as u16,
-                    answer: Some(u64::from_le_bytes(
-                        part[0][..8].try_into().expect("8 bytes"),
-                    )),
-                    packed: true,
-                };
-                let buf = inner.send_bufs.ptr(b as usize);
-                // SAFETY: the send buffer holds SEND_HDR_SIZE + SOFT_SEND_MAX >= the header and
-                // PACKED_MAX entries; this consumer owns it (taken from its free list).
-                unsafe {
-                    ptr::copy_nonoverlapping(hdr.encode().as_ptr(), buf, SEND_HDR_SIZE);
-                    for (i, e) in part.iter().enumerate() {
-                        ptr::copy_nonoverlapping(
-                            e.as_ptr(),
-                            buf.add(SEND_HDR_SIZE + i * wire::PACKED_ENTRY),
-                            wire::PACKED_ENTRY,
-                        );
-                    }
-                }
-                let tokens: Vec<u64> = part
-                    .iter()
-                    .map(|e| u64::from_le_bytes(e[..8].try_into().expect("8 bytes")))
-                    .collect();
-                // SAFETY: the buffer and the context belong to the queue and stay valid until the
-                // completion is reaped or the endpoint is closed.
-                let r = unsafe {
-                    inner.ep.send_msg(
-                        buf,
-                        SEND_HDR_SIZE + len,
-                        inner.send_bufs.desc(),
-                        *dest,
-                        ctx,
-                        flags::COMPLETION | flags::TRANSMIT_COMPLETE,
-                    )
-                };
-                match r {
-                    Ok(()) => {
-                        self.note(super::trace::Event::Send, part.len() as u32, 1);
-                        self.inner.sends_packed.fetch_add(1, Ordering::Relaxed);
-                        self.packed_owners[b as usize] = tokens;
-                        done += part.len();
-                        sent += 1;
-                    }
-                    Err(e) if e.is_again() => {
-                        inner.ctxs.free(ctx);
-                        self.free_bounce.push(b);
-                        self.note(super::trace::Event::SendRefused, part.len() as u32, 1);
-                        break;
-                    }
-                    Err(e) => {
-                        inner.ctxs.free(ctx);
-                        self.free_bounce.push(b);
-                        let status = fabric_error_status(e.code);
-                        tracing::warn!(
-                            "software queue: a SEND of {} AMOs failed ({status}): {e}",
-                            part.len()
-                        );
-                        for t in tokens {
-                            self.unanswered(t, status);
-                        }
-                        done += part.len();
-                    }
-                }
-            }
-            entries.drain(..done);
-        }
-        packing.retain(|(_, v)| !v.is_empty());
-        // Whatever was packed meanwhile (nothing: no nested post here) goes after the rest.
-        packing.append(&mut self.packing);
-        self.packing = packing;
-        sent
-    }
-
-    /// The answer of answered WQE `token` will not come (its SEND failed): it completes with
-    /// `status`.
-    pub(super) fn unanswered(&mut self, token: u64, status: CqStatus) {
-        self.stage_fail(token, status);
-        if let Some(st) = self.stage_mut(token) {
-            st.awaiting = 0;
-        }
-        self.stage_settle(token);
-    }
-
     /// Posts again every ring's refused WQE that the provider now takes.
     pub(super) fn retry_stalled(&mut self) -> usize {
         let rings: Vec<usize> = self.stalled.keys().copied().collect();
@@ -282,38 +173,9 @@ impl Consumer {
         // target's answer comes (`tx_done`, the staged acknowledgement's handler).
         let answer = (self.inner.answered_sends && matches!(p.action, Action::Send { .. }))
             .then(|| super::staging::stage_token(p.pc, p.slot.expect("slot taken above")));
-        // An answered AMO travels packed with the others of this pass to its PE
-        // (`flush_packed`): the WQE waits for its answer alone.
-        if let (
-            Some(token),
-            Action::Send {
-                dest,
-                hdr,
-                payload: Payload::Inline(data, n),
-                amo: true,
-                ..
-            },
-        ) = (answer, &p.action)
-        {
-            if hdr.imm.is_none() && *n == wire::AMO_MSG_SIZE {
-                let mut entry = [0u8; wire::PACKED_ENTRY];
-                entry[..8].copy_from_slice(&token.to_le_bytes());
-                entry[8..].copy_from_slice(&data[..wire::AMO_MSG_SIZE]);
-                let dest = *dest;
-                match self.packing.iter_mut().find(|(d, _)| *d == dest) {
-                    Some((_, v)) => v.push(entry),
-                    None => self.packing.push((dest, vec![entry])),
-                }
-                if let Some(b) = p.bounce.take() {
-                    self.free_bounce.push(b);
-                }
-                let stage = Stage {
-                    awaiting: 1,
-                    queued: false,
-                    ..Stage::new(token)
-                };
-                let slot = p.slot.expect("slot set above");
-                self.occupy(slot, InFlight::of(&p, None, Some(stage)));
+        // An answered AMO travels packed with the others of this pass to its PE (`answers.rs`).
+        if let Some(token) = answer {
+            if self.pack(&mut p, token) {
                 return Ok(());
             }
         }

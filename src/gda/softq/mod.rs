@@ -150,6 +150,7 @@
 //! * `ipc`: the copy route ([`PeerMemory`]), the null consumer, TX completions in bulk;
 //! * `threads`: consumer threads, ring ownership, hand-overs to thread 0 (docs/softq-threads.md).
 
+mod answers;
 mod completion;
 mod consumer;
 mod exec;

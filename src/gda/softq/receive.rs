@@ -4,7 +4,7 @@ use super::*;
 use crate::gda::apply;
 
 /// The receive buffer of an AMO that came packed: its buffer went back when it was read.
-const NO_RX_BUF: usize = usize::MAX;
+pub(super) const NO_RX_BUF: usize = usize::MAX;
 
 impl Consumer {
     pub(super) fn post_all_receives(&mut self) -> Result<()> {
@@ -145,40 +145,6 @@ impl Consumer {
         self.finish_send(&h, idx, is_amo, status);
     }
 
-    /// A packed SEND (`wire.rs`): each AMO joins the CQ read's batch with its own token (its
-    /// message is copied out, so the receive buffer goes back at once); one that does not check
-    /// out is answered with its status now.
-    fn on_packed(&mut self, h: &SendHdr, payload: &[u8]) {
-        for (token, amo) in SendHdr::packed_entries(payload) {
-            let one = SendHdr {
-                len: wire::AMO_MSG_SIZE as u16,
-                answer: Some(token),
-                packed: false,
-                ..*h
-            };
-            match apply::check_message(amo, &*self.tables) {
-                apply::Checked::Ready(m, addr, device) => {
-                    self.amo_batch.push(m, addr, device, (NO_RX_BUF, one))
-                }
-                apply::Checked::Rejected { status, why } => {
-                    tracing::warn!(
-                        "software queue: AMO from PE {} not applied ({status}): {why}",
-                        h.src_pe
-                    );
-                    self.finish_send(&one, NO_RX_BUF, true, status);
-                }
-                apply::Checked::NotAmo => {
-                    tracing::warn!(
-                        "software queue: a packed SEND from PE {} holds something that is not an \
-                         AMO message: answered as failed",
-                        h.src_pe
-                    );
-                    self.finish_send(&one, NO_RX_BUF, true, CqStatus::RemoteBadStatus);
-                }
-            }
-        }
-    }
-
     /// Applies the AMOs the current CQ read gathered ([`crate::gda::amo_batch`]), then gives their
     /// receive buffers back (an error completes its SEND with an error status, logged).
     pub(super) fn flush_amo_batch(&mut self) {
@@ -225,7 +191,7 @@ impl Consumer {
     /// never polls the RX ring, and one per AMO would pile up entries for a ring nobody drains);
     /// anything else gets its RX completion; then the receive buffer is posted again (unless it is
     /// held for ring room, with receive credits).
-    fn finish_send(&mut self, h: &SendHdr, idx: usize, is_amo: bool, status: CqStatus) {
+    pub(super) fn finish_send(&mut self, h: &SendHdr, idx: usize, is_amo: bool, status: CqStatus) {
         if let Some(token) = h.answer {
             self.answer_send(h.src_pe, token, status);
             self.inner.sends_answered.fetch_add(1, Ordering::Relaxed);
@@ -259,14 +225,6 @@ impl Consumer {
         if idx != NO_RX_BUF {
             self.repost(idx);
         }
-    }
-
-    /// Answers an answered SEND (`wire.rs`) of PE `src_pe` once it was handled here: the answer
-    /// waits in `answers` for the end of the CQ read, then goes with the others to that PE in one
-    /// staged message (`Consumer::flush_answers`).
-    fn answer_send(&mut self, src_pe: u32, token: u64, status: CqStatus) {
-        self.answers.push((src_pe, token, status));
-        self.note(super::trace::Event::Answer, src_pe, 0);
     }
 
     /// Posts receive buffer `idx` again (not once the queue stops).
