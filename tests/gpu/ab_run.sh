@@ -20,7 +20,9 @@
 #            software queue's debug summary in the log (AB_EXCHANGE_LOG replaces the log filter:
 #            with no debug level the consumer reads no clocks per WQE); with AB_EXCHANGE_TRACE=1 also the consumers'
 #            event traces (NVSHMEM_EFA_SOFT_TRACE, in exchange-<variant>/trace.*.csv) and what
-#            tests/bench/softq_trace.py reads in them (exchange-<variant>/trace.txt)
+#            tests/bench/softq_trace.py reads in them (exchange-<variant>/trace.txt);
+#            AB_EXCHANGE_ALL=1 runs every build of AB_PLUGINS (interleaved, variant by variant),
+#            AB_EXCHANGE_REPS=N repeats the whole set N times
 #   gdatests the first build only: the GDA device-API suite (tests/gpu_gda/run.sh, no sanitizer)
 #   same     the stream benchmark, same-host layout, library on shm (tests/gpu/stream_run.sh --quick
 #            --only same)
@@ -111,24 +113,33 @@ fi
 if want exchange; then
     variants=${AB_EXCHANGE_VARIANTS:-"e144:;host:NVSHMEM_EFA_SOFT_IPC=host;t4:NVSHMEM_EFA_SOFT_THREADS=4;e16:GDA_EXCHANGE=50 4x4 16 32 7168;small:GDA_EXCHANGE=200 36x4 144 1 8"}
     IFS=';' read -r -a vlist <<<"$variants"
-    for v in "${vlist[@]}"; do
-        vn=${v%%:*} venv=${v#*:}
-        IFS=',' read -r -a vars <<<"$venv"
-        trace=()
-        if [ "${AB_EXCHANGE_TRACE:-0}" = 1 ]; then
-            mkdir -p "$OUT/exchange-$vn"
-            trace=(NVSHMEM_EFA_SOFT_TRACE="$OUT/exchange-$vn/trace")
-        fi
-        run "exchange-$vn" 60 env GDA_BENCH_SETS=exchange \
-            NVSHMEM_EFA_LOG="${AB_EXCHANGE_LOG:-nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug}" "${trace[@]}" "${vars[@]}" \
-            "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/exchange-$vn"
-        grep -h "gda-exchange\|FAIL" "$OUT/exchange-$vn/bench-exchange.log" 2>/dev/null | grep -v "^gda_bench" |
-            sed "s/^/    $vn /" | tee -a "$summary"
-        tfiles=("$OUT/exchange-$vn"/trace.pe*.t0.csv)
-        if [ ${#trace[@]} -gt 0 ] && [ -f "${tfiles[0]}" ]; then
-            python3 tests/bench/softq_trace.py "${tfiles[@]}" >"$OUT/exchange-$vn/trace.txt" 2>&1
-            sed -n '/^timeline/q;p' "$OUT/exchange-$vn/trace.txt" | sed "s/^/    $vn /" | tee -a "$summary"
-        fi
+    for rep in $(seq 1 "${AB_EXCHANGE_REPS:-1}"); do
+        for v in "${vlist[@]}"; do
+            vn=${v%%:*} venv=${v#*:}
+            IFS=',' read -r -a vars <<<"$venv"
+            for k in "${!names[@]}"; do
+                # One build only, unless AB_EXCHANGE_ALL=1 (every build of AB_PLUGINS in turn).
+                [ "$k" -gt 0 ] && [ "${AB_EXCHANGE_ALL:-0}" != 1 ] && continue
+                tag=$vn
+                [ "${AB_EXCHANGE_ALL:-0}" = 1 ] && tag=$vn-${names[$k]}
+                [ "${AB_EXCHANGE_REPS:-1}" -gt 1 ] && tag=$tag-r$rep
+                trace=()
+                if [ "${AB_EXCHANGE_TRACE:-0}" = 1 ]; then
+                    mkdir -p "$OUT/exchange-$tag"
+                    trace=(NVSHMEM_EFA_SOFT_TRACE="$OUT/exchange-$tag/trace")
+                fi
+                run "exchange-$tag" 60 env GDA_BENCH_SETS=exchange \
+                    NVSHMEM_EFA_LOG="${AB_EXCHANGE_LOG:-nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug}" "${trace[@]}" "${vars[@]}" \
+                    "${gda[@]}" --plugin-dir "${dirs[$k]}" --out "$OUT/exchange-$tag"
+                grep -h "gda-exchange\|FAIL" "$OUT/exchange-$tag/bench-exchange.log" 2>/dev/null | grep -v "^gda_bench" |
+                    sed "s/^/    $tag /" | tee -a "$summary"
+                tfiles=("$OUT/exchange-$tag"/trace.pe*.t0.csv)
+                if [ ${#trace[@]} -gt 0 ] && [ -f "${tfiles[0]}" ]; then
+                    python3 tests/bench/softq_trace.py "${tfiles[@]}" >"$OUT/exchange-$tag/trace.txt" 2>&1
+                    sed -n '/^timeline/q;p' "$OUT/exchange-$tag/trace.txt" | sed "s/^/    $tag /" | tee -a "$summary"
+                fi
+            done
+        done
     done
 fi
 if want gdatests; then
