@@ -348,6 +348,30 @@ EOF_CLASH
         cat "$work/plot.txt"
         status=1
     fi
+    # 4. plot_exchange.py on a synthetic ab_run exchange directory, softq_trace.py on a synthetic
+    #    trace of two PEs (one gzipped).
+    xd=$work/xab/exchange-e144-now-r2
+    mkdir -p "$xd"
+    printf '  gda-exchange PE 0     7168 B   50 rounds: round median 1.0 us; kernel    25000.0 us (500.0 us per round)\n  gda-exchange PE 1     7168 B   50 rounds: round median 1.0 us; kernel    26000.0 us (520.0 us per round)\n' >"$xd/bench-exchange.log"
+    if python3 "$here/plot_exchange.py" "$work/x.csv" "$work/x.png" "$work/xab" >"$work/x.txt" 2>&1 &&
+        [ "$(wc -l <"$work/x.csv")" = 3 ] && grep -q '^xab,e144,now,2,0,7168,50,25000.0,500.0,yes' "$work/x.csv"; then
+        say "plot_exchange.py ok"
+    else
+        say "plot_exchange.py FAILED:"
+        cat "$work/x.txt" "$work/x.csv" 2>/dev/null
+        status=1
+    fi
+    printf 'unix_ns,event,a,b\n1000000,take,3,0\n1050000,send,2,1\n1900000,send_done,0,850\n' >"$work/t.pe0.t0.csv"
+    printf 'unix_ns,event,a,b\n1400000,amo_batch,2,40\n1500000,slow_pass,60,0\n' | gzip >"$work/t.pe1.t0.csv.gz"
+    if python3 "$here/../bench/softq_trace.py" "$work/t.pe0.t0.csv" "$work/t.pe1.t0.csv.gz" --at 0 >"$work/t.txt" 2>&1 &&
+        grep -q 'SEND post to answer: 1, median 850 us' "$work/t.txt" && grep -q 'AMO batches: 1, 2.0 AMOs each' "$work/t.txt" &&
+        grep -q 'pe1.t0   amo_batch' "$work/t.txt"; then
+        say "softq_trace.py ok"
+    else
+        say "softq_trace.py FAILED:"
+        cat "$work/t.txt"
+        status=1
+    fi
     bash -n "$here/run.sh" || status=1
     if [ $status = 0 ]; then say "compile-only: ok"; else say "compile-only: FAILED"; fi
     exit $status
