@@ -110,7 +110,7 @@ impl Consumer {
                 };
                 match r {
                     Ok(()) => {
-                        self.note(super::trace::Event::Send, part.len() as u32, 1);
+                        self.note(super::trace::Event::SendPacked, part.len() as u32, 0);
                         self.inner.sends_packed.fetch_add(1, Ordering::Relaxed);
                         self.packed_owners[b as usize] = tokens;
                         done += part.len();
@@ -119,7 +119,7 @@ impl Consumer {
                     Err(e) if e.is_again() => {
                         inner.ctxs.free(ctx);
                         self.free_bounce.push(b);
-                        self.note(super::trace::Event::SendRefused, part.len() as u32, 1);
+                        self.note(super::trace::Event::SendRefused, part.len() as u32, 1 << 31);
                         break;
                     }
                     Err(e) => {

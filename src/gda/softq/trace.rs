@@ -18,8 +18,11 @@ pub(super) enum Event {
     CopyDone,
     /// A SEND (an AMO message) was handed to the provider: `a` its ring, `b` its PE.
     Send,
-    /// The provider refused a SEND for now (`-FI_EAGAIN`): `a` its ring, `b` its PE.
+    /// The provider refused a SEND for now (`-FI_EAGAIN`): `a` its ring, `b` its PE (a packed
+    /// SEND: `a` its AMOs, `b` 1 << 31).
     SendRefused,
+    /// A packed SEND (answered AMOs to one PE) was handed to the provider: `a` its AMOs.
+    SendPacked,
     /// The consumer loop was away 50 us or more between two passes (its idle backoff, or the
     /// thread was not running): `a` microseconds.
     Gap,
@@ -45,6 +48,7 @@ impl Event {
             Event::CopyDone => "copy_done",
             Event::Send => "send",
             Event::SendRefused => "send_refused",
+            Event::SendPacked => "send_packed",
             Event::Gap => "gap",
             Event::SendDone => "send_done",
             Event::Cq => "cq",
