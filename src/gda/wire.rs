@@ -32,10 +32,13 @@
 //! | 0-3 | magic `0x53414447` (`GDAS`) |
 //! | 4-7 | sender's PE |
 //! | 8-11 | immediate data |
-//! | 12-13 | flags: bit 0 = has immediate, bit 1 = answer wanted |
+//! | 12-13 | flags: bit 0 = has immediate, bit 1 = answer wanted, bit 2 = packed AMOs |
 //! | 14-15 | payload length |
 //! | 16-23 | the sender's token when an answer is wanted (else 0) |
 //!
+//! A packed SEND (bit 2, with bit 1, no immediate) carries several answered AMO messages, each
+//! behind its own 8-byte token (40-byte entries); the target answers each token. The sender packs
+//! the AMOs one consumer pass posts to one PE.
 //! An answered SEND: where the provider takes delivery-complete sends one per peer at a time
 //! ([`crate::fabric::Caps::dc_sends_serialise`]), the sender posts SENDs with transmit completion
 //! and asks for an answer; the target, once it handled the SEND (an AMO applied to its heap, an RX
