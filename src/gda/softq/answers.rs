@@ -70,13 +70,15 @@ impl Consumer {
                     break;
                 };
                 let len = part.len() * wire::PACKED_ENTRY;
+                let tokens: Vec<u64> = part
+                    .iter()
+                    .map(|e| u64::from_le_bytes(e[..8].try_into().expect("8 bytes")))
+                    .collect();
                 let hdr = SendHdr {
                     src_pe: self.tables.my_pe as u32,
                     imm: None,
                     len: len as u16,
-                    answer: Some(u64::from_le_bytes(
-                        part[0][..8].try_into().expect("8 bytes"),
-                    )),
+                    answer: Some(tokens[0]),
                     packed: true,
                 };
                 let buf = inner.send_bufs.ptr(b as usize);
@@ -92,10 +94,6 @@ impl Consumer {
                         );
                     }
                 }
-                let tokens: Vec<u64> = part
-                    .iter()
-                    .map(|e| u64::from_le_bytes(e[..8].try_into().expect("8 bytes")))
-                    .collect();
                 // SAFETY: the buffer and the context belong to the queue and stay valid until the
                 // completion is reaped or the endpoint is closed.
                 let r = unsafe {

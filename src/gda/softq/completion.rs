@@ -59,16 +59,15 @@ impl Consumer {
         if let Some(b) = bounce {
             self.free_bounce.push(b);
         }
-        if status != CqStatus::Ok {
-            self.stage_fail(token, status);
-        }
         if let Some(st) = self.stage_mut(token) {
             st.queued = false;
-            if status != CqStatus::Ok {
-                st.awaiting = 0; // no answer comes for a send that failed
-            }
         }
-        self.stage_settle(token);
+        if status != CqStatus::Ok {
+            // No answer comes for a send that failed.
+            self.unanswered(token, status);
+        } else {
+            self.stage_settle(token);
+        }
     }
 
     pub(super) fn complete_tx(&mut self, slot: u64, status: CqStatus) {
@@ -78,9 +77,10 @@ impl Consumer {
         };
         self.free_slots.push(slot as u32);
         if let Some(t) = f.since {
-            self.rounds.latency[f.op as usize % 3].add(t.elapsed());
+            let d = t.elapsed();
+            self.rounds.latency[f.op as usize % 3].add(d);
             if f.op == OpType::Send {
-                let us = t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+                let us = d.as_micros().min(u128::from(u32::MAX)) as u32;
                 self.note(super::trace::Event::SendDone, u32::from(f.q), us);
             }
         }

@@ -156,8 +156,9 @@ impl Consumer {
         let t = self.rounds.timing.then(Instant::now);
         let done = self.amo_applier.apply(&mut batch, "software queue");
         if let Some(t) = t {
-            self.stats.amo_time += t.elapsed();
-            let us = t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+            let d = t.elapsed();
+            self.stats.amo_time += d;
+            let us = d.as_micros().min(u128::from(u32::MAX)) as u32;
             self.note(super::trace::Event::AmoBatch, n as u32, us);
         }
         self.stats.amo_batches += 1;

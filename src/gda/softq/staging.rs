@@ -264,7 +264,6 @@ impl Consumer {
 
     pub(super) fn pump_outbox(&mut self) -> usize {
         let mut sent = 0;
-        self.flush_answers();
         self.prefetch_outbox();
         while let Some(mut item) = self.outbox.pop_front() {
             if let Some(slot) = item.owner {
@@ -457,12 +456,12 @@ impl Consumer {
             .get_mut(b)
             .map(std::mem::take)
             .unwrap_or_default();
+        if b < self.inner.send_bufs.count {
+            self.free_bounce.push(b as u32);
+        }
         if !packed.is_empty() {
             // A packed SEND of AMOs (`Consumer::flush_packed`): sent, each waits for its answer;
             // failed, none will come.
-            if b < self.inner.send_bufs.count {
-                self.free_bounce.push(b as u32);
-            }
             if code != 0 {
                 let status = fabric_error_status(code);
                 if code.unsigned_abs() != errno::ECANCELED {
@@ -478,9 +477,6 @@ impl Consumer {
             return;
         }
         self.stats.send_done += 1;
-        if b < self.inner.send_bufs.count {
-            self.free_bounce.push(b as u32);
-        }
         if code != 0 {
             if code.unsigned_abs() != errno::ECANCELED {
                 tracing::warn!("software queue: staged message failed: {text}");
