@@ -127,6 +127,11 @@ pub struct Config {
     /// Held copies go at quiet, fence, a blocking operation, 256 KiB held, or 20 us after the
     /// oldest (progress).
     pub copy_batch: usize,
+    /// `NVSHMEM_EFA_COPY_KERNEL`: a batch of small same-host copies between GPU memory goes as one
+    /// launch of the library's copy kernel instead of a copy-engine submission (default on; `0`:
+    /// the copy engine alone). A launch that has not started within 2 ms (a kernel of the
+    /// application holds every SM) is taken over and its copies go to the copy engine.
+    pub copy_kernel: bool,
     /// `NVSHMEM_EFA_STAGE_SLOTS`: send slots (64 KiB each) per endpoint for the staged path:
     /// chunks and get answers in flight (default 32, at most the provider's transmit queue
     /// depth); receive buffers are twice as many (at most the receive queue depth).
@@ -296,6 +301,7 @@ impl Config {
             soft_ipc_bounce: crate::gda::softq::DEFAULT_BOUNCE_BYTES,
             copy_overlap: true,
             copy_batch: 64,
+            copy_kernel: true,
             stage_slots: crate::nvshmem::transport::STAGE_SLOTS_DEFAULT,
             signal_copy: true,
             amo_kernel: false,
@@ -409,6 +415,9 @@ impl Config {
         }
         if let Some(n) = vars.u64("NVSHMEM_EFA_COPY_BATCH", (0, 1024), any, "0 to 1024")? {
             c.copy_batch = n as usize;
+        }
+        if let Some(b) = vars.bool("NVSHMEM_EFA_COPY_KERNEL")? {
+            c.copy_kernel = b;
         }
         if let Some(n) = vars.u64("NVSHMEM_EFA_STAGE_SLOTS", (8, 4096), any, "8 to 4096")? {
             c.stage_slots = n as usize;
@@ -618,6 +627,22 @@ mod tests {
                 .unwrap_err()
                 .var,
             "NVSHMEM_EFA_SIGNAL_COPY"
+        );
+    }
+
+    #[test]
+    fn copy_kernel_switch() {
+        assert!(cfg(&[]).unwrap().copy_kernel, "on by default");
+        assert!(
+            !cfg(&[("NVSHMEM_EFA_COPY_KERNEL", "0")])
+                .unwrap()
+                .copy_kernel
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_COPY_KERNEL", "maybe")])
+                .unwrap_err()
+                .var,
+            "NVSHMEM_EFA_COPY_KERNEL"
         );
     }
 

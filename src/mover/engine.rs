@@ -12,11 +12,23 @@ use super::amo::{AmoRequest, Launch};
 use super::amo_lanes::AmoLanes;
 use super::fdshare::{self, FdServer};
 use super::handle::{Export, HostId, IpcDesc};
+use super::kcopy::KernelCopies;
+use super::kfront::KernelFront;
 use super::queue::{CopyQueue, CudaEngine, INLINE_BYTES};
 use super::stats::{Stage, Stats};
 use super::{choose, Kind, MResult, Means, MoverError, Peer, Policy};
 use crate::cuda::kernel::{self, AmoOp};
 use crate::cuda::{self, ipc, vmm, PtrKind};
+
+/// The engine of a transport copy queue: the copy kernel in front of the copy engine.
+type Engine = KernelFront<CudaEngine>;
+
+/// How long a copy kernel launch of a transport queue may stay unstarted before the host takes
+/// its copies over (the software queue's limit, `NVSHMEM_EFA_SOFT_KERNEL_STUCK_US`'s default).
+const COPY_KERNEL_STUCK: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long a queue's copies go to the copy engine after a take-over (an application kernel that
+/// holds every SM usually holds them for a while).
+const COPY_KERNEL_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What registration decided about a local region.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +89,13 @@ pub struct Mover {
     /// VMM exports of this process by registered (base, length), for `unregister`.
     vmm_exports: Mutex<HashMap<(u64, u64), u64>>,
     /// One copy queue per endpoint (created at first use: needs the context).
-    queues: Vec<Mutex<Option<CopyQueue<CudaEngine>>>>,
+    queues: Vec<Mutex<Option<CopyQueue<Engine>>>>,
+    /// Small device copies as copy-kernel launches in front of the copy engine
+    /// (`NVSHMEM_EFA_COPY_KERNEL`; only for batching queues).
+    copy_kernel: bool,
+    /// The copy kernel, loaded into the context at the first queue that uses it (`Err`: it could
+    /// not be, logged once; queues then use the copy engine alone).
+    kernel: Mutex<Option<Result<Arc<kernel::CopyKernel>, ()>>>,
     stats: Arc<Stats>,
     /// How long a submission may wait for a free inline slot.
     timeout: std::time::Duration,
@@ -105,6 +123,8 @@ impl Mover {
             stats: Arc::new(Stats::default()),
             timeout: std::time::Duration::from_secs(60),
             copy_batch: 0,
+            copy_kernel: false,
+            kernel: Mutex::new(None),
             device: std::sync::atomic::AtomicI32::new(-1),
             amos: AmoLanes::new(queues),
         }
@@ -120,6 +140,13 @@ impl Mover {
     /// (`NVSHMEM_EFA_COPY_BATCH`; 0 or 1: each copy is submitted at once).
     pub fn with_copy_batch(mut self, batch: usize) -> Mover {
         self.copy_batch = batch;
+        self
+    }
+
+    /// Sends batches of small device copies through the copy kernel (`NVSHMEM_EFA_COPY_KERNEL`;
+    /// takes effect with a copy batch of more than 1).
+    pub fn with_copy_kernel(mut self, on: bool) -> Mover {
+        self.copy_kernel = on;
         self
     }
 
@@ -459,13 +486,54 @@ impl Mover {
         self.with_queue(ep, len, |q| unsafe { q.submit(dst, src, len) })
     }
 
+    /// [`Mover::copy`] between device-accessible ranges (device memory of the context, mapped peer
+    /// memory): the queue may move it with the copy kernel.
+    ///
+    /// # Safety
+    /// As [`Mover::copy`], and both ranges device-accessible.
+    pub unsafe fn copy_device(&self, ep: usize, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller's guarantee.
+        self.with_queue(ep, len, |q| unsafe { q.submit_device(dst, src, len) })
+    }
+
+    /// The copy kernel for a new queue: loaded at the first call and checked with one launch the
+    /// host claimed beforehand; `None` when copies go to the copy engine alone (off, no batching,
+    /// or the kernel could not be loaded: logged once).
+    fn kernel_copies(&self, ctx: usize) -> Option<KernelCopies<Vec<(u64, u64, usize)>>> {
+        if !self.copy_kernel || self.copy_batch <= 1 {
+            return None;
+        }
+        let mut k = self.kernel.lock();
+        if k.is_none() {
+            *k = Some(kernel::CopyKernel::load(ctx).map(Arc::new).map_err(|e| {
+                tracing::warn!(
+                    "copy queue: no copy kernel ({e}); same-host copies go to the copy engine"
+                );
+            }));
+        }
+        let kernel = k.as_ref().and_then(|r| r.as_ref().ok())?.clone();
+        drop(k);
+        let made =
+            KernelCopies::cuda(kernel, COPY_KERNEL_STUCK, COPY_KERNEL_HOLD).and_then(|mut kc| {
+                kc.check_claimed_launch(Instant::now() + std::time::Duration::from_secs(10))?;
+                Ok(kc)
+            });
+        match made {
+            Ok(kc) => Some(kc),
+            Err(e) => {
+                tracing::warn!("copy queue: no copy kernel for this queue ({e}); its copies go to the copy engine");
+                None
+            }
+        }
+    }
+
     /// Runs `f` on endpoint `ep`'s queue (created at first use), counted as one submission of
     /// `len` bytes.
     fn with_queue(
         &self,
         ep: usize,
         len: usize,
-        f: impl FnOnce(&mut CopyQueue<CudaEngine>) -> MResult<()>,
+        f: impl FnOnce(&mut CopyQueue<Engine>) -> MResult<()>,
     ) -> MResult<()> {
         let q = self
             .queues
@@ -473,12 +541,11 @@ impl Mover {
             .ok_or_else(|| MoverError::Invalid(format!("copy queue {ep} does not exist")))?;
         let mut q = q.lock();
         if q.is_none() {
+            let ctx = self.ctx.load(Ordering::Relaxed);
+            let inner = CudaEngine::new(ctx, self.policy.copy_overlap)?;
             *q = Some(
-                CopyQueue::new(CudaEngine::new(
-                    self.ctx.load(Ordering::Relaxed),
-                    self.policy.copy_overlap,
-                )?)
-                .with_batch(self.copy_batch),
+                CopyQueue::new(KernelFront::new(inner, self.kernel_copies(ctx)))
+                    .with_batch(self.copy_batch),
             );
         }
         let t = self.stats.start();
@@ -539,8 +606,14 @@ impl Mover {
         };
         // SAFETY: `mapped` lies in the peer's open allocation (resolve checked the range against the
         // registered region) and the mapping stays open until close_peers; the caller vouches for
-        // the local range.
-        unsafe { self.copy(ep, dst, src, len as usize)? };
+        // the local range, which is device memory where `copy_device` is taken.
+        unsafe {
+            if local_kind == Kind::Device {
+                self.copy_device(ep, dst, src, len as usize)?
+            } else {
+                self.copy(ep, dst, src, len as usize)?
+            }
+        };
         Ok(true)
     }
 
@@ -664,7 +737,7 @@ impl Mover {
         let t = self.stats.start();
         let record = |ev: &cuda::stream::Event| -> MResult<bool> {
             match queue.lock().as_mut() {
-                Some(q) => q.record_order(ev),
+                Some(q) => q.record_order(ev, Instant::now() + self.timeout),
                 None => Ok(false),
             }
         };
@@ -685,6 +758,11 @@ impl Mover {
     /// drop waits for launches still queued), so no kernel runs on an unmapped peer.
     pub fn close_peers(&self) {
         self.amos.close();
+        // Copy queues next: a copy kernel launch still pending (a late kernel of a taken-over
+        // launch, which copies nothing) is waited for before peer memory is unmapped.
+        for q in &self.queues {
+            q.lock().take();
+        }
         self.maps.lock().clear();
         self.vmm_exports.lock().clear();
         if let Some(s) = self.fds.lock().take() {

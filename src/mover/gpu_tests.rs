@@ -12,6 +12,8 @@ use super::amo::{AmoRequest, Launch};
 use super::engine::Mover;
 use super::fdshare;
 use super::handle::{Export, HostId, IpcDesc};
+use super::kcopy::KernelCopies;
+use super::kfront::KernelFront;
 use super::queue::{CopyQueue, CudaEngine};
 use super::{Kind, Means, Policy};
 use crate::cuda::kernel::AmoOp;
@@ -107,25 +109,130 @@ fn k_copies_in_flight_then_one_quiet_batched_and_not() {
     let b = DeviceBuffer::new(K * SIZE).unwrap();
     let src = pattern(11, K * SIZE);
     h2d(a.ptr(), &src);
-    for batch in [0usize, 64] {
+    let kernel = std::sync::Arc::new(
+        crate::cuda::kernel::CopyKernel::load(cuda::current_context()).unwrap(),
+    );
+    for (batch, with_kernel) in [(0usize, false), (64, false), (64, true)] {
         h2d(b.ptr(), &vec![0u8; K * SIZE]);
-        let mut q = CopyQueue::new(CudaEngine::new(cuda::current_context(), true).unwrap())
-            .with_batch(batch);
+        let k = with_kernel.then(|| {
+            KernelCopies::cuda(
+                kernel.clone(),
+                Duration::from_millis(2),
+                Duration::from_millis(100),
+            )
+            .unwrap()
+        });
+        let inner = CudaEngine::new(cuda::current_context(), true).unwrap();
+        let mut q = CopyQueue::new(KernelFront::new(inner, k)).with_batch(batch);
         let mut best = f64::MAX;
         for _round in 0..20 {
             let t = Instant::now();
             for i in 0..K {
                 let o = (i * SIZE) as u64;
                 // SAFETY: both ranges lie in live device buffers until quiet returns.
-                unsafe { q.submit(b.ptr() + o, a.ptr() + o, SIZE).unwrap() };
+                unsafe { q.submit_device(b.ptr() + o, a.ptr() + o, SIZE).unwrap() };
             }
             q.quiet_for(Duration::from_secs(10)).unwrap();
             best = best.min(t.elapsed().as_secs_f64() * 1e6 / K as f64);
         }
         assert_eq!(q.outstanding(), 0);
-        assert!(d2h(b.ptr(), K * SIZE) == src, "batch {batch}: copies wrong");
-        println!("k={K} copies of {SIZE} B then one quiet, batch {batch}: {best:.2} us per copy (best of 20)");
+        assert!(
+            d2h(b.ptr(), K * SIZE) == src,
+            "batch {batch}, kernel {with_kernel}: copies wrong"
+        );
+        let c = q.engine_mut().counts();
+        if with_kernel {
+            assert!(
+                c.kernel_copies > 0,
+                "no copy went through the kernel: {c:?}"
+            );
+        }
+        println!(
+            "k={K} copies of {SIZE} B then one quiet, batch {batch}, copy kernel {with_kernel}: \
+             {best:.2} us per copy (best of 20; {c:?})"
+        );
     }
+}
+
+/// The transport's queue with the copy kernel in front, on a mix that exercises both routes and
+/// their order: small puts (kernel), a large copy (copy engine) over the same bytes as some of them,
+/// small ones again over part of the large one, and inline values last; every byte is checked
+/// against the order the copies were made in.
+#[test]
+fn the_kernel_front_keeps_submission_order_across_kernel_and_copy_engine() {
+    if !cuda_context() {
+        return;
+    }
+    let kernel = std::sync::Arc::new(
+        crate::cuda::kernel::CopyKernel::load(cuda::current_context()).unwrap(),
+    );
+    let k =
+        KernelCopies::cuda(kernel, Duration::from_millis(2), Duration::from_millis(100)).unwrap();
+    let inner = CudaEngine::new(cuda::current_context(), true).unwrap();
+    let mut q = CopyQueue::new(KernelFront::new(inner, Some(k))).with_batch(64);
+    const N: usize = 1 << 20;
+    let (s1, s2, s3, dst) = (
+        DeviceBuffer::new(N).unwrap(),
+        DeviceBuffer::new(N).unwrap(),
+        DeviceBuffer::new(N).unwrap(),
+        DeviceBuffer::new(N).unwrap(),
+    );
+    let (p1, p2, p3) = (pattern(1, N), pattern(2, N), pattern(3, N));
+    h2d(s1.ptr(), &p1);
+    h2d(s2.ptr(), &p2);
+    h2d(s3.ptr(), &p3);
+    h2d(dst.ptr(), &vec![0u8; N]);
+    let mut want = vec![0u8; N];
+    for round in 0..10u64 {
+        // 150 small copies from s1 (kernel), one of 512 KiB from s2 over the first half (copy
+        // engine), 100 small ones from s3 over part of that half (kernel), 40 inline values.
+        for i in 0..150usize {
+            let o = i * 4096 + (round as usize % 7) * 8;
+            // SAFETY: ranges inside live device buffers until the quiet below.
+            unsafe {
+                q.submit_device(dst.ptr() + o as u64, s1.ptr() + o as u64, 64)
+                    .unwrap()
+            };
+            want[o..o + 64].copy_from_slice(&p1[o..o + 64]);
+        }
+        // SAFETY: as above.
+        unsafe { q.submit_device(dst.ptr(), s2.ptr(), N / 2).unwrap() };
+        want[..N / 2].copy_from_slice(&p2[..N / 2]);
+        for i in 0..100usize {
+            let o = i * 2048 + 16;
+            // SAFETY: as above.
+            unsafe {
+                q.submit_device(dst.ptr() + o as u64, s3.ptr() + o as u64, 32)
+                    .unwrap()
+            };
+            want[o..o + 32].copy_from_slice(&p3[o..o + 32]);
+        }
+        for i in 0..40usize {
+            let o = N - 8 * (i + 1);
+            let v = round * 1000 + i as u64;
+            // SAFETY: the destination lives until the quiet; the value is taken at once.
+            unsafe {
+                q.submit_inline(
+                    dst.ptr() + o as u64,
+                    &v.to_le_bytes(),
+                    Instant::now() + Duration::from_secs(10),
+                )
+                .unwrap()
+            };
+            want[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        q.quiet_for(Duration::from_secs(10)).unwrap();
+        assert!(
+            d2h(dst.ptr(), N) == want,
+            "round {round}: bytes differ from submission order"
+        );
+    }
+    let c = q.engine_mut().counts();
+    assert!(
+        c.kernel_copies > 0 && c.engine > 0,
+        "both routes taken: {c:?}"
+    );
+    eprintln!("kernel front, 10 rounds of mixed copies: {c:?}");
 }
 
 /// The staged path's copies out of GPU memory (`cuda::memcpy_async` into page-locked slots, one

@@ -54,6 +54,7 @@ pub mod engine;
 pub mod fdshare;
 pub mod handle;
 pub mod kcopy;
+pub mod kfront;
 pub mod queue;
 pub mod stats;
 

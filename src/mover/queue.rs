@@ -36,6 +36,20 @@ pub trait CopyEngine: Send {
         }
         (copies.len(), None)
     }
+    /// [`CopyEngine::submit_many`] for copies whose every range is memory the GPU can address
+    /// (device memory of this context, peer memory mapped into it, the inline ring): an engine may
+    /// then move them with a kernel ([`super::kfront::KernelFront`]). The default submits them as
+    /// any other.
+    ///
+    /// # Safety
+    /// As [`CopyEngine::submit_many`], and every range device-accessible.
+    unsafe fn submit_many_device(
+        &mut self,
+        copies: &[(u64, u64, usize)],
+    ) -> (usize, Option<MoverError>) {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.submit_many(copies) }
+    }
     /// Places a mark after every copy submitted so far.
     fn mark(&mut self) -> MResult<()>;
     /// Whether the oldest outstanding mark has completed; a completed mark is retired (the next
@@ -50,6 +64,10 @@ pub trait CopyEngine: Send {
     /// Host memory of [`INLINE_SLOTS`] x [`INLINE_BYTES`] bytes that the engine copies from
     /// asynchronously (pinned for the copy engine), created at first use; its address.
     fn inline_ring(&mut self) -> MResult<u64>;
+    /// The inline ring's address as the GPU addresses it (the default: the host address).
+    fn inline_ring_device(&mut self) -> MResult<u64> {
+        self.inline_ring()
+    }
 }
 
 /// Slots of the inline ring: small puts whose source the caller may reuse at once are copied here
@@ -88,6 +106,8 @@ pub struct CopyQueue<E: CopyEngine> {
     held: Vec<(u64, u64, usize)>,
     held_bytes: usize,
     held_since: Option<Instant>,
+    /// Every held copy is between device-accessible ranges ([`CopyQueue::submit_device`]).
+    held_device: bool,
     /// Copies per submission (0 or 1: every copy is handed to the engine at once).
     batch: usize,
     /// Copies covered by each outstanding mark, oldest first.
@@ -109,6 +129,7 @@ impl<E: CopyEngine> CopyQueue<E> {
             held: Vec::new(),
             held_bytes: 0,
             held_since: None,
+            held_device: true,
             batch: 0,
             groups: VecDeque::new(),
             unmarked: 0,
@@ -137,10 +158,32 @@ impl<E: CopyEngine> CopyQueue<E> {
     /// # Safety
     /// Both ranges must be valid for `len` bytes until [`CopyQueue::quiet`] returned.
     pub unsafe fn submit(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.push(dst, src, len, false) }
+    }
+
+    /// [`CopyQueue::submit`] for a copy between device-accessible ranges (see
+    /// [`CopyEngine::submit_many_device`]).
+    ///
+    /// # Safety
+    /// As [`CopyQueue::submit`], and both ranges device-accessible.
+    pub unsafe fn submit_device(&mut self, dst: u64, src: u64, len: usize) -> MResult<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.push(dst, src, len, true) }
+    }
+
+    /// The engine (for its counts).
+    pub fn engine_mut(&mut self) -> &mut E {
+        &mut self.engine
+    }
+
+    unsafe fn push(&mut self, dst: u64, src: u64, len: usize, device: bool) -> MResult<()> {
         if self.batch > 1 {
             if self.held.is_empty() {
                 self.held_since = Some(Instant::now());
+                self.held_device = true;
             }
+            self.held_device &= device;
             self.held.push((dst, src, len));
             self.held_bytes += len;
             self.submitted += 1;
@@ -190,7 +233,13 @@ impl<E: CopyEngine> CopyQueue<E> {
         self.held_since = None;
         // SAFETY: every held copy came through `submit`, whose caller vouched for its ranges until
         // quiet.
-        let (n, err) = unsafe { self.engine.submit_many(&held) };
+        let (n, err) = if self.held_device {
+            // SAFETY: as above, and every held copy came through `submit_device`.
+            unsafe { self.engine.submit_many_device(&held) }
+        } else {
+            // SAFETY: as above.
+            unsafe { self.engine.submit_many(&held) }
+        };
         self.unmarked += n as u64;
         let mut r = Ok(());
         if let Some(e) = err {
@@ -239,8 +288,12 @@ impl<E: CopyEngine> CopyQueue<E> {
     /// once: they go through a slot of the inline ring, reused only after the copy that last used it
     /// completed (waiting, up to `deadline`, when [`INLINE_SLOTS`] copies are in flight).
     ///
+    /// The copy goes as one between device-accessible ranges ([`CopyQueue::submit_device`]): the
+    /// ring is, and `dst` is a peer's mapped memory.
+    ///
     /// # Safety
-    /// `[dst, dst + bytes.len())` must be valid until [`CopyQueue::quiet`] returned.
+    /// `[dst, dst + bytes.len())` must be valid until [`CopyQueue::quiet`] returned, and
+    /// device-accessible where the engine may use a kernel.
     pub unsafe fn submit_inline(
         &mut self,
         dst: u64,
@@ -274,7 +327,8 @@ impl<E: CopyEngine> CopyQueue<E> {
         // SAFETY: the slot lies in the engine's ring and no outstanding copy reads it (above).
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot as *mut u8, bytes.len());
-            self.submit(dst, slot, bytes.len())
+            // The ring is device-accessible; the destination is a peer's (mapped) memory.
+            self.push(dst, slot, bytes.len(), true)
         }
     }
 
@@ -449,16 +503,19 @@ impl CudaEngine {
     }
 }
 
-impl CopyQueue<CudaEngine> {
-    /// Records `ev` on the queue's stream after every copy submitted so far, when some may still
-    /// be running (`Ok(false)`, nothing recorded, when none is outstanding): work that waits for
-    /// `ev` runs after them.
-    pub fn record_order(&mut self, ev: &Event) -> MResult<bool> {
+impl CopyQueue<super::kfront::KernelFront<CudaEngine>> {
+    /// Records `ev` on the copy engine's stream after every copy submitted so far, when some may
+    /// still be running (`Ok(false)`, nothing recorded, when none is outstanding): work that waits
+    /// for `ev` runs after them. Copies still waiting or on the copy kernel are seen applied (or
+    /// taken over onto that stream) first, up to `deadline`.
+    pub fn record_order(&mut self, ev: &Event, deadline: Instant) -> MResult<bool> {
         self.flush()?;
+        self.engine.drain_off_engine(deadline)?;
+        self.poll();
         if self.outstanding() == 0 {
             return Ok(false);
         }
-        self.engine.stream.record(ev)?;
+        self.engine.inner().stream.record(ev)?;
         Ok(true)
     }
 }
@@ -512,6 +569,10 @@ impl CopyEngine for CudaEngine {
             )?);
         }
         Ok(self.ring.as_ref().expect("created above").host() as u64)
+    }
+    fn inline_ring_device(&mut self) -> MResult<u64> {
+        self.inline_ring()?;
+        Ok(self.ring.as_ref().expect("created above").device())
     }
 }
 

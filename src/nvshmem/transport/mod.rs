@@ -265,7 +265,8 @@ impl Transport {
         crate::fabric::rxm::report(route.caps.rxm_staged, route.staging != Staging::Off);
         let mover = Mover::new(route.mover_policy(), NUM_EPS)
             .with_timeout(cfg.quiet_timeout)
-            .with_copy_batch(cfg.copy_batch);
+            .with_copy_batch(cfg.copy_batch)
+            .with_copy_kernel(cfg.copy_kernel);
         Ok(Transport {
             cfg,
             provider,
