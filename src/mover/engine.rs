@@ -91,11 +91,8 @@ pub struct Mover {
     /// One copy queue per endpoint (created at first use: needs the context).
     queues: Vec<Mutex<Option<CopyQueue<Engine>>>>,
     /// Small device copies as copy-kernel launches in front of the copy engine
-    /// (`NVSHMEM_EFA_COPY_KERNEL`; only for batching queues).
+    /// (`NVSHMEM_EFA_COPY_KERNEL`; batching queues created by [`Mover::prepare_queues`] only).
     copy_kernel: bool,
-    /// The copy kernel, loaded into the context at the first queue that uses it (`Err`: it could
-    /// not be, logged once; queues then use the copy engine alone).
-    kernel: Mutex<Option<Result<Arc<kernel::CopyKernel>, ()>>>,
     stats: Arc<Stats>,
     /// How long a submission may wait for a free inline slot.
     timeout: std::time::Duration,
@@ -124,7 +121,6 @@ impl Mover {
             timeout: std::time::Duration::from_secs(60),
             copy_batch: 0,
             copy_kernel: false,
-            kernel: Mutex::new(None),
             device: std::sync::atomic::AtomicI32::new(-1),
             amos: AmoLanes::new(queues),
         }
@@ -496,33 +492,59 @@ impl Mover {
         self.with_queue(ep, len, |q| unsafe { q.submit_device(dst, src, len) })
     }
 
-    /// The copy kernel for a new queue: loaded at the first call and checked with one launch the
-    /// host claimed beforehand; `None` when copies go to the copy engine alone (off, no batching,
-    /// or the kernel could not be loaded: logged once).
-    fn kernel_copies(&self, ctx: usize) -> Option<KernelCopies<Vec<(u64, u64, usize)>>> {
-        if !self.copy_kernel || self.copy_batch <= 1 {
-            return None;
+    /// Creates every endpoint's copy queue now, with the copy kernel in front where it is on
+    /// (`NVSHMEM_EFA_COPY_KERNEL` and a copy batch of more than 1): the kernel is loaded and each
+    /// queue's launches checked with one launch the host claimed beforehand. Called at connect,
+    /// before any kernel of the application runs: loading a module while a kernel runs may wait
+    /// for that kernel, which may be waiting for these very copies. A queue created later (not
+    /// prepared) uses the copy engine alone. Errors are logged; those queues then use the copy
+    /// engine alone.
+    pub fn prepare_queues(&self) {
+        let ctx = self.ctx.load(Ordering::Relaxed);
+        if ctx == 0 {
+            // No CUDA context known: no GPU memory to copy, queues stay uncreated.
+            return;
         }
-        let mut k = self.kernel.lock();
-        if k.is_none() {
-            *k = Some(kernel::CopyKernel::load(ctx).map(Arc::new).map_err(|e| {
-                tracing::warn!(
-                    "copy queue: no copy kernel ({e}); same-host copies go to the copy engine"
-                );
-            }));
-        }
-        let kernel = k.as_ref().and_then(|r| r.as_ref().ok())?.clone();
-        drop(k);
-        let made =
-            KernelCopies::cuda(kernel, COPY_KERNEL_STUCK, COPY_KERNEL_HOLD).and_then(|mut kc| {
-                kc.check_claimed_launch(Instant::now() + std::time::Duration::from_secs(10))?;
-                Ok(kc)
+        let kernel = if self.copy_kernel && self.copy_batch > 1 {
+            match kernel::CopyKernel::load(ctx) {
+                Ok(k) => Some(Arc::new(k)),
+                Err(e) => {
+                    tracing::warn!(
+                        "copy queue: no copy kernel ({e}); same-host copies go to the copy engine"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        for (ep, q) in self.queues.iter().enumerate() {
+            let mut q = q.lock();
+            if q.is_some() {
+                continue;
+            }
+            let kc = kernel.clone().and_then(|k| {
+                KernelCopies::cuda(k, COPY_KERNEL_STUCK, COPY_KERNEL_HOLD)
+                    .and_then(|mut kc| {
+                        kc.check_claimed_launch(Instant::now() + std::time::Duration::from_secs(10))?;
+                        Ok(kc)
+                    })
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "copy queue {ep}: no copy kernel ({e}); its copies go to the copy engine"
+                        )
+                    })
+                    .ok()
             });
-        match made {
-            Ok(kc) => Some(kc),
-            Err(e) => {
-                tracing::warn!("copy queue: no copy kernel for this queue ({e}); its copies go to the copy engine");
-                None
+            let on = kc.is_some();
+            match CudaEngine::new(ctx, self.policy.copy_overlap) {
+                Ok(inner) => {
+                    *q = Some(
+                        CopyQueue::new(KernelFront::new(inner, kc)).with_batch(self.copy_batch),
+                    );
+                    tracing::debug!("copy queue {ep}: created at connect, copy kernel {on}");
+                }
+                Err(e) => tracing::warn!("copy queue {ep}: not created at connect ({e})"),
             }
         }
     }
@@ -541,12 +563,11 @@ impl Mover {
             .ok_or_else(|| MoverError::Invalid(format!("copy queue {ep} does not exist")))?;
         let mut q = q.lock();
         if q.is_none() {
+            // Not prepared at connect: the copy engine alone (no module load here, see
+            // `prepare_queues`).
             let ctx = self.ctx.load(Ordering::Relaxed);
             let inner = CudaEngine::new(ctx, self.policy.copy_overlap)?;
-            *q = Some(
-                CopyQueue::new(KernelFront::new(inner, self.kernel_copies(ctx)))
-                    .with_batch(self.copy_batch),
-            );
+            *q = Some(CopyQueue::new(KernelFront::new(inner, None)).with_batch(self.copy_batch));
         }
         let t = self.stats.start();
         let r = f(q.as_mut().expect("created above"));

@@ -715,6 +715,10 @@ impl Transport {
         let peers_here = (0..n_pes)
             .filter(|&p| p != my_pe && self.mover.same_host(p))
             .count();
+        if self.mover.policy().ipc && peers_here > 0 {
+            // Before any kernel of the application runs (the copy kernel's module loads here).
+            self.mover.prepare_queues();
+        }
         if self.cfg.amo_kernel && self.mover.policy().ipc && peers_here > 0 {
             if let Err(e) = self.mover.prepare_kernel_amos(self.cfg.amo_kernel_stuck) {
                 tracing::warn!(
