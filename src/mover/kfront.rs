@@ -71,8 +71,14 @@ pub struct KernelFront<E: CopyEngine> {
     kernel: Option<KernelCopies<Vec<Copy3>>>,
     fifo: VecDeque<Entry>,
     next_seq: u64,
-    /// Sequence numbers of copy-engine submissions, each followed by one inner mark, oldest first.
+    /// Inner marks placed, oldest first: each covers every copy-engine submission up to the
+    /// sequence number it holds. Marks are placed only when something waits for those
+    /// submissions (a launch behind them, a mark of the queue), not one per submission: a mark
+    /// and its queries cost driver calls that a stream of large copies felt.
     engine_marks: VecDeque<u64>,
+    /// The newest copy-engine submission, and whether an inner mark covers it.
+    last_engine: Option<u64>,
+    last_covered: bool,
     /// The queue's marks: each completes once every submission with a smaller sequence number has.
     marks: VecDeque<u64>,
     /// Issued entries not yet complete, by route (issue is in order, so they all precede every
@@ -96,6 +102,8 @@ impl<E: CopyEngine> KernelFront<E> {
             fifo: VecDeque::new(),
             next_seq: 0,
             engine_marks: VecDeque::new(),
+            last_engine: None,
+            last_covered: true,
             marks: VecDeque::new(),
             launched: 0,
             on_engine: 0,
@@ -177,16 +185,50 @@ impl<E: CopyEngine> KernelFront<E> {
             );
             return Err(e);
         }
-        self.inner.mark()?;
-        self.engine_marks.push_back(seq);
+        self.last_engine = Some(seq);
+        self.last_covered = false;
         self.counts.engine += 1;
         Ok(())
     }
 
-    fn index_of(&self, seq: u64) -> Option<usize> {
-        let first = self.fifo.front()?.seq;
-        let i = seq.checked_sub(first)? as usize;
-        (i < self.fifo.len()).then_some(i)
+    /// Places an inner mark behind the copy-engine submissions no mark covers yet.
+    fn cover_engine(&mut self) -> MResult<()> {
+        if let (Some(seq), false) = (self.last_engine, self.last_covered) {
+            self.inner.mark()?;
+            self.engine_marks.push_back(seq);
+            self.last_covered = true;
+        }
+        Ok(())
+    }
+
+    /// Every copy-engine submission up to `seq` has completed.
+    fn engine_done_upto(&mut self, seq: u64) {
+        for e in self.fifo.iter_mut() {
+            if e.seq > seq {
+                break;
+            }
+            if e.state == State::Engine {
+                e.state = State::Done;
+                self.on_engine -= 1;
+            }
+        }
+    }
+
+    /// Every copy-engine submission has completed (the engine's stream is idle): `Ok(true)`.
+    fn engine_idle(&mut self) -> MResult<bool> {
+        if self.on_engine == 0 {
+            return Ok(true);
+        }
+        if !self.inner.all_done()? {
+            return Ok(false);
+        }
+        // The inner engine retired every mark with it.
+        self.engine_marks.clear();
+        self.last_covered = true;
+        if let Some(seq) = self.last_engine {
+            self.engine_done_upto(seq);
+        }
+        Ok(true)
     }
 
     /// One look: kernel launches decided, copy-engine submissions completed, then waiting entries
@@ -247,17 +289,11 @@ impl<E: CopyEngine> KernelFront<E> {
                 }
             }
         }
-        while self.on_engine > 0 {
+        while let Some(&seq) = self.engine_marks.front() {
             match self.inner.oldest_done() {
                 Ok(true) => {
-                    let seq = self
-                        .engine_marks
-                        .pop_front()
-                        .expect("one inner mark per entry");
-                    if let Some(i) = self.index_of(seq) {
-                        self.fifo[i].state = State::Done;
-                    }
-                    self.on_engine -= 1;
+                    self.engine_marks.pop_front();
+                    self.engine_done_upto(seq);
                 }
                 Ok(false) => break,
                 Err(e) => return Err(e),
@@ -278,7 +314,11 @@ impl<E: CopyEngine> KernelFront<E> {
             };
             if kernel {
                 if self.on_engine > 0 {
-                    break;
+                    // Known complete only through a mark behind them (or the idle stream).
+                    if !self.engine_idle()? {
+                        self.cover_engine()?;
+                        break;
+                    }
                 }
                 let copies = self.for_kernel(&self.fifo[i].copies);
                 let payload = self.fifo[i].copies.clone();
@@ -395,6 +435,9 @@ impl<E: CopyEngine> CopyEngine for KernelFront<E> {
         }
         self.marks.push_back(self.next_seq);
         self.pump();
+        if let Err(e) = self.cover_engine() {
+            self.error.get_or_insert(e);
+        }
         self.take_error()
     }
 
@@ -421,6 +464,15 @@ impl<E: CopyEngine> CopyEngine for KernelFront<E> {
         }
         self.pump();
         self.take_error()?;
+        if self.off_engine() == 0 && self.on_engine > 0 {
+            // Only copy-engine work left: the idle stream says it at once where the engine can
+            // tell; else a mark behind it, looked at now and by the next query.
+            if !self.engine_idle()? {
+                self.cover_engine()?;
+            }
+            self.pump();
+            self.take_error()?;
+        }
         if self.fifo.is_empty() {
             self.marks.clear();
             return Ok(true);
@@ -577,6 +629,43 @@ mod tests {
         assert!(e.all_done().unwrap());
         assert_eq!(dst, big);
         assert_eq!((e.counts().applied, e.counts().engine), (0, 1));
+    }
+
+    #[test]
+    fn a_run_of_engine_submissions_places_no_mark_until_one_is_needed() {
+        let mut e = front(Duration::ZERO, Duration::from_secs(5));
+        let big = vec![4u8; 100 << 10];
+        let mut dst = vec![0u8; 20 * (100 << 10)];
+        for i in 0..20 {
+            let d = dst.as_mut_ptr() as u64 + (i * (100 << 10)) as u64;
+            // SAFETY: both buffers outlive the copies (the host engine copies at once).
+            unsafe { e.submit_many_device(&[(d, big.as_ptr() as u64, big.len())]) };
+        }
+        assert!(e.engine_marks.is_empty(), "a mark per submission");
+        assert_eq!(e.counts().engine, 20);
+        // Quiet's question: the host engine cannot tell at once, so one mark covers all 20.
+        let end = Instant::now() + Duration::from_secs(5);
+        while !e.all_done().unwrap() {
+            assert!(Instant::now() < end, "never done");
+        }
+        assert!(dst.iter().all(|&b| b == 4));
+        // A launch behind engine work waits for it through one mark as well.
+        let small = [6u8; 8];
+        // SAFETY: as above.
+        unsafe {
+            e.submit_many_device(&[(dst.as_mut_ptr() as u64, big.as_ptr() as u64, big.len())]);
+            e.submit_many_device(&[(dst.as_mut_ptr() as u64, small.as_ptr() as u64, 8)]);
+        }
+        while !e.all_done().unwrap() {
+            assert!(Instant::now() < end, "never done");
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            &dst[..8],
+            &small,
+            "the launch ran before the engine copy it follows"
+        );
+        assert_eq!(e.counts().applied, 1);
     }
 
     #[test]
