@@ -93,6 +93,8 @@ pub struct Mover {
     /// Small device copies as copy-kernel launches in front of the copy engine
     /// (`NVSHMEM_EFA_COPY_KERNEL`; batching queues created by [`Mover::prepare_queues`] only).
     copy_kernel: bool,
+    /// The copy kernel loaded into the context ([`Mover::load_copy_kernel`]).
+    kernel: Mutex<Option<Arc<kernel::CopyKernel>>>,
     stats: Arc<Stats>,
     /// How long a submission may wait for a free inline slot.
     timeout: std::time::Duration,
@@ -121,6 +123,7 @@ impl Mover {
             timeout: std::time::Duration::from_secs(60),
             copy_batch: 0,
             copy_kernel: false,
+            kernel: Mutex::new(None),
             device: std::sync::atomic::AtomicI32::new(-1),
             amos: AmoLanes::new(queues),
         }
@@ -505,16 +508,8 @@ impl Mover {
             // No CUDA context known: no GPU memory to copy, queues stay uncreated.
             return;
         }
-        let kernel = if self.copy_kernel && self.copy_batch > 1 {
-            match kernel::CopyKernel::load(ctx) {
-                Ok(k) => Some(Arc::new(k)),
-                Err(e) => {
-                    tracing::warn!(
-                        "copy queue: no copy kernel ({e}); same-host copies go to the copy engine"
-                    );
-                    None
-                }
-            }
+        let kernel = if self.copy_batch > 1 {
+            self.load_copy_kernel()
         } else {
             None
         };
@@ -547,6 +542,28 @@ impl Mover {
                 Err(e) => tracing::warn!("copy queue {ep}: not created at connect ({e})"),
             }
         }
+    }
+
+    /// The copy kernel in the mover's context, loaded at the first call (`None` when
+    /// `NVSHMEM_EFA_COPY_KERNEL=0`, no context is known, or it does not load: logged). Call it at
+    /// connect only, before any kernel of the application runs: loading a module while a kernel
+    /// runs may wait for that kernel.
+    pub fn load_copy_kernel(&self) -> Option<Arc<kernel::CopyKernel>> {
+        let ctx = self.ctx.load(Ordering::Relaxed);
+        if !self.copy_kernel || ctx == 0 {
+            return None;
+        }
+        let mut k = self.kernel.lock();
+        if k.is_none() {
+            match kernel::CopyKernel::load(ctx) {
+                Ok(loaded) => *k = Some(Arc::new(loaded)),
+                Err(e) => {
+                    tracing::warn!("no copy kernel ({e}): small copies go to the copy engine");
+                    return None;
+                }
+            }
+        }
+        k.clone()
     }
 
     /// Runs `f` on endpoint `ep`'s queue (created at first use), counted as one submission of

@@ -18,8 +18,11 @@
 # (.gpu/py.tgz, the wheel with this library). On the node (repo root), carrying the three:
 #   tar -C .gpu -xzf .gpu/followup.tgz; tar -C .gpu -xzf .gpu/libtests.tgz
 #   NVSHMEM_DISABLE_NVLS=1 OUT=<dir> bash tests/gpu/copy_kernel_run.sh [--budget S] [--steps LIST]
-# Steps: tests,stream,torch (default all); STREAM_REPS (default 2), TORCH_VARIANTS (default
-# "kernel engine"). Writes $OUT/<step>-<variant>/ and $OUT/summary.txt.
+#   4. (step two) the stream benchmark in the two-host layout (library on tcp between two network
+#      namespaces, GPU memory staged: small records through the copy kernel at both ends, or with
+#      NVSHMEM_EFA_COPY_KERNEL=0 the copy engine), fi_rma_bw beside it, TWO_REPS times (default 1).
+# Steps: tests,stream,torch,two (default tests,stream,torch); STREAM_REPS (default 2),
+# TORCH_VARIANTS (default "kernel engine"). Writes $OUT/<step>-<variant>/ and $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 budget=560 steps=tests,stream,torch
@@ -78,6 +81,29 @@ if want stream; then
             say "stream same-host, copy $v, rep $r: exit status $?"
             [ -s "$d/stream-compare.txt" ] &&
                 grep -E 'layout|put +1 +8 B|put +1 +64 KiB|put +8 +8 B|get +1 +8 B|put_signal +1 +8 B|amo +1 +8 B|put +1 +1 MiB' \
+                    "$d/stream-compare.txt" | sed 's/^/    /' | tee -a "$SUM"
+        done
+    done
+fi
+
+if want two; then
+    # The two-host layout (each PE in its own network namespace, tcp over a veth): GPU memory is
+    # staged, and a coalesced message's small copies go through the copy kernel at both ends.
+    for r in $(seq 1 "${TWO_REPS:-1}"); do
+        for v in kernel engine; do
+            d=$OUT/two-$v-$r
+            if [ $v = engine ]; then
+                fits "stream two-host $v (rep $r)" 60 || continue
+                NVSHMEM_EFA_COPY_KERNEL=0 OUT=$d bash tests/gpu/stream_run.sh --quick \
+                    --only two --budget 55 >"$d.log" 2>&1
+            else
+                # fi_rma_bw between the namespaces with the first variant only.
+                fits "stream two-host $v (rep $r)" 100 || continue
+                OUT=$d bash tests/gpu/stream_run.sh --quick --only two,fabric --budget 98 >"$d.log" 2>&1
+            fi
+            say "stream two-host, copy $v, rep $r: exit status $?"
+            [ -s "$d/stream-compare.txt" ] &&
+                grep -E 'layout|put +1 +8 B|put +1 +4 KiB|put +8 +8 B|put_signal +1 +8 B|amo +1 +8 B|put +1 +64 KiB' \
                     "$d/stream-compare.txt" | sed 's/^/    /' | tee -a "$SUM"
         done
     done

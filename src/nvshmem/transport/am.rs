@@ -255,7 +255,7 @@ impl Transport {
                 let stats = self.mover.stats();
                 let t = stats.start();
                 let mut amos = amos;
-                let status = self.apply_records(bytes, m.op as u32, src_pe, amos.as_deref_mut());
+                let status = self.apply_records(e, bytes, m.op as u32, src_pe, amos.as_deref_mut());
                 stats.record(Stage::TargetCopy, t, m.size as u64);
                 stats.record(Stage::Response, None, 0);
                 match amos {
@@ -355,6 +355,7 @@ impl Transport {
     /// Returns the status to answer with (the first failure's; the other records still land).
     fn apply_records(
         &self,
+        e: &super::endpoints::EpState,
         payload: &[u8],
         count: u32,
         src_pe: i64,
@@ -371,7 +372,8 @@ impl Transport {
         let mut device: Vec<(u64, u64, usize)> = Vec::new();
         let flush = |device: &mut Vec<(u64, u64, usize)>, status: &mut i32| {
             if !device.is_empty() {
-                if let Err(err) = copy_many(device, true) {
+                // One launch of the copy kernel where the endpoint has it (`kstage`).
+                if let Err(err) = self.copy_in_now(e, device) {
                     tracing::error!("staged put from PE {src_pe}: {}", err.message);
                     *status = err.status;
                 }

@@ -48,6 +48,7 @@ mod endpoints;
 mod error;
 mod gda_link;
 mod group;
+mod kstage;
 mod lanes;
 mod memory;
 mod outbox;

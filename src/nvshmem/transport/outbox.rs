@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::abi::amo;
+use super::kstage::{Copy3, Outcome};
 use super::rma::Transfer;
 use super::wire::{
     put_chunk, put_chunks, record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD,
@@ -52,6 +53,9 @@ struct Open {
     since: Instant,
     /// Some record's data is being copied out of GPU memory (a copy mark is needed).
     device: bool,
+    /// The records' copies out of GPU memory are made when the message closes, as one launch of
+    /// the copy kernel (the endpoint has one: `kstage`); these are they.
+    deferred: Option<Vec<Copy3>>,
     /// The CUDA context whose copy stream carries those copies.
     cuda_ctx: usize,
     traced: bool,
@@ -67,8 +71,27 @@ struct Ready {
     wait: u64,
     traced: bool,
     /// Done once the payload is in the slot; `None`: it is already.
-    copied: Option<Arc<cuda::stream::Event>>,
+    copied: Option<Copied>,
     queued: Option<Instant>,
+}
+
+/// How a message's payload gets into its send slot.
+#[derive(Clone)]
+enum Copied {
+    /// Copies on the copy stream, done by this mark.
+    Mark(Arc<cuda::stream::Event>),
+    /// One launch of the endpoint's copy kernel (`kstage`).
+    Kernel(u64),
+}
+
+/// What writing a record did about its payload.
+enum Rec {
+    /// In the slot (host memory, or no payload).
+    Placed,
+    /// Copy out of GPU memory enqueued on the copy stream.
+    Enqueued,
+    /// Copy out of GPU memory to make when the message closes.
+    Deferred(Copy3),
 }
 
 impl Transport {
@@ -78,11 +101,14 @@ impl Transport {
     pub(super) fn stage_small(&self, c: &Connected, t: &Transfer, device: bool) -> TResult<()> {
         let (pe, ep, len) = (t.pe as usize, t.ep, t.len as usize);
         let traced = self.mover.stats().sample(t.len);
-        self.append_record(c, ep, pe, record_bytes(len), traced, |buf| {
+        self.append_record(c, ep, pe, record_bytes(len), traced, |buf, defer| {
             write_record(buf, t.remote, len as u32);
             let dst = buf[PUT_RECORD..].as_mut_ptr();
+            if device && defer {
+                return Ok(Rec::Deferred((dst as u64, t.local, len)));
+            }
             self.copy_out(dst, t.local, len, device)?;
-            Ok(device)
+            Ok(if device { Rec::Enqueued } else { Rec::Placed })
         })
     }
 
@@ -101,9 +127,9 @@ impl Transport {
         val: u64,
         size: u32,
     ) -> TResult<()> {
-        self.append_record(c, ep, pe, record_bytes(AMO_RECORD), false, |buf| {
+        self.append_record(c, ep, pe, record_bytes(AMO_RECORD), false, |buf, _| {
             write_amo_record(buf, addr, op, size, val);
-            Ok(false)
+            Ok(Rec::Placed)
         })?;
         if matches!(op, amo::SIGNAL | amo::SIGNAL_SET | amo::SIGNAL_ADD) {
             self.close_peer(c, ep, pe);
@@ -113,8 +139,9 @@ impl Transport {
     }
 
     /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
-    /// a send slot and a waiting context when there is none or it is full); `fill` writes it and
-    /// says whether it enqueued a copy out of GPU memory.
+    /// a send slot and a waiting context when there is none or it is full); `fill` writes it
+    /// (told whether a copy out of GPU memory is to be deferred to the message's close) and says
+    /// what it did about the payload.
     fn append_record(
         &self,
         c: &Connected,
@@ -122,7 +149,7 @@ impl Transport {
         pe: usize,
         need: usize,
         traced: bool,
-        fill: impl FnOnce(&mut [u8]) -> TResult<bool>,
+        fill: impl FnOnce(&mut [u8], bool) -> TResult<Rec>,
     ) -> TResult<()> {
         let e = &c.eps[ep];
         let mut fill = Some(fill);
@@ -138,12 +165,24 @@ impl Transport {
                         let rec = unsafe { e.send_slot_ptr(o.slot).add(AM_BYTES + o.used) };
                         // SAFETY: as above; the slot is this open message's until it is posted.
                         let buf = unsafe { std::slice::from_raw_parts_mut(rec, need) };
-                        let device = (fill.take().expect("filled once"))(buf)?;
+                        let defer = o.deferred.is_some();
+                        let rec = (fill.take().expect("filled once"))(buf, defer)?;
                         o.used += need;
                         o.count += 1;
-                        if device && !o.device {
-                            o.device = true;
-                            o.cuda_ctx = cuda::current_context();
+                        match rec {
+                            Rec::Placed => {}
+                            Rec::Enqueued if !o.device => {
+                                o.device = true;
+                                o.cuda_ctx = cuda::current_context();
+                            }
+                            Rec::Enqueued => {}
+                            Rec::Deferred(copy) => {
+                                o.deferred.get_or_insert_with(Vec::new).push(copy);
+                                if !o.device {
+                                    o.device = true;
+                                    o.cuda_ctx = cuda::current_context();
+                                }
+                            }
                         }
                         o.traced |= traced;
                         return Ok(());
@@ -171,6 +210,7 @@ impl Transport {
                 wait,
                 since: Instant::now(),
                 device: false,
+                deferred: e.kstage.lock().is_some().then(Vec::new),
                 cuda_ctx: 0,
                 traced: false,
             };
@@ -264,8 +304,35 @@ impl Transport {
             reserved: if o.traced { AM_TRACED } else { 0 },
             ..Default::default()
         };
+        let msgs = vec![(o.slot, hdr, o.wait)];
+        if let Some(copies) = o.deferred.filter(|d| !d.is_empty()) {
+            // The records' copies out of GPU memory as one launch of the copy kernel.
+            let e = &c.eps[ep];
+            let launched = e.kstage.lock().as_mut().and_then(|ks| {
+                // SAFETY: the sources are GPU memory valid until quiet (NVSHMEM's rule for
+                // non-blocking puts), which waits for this message's answer, sent after the launch
+                // is decided; the slot is a mapped slab, reserved for the message until then.
+                unsafe { ks.launch(&copies) }
+            });
+            if let Some(id) = launched {
+                self.push_ready(c, ep, pe, msgs, Some(Copied::Kernel(id)), o.traced);
+                return;
+            }
+            // Not launched (held after a take-over, no slot): the copy engine.
+            for &(dst, src, len) in &copies {
+                if let Err(err) = self.copy_out(dst as *mut u8, src, len, true) {
+                    let msg = format!("staged put: copy out of GPU memory failed: {}", err.message);
+                    tracing::error!("endpoint {ep}: {msg}");
+                    e.send_free.lock().push(o.slot);
+                    e.finish_wait(o.wait, Some(msg), "a staged put not copied");
+                    return;
+                }
+            }
+            self.enqueue_ready(c, ep, pe, msgs, Some(o.cuda_ctx), o.traced);
+            return;
+        }
         let device = o.device.then_some(o.cuda_ctx);
-        self.enqueue_ready(c, ep, pe, vec![(o.slot, hdr, o.wait)], device, o.traced);
+        self.enqueue_ready(c, ep, pe, msgs, device, o.traced);
     }
 
     /// Queues messages whose payload copies were issued (`device`: on the copy stream of that
@@ -296,6 +363,20 @@ impl Transport {
         } else {
             None
         };
+        self.push_ready(c, ep, pe, msgs, copied.map(Copied::Mark), traced);
+    }
+
+    /// Queues messages whose payload gets into place by `copied` (`None`: it is).
+    fn push_ready(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        msgs: Vec<(usize, AmMsg, u64)>,
+        copied: Option<Copied>,
+        traced: bool,
+    ) {
+        let e = &c.eps[ep];
         let queued = self.mover.stats().start();
         let mut q = e.outbox.ready.lock();
         e.outbox.queued.fetch_add(msgs.len(), Ordering::AcqRel);
@@ -332,14 +413,62 @@ impl Transport {
         let mut copying = false;
         let mut posted = 0;
         let mut k = 0;
+        // Copy kernel launches are looked at once per call.
+        let mut kstage = None;
         while k < q.len() {
-            let r = &q[k];
-            if blocked.contains(&r.pe) {
+            if blocked.contains(&q[k].pe) {
                 k += 1;
                 continue;
             }
             let mut failed = None;
-            if let Some(ev) = &r.copied {
+            if let Some(Copied::Kernel(id)) = q[k].copied {
+                let ks = kstage.get_or_insert_with(|| {
+                    let mut g = e.kstage.lock();
+                    if let Some(ks) = g.as_mut() {
+                        ks.poll();
+                    }
+                    g
+                });
+                let outcome = ks.as_mut().map_or(Outcome::Applied, |ks| ks.take(id));
+                match outcome {
+                    Outcome::Pending => {
+                        blocked.push(q[k].pe);
+                        k += 1;
+                        continue;
+                    }
+                    Outcome::Applied => q[k].copied = None,
+                    Outcome::TakenOver(copies) => {
+                        // The host owns the launch: its copies go on the copy stream now and
+                        // the message waits for their mark like any other.
+                        let r = &mut q[k];
+                        r.copied = None;
+                        // In the transport's context (progress may run on a thread of its own).
+                        let ctx = self.cuda_ctx.load(Ordering::Relaxed) as usize;
+                        let _g = cuda::ContextGuard::enter(ctx);
+                        for &(dst, src, len) in &copies {
+                            if let Err(err) = self.copy_out(dst as *mut u8, src, len, true) {
+                                failed = Some(format!(
+                                    "staged put: copy out of GPU memory failed: {}",
+                                    err.message
+                                ));
+                                break;
+                            }
+                        }
+                        if failed.is_none() {
+                            match cuda::copy_mark(ctx) {
+                                Ok(ev) => r.copied = Some(Copied::Mark(Arc::new(ev))),
+                                Err(err) => {
+                                    failed = Some(format!(
+                                        "staged put: copy out of GPU memory not marked: {err}"
+                                    ))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let r = &q[k];
+            if let (None, Some(Copied::Mark(ev))) = (&failed, &r.copied) {
                 match if copying { Ok(false) } else { ev.done() } {
                     Ok(false) => {
                         copying = true;
