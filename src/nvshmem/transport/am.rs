@@ -79,7 +79,8 @@ impl Transport {
         }
         let stats = self.mover.stats();
         let t = stats.start();
-        match copy_many(&copies, true) {
+        // One launch of the copy kernel where the endpoint has it and they are small.
+        match self.copy_in_now(e, &copies) {
             Ok(()) => {
                 let bytes = copies.iter().map(|c| c.2 as u64).sum();
                 stats.record(Stage::TargetCopy, t, bytes);
@@ -673,6 +674,19 @@ impl Transport {
                     }
                 }
                 continue;
+            }
+            // Small ones out of GPU memory: one launch of the copy kernel, waited for (about the
+            // time one copy-engine copy costs in driver calls alone); `mark` stays `None`: the
+            // data is in place.
+            if super::kstage::KStage::fits(&copies) {
+                if let Some(ks) = e.kstage.lock().as_mut() {
+                    // SAFETY: the slots are a mapped slab reserved for these answers, the
+                    // sources registered GPU memory of this PE; copy_now returns once the launch
+                    // is decided (a taken-over one never touches them).
+                    if unsafe { ks.copy_now(&copies) } {
+                        continue;
+                    }
+                }
             }
             // Out of GPU memory: enqueued without a wait and marked once; the answers leave when
             // the mark is done (flush_am_pending), so this thread never waits for the copies.
