@@ -14,7 +14,10 @@
 //! ([`engine::Mover::resolve`]; [`engine::Mover::lookup`] answers for what is already open), and
 //! copies run on a non-blocking stream of the transport's context, many per synchronisation,
 //! completion polled through events ([`queue::CopyQueue`]). No host bounce, never the legacy default
-//! stream, and a quiet with a deadline that fails instead of hanging.
+//! stream, and a quiet with a deadline that fails instead of hanging. A batch of small copies
+//! between GPU-addressable ranges goes as one launch of the library's copy kernel instead
+//! ([`kfront::KernelFront`], `NVSHMEM_EFA_COPY_KERNEL`; the queues are made at connect by
+//! [`engine::Mover::prepare_queues`]).
 //!
 //! The export has one of two kinds:
 //!
