@@ -644,9 +644,11 @@ impl Mover {
         };
         // SAFETY: `mapped` lies in the peer's open allocation (resolve checked the range against the
         // registered region) and the mapping stays open until close_peers; the caller vouches for
-        // the local range, which is device memory where `copy_device` is taken.
+        // the local range, which is device memory registered in this context (NVSHMEM's heap or a
+        // registered buffer on this PE's GPU) where `copy_device` is taken: unregistered device
+        // memory may lie on another GPU, which the copy engine reaches and a kernel may not.
         unsafe {
-            if local_kind == Kind::Device {
+            if local_kind == Kind::Device && local_registered {
                 self.copy_device(ep, dst, src, len as usize)?
             } else {
                 self.copy(ep, dst, src, len as usize)?

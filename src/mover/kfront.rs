@@ -513,6 +513,19 @@ impl<E: CopyEngine> Drop for KernelFront<E> {
             if !k.close(Instant::now() + std::time::Duration::from_secs(1), &mut out) {
                 tracing::warn!("copy queue: copy kernel launches still pending at close");
             }
+            // A queue is dropped once quiet (finalize): a launch claimed only now was never
+            // waited for, and its copies are not made.
+            let lost = out
+                .iter()
+                .filter(|d| matches!(d, Done::TakenOver(..)))
+                .count();
+            if lost > 0 || self.fifo.iter().any(|e| e.state != State::Done) {
+                tracing::error!(
+                    "copy queue closed with copies not complete ({lost} launch(es) claimed at \
+                     close, {} submission(s) pending): a quiet was missing",
+                    self.fifo.len()
+                );
+            }
         }
     }
 }

@@ -194,7 +194,15 @@ impl Transport {
         e: &super::endpoints::EpState,
         copies: &[Copy3],
     ) -> super::TResult<()> {
-        if KStage::fits(copies) {
+        // Destinations registered here as GPU memory (this PE's GPU; a get's buffer may be
+        // other device memory, which the copy engine reaches and a kernel may not).
+        let here = || {
+            copies.iter().all(|&(d, _, n)| {
+                self.find_registration(d, n as u64)
+                    .is_some_and(|r| r.device)
+            })
+        };
+        if KStage::fits(copies) && here() {
             if let Some(ks) = e.kstage.lock().as_mut() {
                 // SAFETY: the receive buffer is a mapped slab and the destinations GPU memory
                 // registered here; copy_now returns once the launch is decided (a taken-over one

@@ -53,6 +53,8 @@ struct Open {
     since: Instant,
     /// Some record's data is being copied out of GPU memory (a copy mark is needed).
     device: bool,
+    /// Some record's copy was enqueued on the copy stream at once (not deferred).
+    enqueued: bool,
     /// The records' copies out of GPU memory are made when the message closes, as one launch of
     /// the copy kernel (the endpoint has one: `kstage`); these are they.
     deferred: Option<Vec<Copy3>>,
@@ -104,7 +106,14 @@ impl Transport {
         self.append_record(c, ep, pe, record_bytes(len), traced, |buf, defer| {
             write_record(buf, t.remote, len as u32);
             let dst = buf[PUT_RECORD..].as_mut_ptr();
-            if device && defer {
+            // Deferred to one kernel launch when the source is GPU memory registered here (this
+            // PE's GPU: the kernel addresses it; other device memory goes to the copy engine).
+            if device
+                && defer
+                && self
+                    .find_registration(t.local, len as u64)
+                    .is_some_and(|r| r.device)
+            {
                 return Ok(Rec::Deferred((dst as u64, t.local, len)));
             }
             self.copy_out(dst, t.local, len, device)?;
@@ -171,11 +180,13 @@ impl Transport {
                         o.count += 1;
                         match rec {
                             Rec::Placed => {}
-                            Rec::Enqueued if !o.device => {
-                                o.device = true;
-                                o.cuda_ctx = cuda::current_context();
+                            Rec::Enqueued => {
+                                o.enqueued = true;
+                                if !o.device {
+                                    o.device = true;
+                                    o.cuda_ctx = cuda::current_context();
+                                }
                             }
-                            Rec::Enqueued => {}
                             Rec::Deferred(copy) => {
                                 o.deferred.get_or_insert_with(Vec::new).push(copy);
                                 if !o.device {
@@ -210,6 +221,7 @@ impl Transport {
                 wait,
                 since: Instant::now(),
                 device: false,
+                enqueued: false,
                 deferred: e.kstage.lock().is_some().then(Vec::new),
                 cuda_ctx: 0,
                 traced: false,
@@ -306,19 +318,24 @@ impl Transport {
         };
         let msgs = vec![(o.slot, hdr, o.wait)];
         if let Some(copies) = o.deferred.filter(|d| !d.is_empty()) {
-            // The records' copies out of GPU memory as one launch of the copy kernel.
+            // The records' copies out of GPU memory as one launch of the copy kernel, unless some
+            // record's copy is on the copy stream already (the message then waits for one mark).
             let e = &c.eps[ep];
-            let launched = e.kstage.lock().as_mut().and_then(|ks| {
-                // SAFETY: the sources are GPU memory valid until quiet (NVSHMEM's rule for
-                // non-blocking puts), which waits for this message's answer, sent after the launch
-                // is decided; the slot is a mapped slab, reserved for the message until then.
-                unsafe { ks.launch(&copies) }
+            let launched = (!o.enqueued).then_some(()).and_then(|()| {
+                e.kstage.lock().as_mut().and_then(|ks| {
+                    // SAFETY: the sources are GPU memory valid until quiet (NVSHMEM's rule for
+                    // non-blocking puts), which waits for this message's answer, sent after the launch
+                    // is decided; the slot is a mapped slab, reserved for the message until then.
+                    unsafe { ks.launch(&copies) }
+                })
             });
             if let Some(id) = launched {
                 self.push_ready(c, ep, pe, msgs, Some(Copied::Kernel(id)), o.traced);
                 return;
             }
-            // Not launched (held after a take-over, no slot): the copy engine.
+            // Not launched (held after a take-over, no slot): the copy engine, on the copy stream
+            // of the context the records were written in (the one the mark below is taken on).
+            let _g = cuda::ContextGuard::enter(o.cuda_ctx);
             for &(dst, src, len) in &copies {
                 if let Err(err) = self.copy_out(dst as *mut u8, src, len, true) {
                     let msg = format!("staged put: copy out of GPU memory failed: {}", err.message);
