@@ -191,6 +191,22 @@ impl<E: CopyEngine> KernelFront<E> {
         Ok(())
     }
 
+    /// Entry `i` (sequence number `seq`) goes to the copy engine with `copies`: then on the
+    /// engine, or done with the error (its copies will not run; quiet reports it).
+    fn entry_to_engine(&mut self, i: usize, seq: u64, copies: &[Copy3]) -> MResult<()> {
+        match self.issue_engine(seq, copies) {
+            Ok(()) => {
+                self.fifo[i].state = State::Engine;
+                self.on_engine += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.fifo[i].state = State::Done;
+                Err(e)
+            }
+        }
+    }
+
     /// Places an inner mark behind the copy-engine submissions no mark covers yet.
     fn cover_engine(&mut self) -> MResult<()> {
         if let (Some(seq), false) = (self.last_engine, self.last_covered) {
@@ -276,15 +292,8 @@ impl<E: CopyEngine> KernelFront<E> {
                     // Launches are decided oldest first and a taken-over one takes every younger
                     // one with it, so no launch after this one has made copies: in order on the
                     // copy engine they keep the promise.
-                    match self.issue_engine(seq, &copies) {
-                        Ok(()) => {
-                            self.fifo[i].state = State::Engine;
-                            self.on_engine += 1;
-                        }
-                        Err(e) => {
-                            self.fifo[i].state = State::Done;
-                            first_err.get_or_insert(e);
-                        }
+                    if let Err(e) = self.entry_to_engine(i, seq, &copies) {
+                        first_err.get_or_insert(e);
                     }
                 }
             }
@@ -351,15 +360,8 @@ impl<E: CopyEngine> KernelFront<E> {
             }
             let seq = self.fifo[i].seq;
             let copies = std::mem::take(&mut self.fifo[i].copies);
-            match self.issue_engine(seq, &copies) {
-                Ok(()) => {
-                    self.fifo[i].state = State::Engine;
-                    self.on_engine += 1;
-                }
-                Err(e) => {
-                    self.fifo[i].state = State::Done;
-                    first_err.get_or_insert(e);
-                }
+            if let Err(e) = self.entry_to_engine(i, seq, &copies) {
+                first_err.get_or_insert(e);
             }
             self.fifo[i].copies = copies;
             i += 1;

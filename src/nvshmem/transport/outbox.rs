@@ -259,6 +259,19 @@ impl Transport {
         }
     }
 
+    /// Enqueues `copies` out of GPU memory on the copy stream of context `ctx` (the way out of a
+    /// copy kernel launch: not made, or taken over); the message to fail otherwise.
+    fn copy_out_all(&self, copies: &[Copy3], ctx: usize) -> Result<(), String> {
+        let _g = cuda::ContextGuard::enter(ctx);
+        for &(dst, src, len) in copies {
+            self.copy_out(dst as *mut u8, src, len, true)
+                .map_err(|err| {
+                    format!("staged put: copy out of GPU memory failed: {}", err.message)
+                })?;
+        }
+        Ok(())
+    }
+
     /// Moves peer `pe`'s open message (if any) to the queue of messages to post.
     pub(super) fn close_peer(&self, c: &Connected, ep: usize, pe: usize) {
         let outbox = &c.eps[ep].outbox;
@@ -335,15 +348,11 @@ impl Transport {
             }
             // Not launched (held after a take-over, no slot): the copy engine, on the copy stream
             // of the context the records were written in (the one the mark below is taken on).
-            let _g = cuda::ContextGuard::enter(o.cuda_ctx);
-            for &(dst, src, len) in &copies {
-                if let Err(err) = self.copy_out(dst as *mut u8, src, len, true) {
-                    let msg = format!("staged put: copy out of GPU memory failed: {}", err.message);
-                    tracing::error!("endpoint {ep}: {msg}");
-                    e.send_free.lock().push(o.slot);
-                    e.finish_wait(o.wait, Some(msg), "a staged put not copied");
-                    return;
-                }
+            if let Err(msg) = self.copy_out_all(&copies, o.cuda_ctx) {
+                tracing::error!("endpoint {ep}: {msg}");
+                e.send_free.lock().push(o.slot);
+                e.finish_wait(o.wait, Some(msg), "a staged put not copied");
+                return;
             }
             self.enqueue_ready(c, ep, pe, msgs, Some(o.cuda_ctx), o.traced);
             return;
@@ -461,16 +470,7 @@ impl Transport {
                         r.copied = None;
                         // In the transport's context (progress may run on a thread of its own).
                         let ctx = self.cuda_ctx.load(Ordering::Relaxed) as usize;
-                        let _g = cuda::ContextGuard::enter(ctx);
-                        for &(dst, src, len) in &copies {
-                            if let Err(err) = self.copy_out(dst as *mut u8, src, len, true) {
-                                failed = Some(format!(
-                                    "staged put: copy out of GPU memory failed: {}",
-                                    err.message
-                                ));
-                                break;
-                            }
-                        }
+                        failed = self.copy_out_all(&copies, ctx).err();
                         if failed.is_none() {
                             match cuda::copy_mark(ctx) {
                                 Ok(ev) => r.copied = Some(Copied::Mark(Arc::new(ev))),
