@@ -319,7 +319,9 @@ impl<E: CopyEngine> KernelFront<E> {
             .unwrap_or(self.fifo.len());
         while i < self.fifo.len() {
             let State::Waiting { kernel } = self.fifo[i].state else {
-                unreachable!("entries after the first waiting one wait too");
+                // Issue is in order: every entry after the first waiting one waits too.
+                debug_assert!(false, "an issued entry after a waiting one");
+                break;
             };
             if kernel {
                 if self.on_engine > 0 {
