@@ -86,14 +86,16 @@ pub(super) fn counted(tag: u64) -> bool {
 
 /// One endpoint with its completion bookkeeping.
 pub(super) struct EpState {
+    /// The staged path's copy kernel launches (created at connect; `None`: the copy engine).
+    /// First: dropped (every launch decided, none left to touch the slabs) before the slabs'
+    /// page-locks and the slabs themselves.
+    pub(super) kstage: Mutex<Option<super::kstage::KStage>>,
     /// Page-locks of the host slabs below for the driver's copies (dropped before them): mapped
     /// for the GPU at their own addresses where the driver allows ([`SlabPin::Mapped`]).
     pub(super) _pins: Vec<SlabPin>,
     /// Both slabs are mapped for the GPU at their own addresses: the copy kernel may read and
     /// write them ([`super::kstage`]).
     pub(super) slabs_mapped: bool,
-    /// The staged path's copy kernel launches (created at connect; `None`: the copy engine).
-    pub(super) kstage: Mutex<Option<super::kstage::KStage>>,
     pub(super) ep: Endpoint,
     pub(super) cq: Arc<CompletionQueue>,
     pub(super) ctxs: OpContexts,
@@ -158,8 +160,6 @@ const SHM_NAME_SLOT: usize = 64;
 /// Scratch word of a counted context holding its target PE + 1 (0: none).
 const SCRATCH_PEER: usize = 6;
 
-/// A zeroed host buffer of `bytes` registered (local access) on `ep`. The buffer and its
-/// registration travel together; the owner keeps the registration next to the buffer it covers.
 /// A host slab page-locked for the driver: mapped for the GPU at its own address, or only
 /// page-locked where the driver does not map it so.
 pub(super) enum SlabPin {
@@ -199,6 +199,8 @@ impl SlabPin {
     }
 }
 
+/// A zeroed host buffer of `bytes` registered (local access) on `ep`. The buffer and its
+/// registration travel together; the owner keeps the registration next to the buffer it covers.
 pub(super) fn host_slab(
     domain: &Arc<Domain>,
     ep: &Endpoint,
@@ -659,9 +661,9 @@ impl Transport {
             let slabs_mapped = pins.len() == 2 && pins.iter().all(SlabPin::mapped);
             let am_bufs = Some(am_bufs);
             eps.push(EpState {
+                kstage: Mutex::new(None),
                 _pins: pins,
                 slabs_mapped,
-                kstage: Mutex::new(None),
                 ep,
                 cq,
                 ctxs,

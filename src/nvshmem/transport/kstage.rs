@@ -150,6 +150,21 @@ impl KStage {
 
 impl Drop for KStage {
     fn drop(&mut self) {
+        // Launches still undecided are claimed (their kernels then touch nothing) and late
+        // kernels waited for, before the slabs they name go (the endpoint drops this first).
+        let mut out = Vec::new();
+        if !self
+            .k
+            .close(Instant::now() + Duration::from_secs(1), &mut out)
+        {
+            tracing::warn!("staged copies: copy kernel launches still pending at close");
+        }
+        if out.iter().any(|d| matches!(d, Done::TakenOver(..))) {
+            tracing::error!(
+                "staged copies: a copy kernel launch was still undecided at close: its copies \
+                 were not made (a quiet was missing)"
+            );
+        }
         let (launched, applied, taken_over) = self.counts();
         if launched > 0 {
             tracing::debug!(
