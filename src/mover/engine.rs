@@ -12,7 +12,6 @@ use super::amo::{AmoRequest, Launch};
 use super::amo_lanes::AmoLanes;
 use super::fdshare::{self, FdServer};
 use super::handle::{Export, HostId, IpcDesc};
-use super::kcopy::KernelCopies;
 use super::kfront::KernelFront;
 use super::queue::{CopyQueue, CudaEngine, INLINE_BYTES};
 use super::stats::{Stage, Stats};
@@ -21,14 +20,7 @@ use crate::cuda::kernel::{self, AmoOp};
 use crate::cuda::{self, ipc, vmm, PtrKind};
 
 /// The engine of a transport copy queue: the copy kernel in front of the copy engine.
-type Engine = KernelFront<CudaEngine>;
-
-/// How long a copy kernel launch of a transport queue may stay unstarted before the host takes
-/// its copies over (the software queue's limit, `NVSHMEM_EFA_SOFT_KERNEL_STUCK_US`'s default).
-const COPY_KERNEL_STUCK: std::time::Duration = std::time::Duration::from_millis(2);
-/// How long a queue's copies go to the copy engine after a take-over (an application kernel that
-/// holds every SM usually holds them for a while).
-const COPY_KERNEL_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
+pub(super) type Engine = KernelFront<CudaEngine>;
 
 /// What registration decided about a local region.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,9 +67,9 @@ struct MapSlot {
 
 /// The data mover of one transport.
 pub struct Mover {
-    policy: Policy,
+    pub(super) policy: Policy,
     /// The CUDA context copies run in (the application's, captured at connect).
-    ctx: AtomicUsize,
+    pub(super) ctx: AtomicUsize,
     my_pe: AtomicUsize,
     hosts: RwLock<Vec<HostId>>,
     /// Opened peer allocations by (peer, export): the driver gives a new allocation a new legacy
@@ -89,17 +81,18 @@ pub struct Mover {
     /// VMM exports of this process by registered (base, length), for `unregister`.
     vmm_exports: Mutex<HashMap<(u64, u64), u64>>,
     /// One copy queue per endpoint (created at first use: needs the context).
-    queues: Vec<Mutex<Option<CopyQueue<Engine>>>>,
+    pub(super) queues: Vec<Mutex<Option<CopyQueue<Engine>>>>,
     /// Small device copies as copy-kernel launches in front of the copy engine
     /// (`NVSHMEM_EFA_COPY_KERNEL`; batching queues created by [`Mover::prepare_queues`] only).
-    copy_kernel: bool,
+    pub(super) copy_kernel: bool,
     /// The copy kernel loaded into the context ([`Mover::load_copy_kernel`]).
-    kernel: Mutex<Option<Arc<kernel::CopyKernel>>>,
+    /// (`None`: not tried yet; `Some(None)`: it did not load, logged once.)
+    pub(super) kernel: Mutex<Option<Option<Arc<kernel::CopyKernel>>>>,
     stats: Arc<Stats>,
     /// How long a submission may wait for a free inline slot.
     timeout: std::time::Duration,
     /// Copies a queue holds back for one submission ([`CopyQueue::with_batch`]).
-    copy_batch: usize,
+    pub(super) copy_batch: usize,
     /// The device of the mover's context (for [`MapSlot::atomics`] and kernel results).
     device: std::sync::atomic::AtomicI32,
     /// Kernel atomics, one lane per endpoint (loaded at connect by
@@ -493,77 +486,6 @@ impl Mover {
     pub unsafe fn copy_device(&self, ep: usize, dst: u64, src: u64, len: usize) -> MResult<()> {
         // SAFETY: the caller's guarantee.
         self.with_queue(ep, len, |q| unsafe { q.submit_device(dst, src, len) })
-    }
-
-    /// Creates every endpoint's copy queue now, with the copy kernel in front where it is on
-    /// (`NVSHMEM_EFA_COPY_KERNEL` and a copy batch of more than 1): the kernel is loaded and each
-    /// queue's launches checked with one launch the host claimed beforehand. Called at connect,
-    /// before any kernel of the application runs: loading a module while a kernel runs may wait
-    /// for that kernel, which may be waiting for these very copies. A queue created later (not
-    /// prepared) uses the copy engine alone. Errors are logged; those queues then use the copy
-    /// engine alone.
-    pub fn prepare_queues(&self) {
-        let ctx = self.ctx.load(Ordering::Relaxed);
-        if ctx == 0 {
-            // No CUDA context known: no GPU memory to copy, queues stay uncreated.
-            return;
-        }
-        let kernel = if self.copy_batch > 1 {
-            self.load_copy_kernel()
-        } else {
-            None
-        };
-        for (ep, q) in self.queues.iter().enumerate() {
-            let mut q = q.lock();
-            if q.is_some() {
-                continue;
-            }
-            let kc = kernel.clone().and_then(|k| {
-                KernelCopies::cuda(k, COPY_KERNEL_STUCK, COPY_KERNEL_HOLD)
-                    .and_then(|mut kc| {
-                        kc.check_claimed_launch(Instant::now() + std::time::Duration::from_secs(10))?;
-                        Ok(kc)
-                    })
-                    .map_err(|e| {
-                        tracing::warn!(
-                            "copy queue {ep}: no copy kernel ({e}); its copies go to the copy engine"
-                        )
-                    })
-                    .ok()
-            });
-            let on = kc.is_some();
-            match CudaEngine::new(ctx, self.policy.copy_overlap) {
-                Ok(inner) => {
-                    *q = Some(
-                        CopyQueue::new(KernelFront::new(inner, kc)).with_batch(self.copy_batch),
-                    );
-                    tracing::debug!("copy queue {ep}: created at connect, copy kernel {on}");
-                }
-                Err(e) => tracing::warn!("copy queue {ep}: not created at connect ({e})"),
-            }
-        }
-    }
-
-    /// The copy kernel in the mover's context, loaded at the first call (`None` when
-    /// `NVSHMEM_EFA_COPY_KERNEL=0`, no context is known, or it does not load: logged). Call it at
-    /// connect only, before any kernel of the application runs: loading a module while a kernel
-    /// runs may wait for that kernel.
-    pub fn load_copy_kernel(&self) -> Option<Arc<kernel::CopyKernel>> {
-        let ctx = self.ctx.load(Ordering::Relaxed);
-        if !self.copy_kernel || ctx == 0 {
-            return None;
-        }
-        let mut k = self.kernel.lock();
-        if k.is_none() {
-            match kernel::CopyKernel::load(ctx) {
-                Ok(loaded) => *k = Some(Arc::new(loaded)),
-                Err(e) => {
-                    tracing::warn!("no copy kernel ({e}): small copies go to the copy engine");
-                    return None;
-                }
-            }
-        }
-        k.clone()
     }
 
     /// Runs `f` on endpoint `ep`'s queue (created at first use), counted as one submission of

@@ -24,11 +24,14 @@
 //! in this engine (accepted, counted by the queue, issued at the next look: `mark`, `oldest_done`,
 //! `all_done`, a later submission); a mark completes once every submission before it has.
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::kcopy::{Done, KernelCopies, NotLaunched};
-use super::queue::{CopyEngine, INLINE_BYTES, INLINE_SLOTS};
+use super::queue::{CopyEngine, CopyQueue, CudaEngine, INLINE_BYTES, INLINE_SLOTS};
 use super::{MResult, MoverError};
+use crate::cuda::kernel;
 
 /// (destination, source, length) of one copy.
 type Copy3 = (u64, u64, usize);
@@ -531,6 +534,86 @@ impl<E: CopyEngine> Drop for KernelFront<E> {
                 );
             }
         }
+    }
+}
+
+/// How long a copy kernel launch of a transport queue may stay unstarted before the host takes
+/// its copies over (the software queue's limit, `NVSHMEM_EFA_SOFT_KERNEL_STUCK_US`'s default).
+const COPY_KERNEL_STUCK: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long a queue's copies go to the copy engine after a take-over (an application kernel that
+/// holds every SM usually holds them for a while).
+const COPY_KERNEL_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl super::engine::Mover {
+    /// Creates every endpoint's copy queue now, with the copy kernel in front where it is on
+    /// (`NVSHMEM_EFA_COPY_KERNEL` and a copy batch of more than 1): the kernel is loaded and each
+    /// queue's launches checked with one launch the host claimed beforehand. Called at connect,
+    /// before any kernel of the application runs: loading a module while a kernel runs may wait
+    /// for that kernel, which may be waiting for these very copies. A queue created later (not
+    /// prepared) uses the copy engine alone. Errors are logged; those queues then use the copy
+    /// engine alone.
+    pub fn prepare_queues(&self) {
+        let ctx = self.ctx.load(Ordering::Relaxed);
+        if ctx == 0 {
+            // No CUDA context known: no GPU memory to copy, queues stay uncreated.
+            return;
+        }
+        let kernel = if self.copy_batch > 1 {
+            self.load_copy_kernel()
+        } else {
+            None
+        };
+        for (ep, q) in self.queues.iter().enumerate() {
+            let mut q = q.lock();
+            if q.is_some() {
+                continue;
+            }
+            let kc = kernel.clone().and_then(|k| {
+                KernelCopies::cuda(k, COPY_KERNEL_STUCK, COPY_KERNEL_HOLD)
+                    .and_then(|mut kc| {
+                        kc.check_claimed_launch(Instant::now() + std::time::Duration::from_secs(10))?;
+                        Ok(kc)
+                    })
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "copy queue {ep}: no copy kernel ({e}); its copies go to the copy engine"
+                        )
+                    })
+                    .ok()
+            });
+            let on = kc.is_some();
+            match CudaEngine::new(ctx, self.policy.copy_overlap) {
+                Ok(inner) => {
+                    *q = Some(
+                        CopyQueue::new(KernelFront::new(inner, kc)).with_batch(self.copy_batch),
+                    );
+                    tracing::debug!("copy queue {ep}: created at connect, copy kernel {on}");
+                }
+                Err(e) => tracing::warn!("copy queue {ep}: not created at connect ({e})"),
+            }
+        }
+    }
+
+    /// The copy kernel in the mover's context, loaded at the first call (`None` when
+    /// `NVSHMEM_EFA_COPY_KERNEL=0`, no context is known, or it did not load: logged once, not tried
+    /// again). Call it at
+    /// connect only, before any kernel of the application runs: loading a module while a kernel
+    /// runs may wait for that kernel.
+    pub fn load_copy_kernel(&self) -> Option<Arc<kernel::CopyKernel>> {
+        let ctx = self.ctx.load(Ordering::Relaxed);
+        if !self.copy_kernel || ctx == 0 {
+            return None;
+        }
+        self.kernel
+            .lock()
+            .get_or_insert_with(|| match kernel::CopyKernel::load(ctx) {
+                Ok(loaded) => Some(Arc::new(loaded)),
+                Err(e) => {
+                    tracing::warn!("no copy kernel ({e}): small copies go to the copy engine");
+                    None
+                }
+            })
+            .clone()
     }
 }
 

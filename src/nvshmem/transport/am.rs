@@ -39,6 +39,8 @@ impl Transport {
         let e = &c.eps[i];
         let mut copies: Vec<(u64, u64, usize)> = Vec::new();
         let mut at: Vec<usize> = Vec::new();
+        // Every destination is GPU memory registered here (the copy kernel may take them).
+        let mut registered = true;
         for (k, ent) in ents.iter().enumerate().take(16) {
             let Some((TAG_AM_RECV, slot)) = e.ctxs.get(ent.op_context) else {
                 continue;
@@ -55,8 +57,17 @@ impl Transport {
             {
                 continue;
             }
+            // A put's destination is registered here (its kind known); a get answer's is the
+            // initiator's buffer, registered or not.
+            let mut reg_device = None;
             let dst = match m.kind {
-                AM_PUT if self.find_registration(m.addr, m.size as u64).is_some() => m.addr,
+                AM_PUT => match self.find_registration(m.addr, m.size as u64) {
+                    Some(r) => {
+                        reg_device = Some(r.device);
+                        m.addr
+                    }
+                    None => continue,
+                },
                 AM_GET_DATA if m.status == 0 => match e.claim_wait(m.token, "staged get data") {
                     Some(w) => {
                         done[k].claim = Some(w);
@@ -66,9 +77,14 @@ impl Transport {
                 },
                 _ => continue,
             };
-            if !is_device(dst as *const c_void) {
+            // The registration answers for a put without a driver query.
+            if !reg_device.unwrap_or_else(|| is_device(dst as *const c_void)) {
                 continue;
             }
+            registered &= reg_device.is_some()
+                || self
+                    .find_registration(dst, m.size as u64)
+                    .is_some_and(|r| r.device);
             // SAFETY: the payload follows the header inside the slot (length checked above).
             let payload = unsafe { base.add(AM_BYTES) } as u64;
             copies.push((dst, payload, m.size as usize));
@@ -80,7 +96,7 @@ impl Transport {
         let stats = self.mover.stats();
         let t = stats.start();
         // One launch of the copy kernel where the endpoint has it and they are small.
-        match self.copy_in_now(e, &copies) {
+        match self.copy_in_now(e, &copies, registered) {
             Ok(()) => {
                 let bytes = copies.iter().map(|c| c.2 as u64).sum();
                 stats.record(Stage::TargetCopy, t, bytes);
@@ -373,8 +389,9 @@ impl Transport {
         let mut device: Vec<(u64, u64, usize)> = Vec::new();
         let flush = |device: &mut Vec<(u64, u64, usize)>, status: &mut i32| {
             if !device.is_empty() {
-                // One launch of the copy kernel where the endpoint has it (`kstage`).
-                if let Err(err) = self.copy_in_now(e, device) {
+                // One launch of the copy kernel where the endpoint has it (`kstage`); every
+                // destination here was found registered as GPU memory.
+                if let Err(err) = self.copy_in_now(e, device, true) {
                     tracing::error!("staged put from PE {src_pe}: {}", err.message);
                     *status = err.status;
                 }
@@ -820,10 +837,12 @@ impl Transport {
     pub(super) fn staged(&self, c: &Connected, t: &Transfer) -> TResult<()> {
         let (pe, ep, is_put, len) = (t.pe, t.ep, t.is_put, t.len);
         if is_put {
-            // Whether the source is GPU memory: asked once for the whole put.
-            let device = is_device(t.local as *const c_void);
+            // Whether the source is GPU memory: asked once for the whole put, of its registration
+            // where it has one (registered GPU memory is this PE's, which the copy kernel may read).
+            let reg_device = self.find_registration(t.local, len).map(|r| r.device);
+            let device = reg_device.unwrap_or_else(|| is_device(t.local as *const c_void));
             if len as usize <= COALESCE_MAX && super::group::current().is_none() {
-                return self.stage_small(c, t, device);
+                return self.stage_small(c, t, device, reg_device == Some(true));
             }
             return self.stage_chunks(c, t, device);
         }

@@ -91,8 +91,8 @@ pub(super) struct EpState {
     /// page-locks and the slabs themselves.
     pub(super) kstage: Mutex<Option<super::kstage::KStage>>,
     /// Page-locks of the host slabs below for the driver's copies (dropped before them): mapped
-    /// for the GPU at their own addresses where the driver allows ([`SlabPin::Mapped`]).
-    pub(super) _pins: Vec<SlabPin>,
+    /// for the GPU at their own addresses where the driver allows ([`super::kstage::SlabPin::Mapped`]).
+    pub(super) _pins: Vec<super::kstage::SlabPin>,
     /// Both slabs are mapped for the GPU at their own addresses: the copy kernel may read and
     /// write them ([`super::kstage`]).
     pub(super) slabs_mapped: bool,
@@ -159,45 +159,6 @@ const SHM_NAME_SLOT: usize = 64;
 
 /// Scratch word of a counted context holding its target PE + 1 (0: none).
 const SCRATCH_PEER: usize = 6;
-
-/// A host slab page-locked for the driver: mapped for the GPU at its own address, or only
-/// page-locked where the driver does not map it so.
-pub(super) enum SlabPin {
-    /// Mapped (`DEVICEMAP`) at its own address; the registration lives as long as this value.
-    Mapped { _reg: cuda::HostRegistration },
-    /// Page-locked only.
-    Pinned { _pin: cuda::HostPin },
-}
-
-impl SlabPin {
-    /// Registers `[ptr, ptr + len)` mapped (`DEVICEMAP`), keeping it only when the GPU sees it at
-    /// the same address (unified addressing); else page-locks it as before. `None` when CUDA is
-    /// not usable from this thread or the driver refuses (copies then take the pageable path).
-    fn new(ptr: *mut u8, len: usize) -> Option<SlabPin> {
-        if !cuda::available() || cuda::current_context() == 0 || len == 0 {
-            return None;
-        }
-        // SAFETY: the slab is owned by the endpoint state next to this value and outlives it
-        // (field order: the pins drop first).
-        match unsafe {
-            cuda::HostRegistration::new(ptr as *mut c_void, len, cuda::HostMapping::ReadWrite)
-        } {
-            Ok(r) if r.device() == ptr as u64 => return Some(SlabPin::Mapped { _reg: r }),
-            Ok(r) => {
-                tracing::debug!(
-                    "slab {ptr:p} maps at {:#x} on the GPU, not at its own address: page-locked only",
-                    r.device()
-                );
-            }
-            Err(e) => tracing::debug!("slab {ptr:p}+{len} not mapped for the GPU ({e})"),
-        }
-        cuda::HostPin::new(ptr, len).map(|p| SlabPin::Pinned { _pin: p })
-    }
-
-    fn mapped(&self) -> bool {
-        matches!(self, SlabPin::Mapped { .. })
-    }
-}
 
 /// A zeroed host buffer of `bytes` registered (local access) on `ep`. The buffer and its
 /// registration travel together; the owner keeps the registration next to the buffer it covers.
@@ -654,11 +615,11 @@ impl Transport {
             // Staged GPU data is copied out of the send slots and into place from the receive
             // buffers: pinned memory makes those copies DMA, and mapped memory lets the copy
             // kernel make small ones.
-            let pins: Vec<SlabPin> = [&mut send_slab.0, &mut am_bufs.0]
+            let pins: Vec<super::kstage::SlabPin> = [&mut send_slab.0, &mut am_bufs.0]
                 .into_iter()
-                .filter_map(|b| SlabPin::new(b.as_mut_ptr(), b.len()))
+                .filter_map(|b| super::kstage::SlabPin::new(b.as_mut_ptr(), b.len()))
                 .collect();
-            let slabs_mapped = pins.len() == 2 && pins.iter().all(SlabPin::mapped);
+            let slabs_mapped = pins.len() == 2 && pins.iter().all(super::kstage::SlabPin::mapped);
             let am_bufs = Some(am_bufs);
             eps.push(EpState {
                 kstage: Mutex::new(None),
@@ -766,21 +727,8 @@ impl Transport {
         let peers_here = (0..n_pes)
             .filter(|&p| p != my_pe && self.mover.same_host(p))
             .count();
-        if self.mover.policy().ipc && peers_here > 0 {
-            // Before any kernel of the application runs (the copy kernel's module loads here).
-            self.mover.prepare_queues();
-        }
-        // The staged path's small copies through the copy kernel, where GPU memory is staged
-        // (software providers) and the slabs are mapped for the GPU; loaded here for the same
-        // reason.
-        let staged_peers = (0..n_pes)
-            .filter(|&p| p != my_pe && (!self.mover.same_host(p) || !self.mover.policy().ipc))
-            .count();
-        if self.mover.policy().staging && staged_peers > 0 {
-            if let Ok(c) = self.conn() {
-                self.prepare_kstage(c);
-            }
-        }
+        // Before any kernel of the application runs (the copy kernel's module loads here).
+        self.prepare_copy_kernels(my_pe, n_pes, peers_here);
         if self.cfg.amo_kernel && self.mover.policy().ipc && peers_here > 0 {
             if let Err(e) = self.mover.prepare_kernel_amos(self.cfg.amo_kernel_stuck) {
                 tracing::warn!(

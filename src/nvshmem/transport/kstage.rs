@@ -15,12 +15,14 @@
 //! SM) is taken over by the host (the claim protocol) and its copies go through the copy engine,
 //! which needs no SM; for a while after that, messages go the copy engine's way at once.
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Connected, Transport};
+use crate::cuda;
 use crate::cuda::kernel::CopyKernel;
-use crate::mover::kcopy::{Done, KernelCopies, NotLaunched};
+use crate::mover::kcopy::{Done, KernelCopies};
 use crate::mover::MResult;
 
 /// (destination, source, length) of one copy.
@@ -87,11 +89,7 @@ impl KStage {
             return None;
         }
         // SAFETY: the caller's guarantee.
-        match unsafe { self.k.launch(copies, copies.to_vec(), Instant::now()) } {
-            Ok(id) => Some(id),
-            Err((NotLaunched::NotFit | NotLaunched::Holding, _)) => None,
-            Err((NotLaunched::NoSlot | NotLaunched::Failed, _)) => None,
-        }
+        unsafe { self.k.launch(copies, copies.to_vec(), Instant::now()) }.ok()
     }
 
     /// One look at the pending launches (takes over those stuck). Never blocks.
@@ -148,6 +146,45 @@ impl KStage {
     }
 }
 
+/// A host slab page-locked for the driver: mapped for the GPU at its own address, or only
+/// page-locked where the driver does not map it so.
+pub(super) enum SlabPin {
+    /// Mapped (`DEVICEMAP`) at its own address; the registration lives as long as this value.
+    Mapped { _reg: cuda::HostRegistration },
+    /// Page-locked only.
+    Pinned { _pin: cuda::HostPin },
+}
+
+impl SlabPin {
+    /// Registers `[ptr, ptr + len)` mapped (`DEVICEMAP`), keeping it only when the GPU sees it at
+    /// the same address (unified addressing); else page-locks it as before. `None` when CUDA is
+    /// not usable from this thread or the driver refuses (copies then take the pageable path).
+    pub(super) fn new(ptr: *mut u8, len: usize) -> Option<SlabPin> {
+        if !cuda::available() || cuda::current_context() == 0 || len == 0 {
+            return None;
+        }
+        // SAFETY: the slab is owned by the endpoint state next to this value and outlives it
+        // (field order: the pins drop before the slabs).
+        match unsafe {
+            cuda::HostRegistration::new(ptr as *mut c_void, len, cuda::HostMapping::ReadWrite)
+        } {
+            Ok(r) if r.device() == ptr as u64 => return Some(SlabPin::Mapped { _reg: r }),
+            Ok(r) => {
+                tracing::debug!(
+                    "slab {ptr:p} maps at {:#x} on the GPU, not at its own address: page-locked only",
+                    r.device()
+                );
+            }
+            Err(e) => tracing::debug!("slab {ptr:p}+{len} not mapped for the GPU ({e})"),
+        }
+        cuda::HostPin::new(ptr, len).map(|p| SlabPin::Pinned { _pin: p })
+    }
+
+    pub(super) fn mapped(&self) -> bool {
+        matches!(self, SlabPin::Mapped { .. })
+    }
+}
+
 impl Drop for KStage {
     fn drop(&mut self) {
         // Launches still undecided are claimed (their kernels then touch nothing) and late
@@ -175,6 +212,24 @@ impl Drop for KStage {
 }
 
 impl Transport {
+    /// At connect, before any kernel of the application runs (the copy kernel's module loads
+    /// here): the same-host copy queues with the kernel in front where `peers_here` PEs share
+    /// this host, and the staged path's launches where GPU memory is staged (software providers)
+    /// to some peer.
+    pub(super) fn prepare_copy_kernels(&self, my_pe: i32, n_pes: i32, peers_here: usize) {
+        if self.mover.policy().ipc && peers_here > 0 {
+            self.mover.prepare_queues();
+        }
+        let staged_peers = (0..n_pes)
+            .filter(|&p| p != my_pe && (!self.mover.same_host(p) || !self.mover.policy().ipc))
+            .count();
+        if self.mover.policy().staging && staged_peers > 0 {
+            if let Ok(c) = self.conn() {
+                self.prepare_kstage(c);
+            }
+        }
+    }
+
     /// Creates each endpoint's launches of the copy kernel for the staged path (at connect, before
     /// any kernel of the application runs), where `NVSHMEM_EFA_COPY_KERNEL` is on and both of the
     /// endpoint's slabs are mapped for the GPU. Logged either way.
@@ -202,22 +257,17 @@ impl Transport {
     }
 
     /// Copies `copies` (receive buffer to GPU memory) now: one launch of the copy kernel where the
-    /// endpoint has it and they fit, else (or when the launch was taken over) the copy engine's
-    /// batch, waited for.
+    /// endpoint has it, they fit and every destination is GPU memory registered here
+    /// (`registered`, as the caller found it: this PE's GPU; a get's buffer may be other device
+    /// memory, which the copy engine reaches and a kernel may not), else (or when the launch was
+    /// taken over) the copy engine's batch, waited for.
     pub(super) fn copy_in_now(
         &self,
         e: &super::endpoints::EpState,
         copies: &[Copy3],
+        registered: bool,
     ) -> super::TResult<()> {
-        // Destinations registered here as GPU memory (this PE's GPU; a get's buffer may be
-        // other device memory, which the copy engine reaches and a kernel may not).
-        let here = || {
-            copies.iter().all(|&(d, _, n)| {
-                self.find_registration(d, n as u64)
-                    .is_some_and(|r| r.device)
-            })
-        };
-        if KStage::fits(copies) && here() {
+        if registered && KStage::fits(copies) {
             if let Some(ks) = e.kstage.lock().as_mut() {
                 // SAFETY: the receive buffer is a mapped slab and the destinations GPU memory
                 // registered here; copy_now returns once the launch is decided (a taken-over one

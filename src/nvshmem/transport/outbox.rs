@@ -100,7 +100,15 @@ impl Transport {
     /// A staged put of at most [`super::wire::COALESCE_MAX`] bytes: appended to its peer's open
     /// message (opened with a send slot and a waiting context when there is none or it is full).
     /// `device`: the source is GPU memory (copied asynchronously).
-    pub(super) fn stage_small(&self, c: &Connected, t: &Transfer, device: bool) -> TResult<()> {
+    /// `kernel_ok`: the source is GPU memory registered here (its copy may be one of the message's
+    /// copy kernel launch).
+    pub(super) fn stage_small(
+        &self,
+        c: &Connected,
+        t: &Transfer,
+        device: bool,
+        kernel_ok: bool,
+    ) -> TResult<()> {
         let (pe, ep, len) = (t.pe as usize, t.ep, t.len as usize);
         let traced = self.mover.stats().sample(t.len);
         self.append_record(c, ep, pe, record_bytes(len), traced, |buf, defer| {
@@ -108,12 +116,7 @@ impl Transport {
             let dst = buf[PUT_RECORD..].as_mut_ptr();
             // Deferred to one kernel launch when the source is GPU memory registered here (this
             // PE's GPU: the kernel addresses it; other device memory goes to the copy engine).
-            if device
-                && defer
-                && self
-                    .find_registration(t.local, len as u64)
-                    .is_some_and(|r| r.device)
-            {
+            if kernel_ok && defer {
                 return Ok(Rec::Deferred((dst as u64, t.local, len)));
             }
             self.copy_out(dst, t.local, len, device)?;
@@ -334,14 +337,17 @@ impl Transport {
             // The records' copies out of GPU memory as one launch of the copy kernel, unless some
             // record's copy is on the copy stream already (the message then waits for one mark).
             let e = &c.eps[ep];
-            let launched = (!o.enqueued).then_some(()).and_then(|()| {
-                e.kstage.lock().as_mut().and_then(|ks| {
-                    // SAFETY: the sources are GPU memory valid until quiet (NVSHMEM's rule for
-                    // non-blocking puts), which waits for this message's answer, sent after the launch
-                    // is decided; the slot is a mapped slab, reserved for the message until then.
-                    unsafe { ks.launch(&copies) }
-                })
-            });
+            let launched = if o.enqueued {
+                None
+            } else {
+                // SAFETY: the sources are GPU memory valid until quiet (NVSHMEM's rule for
+                // non-blocking puts), which waits for this message's answer, sent after the launch
+                // is decided; the slot is a mapped slab, reserved for the message until then.
+                e.kstage
+                    .lock()
+                    .as_mut()
+                    .and_then(|ks| unsafe { ks.launch(&copies) })
+            };
             if let Some(id) = launched {
                 self.push_ready(c, ep, pe, msgs, Some(Copied::Kernel(id)), o.traced);
                 return;
