@@ -63,51 +63,44 @@ if want tests && fits "mover GPU tests" 90; then
     grep -E '^test |test result|us per copy|kernel front' "$OUT/tests.log" | sed 's/^/    /' | tee -a "$SUM"
 fi
 
-reps=${STREAM_REPS:-2}
-if want stream; then
+# variants STEP LAYOUT REPS PATTERN KERNEL_STEPS KERNEL_BUDGET ENGINE_STEPS ENGINE_BUDGET: the stream
+# benchmark (stream_run.sh --quick) with the copy kernel, then with NVSHMEM_EFA_COPY_KERNEL=0,
+# REPS times, into $OUT/STEP-<variant>-<rep>; the rows PATTERN names go to the summary. A variant
+# runs when its budget and 2-5 s of slack are left.
+variants() {
+    # (not `budget`: fits() and left() read the run's budget by that name)
+    local step=$1 layout=$2 reps=$3 pattern=$4 r v d only vbudget slack
+    local -a vars
     for r in $(seq 1 "$reps"); do
         for v in kernel engine; do
-            d=$OUT/stream-$v-$r
+            d=$OUT/$step-$v-$r
             if [ $v = engine ]; then
-                fits "stream same-host $v (rep $r)" 50 || continue
-                NVSHMEM_EFA_COPY_KERNEL=0 OUT=$d bash tests/gpu/stream_run.sh --quick \
-                    --only same --budget 45 >"$d.log" 2>&1
+                only=$7 vbudget=$8 slack=5 vars=(NVSHMEM_EFA_COPY_KERNEL=0)
             else
-                # The null completion (NVSHMEM's proxy ceiling) does not depend on the copy
-                # route: measured with the first variant only.
-                fits "stream same-host $v (rep $r)" 80 || continue
-                OUT=$d bash tests/gpu/stream_run.sh --quick --only same,null --budget 78 >"$d.log" 2>&1
+                only=$5 vbudget=$6 slack=2 vars=()
             fi
-            say "stream same-host, copy $v, rep $r: exit status $?"
+            fits "stream $layout $v (rep $r)" $((vbudget + slack)) || continue
+            env "${vars[@]}" OUT="$d" bash tests/gpu/stream_run.sh --quick --only "$only" \
+                --budget "$vbudget" >"$d.log" 2>&1
+            say "stream $layout, copy $v, rep $r: exit status $?"
             [ -s "$d/stream-compare.txt" ] &&
-                grep -E 'layout|put +1 +8 B|put +1 +64 KiB|put +8 +8 B|get +1 +8 B|put_signal +1 +8 B|amo +1 +8 B|put +1 +1 MiB' \
-                    "$d/stream-compare.txt" | sed 's/^/    /' | tee -a "$SUM"
+                grep -E "$pattern" "$d/stream-compare.txt" | sed 's/^/    /' | tee -a "$SUM"
         done
     done
-fi
+}
 
-if want two; then
-    # The two-host layout (each PE in its own network namespace, tcp over a veth): GPU memory is
-    # staged, and a coalesced message's small copies go through the copy kernel at both ends.
-    for r in $(seq 1 "${TWO_REPS:-1}"); do
-        for v in kernel engine; do
-            d=$OUT/two-$v-$r
-            if [ $v = engine ]; then
-                fits "stream two-host $v (rep $r)" 60 || continue
-                NVSHMEM_EFA_COPY_KERNEL=0 OUT=$d bash tests/gpu/stream_run.sh --quick \
-                    --only two --budget 55 >"$d.log" 2>&1
-            else
-                # fi_rma_bw between the namespaces with the first variant only.
-                fits "stream two-host $v (rep $r)" 100 || continue
-                OUT=$d bash tests/gpu/stream_run.sh --quick --only two,fabric --budget 98 >"$d.log" 2>&1
-            fi
-            say "stream two-host, copy $v, rep $r: exit status $?"
-            [ -s "$d/stream-compare.txt" ] &&
-                grep -E 'layout|put +1 +8 B|put +1 +4 KiB|put +8 +8 B|put_signal +1 +8 B|amo +1 +8 B|put +1 +64 KiB' \
-                    "$d/stream-compare.txt" | sed 's/^/    /' | tee -a "$SUM"
-        done
-    done
-fi
+# Same host; the null completion (NVSHMEM's proxy ceiling) does not depend on the copy route:
+# measured with the first variant only.
+want stream && variants stream same-host "${STREAM_REPS:-2}" \
+    'layout|put +1 +8 B|put +1 +64 KiB|put +8 +8 B|get +1 +8 B|put_signal +1 +8 B|amo +1 +8 B|put +1 +1 MiB' \
+    same,null 78 same 45
+
+# The two-host layout (each PE in its own network namespace, tcp over a veth): GPU memory is
+# staged, and a coalesced message's small copies go through the copy kernel at both ends;
+# fi_rma_bw between the namespaces with the first variant only.
+want two && variants two two-host "${TWO_REPS:-1}" \
+    'layout|put +1 +8 B|put +1 +4 KiB|put +8 +8 B|put_signal +1 +8 B|amo +1 +8 B|put +1 +64 KiB' \
+    two,fabric 98 two 55
 
 if want torch; then
     # stream_run.sh gives its torch step the budget less 60 s, at most 150 s.
