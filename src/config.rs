@@ -33,6 +33,17 @@ pub enum AtomicsPath {
     Target,
 }
 
+/// What `fence` does (`NVSHMEM_EFA_FENCE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceMode {
+    /// Orders without waiting where the route can: the staged path's next message to the PE
+    /// carries the fence and its target applies it only after everything before it; other
+    /// routes wait only for what does not share their order (see `transport::fence`).
+    Order,
+    /// Every fence is a quiet towards the PE (waits until everything before it completed).
+    Quiet,
+}
+
 /// The parsed configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -140,6 +151,8 @@ pub struct Config {
     /// write on the copy queue behind the puts (default), or always through the provider's
     /// atomics (`0`).
     pub signal_copy: bool,
+    /// `NVSHMEM_EFA_FENCE`: `order` (default) or `quiet` ([`FenceMode`]).
+    pub fence: FenceMode,
     /// `NVSHMEM_EFA_AMO_KERNEL`: every atomic (fetching or not) to same-host GPU memory as a
     /// one-thread kernel of the library's on a stream ordered after the puts (`1`), or through the
     /// provider's atomics (default). Off by default:
@@ -304,6 +317,7 @@ impl Config {
             copy_kernel: true,
             stage_slots: crate::nvshmem::transport::STAGE_SLOTS_DEFAULT,
             signal_copy: true,
+            fence: FenceMode::Order,
             amo_kernel: false,
             amo_kernel_stuck: Duration::from_millis(10),
             soft_kernel_stuck: Duration::from_millis(2),
@@ -424,6 +438,14 @@ impl Config {
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SIGNAL_COPY")? {
             c.signal_copy = b;
+        }
+        let fences = [
+            ("order", FenceMode::Order),
+            ("", FenceMode::Order),
+            ("quiet", FenceMode::Quiet),
+        ];
+        if let Some(f) = vars.choice("NVSHMEM_EFA_FENCE", &fences, "order or quiet")? {
+            c.fence = f;
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_AMO_KERNEL")? {
             c.amo_kernel = b;
@@ -612,6 +634,19 @@ mod tests {
             assert_eq!(e.var, "NVSHMEM_EFA_SOFT_THREADS", "{bad}");
             assert!(e.to_string().contains("1 to 16"), "{e}");
         }
+    }
+
+    #[test]
+    fn fence_mode() {
+        assert_eq!(
+            cfg(&[]).unwrap().fence,
+            FenceMode::Order,
+            "order by default"
+        );
+        let q = cfg(&[("NVSHMEM_EFA_FENCE", "quiet")]).unwrap();
+        assert_eq!(q.fence, FenceMode::Quiet);
+        let e = cfg(&[("NVSHMEM_EFA_FENCE", "wait")]).unwrap_err();
+        assert_eq!(e.var, "NVSHMEM_EFA_FENCE");
     }
 
     #[test]

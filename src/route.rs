@@ -7,6 +7,7 @@
 //! | [`Route::provider_atomics`]: AMOs by provider atomics (else applied at the target) | `atomics`, `native_atomics`, `NVSHMEM_EFA_ATOMICS` | the transport's AMOs |
 //! | [`Route::ipc`]: same-host GPU memory by CUDA IPC copies | `NVSHMEM_EFA_IPC`, a CUDA driver | the mover |
 //! | [`Route::progress_sleeps`]: the progress thread may back off when idle | `nic`, `manual_progress` | the progress thread |
+//! | [`Route::ordered_fence`]: a fence orders the staged path's messages instead of waiting for them | `sends_in_order` (FI_ORDER_SAS), `NVSHMEM_EFA_FENCE` | the transport's fence and the routes behind it (`transport::fence`) |
 //! | [`Route::gpu_registration`]: GPU memory handed to the provider is registered by dmabuf or by address | `gpu_by_dmabuf`, `NVSHMEM_EFA_DMABUF`, [`Host`] (dmabuf export, nvidia-peermem) | the transport's registration |
 //!
 //! Which of the means a single transfer takes (this PE, a CUDA IPC copy, staged, the provider)
@@ -14,7 +15,7 @@
 //! [`Staging::covers`] is the one staging rule both it and the transport's RMA use.
 use std::fmt;
 
-use crate::config::{AtomicsPath, Config};
+use crate::config::{AtomicsPath, Config, FenceMode};
 use crate::fabric::{Caps, GpuRegistration, Provider};
 use crate::mover::{IpcMode, Policy};
 
@@ -143,6 +144,11 @@ pub struct Route {
     pub copy_overlap: bool,
     /// How GPU memory handed to the provider is registered (where `staging` leaves any to it).
     pub gpu_registration: GpuRegistration,
+    /// A fence orders instead of waiting: the provider delivers sends to a peer in order
+    /// (FI_ORDER_SAS), so a message that carries the fence is applied by its target only after
+    /// everything before it; `NVSHMEM_EFA_FENCE=quiet` (or a provider without that order): every
+    /// fence waits like a quiet towards its PE.
+    pub ordered_fence: bool,
     /// Why the route differs from what the provider's capabilities alone would give (a NIC that
     /// could move GPU memory but cannot register it here, registration by address instead of
     /// dmabuf), for the log.
@@ -233,6 +239,7 @@ impl Route {
             progress_sleeps,
             copy_overlap: cfg.copy_overlap,
             gpu_registration,
+            ordered_fence: cfg.fence == FenceMode::Order && caps.sends_in_order,
             note,
             passed_over: Vec::new(),
             caps,
@@ -452,6 +459,34 @@ mod tests {
         assert!(
             e.0.contains("has no FI_ATOMIC") && e.0.contains("auto, target"),
             "{e}"
+        );
+    }
+
+    /// A fence orders (instead of waiting) where the provider keeps sends in order and the
+    /// configuration leaves it so.
+    #[test]
+    fn ordered_fence() {
+        for (prov, fabric) in [
+            ("tcp;ofi_rxm", "127.0.0.0/8"),
+            ("shm", "shm"),
+            ("efa", "efa"),
+        ] {
+            let r = Route::decide(caps(prov, fabric), &cfg(&[]), &gpu()).unwrap();
+            assert!(r.ordered_fence, "{prov}");
+            let q = cfg(&[("NVSHMEM_EFA_FENCE", "quiet")]);
+            assert!(
+                !Route::decide(caps(prov, fabric), &q, &gpu())
+                    .unwrap()
+                    .ordered_fence
+            );
+        }
+        // efa-direct keeps no send order (EFA_MSG_ORDER is 0): every fence waits.
+        let direct = caps("efa", "efa-direct");
+        assert!(!direct.sends_in_order);
+        assert!(
+            !Route::decide(direct, &cfg(&[]), &gpu())
+                .unwrap()
+                .ordered_fence
         );
     }
 

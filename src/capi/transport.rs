@@ -656,9 +656,11 @@ unsafe extern "C" fn amo<L: Layout, V: VerbArg>(
     })
 }
 
+/// `quiet` or `fence` (`fence`: ordered without a wait where the route allows,
+/// `transport::fence`) towards `pe` on endpoint `ep`; `pe < 0` means every PE.
 fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> c_int {
     with::<L>(name, t, |tr| {
-        // pe < 0 means "all PEs"; a PE out of range is still an error.
+        // A PE out of range is still an error.
         let n = {
             // SAFETY: our struct.
             unsafe { (*(t as *mut L)).tail().n_pes }
@@ -667,7 +669,10 @@ fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> 
             tracing::error!("{name}: PE {pe} out of range (n_pes {n})");
             return INVALID;
         }
-        code(tr.quiet_pe(ep, pe))
+        code(match name {
+            "fence" => tr.fence(ep, pe),
+            _ => tr.quiet_pe(ep, pe),
+        })
     })
 }
 

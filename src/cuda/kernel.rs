@@ -36,8 +36,35 @@ pub const COPY_THREADS: u32 = 256;
 /// parameters every device takes).
 pub const COPY_MAX: usize = 128;
 
-/// Bytes of one copy descriptor: destination, source, length (little-endian u64 each).
+/// Bytes of one copy descriptor: destination, source, length word (little-endian u64 each).
 pub const COPY_DESC_BYTES: usize = 24;
+
+/// Length word flag of a copy descriptor: everything before this descriptor in the launch lands
+/// first, for every observer; the descriptors between two such flags land together (an epoch).
+pub const DESC_FENCE: usize = 1 << 63;
+/// Length word flag of a copy descriptor: an atomic on the 4- or 8-byte word at the destination
+/// instead of a copy; the operand in the source field, the size in bits 0-7, the [`AmoOp`] (not
+/// [`AmoOp::Cas`]) in bits 8-15.
+pub const DESC_AMO: usize = 1 << 62;
+
+/// The bytes a copy descriptor's length word moves (0 for an atomic).
+pub const fn desc_len(word: usize) -> usize {
+    if word & DESC_AMO != 0 {
+        0
+    } else {
+        word & 0xffff_ffff
+    }
+}
+
+/// A descriptor applying `op` with operand `val` to the `size`-byte word at `dst` (no
+/// compare-and-swap: the kernel does not return values).
+pub const fn amo_desc(dst: u64, op: AmoOp, size: u32, val: u64) -> (u64, u64, usize) {
+    (
+        dst,
+        val,
+        DESC_AMO | ((op as usize) << 8) | (size as usize & 0xff),
+    )
+}
 
 // The copy kernel's parameters (slot, count, descriptors) stay within the 4 KiB every device takes.
 const _: () = assert!(8 + 8 + COPY_MAX * COPY_DESC_BYTES <= 4096);
@@ -248,7 +275,9 @@ impl CopyKernel {
         for (d, &(dst, src, len)) in descs.chunks_exact_mut(3).zip(copies) {
             d.copy_from_slice(&[dst, src, len as u64]);
         }
-        let (mut sl, mut n) = (slot, copies.len() as u32);
+        // Bit 31 of the count tells the kernel to look for epochs (DESC_FENCE).
+        let fenced = copies.iter().any(|c| c.2 & DESC_FENCE != 0);
+        let (mut sl, mut n) = (slot, copies.len() as u32 | if fenced { 1 << 31 } else { 0 });
         let mut params: [*mut c_void; 3] = [
             &mut sl as *mut u64 as *mut c_void,
             &mut n as *mut u32 as *mut c_void,
@@ -366,9 +395,21 @@ mod tests {
             ]
         );
         assert!(COPY_PTX.contains(&format!(".reqntid {COPY_THREADS}, 1, 1")));
-        // Eight warps stride over the table; descriptors are three u64 words.
-        assert!(COPY_PTX.contains(&format!("add.u32 \t%r7, %r7, {};", COPY_THREADS / 32)));
-        assert!(COPY_PTX.contains(&format!("mul.wide.u32 \t%rd3, %r7, {COPY_DESC_BYTES};")));
+        // Eight warps stride over each epoch's descriptors; descriptors are three u64 words.
+        assert!(COPY_PTX.contains(&format!("add.u32 \t%r42, %r42, {};", COPY_THREADS / 32)));
+        assert!(COPY_PTX.contains(&format!("mul.wide.u32 \t%rd3, %r42, {COPY_DESC_BYTES};")));
+        // The flags the launch and the descriptors carry are the ones the kernel reads: bit 31 of
+        // the count, bit 63 (FENCE: negative as a signed word) and bit 62 (AMO) of the length.
+        assert!(COPY_PTX.contains("and.b32 \t%r30, %r1, -2147483648;"));
+        assert!(COPY_PTX.contains("setp.lt.s64 \t%p10, %rd17, 0;"));
+        assert!(COPY_PTX.contains("shr.u64 \t%rd18, %rd7, 62;"));
+        assert_eq!((DESC_FENCE, DESC_AMO), (1 << 63, 1 << 62));
+        assert_eq!(desc_len(DESC_FENCE | 4096), 4096);
+        assert_eq!(desc_len(amo_desc(0, AmoOp::Add, 8, 1).2), 0);
+        assert_eq!(
+            amo_desc(0x40, AmoOp::Xor, 4, 9),
+            (0x40, 9, DESC_AMO | 0x304)
+        );
     }
 
     #[test]

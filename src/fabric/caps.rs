@@ -34,6 +34,8 @@ pub struct Answer {
     pub max_msg_size: usize,
     /// Transmit operations default to FI_DELIVERY_COMPLETE.
     pub delivery_complete: bool,
+    /// FI_ORDER_SAS in the answer's transmit and receive `msg_order`.
+    pub sends_in_order: bool,
 }
 
 impl Answer {
@@ -49,6 +51,7 @@ impl Answer {
             inject_size: info.inject_size(),
             max_msg_size: info.max_msg_size(),
             delivery_complete: info.delivery_complete(),
+            sends_in_order: info.sends_in_order(),
         }
     }
 }
@@ -202,6 +205,9 @@ pub struct Caps {
     pub max_msg_size: usize,
     /// Transmit operations complete only once delivered.
     pub delivery_complete: bool,
+    /// Sends to one peer arrive, and complete at the target, in posting order (FI_ORDER_SAS): the
+    /// staged path's messages then carry a fence (`fence`) instead of waiting for it.
+    pub sends_in_order: bool,
 }
 
 impl Caps {
@@ -237,6 +243,7 @@ impl Caps {
             inject_size: a.inject_size,
             max_msg_size: a.max_msg_size,
             delivery_complete: a.delivery_complete,
+            sends_in_order: a.sends_in_order,
         }
     }
 }
@@ -251,7 +258,7 @@ impl fmt::Display for Caps {
             f,
             "{name} ({} / {} / {}): hmem={} nic={} nic_writes_gpu={} atomics={} native_atomics={} \
              per_peer_lanes={} manual_progress={} gda_ops={} gpu_by_dmabuf={} inject={} max_msg={} \
-             delivery_complete={}",
+             delivery_complete={} sends_in_order={}",
             self.prov_name,
             self.fabric_name,
             self.domain_name,
@@ -266,7 +273,8 @@ impl fmt::Display for Caps {
             self.gpu_by_dmabuf,
             self.inject_size,
             self.max_msg_size,
-            self.delivery_complete
+            self.delivery_complete,
+            self.sends_in_order
         )
     }
 }
@@ -287,6 +295,7 @@ pub(crate) mod tests {
             inject_size: 32,
             max_msg_size: 1 << 30,
             delivery_complete: true,
+            sends_in_order: prov != "efa" || fabric != "efa-direct",
         }
     }
 

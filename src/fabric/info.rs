@@ -208,6 +208,18 @@ impl Info {
         unsafe { (*(*self.raw).tx_attr).op_flags & fi::FI_DELIVERY_COMPLETE as u64 != 0 }
     }
 
+    /// Whether sends to one peer are delivered (and their receives completed) in the order they
+    /// were posted: FI_ORDER_SAS in both `tx_attr->msg_order` and `rx_attr->msg_order` of the
+    /// answer (the orderings the endpoint opened from it keeps).
+    pub fn sends_in_order(&self) -> bool {
+        let sas = fi::FI_ORDER_SAS as u64;
+        // SAFETY: tx_attr and rx_attr are always set in a getinfo answer.
+        unsafe {
+            (*(*self.raw).tx_attr).msg_order & sas != 0
+                && (*(*self.raw).rx_attr).msg_order & sas != 0
+        }
+    }
+
     fn get_caps(req: &InfoRequest, atomics: bool, dc: bool) -> Result<Info> {
         Self::get_list(req, atomics, dc, false).map(|mut v| v.remove(0))
     }

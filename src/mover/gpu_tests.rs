@@ -589,6 +589,105 @@ fn the_copy_kernel_moves_a_batch_in_one_launch_and_a_claimed_one_not_at_all() {
     assert_eq!((k.launched, k.applied, k.taken_over), (2, 2, 0));
 }
 
+/// The copy kernel's atomic descriptors and fences on the GPU: an epoch of 96 adds on one word
+/// from every warp (and copies beside them), then (fenced) a copy of that word, which must read
+/// the sum of all 96; the other ops on 4- and 8-byte words; a fenced exchange, then (fenced) its
+/// word copied out.
+#[test]
+fn the_copy_kernel_applies_atomics_and_keeps_its_fences() {
+    use super::kcopy::{Done, KernelCopies};
+    use crate::cuda::kernel::{amo_desc, AmoOp, DESC_FENCE};
+    if !cuda_context() {
+        return;
+    }
+    let kernel = std::sync::Arc::new(
+        crate::cuda::kernel::CopyKernel::load(cuda::current_context()).unwrap(),
+    );
+    let mut k = KernelCopies::<u32>::cuda(kernel, Duration::from_secs(10), Duration::ZERO).unwrap();
+    let len = 64usize << 10;
+    let (src, dst) = (
+        DeviceBuffer::new(len).unwrap(),
+        DeviceBuffer::new(len).unwrap(),
+    );
+    let data = pattern(5, len);
+    h2d(src.ptr(), &data);
+    // Words at 32 KiB: w0 (sum), w1..w4 (and, or, xor, 4-byte add), w5 (exchange); copies out of
+    // w0 and w5 land at 40 KiB and 40 KiB + 8.
+    let w = |i: u64| dst.ptr() + (32 << 10) + i * 8;
+    let mut init = vec![0u8; 48];
+    for (i, v) in [0u64, 0b1100, 0b1100, 0b1100, 10, 7].iter().enumerate() {
+        init[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    h2d(w(0), &init);
+    let mut descs = Vec::new();
+    for i in 0..96u64 {
+        descs.push(amo_desc(w(0), AmoOp::Add, 8, 1));
+        if i % 8 == 0 {
+            descs.push((dst.ptr() + i * 64, src.ptr() + i * 64, 64));
+        }
+    }
+    descs.push(amo_desc(w(1), AmoOp::And, 8, 0b1010));
+    descs.push(amo_desc(w(2), AmoOp::Or, 8, 0b1010));
+    descs.push(amo_desc(w(3), AmoOp::Xor, 8, 0b1010));
+    descs.push(amo_desc(w(4), AmoOp::Add, 4, 0xffff_ffff_0000_0003));
+    let (d, s, word) = (dst.ptr() + (40 << 10), w(0), 8usize);
+    descs.push((d, s, word | DESC_FENCE));
+    let (d, s, word) = amo_desc(w(5), AmoOp::Set, 8, 0x5555);
+    descs.push((d, s, word | DESC_FENCE));
+    descs.push((dst.ptr() + (40 << 10) + 8, w(5), 8 | DESC_FENCE));
+    assert!(
+        descs.len() <= crate::cuda::kernel::COPY_MAX,
+        "{}",
+        descs.len()
+    );
+    let mut out = Vec::new();
+    let t = Instant::now();
+    // SAFETY: both buffers live until the launch is settled below.
+    unsafe { k.launch(&descs, 1, Instant::now()) }.unwrap();
+    while out.is_empty() && t.elapsed() < Duration::from_secs(10) {
+        k.settle(Instant::now(), &mut out);
+    }
+    eprintln!(
+        "a launch of {} descriptors settled in {:?}",
+        descs.len(),
+        t.elapsed()
+    );
+    assert_eq!(out, vec![Done::Applied(0)]);
+    let words = d2h(w(0), 48);
+    let word_at = |i: usize| u64::from_le_bytes(words[i * 8..i * 8 + 8].try_into().unwrap());
+    assert_eq!(word_at(0), 96, "adds lost");
+    assert_eq!(
+        (word_at(1), word_at(2), word_at(3)),
+        (0b1000, 0b1110, 0b0110)
+    );
+    assert_eq!(
+        word_at(4),
+        13,
+        "a 4-byte add takes the operand's low half, and only 4 bytes"
+    );
+    assert_eq!(word_at(5), 0x5555);
+    let copied = d2h(dst.ptr() + (40 << 10), 16);
+    let copied_at = |i: usize| u64::from_le_bytes(copied[i * 8..i * 8 + 8].try_into().unwrap());
+    assert_eq!(
+        copied_at(0),
+        96,
+        "the fenced copy ran before every add of the epoch landed"
+    );
+    assert_eq!(
+        copied_at(1),
+        0x5555,
+        "the fenced copy ran before the exchange"
+    );
+    let got = d2h(dst.ptr(), 96 * 64);
+    for i in (0..96).step_by(8) {
+        assert_eq!(
+            got[i * 64..i * 64 + 64],
+            data[i * 64..i * 64 + 64],
+            "copy {i}"
+        );
+    }
+}
+
 /// Starts the second process ([`ipc_child`]) on descriptor `d` and waits for it to succeed.
 fn run_child(d: &IpcDesc) {
     let hex: String = d.encode().iter().map(|b| format!("{b:02x}")).collect();

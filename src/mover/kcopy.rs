@@ -28,7 +28,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use crate::cuda::kernel::{CopyKernel, COPY_MAX};
+use crate::cuda::kernel::{desc_len, AmoOp, CopyKernel, COPY_MAX, DESC_AMO};
 use crate::cuda::stream::CopyStream;
 use crate::cuda::MappedHostBuffer;
 
@@ -156,8 +156,9 @@ impl Drop for HostLauncher {
     }
 }
 
-/// What `copy.ptx` does, on the host: announce, fence, look at the host's flag; copy every
-/// descriptor and answer [`APPLIED`], or answer [`LEFT`].
+/// What `copy.ptx` does, on the host: announce, fence, look at the host's flag; apply every
+/// descriptor in order (copies, and atomics: [`DESC_AMO`]; on one thread every
+/// [`crate::cuda::kernel::DESC_FENCE`] is kept) and answer [`APPLIED`], or answer [`LEFT`].
 ///
 /// # Safety
 /// `slot` (32 bytes, 8-aligned) is live host memory, and so is every range of `copies`.
@@ -171,12 +172,53 @@ unsafe fn kernel_half(slot: u64, copies: &[(u64, u64, usize)]) {
         word(2).store(LEFT, Ordering::SeqCst);
         return;
     }
-    for &(dst, src, len) in copies {
+    for &(dst, src, word) in copies {
+        if word & DESC_AMO != 0 {
+            // SAFETY: an aligned word of live host memory (contract).
+            unsafe { host_atomic(dst, src, word) };
+            continue;
+        }
+        // One thread applies the descriptors in order: every fence is kept.
         // SAFETY: ranges named by the caller (contract); they may overlap.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, desc_len(word)) };
     }
     fence(Ordering::SeqCst);
     word(2).store(APPLIED, Ordering::SeqCst);
+}
+
+/// An atomic descriptor ([`DESC_AMO`]) applied on the host.
+///
+/// # Safety
+/// `dst` is an aligned 4- or 8-byte word of live host memory.
+unsafe fn host_atomic(dst: u64, val: u64, word: usize) {
+    use std::sync::atomic::AtomicU32;
+    let op = (word >> 8) & 0xff;
+    let ops = [AmoOp::Add, AmoOp::And, AmoOp::Or, AmoOp::Xor, AmoOp::Set];
+    let Some(&op) = ops.iter().find(|o| **o as usize == op) else {
+        return;
+    };
+    if word & 0xff == 4 {
+        // SAFETY: the caller's guarantee; AtomicU32 has u32's layout.
+        let a = unsafe { &*(dst as *const AtomicU32) };
+        let v = val as u32;
+        let _ = match op {
+            AmoOp::Add => a.fetch_add(v, Ordering::SeqCst),
+            AmoOp::And => a.fetch_and(v, Ordering::SeqCst),
+            AmoOp::Or => a.fetch_or(v, Ordering::SeqCst),
+            AmoOp::Xor => a.fetch_xor(v, Ordering::SeqCst),
+            _ => a.swap(v, Ordering::SeqCst),
+        };
+    } else {
+        // SAFETY: as above.
+        let a = unsafe { &*(dst as *const AtomicU64) };
+        let _ = match op {
+            AmoOp::Add => a.fetch_add(val, Ordering::SeqCst),
+            AmoOp::And => a.fetch_and(val, Ordering::SeqCst),
+            AmoOp::Or => a.fetch_or(val, Ordering::SeqCst),
+            AmoOp::Xor => a.fetch_xor(val, Ordering::SeqCst),
+            _ => a.swap(val, Ordering::SeqCst),
+        };
+    }
 }
 
 /// The slots' memory.
@@ -293,8 +335,8 @@ impl<T> KernelCopies<T> {
     pub fn fits(copies: &[(u64, u64, usize)]) -> bool {
         !copies.is_empty()
             && copies.len() <= COPY_MAX
-            && copies.iter().all(|c| c.2 <= MAX_COPY_BYTES)
-            && copies.iter().map(|c| c.2).sum::<usize>() <= MAX_LAUNCH_BYTES
+            && copies.iter().all(|c| desc_len(c.2) <= MAX_COPY_BYTES)
+            && copies.iter().map(|c| desc_len(c.2)).sum::<usize>() <= MAX_LAUNCH_BYTES
     }
 
     /// Launches `copies` as one kernel at time `now`; returns the launch's id, or why not with the
@@ -468,6 +510,47 @@ mod tests {
             })
             .collect();
         (src, dst, copies)
+    }
+
+    /// Atomic descriptors and fences as `copy.ptx` applies them (the host's half: one thread, in
+    /// order): every op on 4- and 8-byte words, copies beside them, the flags' bits kept out of the
+    /// lengths.
+    #[test]
+    fn atomics_and_fences_in_a_launch() {
+        use crate::cuda::kernel::{amo_desc, DESC_FENCE};
+        let mut k = KernelCopies::<u32>::host(Duration::ZERO, Duration::from_secs(5), MS).unwrap();
+        let mut w64 = [10u64, 0b1100, 0b1100, 0b1100, 7];
+        let mut w32 = [10u32, 0b1100, 0b1100, 0b1100, 7];
+        let src = [9u8; 40];
+        let mut dst = [0u8; 40];
+        let ops = [AmoOp::Add, AmoOp::And, AmoOp::Or, AmoOp::Xor, AmoOp::Set];
+        let mut descs: Vec<Copy3> = vec![(dst.as_mut_ptr() as u64, src.as_ptr() as u64, 24)];
+        for (i, op) in ops.iter().enumerate() {
+            descs.push(amo_desc(&mut w64[i] as *mut u64 as u64, *op, 8, 0b1010));
+            let (d, s, w) = amo_desc(
+                &mut w32[i] as *mut u32 as u64,
+                *op,
+                4,
+                0xffff_0000_0000_1010,
+            );
+            descs.push((d, s, w | DESC_FENCE));
+        }
+        descs.push((
+            dst.as_mut_ptr() as u64 + 24,
+            src.as_ptr() as u64,
+            16 | DESC_FENCE,
+        ));
+        assert!(KernelCopies::<u32>::fits(&descs));
+        // SAFETY: every range outlives the launch (settled below, launcher joined at drop).
+        unsafe { k.launch(&descs, 1, Instant::now()) }.unwrap();
+        let mut out = Vec::new();
+        settle_until(&mut k, &mut out, 1, Duration::from_secs(5));
+        assert_eq!(out, vec![Done::Applied(0)]);
+        drop(k);
+        assert_eq!(w64, [20, 0b1000, 0b1110, 0b0110, 0b1010]);
+        // A 4-byte atomic takes the operand's low half.
+        assert_eq!(w32, [0x101a, 0, 0x101c, 0x101c, 0x1010]);
+        assert_eq!(dst, src);
     }
 
     #[test]

@@ -1414,6 +1414,76 @@ static void do_fence(int qp) {
         if (rc) failf("enforce_cst_at_target returned %d", rc);
     }
 }
+/* A stream of fenced signals, as NVSHMEM's proxy issues a device put-with-signal (put; fence;
+ * amo): K rounds of a put into slot r (most of 256 bytes, every 8th of 20 KiB: a chunked put),
+ * fence, non-fetching ADD 1 on a counter at the next PE, nothing waited for until the end. The
+ * target reads its counter while the rounds go on: whenever it reads c, the slots 0..c-1 must hold
+ * their data (each put was fenced before its ADD). Then a quiet. */
+#define FS_ROUNDS 48
+#define FS_STRIDE (20 * KiB)
+static size_t fs_size(int r) { return (r % 8 == 7) ? FS_STRIDE : 256; }
+static void fs_check(const char *what, int src, uint64_t c) {
+    for (uint64_t r = 0; r < c && r < FS_ROUNDS; r++) {
+        size_t first = 0, n = fs_size((int)r);
+        unsigned got = 0, want = 0;
+        size_t bad = check_pattern(g.heap + FENCE_OFF + r * FS_STRIDE, n, src, n, 90 + (uint32_t)r, &first, &got,
+                                   &want);
+        if (bad) {
+            failf("%s: counter from PE %d read %" PRIu64 " but the %zu-byte put of round %" PRIu64
+                  " (fenced before its ADD) has %zu byte(s) missing (first at %zu: got 0x%02x, want 0x%02x)",
+                  what, src, c, n, r, bad, first, got, want);
+            return;
+        }
+    }
+}
+static void do_fence_stream(int qp) {
+    const char *what = qp ? "proxy fence stream" : "fence stream";
+    int me = g.rank, q = (me + 1) % g.np, src = (me - 1 + g.np) % g.np;
+    volatile uint64_t *cnt = (volatile uint64_t *)(g.heap + FLAG_OFF + 128);
+    memset(g.heap + FENCE_OFF, 0, (size_t)FS_ROUNDS * FS_STRIDE);
+    *cnt = 0;
+    for (int r = 0; r < FS_ROUNDS; r++)
+        fill_pattern(g.heap + SRC_OFF + (size_t)r * FS_STRIDE, fs_size(r), me, fs_size(r), 90 + (uint32_t)r);
+    BARRIER_OR_FAIL("before the fence stream");
+    uint64_t seen = 0;
+    for (int r = 0; r < FS_ROUNDS; r++) {
+        harness_rma_memdesc rd = rdesc(q, FENCE_OFF + (size_t)r * FS_STRIDE), l = ldesc(SRC_OFF + (size_t)r * FS_STRIDE);
+        int rc = h_rma(q, HARNESS_OP_PUT, 1, &rd, &l, fs_size(r), 1, 1, 1, qp);
+        if (rc) failf("%s: put %d to PE %d returned %d", what, r, q, rc);
+        rc = h_fence(q, qp);
+        if (rc) failf("%s: fence %d (pe %d) returned %d", what, r, q, rc);
+        harness_amo_memdesc m;
+        memset(&m, 0, sizeof m);
+        m.remote = rdesc(q, FLAG_OFF + 128);
+        m.val = 1;
+        rc = h_amo(q, HARNESS_AMO_ADD, &m, 8, qp, 0);
+        if (rc) failf("%s: ADD %d to PE %d returned %d", what, r, q, rc);
+        uint64_t c = __atomic_load_n(cnt, __ATOMIC_ACQUIRE);
+        if (c != seen) {
+            fs_check(what, src, c);
+            seen = c;
+        }
+    }
+    int64_t deadline = now_ms() + 20000;
+    for (;;) {
+        uint64_t c = __atomic_load_n(cnt, __ATOMIC_ACQUIRE);
+        if (c != seen) {
+            fs_check(what, src, c);
+            seen = c;
+        }
+        if (c >= FS_ROUNDS) break;
+        if (h_progress() || now_ms() > deadline) {
+            failf("%s: counter from PE %d stopped at %" PRIu64 " of %d", what, src, c, FS_ROUNDS);
+            break;
+        }
+        sched_yield();
+    }
+    if (seen != FS_ROUNDS) failf("%s: counter from PE %d ended at %" PRIu64 ", not %d", what, src, seen, FS_ROUNDS);
+    quiet_all(qp, what);
+    BARRIER_OR_FAIL("after the fence stream");
+}
+static void case_fence_stream(void) { do_fence_stream(1); }
+
 static void case_fence_quiet(void) { do_fence(0); }
 static void case_proxy_fence_quiet(void) { do_fence(1); }
 
@@ -2899,6 +2969,7 @@ static const struct case_def CASES[] = {
     {"contention_threads", case_contention_threads, 3, "host thread fetch_adds while a proxy thread adds"},
     {"fence_quiet", case_fence_quiet, 3, "data, fence, flag: data visible when the flag is"},
     {"proxy_fence_quiet", case_proxy_fence_quiet, 3, "the same through the proxy endpoint"},
+    {"fence_stream", case_fence_stream, 3, "K x (put, fence, ADD) unwaited: every put visible when its ADD is"},
     {"put_signal", case_put_signal, 4, "v4 put_signal: data then signal, target polls the signal"},
     {"qp_create", case_qp_create, 4, "v4 nvshmemx_qp_create: second connect_endpoints for QPs"},
     {"progress_info", case_progress_info, 3, "progress, show_info, idle quiet and fence"},

@@ -7,8 +7,8 @@ use super::endpoints::{Claim, EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_SLOT_SEND};
 use super::memory::{copy_any, copy_many, is_device, write_any};
 use super::rma::Transfer;
 use super::wire::{
-    mergeable_answer, parse_records, resp_multi, resp_tokens, AM_PUT_MULTI, AM_RESP_MULTI,
-    COALESCE_MAX, RESP_TOKENS,
+    mergeable_answer, resp_multi, resp_tokens, AM_PUT_MULTI, AM_RESP_MULTI, COALESCE_MAX,
+    RESP_TOKENS,
 };
 use super::wire::{
     AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
@@ -267,8 +267,10 @@ impl Transport {
                     tracing::error!("coalesced puts from PE {src_pe} dropped");
                     return;
                 };
-                // SAFETY: the payload lies inside the receive slot (length checked above).
-                let bytes = unsafe { std::slice::from_raw_parts(payload, m.size as usize) };
+                // SAFETY: the payload lies inside the receive slot (length checked above), which is
+                // this handler's until it is posted again (AMO records' data is rewritten in it).
+                let bytes =
+                    unsafe { std::slice::from_raw_parts_mut(payload as *mut u8, m.size as usize) };
                 let stats = self.mover.stats();
                 let t = stats.start();
                 let mut amos = amos;
@@ -364,74 +366,6 @@ impl Transport {
             }
             k => tracing::error!("endpoint {i}: unknown AM kind {k}"),
         }
-    }
-
-    /// Applies the records of a coalesced put message (`count` announced) from PE `src_pe`, in
-    /// order: puts into GPU memory as one batch with one wait (flushed before each AMO record),
-    /// puts into host memory at once, non-fetching AMOs as target-applied AMOs.
-    /// Returns the status to answer with (the first failure's; the other records still land).
-    fn apply_records(
-        &self,
-        e: &super::endpoints::EpState,
-        payload: &[u8],
-        count: u32,
-        src_pe: i64,
-        mut amos: Option<&mut super::amo::AmoBatch<'_>>,
-    ) -> i32 {
-        let recs = match parse_records(payload, count) {
-            Ok(r) => r,
-            Err(err) => {
-                tracing::error!("coalesced puts from PE {src_pe}: {err}; none applied");
-                return abi::status::INVALID_VALUE;
-            }
-        };
-        let mut status = 0;
-        let mut device: Vec<(u64, u64, usize)> = Vec::new();
-        let flush = |device: &mut Vec<(u64, u64, usize)>, status: &mut i32| {
-            if !device.is_empty() {
-                // One launch of the copy kernel where the endpoint has it (`kstage`); every
-                // destination here was found registered as GPU memory.
-                if let Err(err) = self.copy_in_now(e, device, true) {
-                    tracing::error!("staged put from PE {src_pe}: {}", err.message);
-                    *status = err.status;
-                }
-                device.clear();
-            }
-        };
-        for (addr, off, len, flags) in recs {
-            if flags == super::wire::REC_AMO {
-                // After every put before it in the message (the GPU ones land first).
-                flush(&mut device, &mut status);
-                let (op, size, val) = super::wire::read_amo_record(&payload[off..off + len]);
-                let batch = amos.as_deref_mut();
-                if let Err(err) = self.apply_local_amo(op, size, addr, val, 0, batch) {
-                    tracing::error!("AMO from PE {src_pe}: {}", err.message);
-                    status = err.status;
-                }
-                continue;
-            }
-            let src = payload[off..off + len].as_ptr();
-            match self.find_registration(addr, len as u64) {
-                None => {
-                    tracing::error!(
-                        "staged put from PE {src_pe}: {addr:#x}+{len} is not registered here"
-                    );
-                    status = abi::status::INVALID_VALUE;
-                }
-                Some(r) if r.device => device.push((addr, src as u64, len)),
-                Some(_) => {
-                    // Host copies land now; GPU copies after them: records to the same address
-                    // in one message keep their order only within a kind (NVSHMEM orders puts by
-                    // fence or quiet, not among themselves).
-                    if let Err(err) = copy_any(addr as *mut u8, src, len) {
-                        tracing::error!("staged put from PE {src_pe}: {}", err.message);
-                        status = err.status;
-                    }
-                }
-            }
-        }
-        flush(&mut device, &mut status);
-        status
     }
 
     /// Copies `len` bytes to `dst` from `src` when `[addr, addr+len)` (the side in this PE's

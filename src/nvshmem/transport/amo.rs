@@ -6,6 +6,7 @@ use std::time::Instant;
 use super::abi::{self, amo, AmoMemdesc, MemHandle, RmaMemdesc};
 use super::endpoints::TAG_AM_RECV;
 use super::endpoints::{EpState, OpRoute, TAG_AM_SEND};
+use super::fence::Via;
 use super::memory::is_device;
 use super::provider_ops::{provider_op, ProviderAmo};
 use super::rails::RailAmo;
@@ -239,6 +240,9 @@ impl Transport {
                 .map_err(|e| internal(format!("amo to PE {pe} by kernel: {e}")))?;
             match launch {
                 Launch::Launched => {
+                    // A fence owed is kept: the launch waited for every earlier operation to the
+                    // PE (above) and follows the copy queue.
+                    self.fence_gate(c, ep, pe as usize, Via::KernelAmo)?;
                     tracing::trace!("amo op {opc} of {size} bytes to PE {pe}: kernel on lane {ep}");
                     return Ok(true);
                 }
@@ -366,6 +370,9 @@ impl Transport {
         }
         .map_err(|e| internal(format!("signal to PE {pe} through CUDA IPC: {e}")))?;
         if done {
+            // A fence owed is kept: nothing to the PE was outstanding but the copy queue, which
+            // orders the signal after its copies.
+            self.fence_gate(c, ep, pe as usize, Via::CopyQueue)?;
             tracing::trace!("signal of {size} bytes to PE {pe}: enqueued on copy queue {ep}");
         }
         Ok(done)
@@ -385,6 +392,7 @@ impl Transport {
         size: u64,
         ep: usize,
     ) -> TResult<()> {
+        self.fence_gate(c, ep, pe as usize, Via::Other)?;
         let dest = c.addr(pe, ep);
         let e = &c.eps[ep];
         let fetch = opc > amo::END_OF_NONFETCH;
@@ -483,6 +491,8 @@ impl Transport {
         size: u64,
         ep: usize,
     ) -> TResult<()> {
+        // An AMO request is posted at once, past staged messages still in the outbox.
+        self.fence_gate(c, ep, pe as usize, Via::Other)?;
         let e = &c.eps[ep];
         let retptr = if opc > amo::END_OF_NONFETCH {
             t.retptr as u64
@@ -625,6 +635,13 @@ pub(super) struct AmoBatch<'a> {
     pub(super) answers: Vec<(crate::fabric::FiAddr, u64, u64, i32)>,
 }
 
+impl AmoBatch<'_> {
+    /// Whether the batch holds the `size`-byte word at `addr`.
+    pub(super) fn holds(&self, addr: u64, size: u32) -> bool {
+        self.words.iter().any(|w| w.0 == addr && w.1 == size)
+    }
+}
+
 impl Transport {
     /// Reads the words that the AMO requests among the completions `ents` of endpoint `i` target
     /// (GPU words with one batch of copies); `None` when there is no AMO request among them, or the
@@ -692,29 +709,36 @@ impl Transport {
         })
     }
 
-    /// Writes back the words of batch `b` that changed (one batch of copies), then queues its
-    /// answers on endpoint `i`; a failed write fails the answers of the AMOs it carried.
-    pub(super) fn amo_batch_end(&self, c: &Connected, i: usize, b: AmoBatch<'_>) {
-        let e = &c.eps[i];
-        for w in b.words.iter().filter(|w| w.3 && !w.4) {
+    /// Writes back the words of batch `b` that changed (GPU words: one batch of copies, waited
+    /// for) and marks them written; the batch stays open (a fence inside a message needs what came
+    /// before it in place).
+    pub(super) fn amo_batch_write_back(&self, b: &mut AmoBatch<'_>) -> TResult<()> {
+        for w in b.words.iter_mut().filter(|w| w.3 && !w.4) {
             store_host_word(w.0, w.1, w.2);
+            w.3 = false;
         }
-        let changed: Vec<(u64, u32, u64)> = b
+        let copies: Vec<(u64, u64, usize)> = b
             .words
             .iter()
             .filter(|w| w.3 && w.4)
-            .map(|w| (w.0, w.1, w.2))
+            .map(|w| (w.0, &w.2 as *const u64 as u64, w.1 as usize))
             .collect();
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let written = super::memory::copy_many(&copies, true);
+        b.words.iter_mut().for_each(|w| w.3 = false);
+        written
+    }
+
+    /// Writes back the words of batch `b` that changed (one batch of copies), then queues its
+    /// answers on endpoint `i`; a failed write fails the answers of the AMOs it carried.
+    pub(super) fn amo_batch_end(&self, c: &Connected, i: usize, mut b: AmoBatch<'_>) {
+        let e = &c.eps[i];
         let mut status = 0;
-        if !changed.is_empty() {
-            let copies: Vec<(u64, u64, usize)> = changed
-                .iter()
-                .map(|w| (w.0, &w.2 as *const u64 as u64, w.1 as usize))
-                .collect();
-            if let Err(err) = super::memory::copy_many(&copies, true) {
-                tracing::error!("endpoint {i}: AMO results not written: {}", err.message);
-                status = err.status;
-            }
+        if let Err(err) = self.amo_batch_write_back(&mut b) {
+            tracing::error!("endpoint {i}: AMO results not written: {}", err.message);
+            status = err.status;
         }
         let AmoBatch { _lock, answers, .. } = b;
         drop(_lock);
@@ -725,7 +749,7 @@ impl Transport {
 }
 
 /// Reads an aligned host word (4 or 8 bytes) of a registration atomically.
-fn load_host_word(addr: u64, size: u32) -> u64 {
+pub(super) fn load_host_word(addr: u64, size: u32) -> u64 {
     // SAFETY: an aligned word inside a registration of this process (checked by the caller).
     unsafe {
         if size == 4 {
@@ -738,7 +762,7 @@ fn load_host_word(addr: u64, size: u32) -> u64 {
 
 /// Writes an aligned host word (4 or 8 bytes) of a registration atomically, so that concurrent CPU
 /// readers never see a torn value.
-fn store_host_word(addr: u64, size: u32, v: u64) {
+pub(super) fn store_host_word(addr: u64, size: u32, v: u64) {
     // SAFETY: as for load_host_word.
     unsafe {
         if size == 4 {

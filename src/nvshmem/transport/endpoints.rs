@@ -245,6 +245,9 @@ impl EpState {
             }
             if let Some(a) = pe.and_then(|p| self.peer.get(p)) {
                 a.submitted.fetch_sub(1, Ordering::AcqRel);
+                if self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP) {
+                    a.raw_out.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             self.submitted.fetch_sub(1, Ordering::AcqRel);
         }
@@ -289,6 +292,9 @@ impl EpState {
             // SAFETY: own context's scratch word.
             unsafe { *s.add(SCRATCH_PEER) = pe as u64 + 1 };
             a.submitted.fetch_add(1, Ordering::AcqRel);
+            if self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP) {
+                a.raw_out.fetch_add(1, Ordering::AcqRel);
+            }
             a.outstanding.lock().insert(token);
         }
         token
@@ -345,6 +351,9 @@ impl EpState {
             },
         }
         if let Some(a) = pe.and_then(|p| self.peer.get(p)) {
+            if self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP) {
+                a.raw_out.fetch_sub(1, Ordering::AcqRel);
+            }
             a.completed.fetch_add(1, Ordering::AcqRel);
         }
         self.completed.fetch_add(1, Ordering::AcqRel);

@@ -74,7 +74,10 @@ impl KStage {
 
     /// Whether `copies` go through the kernel: one launch's worth of small copies.
     pub(super) fn fits(copies: &[Copy3]) -> bool {
-        KernelCopies::<()>::fits(copies) && copies.iter().all(|c| c.2 <= KERNEL_COPY_MAX)
+        KernelCopies::<()>::fits(copies)
+            && copies
+                .iter()
+                .all(|c| cuda::kernel::desc_len(c.2) <= KERNEL_COPY_MAX)
     }
 
     /// Launches `copies`; `None` when they go the copy engine's way (do not fit, held after a

@@ -44,8 +44,10 @@
 
 mod am;
 mod amo;
+mod apply;
 mod endpoints;
 mod error;
+mod fence;
 mod gda_link;
 mod group;
 mod kstage;

@@ -4,8 +4,9 @@
 //! one peer share a message ([`AM_PUT_MULTI`]): one send, one answer, one copy mark for many.
 //!
 //! Order: an endpoint's messages leave in queue order per peer; a put that is not coalesced
-//! closes its peer's open message first, and quiet (and so fence) closes every open message
-//! before it waits, so a fence orders what came before it.
+//! closes its peer's open message first, and quiet closes every open message before it waits. A
+//! fence owed to the peer (`fence`) is carried by the next record (`REC_FENCED`, and `AM_FENCED`
+//! on its message) or put chunk (`AM_FENCED`), which the target applies after everything before.
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,11 +16,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::abi::amo;
+use super::fence::Via;
 use super::kstage::{Copy3, Outcome};
 use super::rma::Transfer;
 use super::wire::{
     put_chunk, put_chunks, record_bytes, write_amo_record, write_record, AmMsg, AMO_RECORD,
-    AM_BYTES, AM_MAGIC, AM_PUT, AM_PUT_MULTI, AM_TRACED, PUT_RECORD, STAGE_CHUNK,
+    AM_BYTES, AM_FENCED, AM_MAGIC, AM_PUT, AM_PUT_MULTI, AM_TRACED, PUT_RECORD, STAGE_CHUNK,
 };
 use super::{internal, Connected, TResult, Transport};
 use crate::cuda;
@@ -61,6 +63,11 @@ struct Open {
     /// The CUDA context whose copy stream carries those copies.
     cuda_ctx: usize,
     traced: bool,
+    /// Some record carries a fence (`REC_FENCED`): the header says so (`AM_FENCED`).
+    fenced: bool,
+    /// Some record is a signal: someone waits for it, so the message closes as soon as nothing
+    /// else to the peer is outstanding ([`Transport::close_all`]), not after [`OPEN_FOR`].
+    urgent: bool,
 }
 
 /// A message whose payload is (being) copied into its send slot.
@@ -111,23 +118,35 @@ impl Transport {
     ) -> TResult<()> {
         let (pe, ep, len) = (t.pe as usize, t.ep, t.len as usize);
         let traced = self.mover.stats().sample(t.len);
-        self.append_record(c, ep, pe, record_bytes(len), traced, |buf, defer| {
-            write_record(buf, t.remote, len as u32);
-            let dst = buf[PUT_RECORD..].as_mut_ptr();
-            // Deferred to one kernel launch when the source is GPU memory registered here (this
-            // PE's GPU: the kernel addresses it; other device memory goes to the copy engine).
-            if kernel_ok && defer {
-                return Ok(Rec::Deferred((dst as u64, t.local, len)));
-            }
-            self.copy_out(dst, t.local, len, device)?;
-            Ok(if device { Rec::Enqueued } else { Rec::Placed })
-        })
+        let fenced = self.fence_gate(c, ep, pe, Via::Message)?;
+        self.append_record(
+            c,
+            ep,
+            pe,
+            record_bytes(len),
+            traced,
+            fenced,
+            |buf, defer| {
+                write_record(buf, t.remote, len as u32, fenced);
+                let dst = buf[PUT_RECORD..].as_mut_ptr();
+                // Deferred to one kernel launch when the source is GPU memory registered here (this
+                // PE's GPU: the kernel addresses it; other device memory goes to the copy engine).
+                if kernel_ok && defer {
+                    return Ok(Rec::Deferred((dst as u64, t.local, len)));
+                }
+                self.copy_out(dst, t.local, len, device)?;
+                Ok(if device { Rec::Enqueued } else { Rec::Placed })
+            },
+        )
     }
 
     /// A non-fetching AMO (`op` on the `size`-byte word at `addr` of PE `pe`, operand `val`)
-    /// carried as a record of its peer's open message: applied by the target after the puts before
-    /// it in the message, answered with the message. A signal closes the message at once (someone
-    /// waits for it); other AMOs leave with the message.
+    /// carried as a record of its peer's open message: applied by the target with the message,
+    /// after every record before a fence it carries; answered with the message. A signal closes
+    /// the message at once when nothing else to the peer is outstanding (someone waits for it);
+    /// else the message fills until an answer comes back, as Nagle's rule has a TCP segment wait
+    /// (a stream of signals then shares messages: one batch of AMO words at the target for many);
+    /// other AMOs leave with the message.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_amo(
         &self,
@@ -139,21 +158,54 @@ impl Transport {
         val: u64,
         size: u32,
     ) -> TResult<()> {
-        self.append_record(c, ep, pe, record_bytes(AMO_RECORD), false, |buf, _| {
-            write_amo_record(buf, addr, op, size, val);
-            Ok(Rec::Placed)
-        })?;
+        let fenced = self.fence_gate(c, ep, pe, Via::Message)?;
+        self.append_record(
+            c,
+            ep,
+            pe,
+            record_bytes(AMO_RECORD),
+            false,
+            fenced,
+            |buf, _| {
+                write_amo_record(buf, addr, op, size, val, fenced);
+                Ok(Rec::Placed)
+            },
+        )?;
         if matches!(op, amo::SIGNAL | amo::SIGNAL_SET | amo::SIGNAL_ADD) {
-            self.close_peer(c, ep, pe);
-            self.post_staged(c, ep);
+            if self.only_open_outstanding(c, ep, pe) {
+                self.close_peer(c, ep, pe);
+                self.post_staged(c, ep);
+            } else {
+                self.mark_urgent(c, ep, pe);
+            }
         }
         Ok(())
+    }
+
+    /// Whether the only operation to `pe` outstanding on endpoint `ep` is its open message (whose
+    /// waiting context counts as one).
+    fn only_open_outstanding(&self, c: &Connected, ep: usize, pe: usize) -> bool {
+        let a = &c.eps[ep].peer[pe];
+        let completed = a.completed.load(Ordering::Acquire);
+        let out = a
+            .submitted
+            .load(Ordering::Acquire)
+            .saturating_sub(completed);
+        out <= 1 && a.backlogged.load(Ordering::Acquire) == 0
+    }
+
+    /// Marks peer `pe`'s open message as holding a signal (see `Open::urgent`).
+    fn mark_urgent(&self, c: &Connected, ep: usize, pe: usize) {
+        if let Some(Some(o)) = c.eps[ep].outbox.open.lock().get_mut(pe) {
+            o.urgent = true;
+        }
     }
 
     /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
     /// a send slot and a waiting context when there is none or it is full); `fill` writes it
     /// (told whether a copy out of GPU memory is to be deferred to the message's close) and says
-    /// what it did about the payload.
+    /// what it did about the payload. `fenced`: the record carries a fence (so does the message).
+    #[allow(clippy::too_many_arguments)]
     fn append_record(
         &self,
         c: &Connected,
@@ -161,6 +213,7 @@ impl Transport {
         pe: usize,
         need: usize,
         traced: bool,
+        fenced: bool,
         fill: impl FnOnce(&mut [u8], bool) -> TResult<Rec>,
     ) -> TResult<()> {
         let e = &c.eps[ep];
@@ -199,6 +252,7 @@ impl Transport {
                             }
                         }
                         o.traced |= traced;
+                        o.fenced |= fenced;
                         return Ok(());
                     }
                 }
@@ -228,6 +282,8 @@ impl Transport {
                 deferred: e.kstage.lock().is_some().then(Vec::new),
                 cuda_ctx: 0,
                 traced: false,
+                fenced: false,
+                urgent: false,
             };
             let mut open = e.outbox.open.lock();
             if open.len() <= pe {
@@ -305,9 +361,12 @@ impl Transport {
             let taken: Vec<(usize, Open)> = open
                 .iter_mut()
                 .enumerate()
-                .filter(|(_, o)| {
-                    o.as_ref()
-                        .is_some_and(|o| !stale_only || o.since.elapsed() >= OPEN_FOR)
+                .filter(|(pe, o)| {
+                    o.as_ref().is_some_and(|o| {
+                        !stale_only
+                            || o.since.elapsed() >= OPEN_FOR
+                            || (o.urgent && self.only_open_outstanding(c, ep, *pe))
+                    })
                 })
                 .filter_map(|(pe, o)| o.take().map(|o| (pe, o)))
                 .collect();
@@ -329,7 +388,7 @@ impl Transport {
             size: o.used as u32,
             addr: 0,
             val: c.my_pe as u64,
-            reserved: if o.traced { AM_TRACED } else { 0 },
+            reserved: if o.traced { AM_TRACED } else { 0 } | if o.fenced { AM_FENCED } else { 0 },
             ..Default::default()
         };
         let msgs = vec![(o.slot, hdr, o.wait)];
@@ -564,8 +623,9 @@ impl Transport {
         let e = &c.eps[ep];
         let stats = self.mover.stats();
         let traced = stats.sample(len);
-        // Earlier small puts to this peer leave first.
+        // Earlier small puts to this peer leave first; the first chunk carries a fence owed.
         self.close_peer(c, ep, pe);
+        let mut fenced = self.fence_gate(c, ep, pe, Via::Message)?;
         let mut off = 0u64;
         while off < len {
             let chunks_left = put_chunks(len - off);
@@ -608,7 +668,12 @@ impl Transport {
                     size: n as u32,
                     addr: t.remote + off,
                     val: c.my_pe as u64,
-                    reserved: if traced { AM_TRACED } else { 0 },
+                    reserved: if traced { AM_TRACED } else { 0 }
+                        | if std::mem::take(&mut fenced) {
+                            AM_FENCED
+                        } else {
+                            0
+                        },
                     ..Default::default()
                 };
                 msgs.push((slot, hdr, wait));

@@ -201,6 +201,12 @@ pub(super) struct PeerAcct {
     pub backlog: Mutex<VecDeque<Deferred>>,
     /// Entries in `backlog` (read without the lock).
     pub backlogged: AtomicUsize,
+    /// Provider operations (RMA, atomics: `TAG_OP`) to the peer not yet completed: nothing orders
+    /// them with the messages after them, so a fence waits for them (`fence`).
+    pub raw_out: AtomicU64,
+    /// A fence owed to the operations after it (`fence::FENCE_*` bits), taken by the next put or
+    /// AMO to the peer (`Transport::fence_gate`).
+    pub fence: AtomicU8,
 }
 
 impl PeerAcct {

@@ -9,6 +9,7 @@ use super::am::Landed;
 use super::endpoints::{
     EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_AM_WAIT, TAG_OP, TAG_PROBE, TAG_SLOT_SEND,
 };
+use super::wire::{AmMsg, AM_FENCED, AM_MAGIC};
 use super::{Connected, Transport};
 use crate::cuda;
 use crate::fabric::CqEntry;
@@ -128,19 +129,10 @@ impl Transport {
             match e.cq.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    // The copies into GPU memory that this batch's staged messages carry go as
-                    // one submission with one wait, before the messages are handled.
-                    let copied = self.copy_in_batch(c, i, &buf[..n]);
-                    // Likewise the AMOs into GPU memory: their words read once, written once.
-                    let mut amos = self.amo_batch(c, i, &buf[..n]);
-                    for (k, ent) in buf[..n].iter().enumerate() {
-                        if self.claimed(e, ent.op_context) {
-                            let (ctx, len) = (ent.op_context, ent.len);
-                            self.complete_copied(c, i, ctx, len, None, copied[k], amos.as_mut());
-                        }
-                    }
-                    if let Some(b) = amos {
-                        self.amo_batch_end(c, i, b);
+                    // A message that carries a fence is applied after everything before it in
+                    // full: it starts a segment of its own.
+                    for (start, end) in fence_segments(n, |k| self.carries_fence(e, &buf[k])) {
+                        self.complete_segment(c, i, &buf[start..end]);
                     }
                     handled += n;
                 }
@@ -159,6 +151,40 @@ impl Transport {
             }
         }
         handled
+    }
+
+    /// Handles completions `ents` read from endpoint `i`'s CQ together. The copies into GPU memory
+    /// that their staged messages carry go as one submission with one wait, before the messages
+    /// are handled; likewise the AMOs into GPU memory: their words read once, written once.
+    fn complete_segment(&self, c: &Connected, i: usize, ents: &[CqEntry]) {
+        let e = &c.eps[i];
+        let copied = self.copy_in_batch(c, i, ents);
+        let mut amos = self.amo_batch(c, i, ents);
+        for (k, ent) in ents.iter().enumerate() {
+            if self.claimed(e, ent.op_context) {
+                let (ctx, len) = (ent.op_context, ent.len);
+                self.complete_copied(c, i, ctx, len, None, copied[k], amos.as_mut());
+            }
+        }
+        if let Some(b) = amos {
+            self.amo_batch_end(c, i, b);
+        }
+    }
+
+    /// Whether completion `ent` is a received message that carries a fence (`AM_FENCED`).
+    fn carries_fence(&self, e: &EpState, ent: &CqEntry) -> bool {
+        let Some((TAG_AM_RECV, slot)) = e.ctxs.get(ent.op_context) else {
+            return false;
+        };
+        let Some(base) = e.am_buf(slot as usize) else {
+            return false;
+        };
+        if ent.len < std::mem::size_of::<AmMsg>() {
+            return false;
+        }
+        // SAFETY: the receive completed, so the provider is done writing the slot.
+        let m: AmMsg = unsafe { std::ptr::read_unaligned(base as *const AmMsg) };
+        m.magic == AM_MAGIC && m.reserved & AM_FENCED != 0
     }
 
     /// Whether a completion read from the CQ is to be handled: with lanes, a transmit whose lane
@@ -329,9 +355,32 @@ impl Transport {
     }
 }
 
+/// The segments `[start, end)` of `n` completions that are handled together: a completion for
+/// which `fenced` holds starts a segment (everything before it is applied in full first).
+fn fence_segments(n: usize, fenced: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let end = (start + 1..n).find(|&k| fenced(k)).unwrap_or(n);
+        out.push((start, end));
+        start = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_that_carries_a_fence_starts_a_segment() {
+        let at = |f: &'static [usize]| move |k: usize| f.contains(&k);
+        assert_eq!(fence_segments(6, at(&[])), [(0, 6)]);
+        assert_eq!(fence_segments(6, at(&[2, 3])), [(0, 2), (2, 3), (3, 6)]);
+        // The first one needs no split (the CQ reads before it were handled in full).
+        assert_eq!(fence_segments(3, at(&[0, 2])), [(0, 2), (2, 3)]);
+        assert_eq!(fence_segments(0, at(&[0])), []);
+    }
 
     #[test]
     fn panic_messages_are_read_from_both_payload_kinds() {

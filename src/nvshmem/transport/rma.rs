@@ -14,9 +14,11 @@ use crate::route::Staging;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::fence::Via;
 use super::group::{Group, GroupScope};
 use super::{internal, invalid, Connected, TResult, Transport};
 use crate::mover::Kind;
+use std::sync::atomic::Ordering;
 
 pub(super) const BOUNCE_BYTES: usize = 4 << 20;
 
@@ -286,6 +288,10 @@ impl Transport {
             tracing::trace!("{what} of {len} bytes with PE {pe}: staged");
             return self.staged(c, &x.resolved(laddr, raddr));
         }
+        // The provider's way: a fence owed to the PE waits for everything before it.
+        if is_put {
+            self.fence_gate(c, ep, pe as usize, Via::Other)?;
+        }
         if len as usize > self.info.max_msg_size() {
             // Split into provider-sized pieces.
             let chunk = self.info.max_msg_size() as u64;
@@ -381,9 +387,19 @@ impl Transport {
             None if is_device(ld.ptr) => (Kind::Device, false),
             None => (Kind::Host, false),
         };
+        // A fence owed to the PE: the messages before it are applied first (a put only: a fence
+        // does not order gets). Put back if the copy queue does not take the put after all.
+        let owed = if is_put {
+            let c = self.conn()?;
+            let owed = c.eps[ep].peer[pe as usize].fence.load(Ordering::Acquire);
+            self.fence_gate(c, ep, pe as usize, Via::CopyQueue)?;
+            owed
+        } else {
+            0
+        };
         // SAFETY: NVSHMEM keeps registered local buffers valid until quiet (nbi) or until rma
         // returns (blocking: rma quiets first); unregistered ones are taken before this returns.
-        unsafe {
+        let done = unsafe {
             self.mover.transfer(
                 ep,
                 pe,
@@ -396,7 +412,14 @@ impl Transport {
                 len,
             )
         }
-        .map_err(|e| internal(format!("{what} to PE {pe} through CUDA IPC: {e}")))
+        .map_err(|e| internal(format!("{what} to PE {pe} through CUDA IPC: {e}")))?;
+        if !done && owed != 0 {
+            let c = self.conn()?;
+            c.eps[ep].peer[pe as usize]
+                .fence
+                .fetch_or(owed, Ordering::AcqRel);
+        }
+        Ok(done)
     }
 
     /// Local memory that no registration covers (a P's stack value, a host buffer of the host API):

@@ -84,6 +84,11 @@ pub(super) const AM_GET_DATA: u32 = 5;
 /// `AmMsg::reserved` bit: the chunk belongs to an operation on the debug timeline (echoed in the
 /// response, so both PEs log the same chunk).
 pub(super) const AM_TRACED: u32 = 1;
+/// `AmMsg::reserved` bit: the message carries a fence (it is a put chunk or AMO request issued
+/// after a fence, or some record of it is [`REC_FENCED`]). The target applies it only after every
+/// message it received before it from the same endpoint (sends arrive in order: FI_ORDER_SAS) is
+/// applied in full (docs/ordering.md, "fence").
+pub(super) const AM_FENCED: u32 = 2;
 /// The sender (PE in `val`) finalizes: operations to it from now on fail at once.
 pub(super) const AM_GOODBYE: u32 = 6;
 /// Probe of a transmit lane (sender PE in `val`, sequence number in `token`): answered by AM_PONG
@@ -139,11 +144,14 @@ pub(super) fn mergeable_answer(m: &AmMsg) -> bool {
 }
 
 /// Bytes of a coalesced put's record header: the target address (u64), the length (u32), the
-/// record's flags (u32: 0, or [`REC_AMO`]).
+/// record's flags (u32: [`REC_AMO`], [`REC_FENCED`], both or none).
 pub(super) const PUT_RECORD: usize = 16;
 /// Record flag: a non-fetching AMO on the word at the record's address; its [`AMO_RECORD`] data
 /// bytes are the op (i32), the operand size (u32) and the operand (u64).
 pub(super) const REC_AMO: u32 = 1;
+/// Record flag: the record was issued after a fence: the target applies it only after every record
+/// before it in the message (and every message before this one: [`AM_FENCED`]) is applied in full.
+pub(super) const REC_FENCED: u32 = 2;
 /// Data bytes of an AMO record.
 pub(super) const AMO_RECORD: usize = 16;
 /// The largest put that is coalesced with others ([`AM_PUT_MULTI`]); larger ones go in chunks of
@@ -157,8 +165,8 @@ pub(super) const fn record_bytes(len: usize) -> usize {
 
 /// Writes the header of a record for `len` bytes at `addr` at the start of `buf` (which holds
 /// [`record_bytes`]`(len)` bytes at least); the data goes at `PUT_RECORD`.
-pub(super) fn write_record(buf: &mut [u8], addr: u64, len: u32) {
-    write_record_flagged(buf, addr, len, 0);
+pub(super) fn write_record(buf: &mut [u8], addr: u64, len: u32, fenced: bool) {
+    write_record_flagged(buf, addr, len, if fenced { REC_FENCED } else { 0 });
 }
 
 fn write_record_flagged(buf: &mut [u8], addr: u64, len: u32, flags: u32) {
@@ -168,9 +176,17 @@ fn write_record_flagged(buf: &mut [u8], addr: u64, len: u32, flags: u32) {
 }
 
 /// Writes a whole AMO record (header and data) at the start of `buf` (which holds
-/// [`record_bytes`]`(AMO_RECORD)` bytes at least).
-pub(super) fn write_amo_record(buf: &mut [u8], addr: u64, op: i32, size: u32, val: u64) {
-    write_record_flagged(buf, addr, AMO_RECORD as u32, REC_AMO);
+/// [`record_bytes`]`(AMO_RECORD)` bytes at least); `fenced`: [`REC_FENCED`].
+pub(super) fn write_amo_record(
+    buf: &mut [u8],
+    addr: u64,
+    op: i32,
+    size: u32,
+    val: u64,
+    fenced: bool,
+) {
+    let fence = if fenced { REC_FENCED } else { 0 };
+    write_record_flagged(buf, addr, AMO_RECORD as u32, REC_AMO | fence);
     let d = &mut buf[PUT_RECORD..PUT_RECORD + AMO_RECORD];
     d[0..4].copy_from_slice(&op.to_le_bytes());
     d[4..8].copy_from_slice(&size.to_le_bytes());
@@ -202,7 +218,7 @@ pub(super) fn parse_records(
         let addr = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
         let flags = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
-        if flags & !REC_AMO != 0 || (flags == REC_AMO && len != AMO_RECORD) {
+        if flags & !(REC_AMO | REC_FENCED) != 0 || (flags & REC_AMO != 0 && len != AMO_RECORD) {
             return Err(format!(
                 "record {} at byte {at}: flags {flags:#x} with {len} bytes",
                 out.len()
@@ -349,7 +365,7 @@ mod tests {
         let mut buf = vec![0u8; 256];
         let mut at = 0;
         for (addr, data) in puts {
-            write_record(&mut buf[at..], addr, data.len() as u32);
+            write_record(&mut buf[at..], addr, data.len() as u32, addr == 0x2004);
             buf[at + PUT_RECORD..at + PUT_RECORD + data.len()].copy_from_slice(data);
             at += record_bytes(data.len());
         }
@@ -357,17 +373,22 @@ mod tests {
         let recs = parse_records(&buf[..at], 3).unwrap();
         assert_eq!(recs.len(), 3);
         for ((addr, off, len, flags), (want_addr, data)) in recs.iter().zip(puts) {
-            assert_eq!((*addr, *len, *flags), (want_addr, data.len(), 0));
+            let fenced = if want_addr == 0x2004 { REC_FENCED } else { 0 };
+            assert_eq!((*addr, *len, *flags), (want_addr, data.len(), fenced));
             assert_eq!(&buf[*off..*off + *len], data);
         }
         // An AMO record after them round-trips; unknown flags and a wrong AMO length are refused.
-        write_amo_record(&mut buf[at..], 0x4000, 9, 8, 0x55);
+        write_amo_record(&mut buf[at..], 0x4000, 9, 8, 0x55, false);
         let with_amo = at + record_bytes(AMO_RECORD);
         let recs = parse_records(&buf[..with_amo], 4).unwrap();
         let (addr, off, len, flags) = recs[3];
         assert_eq!((addr, len, flags), (0x4000, AMO_RECORD, REC_AMO));
         assert_eq!(read_amo_record(&buf[off..off + len]), (9, 8, 0x55));
-        buf[at + 12] = 2;
+        // A fenced AMO record keeps both flags.
+        write_amo_record(&mut buf[at..], 0x4000, 9, 8, 0x55, true);
+        let recs = parse_records(&buf[..with_amo], 4).unwrap();
+        assert_eq!(recs[3].3, REC_AMO | REC_FENCED);
+        buf[at + 12] = 4;
         assert!(parse_records(&buf[..with_amo], 4)
             .unwrap_err()
             .contains("flags"));
@@ -384,7 +405,7 @@ mod tests {
             .unwrap_err()
             .contains("record 0"));
         let mut zero = vec![0u8; 16];
-        write_record(&mut zero, 0x1000, 0);
+        write_record(&mut zero, 0x1000, 0, false);
         assert!(parse_records(&zero, 1).is_err());
         // A full message of 8-byte puts: thousands per 64 KiB message.
         assert_eq!(STAGE_CHUNK / record_bytes(8), 2728);
