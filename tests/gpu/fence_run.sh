@@ -7,7 +7,6 @@
 #   order   this build, fences ordered (default)
 #   quiet   this build, NVSHMEM_EFA_FENCE=quiet (every fence a quiet towards its PE)
 #   before  the build before both changes (a library directory given as BEFORE_DIR)
-# The first variant also logs the library's stage times (nvshmem_efa_gda::stages=debug).
 # One GPU: both PEs under CUDA MPS (tests/gpu/mps.sh); two GPUs: one PE per GPU.
 #
 # Step tests first: the mover's GPU tests of the copy kernel (copies, and the atomics and fences the
@@ -57,7 +56,6 @@ run() {
     local -a vars=(STREAM_EXTRA="--ops $OPS")
     d=$OUT/$step-$v-$rep
     case $v in
-    order) vars+=(NVSHMEM_EFA_LOG=nvshmem_efa_gda=warn,nvshmem_efa_gda::stages=debug) ;;
     quiet) vars+=(NVSHMEM_EFA_FENCE=quiet) ;;
     before) vars+=(STREAM_PLUGIN_DIR="$BEFORE_DIR") ;;
     esac

@@ -199,10 +199,9 @@ impl Transport {
         recs: &[Rec],
         amos: Option<&AmoBatch<'_>>,
     ) -> usize {
-        let mut ks = e.kstage.lock();
-        let Some(ks) = ks.as_mut() else {
+        if e.kstage.lock().is_none() {
             return 0;
-        };
+        }
         let base = payload.as_ptr() as u64;
         let mut descs: Vec<Copy3> = Vec::with_capacity(recs.len());
         let mut any_amo = false;
@@ -246,8 +245,13 @@ impl Transport {
             }
             descs.push((addr, base + off as u64, len | fence));
         }
-        // Target-applied AMOs are serialised under one lock (the batch holds it already).
+        // Target-applied AMOs are serialised under one lock (the batch holds it already). The AMO
+        // lock is taken before the launches' (the order of the CQ batch and `copy_in_now`).
         let _lock = (any_amo && amos.is_none()).then(|| self.am_lock.lock());
+        let mut ks = e.kstage.lock();
+        let Some(ks) = ks.as_mut() else {
+            return 0;
+        };
         let mut done = 0;
         while done < descs.len() {
             let mut n = 0;

@@ -157,4 +157,12 @@ impl Transport {
             }
         }
     }
+
+    /// Owes peer `pe` the fence again: the message that was to carry it was not queued (an error
+    /// the caller returns), so the next one carries it.
+    pub(super) fn fence_owed_again(&self, c: &Connected, ep: usize, pe: usize) {
+        if let Some(a) = c.eps[ep].peer.get(pe) {
+            a.fence.fetch_or(FENCE_MSG, Ordering::AcqRel);
+        }
+    }
 }

@@ -204,9 +204,28 @@ impl Transport {
     /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
     /// a send slot and a waiting context when there is none or it is full); `fill` writes it
     /// (told whether a copy out of GPU memory is to be deferred to the message's close) and says
-    /// what it did about the payload. `fenced`: the record carries a fence (so does the message).
+    /// what it did about the payload. `fenced`: the record carries a fence (so does the message);
+    /// owed again when the record is not placed.
     #[allow(clippy::too_many_arguments)]
     fn append_record(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        need: usize,
+        traced: bool,
+        fenced: bool,
+        fill: impl FnOnce(&mut [u8], bool) -> TResult<Rec>,
+    ) -> TResult<()> {
+        let r = self.place_record(c, ep, pe, need, traced, fenced, fill);
+        if r.is_err() && fenced {
+            self.fence_owed_again(c, ep, pe);
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn place_record(
         &self,
         c: &Connected,
         ep: usize,
@@ -627,66 +646,74 @@ impl Transport {
         self.close_peer(c, ep, pe);
         let mut fenced = self.fence_gate(c, ep, pe, Via::Message)?;
         let mut off = 0u64;
-        while off < len {
-            let chunks_left = put_chunks(len - off);
-            let t0 = stats.start();
-            let mut slots = vec![self.alloc_slot(c, ep, pe)?];
-            stats.record(Stage::SlotWait, t0, 0);
-            {
-                let mut free = e.send_free.lock();
-                while slots.len() < chunks_left {
-                    match free.pop() {
-                        Some(s) => slots.push(s),
-                        None => break,
+        let mut chunks = || -> TResult<()> {
+            while off < len {
+                let chunks_left = put_chunks(len - off);
+                let t0 = stats.start();
+                let mut slots = vec![self.alloc_slot(c, ep, pe)?];
+                stats.record(Stage::SlotWait, t0, 0);
+                {
+                    let mut free = e.send_free.lock();
+                    while slots.len() < chunks_left {
+                        match free.pop() {
+                            Some(s) => slots.push(s),
+                            None => break,
+                        }
                     }
                 }
-            }
-            let mut msgs: Vec<(usize, AmMsg, u64)> = Vec::with_capacity(slots.len());
-            let mut result = Ok(());
-            for (k, &slot) in slots.iter().enumerate() {
-                let n = put_chunk(len - off);
-                let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
-                    Ok((_, token)) => token,
-                    Err(err) => {
+                let mut msgs: Vec<(usize, AmMsg, u64)> = Vec::with_capacity(slots.len());
+                let mut result = Ok(());
+                for (k, &slot) in slots.iter().enumerate() {
+                    let n = put_chunk(len - off);
+                    let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
+                        Ok((_, token)) => token,
+                        Err(err) => {
+                            e.send_free.lock().extend(slots[k..].iter().copied());
+                            result = Err(err);
+                            break;
+                        }
+                    };
+                    // SAFETY: the slot's payload area holds STAGE_MAX >= n bytes.
+                    let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
+                    if let Err(err) = self.copy_out(sp, t.local + off, n as usize, device) {
                         e.send_free.lock().extend(slots[k..].iter().copied());
+                        e.uncount(wait);
                         result = Err(err);
                         break;
                     }
-                };
-                // SAFETY: the slot's payload area holds STAGE_MAX >= n bytes.
-                let sp = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
-                if let Err(err) = self.copy_out(sp, t.local + off, n as usize, device) {
-                    e.send_free.lock().extend(slots[k..].iter().copied());
-                    e.uncount(wait);
-                    result = Err(err);
-                    break;
+                    let hdr = AmMsg {
+                        magic: AM_MAGIC,
+                        kind: AM_PUT,
+                        token: wait,
+                        size: n as u32,
+                        addr: t.remote + off,
+                        val: c.my_pe as u64,
+                        reserved: if traced { AM_TRACED } else { 0 }
+                            | if std::mem::take(&mut fenced) {
+                                AM_FENCED
+                            } else {
+                                0
+                            },
+                        ..Default::default()
+                    };
+                    msgs.push((slot, hdr, wait));
+                    off += n;
                 }
-                let hdr = AmMsg {
-                    magic: AM_MAGIC,
-                    kind: AM_PUT,
-                    token: wait,
-                    size: n as u32,
-                    addr: t.remote + off,
-                    val: c.my_pe as u64,
-                    reserved: if traced { AM_TRACED } else { 0 }
-                        | if std::mem::take(&mut fenced) {
-                            AM_FENCED
-                        } else {
-                            0
-                        },
-                    ..Default::default()
-                };
-                msgs.push((slot, hdr, wait));
-                off += n;
+                // What was copied in goes (its copies are enqueued); an error stops the rest.
+                if !msgs.is_empty() {
+                    let ctx = device.then(cuda::current_context);
+                    self.enqueue_ready(c, ep, pe, msgs, ctx, traced);
+                }
+                self.post_staged(c, ep);
+                result?;
             }
-            // What was copied in goes (its copies are enqueued); an error stops the rest.
-            if !msgs.is_empty() {
-                let ctx = device.then(cuda::current_context);
-                self.enqueue_ready(c, ep, pe, msgs, ctx, traced);
-            }
-            self.post_staged(c, ep);
-            result?;
+            Ok(())
+        };
+        let r = chunks();
+        if r.is_err() && fenced {
+            // The first chunk, which was to carry the fence, was not queued.
+            self.fence_owed_again(c, ep, pe);
         }
-        Ok(())
+        r
     }
 }
