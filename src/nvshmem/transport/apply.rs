@@ -157,28 +157,12 @@ impl Transport {
                 }
                 // A word of the CQ read's batch, or one refused here with its reason.
                 let batch = amos.as_deref_mut();
-                batch_dirty |= batch.as_ref().is_some_and(|b| b.holds(addr, size));
-                if let Err(err) = self.apply_local_amo(op, size, addr, val, 0, batch) {
-                    tracing::error!("AMO from PE {src_pe}: {}", err.message);
-                    status = err.status;
-                }
+                batch_dirty |=
+                    self.amo_record_alone(op, size, addr, val, batch, src_pe, &mut status);
                 continue;
             }
-            match self.find_registration(addr, len as u64) {
-                None => {
-                    tracing::error!(
-                        "staged put from PE {src_pe}: {addr:#x}+{len} is not registered here"
-                    );
-                    status = abi::status::INVALID_VALUE;
-                }
-                Some(r) if r.device => device.push((addr, base + off as u64, len)),
-                Some(_) => {
-                    if let Err(err) = copy_any(addr as *mut u8, payload[off..].as_ptr(), len) {
-                        tracing::error!("staged put from PE {src_pe}: {}", err.message);
-                        status = err.status;
-                    }
-                }
-            }
+            let src = base + off as u64;
+            self.land_put(addr, src, len, src_pe, &mut device, &mut status);
         }
         self.flush_epoch(e, payload, &mut words, &mut device, src_pe, &mut status);
         status
@@ -276,6 +260,55 @@ impl Transport {
         done
     }
 
+    /// A put record of `len` bytes from `src` (in the receive buffer) to `addr`: GPU memory joins
+    /// `device` (landed with its epoch), host memory is written at once; unregistered: refused.
+    fn land_put(
+        &self,
+        addr: u64,
+        src: u64,
+        len: usize,
+        src_pe: i64,
+        device: &mut Vec<Copy3>,
+        status: &mut i32,
+    ) {
+        match self.find_registration(addr, len as u64) {
+            None => {
+                tracing::error!(
+                    "staged put from PE {src_pe}: {addr:#x}+{len} is not registered here"
+                );
+                *status = abi::status::INVALID_VALUE;
+            }
+            Some(r) if r.device => device.push((addr, src, len)),
+            Some(_) => {
+                if let Err(err) = copy_any(addr as *mut u8, src as *const u8, len) {
+                    tracing::error!("staged put from PE {src_pe}: {}", err.message);
+                    *status = err.status;
+                }
+            }
+        }
+    }
+
+    /// An AMO record applied on its own (into the CQ read's batch `batch` when it holds the word);
+    /// returns whether it changed the batch (written back before a fence).
+    #[allow(clippy::too_many_arguments)]
+    fn amo_record_alone(
+        &self,
+        op: i32,
+        size: u32,
+        addr: u64,
+        val: u64,
+        batch: Option<&mut AmoBatch<'_>>,
+        src_pe: i64,
+        status: &mut i32,
+    ) -> bool {
+        let in_batch = batch.as_ref().is_some_and(|b| b.holds(addr, size));
+        if let Err(err) = self.apply_local_amo(op, size, addr, val, 0, batch) {
+            tracing::error!("AMO from PE {src_pe}: {}", err.message);
+            *status = err.status;
+        }
+        in_batch
+    }
+
     /// Lands an epoch: the new values of the AMO words it changed (GPU words through the
     /// payload, with the puts), the puts into GPU memory as one copy, waited for.
     fn flush_epoch(
@@ -338,11 +371,8 @@ impl Transport {
                 flush(&mut device, &mut status);
                 let (op, size, val) = read_amo_record(&payload[off..off + len]);
                 let batch = amos.as_deref_mut();
-                batch_dirty |= batch.as_ref().is_some_and(|b| b.holds(addr, size));
-                if let Err(err) = self.apply_local_amo(op, size, addr, val, 0, batch) {
-                    tracing::error!("AMO from PE {src_pe}: {}", err.message);
-                    status = err.status;
-                }
+                batch_dirty |=
+                    self.amo_record_alone(op, size, addr, val, batch, src_pe, &mut status);
                 continue;
             }
             if flags & REC_FENCED != 0 {
@@ -357,21 +387,7 @@ impl Transport {
                 }
             }
             let src = payload[off..off + len].as_ptr();
-            match self.find_registration(addr, len as u64) {
-                None => {
-                    tracing::error!(
-                        "staged put from PE {src_pe}: {addr:#x}+{len} is not registered here"
-                    );
-                    status = abi::status::INVALID_VALUE;
-                }
-                Some(r) if r.device => device.push((addr, src as u64, len)),
-                Some(_) => {
-                    if let Err(err) = copy_any(addr as *mut u8, src, len) {
-                        tracing::error!("staged put from PE {src_pe}: {}", err.message);
-                        status = err.status;
-                    }
-                }
-            }
+            self.land_put(addr, src as u64, len, src_pe, &mut device, &mut status);
         }
         flush(&mut device, &mut status);
         status
