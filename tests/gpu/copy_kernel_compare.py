@@ -16,7 +16,22 @@ import os
 import re
 import sys
 
+from stream_compare import library_rows
+
 NAME = re.compile(r"^(c\d+)-(same|two)-(kernel|engine)(?:-([\w-]+))?\.csv$")
+
+
+# The columns kept from each run's stream-compare.csv, in order (None: optional, as written).
+COLS = [
+    ("layout", str),
+    ("op", str),
+    ("blocks", int),
+    ("size_bytes", int),
+    ("library_gbps", float),
+    ("library_mops", float),
+    ("fabric_gbps", None),
+    ("null_mops", None),
+]
 
 
 def load(folder):
@@ -26,25 +41,7 @@ def load(folder):
         if not m:
             continue
         call, layout, variant, tag = m.groups()
-        with open(os.path.join(folder, f), newline="") as fh:
-            for r in csv.DictReader(fh):
-                if not r.get("library_mops"):
-                    continue
-                rows.append(
-                    {
-                        "call": call,
-                        "tag": tag or "",
-                        "variant": variant,
-                        "layout": r["layout"],
-                        "op": r["op"],
-                        "blocks": int(r["blocks"]),
-                        "size_bytes": int(r["size_bytes"]),
-                        "library_gbps": float(r["library_gbps"]),
-                        "library_mops": float(r["library_mops"]),
-                        "fabric_gbps": r.get("fabric_gbps", ""),
-                        "null_mops": r.get("null_mops", ""),
-                    }
-                )
+        rows += library_rows(os.path.join(folder, f), COLS, call=call, tag=tag or "", variant=variant)
     return rows
 
 

@@ -15,8 +15,25 @@ import os
 import re
 import sys
 
+from stream_compare import library_rows
+
 NAME = re.compile(r"^(same|two)-(order|quiet|before)-(\d+)$")
 VARIANTS = ("before", "quiet", "order")
+
+
+# The columns kept from each run's stream-compare.csv, in order (None: optional, as written).
+COLS = [
+    ("layout", str),
+    ("provider", str),
+    ("op", str),
+    ("blocks", int),
+    ("size_bytes", int),
+    ("window", str),
+    ("library_gbps", float),
+    ("library_mops", float),
+    ("library_usec_per_op", None),
+    ("verified", None),
+]
 
 
 def load(folder):
@@ -27,26 +44,7 @@ def load(folder):
         if not m or not os.path.isfile(f):
             continue
         _, variant, rep = m.groups()
-        with open(f, newline="") as fh:
-            for r in csv.DictReader(fh):
-                if not r.get("library_mops"):
-                    continue
-                rows.append(
-                    {
-                        "variant": variant,
-                        "rep": int(rep),
-                        "layout": r["layout"],
-                        "provider": r["provider"],
-                        "op": r["op"],
-                        "blocks": int(r["blocks"]),
-                        "size_bytes": int(r["size_bytes"]),
-                        "window": r["window"],
-                        "library_gbps": float(r["library_gbps"]),
-                        "library_mops": float(r["library_mops"]),
-                        "library_usec_per_op": r.get("library_usec_per_op", ""),
-                        "verified": r.get("verified", ""),
-                    }
-                )
+        rows += library_rows(f, COLS, variant=variant, rep=int(rep))
     return rows
 
 

@@ -42,6 +42,22 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def library_rows(path, cols, **labels):
+    """The rows of stream-compare.csv `path` that carry the library's figures, each a dict of
+    `labels` first, then `cols` in order ((name, type): the column converted by `type`, which the
+    file must have; type None: as written, "" when the file lacks it). The comparison scripts of the GPU runners
+    (copy_kernel_compare.py, fence_compare.py) read their runs with it."""
+    rows = []
+    for r in read_csv(path):
+        if not r.get("library_mops"):
+            continue
+        row = dict(labels)
+        for name, typ in cols:
+            row[name] = r.get(name, "") if typ is None else typ(r[name])
+        rows.append(row)
+    return rows
+
+
 def load(d):
     stream = {}  # (layout, kind) -> {(op, blocks, size): row}; provider per (layout, kind)
     provider = {}
