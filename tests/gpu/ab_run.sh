@@ -61,14 +61,9 @@ for p in $AB_PLUGINS; do
     [ -f "$d/nvshmem_transport_libfabric.so.3" ] || { echo "ab_run.sh: $d has no nvshmem_transport_libfabric.so.3" >&2; exit 2; }
     names+=("$n") dirs+=("$(cd "$d" && pwd)")
 done
-OUT=${OUT:-$PWD/ab-out}
-mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-summary=$OUT/summary.txt
-: >"$summary"
-say() { echo "[ab_run] $*" | tee -a "$summary"; }
-T0=$SECONDS
-left() { echo $((budget - (SECONDS - T0))); }
-want() { [[ ",$steps," == *",$1,"* ]]; }
+# shellcheck source=tests/gpu/runner.sh
+source "$here/runner.sh"
+runner_init ab_run "$PWD/ab-out"
 status=0
 say "node: $(nproc) CPUs, cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none), clock source $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null || echo unknown), load $(cut -d' ' -f1-3 /proc/loadavg)"
 # run NAME LIMIT CMD...: runs when LIMIT seconds are left, bounded by LIMIT.
@@ -94,7 +89,7 @@ if want count; then
     for k in "${!names[@]}"; do
         run "count-${names[$k]}" 100 env GDA_BENCH_SETS=count "${gda[@]}" --plugin-dir "${dirs[$k]}" \
             --out "$OUT/count-${names[$k]}"
-        grep -h "gda-count" "$OUT/count-${names[$k]}/bench-count.log" 2>/dev/null | sed 's/^/    /' | tee -a "$summary"
+        grep -h "gda-count" "$OUT/count-${names[$k]}/bench-count.log" 2>/dev/null | sed 's/^/    /' | tee -a "$SUM"
     done
 fi
 if want countvar; then
@@ -107,7 +102,7 @@ if want countvar; then
             NVSHMEM_EFA_LOG="nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug" "${vars[@]}" \
             "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/countvar-$vn"
         grep -h "gda-count" "$OUT/countvar-$vn/bench-count.log" 2>/dev/null | sed -n '1p;6p;14p' |
-            sed "s/^/    $vn /" | tee -a "$summary"
+            sed "s/^/    $vn /" | tee -a "$SUM"
     done
 fi
 if want exchange; then
@@ -132,11 +127,11 @@ if want exchange; then
                     NVSHMEM_EFA_LOG="${AB_EXCHANGE_LOG:-nvshmem_efa_gda=info,nvshmem_efa_gda::gda::softq=debug}" "${trace[@]}" "${vars[@]}" \
                     "${gda[@]}" --plugin-dir "${dirs[$k]}" --out "$OUT/exchange-$tag"
                 grep -h "gda-exchange\|FAIL" "$OUT/exchange-$tag/bench-exchange.log" 2>/dev/null | grep -v "^gda_bench" |
-                    sed "s/^/    $tag /" | tee -a "$summary"
+                    sed "s/^/    $tag /" | tee -a "$SUM"
                 tfiles=("$OUT/exchange-$tag"/trace.pe*.t0.csv)
                 if [ ${#trace[@]} -gt 0 ] && [ -f "${tfiles[0]}" ]; then
                     python3 tests/bench/softq_trace.py "${tfiles[@]}" >"$OUT/exchange-$tag/trace.txt" 2>&1
-                    sed -n '/^timeline/q;p' "$OUT/exchange-$tag/trace.txt" | sed "s/^/    $tag /" | tee -a "$summary"
+                    sed -n '/^timeline/q;p' "$OUT/exchange-$tag/trace.txt" | sed "s/^/    $tag /" | tee -a "$SUM"
                 fi
             done
         done
@@ -146,26 +141,26 @@ if want gdatests; then
     run "gdatests-${names[0]}" 150 bash tests/gpu_gda/run.sh --bin-dir "$BINS_GDA" --no-sanitizer --no-bench \
         --plugin-dir "${dirs[0]}" --out "$OUT/gdatests-${names[0]}"
     grep -hE "^(PASS|FAIL)|RESULT|cases passed" "$OUT/gdatests-${names[0]}.console.txt" 2>/dev/null | tail -n 20 |
-        sed 's/^/    /' | tee -a "$summary"
+        sed 's/^/    /' | tee -a "$SUM"
 fi
 if want same; then
     for k in "${!names[@]}"; do
         run "same-${names[$k]}" 75 env STREAM_PLUGIN_DIR="${dirs[$k]}" OUT="$OUT/same-${names[$k]}" \
             bash tests/gpu/stream_run.sh --quick --only same --budget 65
-        grep -hE "^    (put|get) " "$OUT/same-${names[$k]}.console.txt" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
+        grep -hE "^    (put|get) " "$OUT/same-${names[$k]}.console.txt" 2>/dev/null | sed 's/^/  /' | tee -a "$SUM"
     done
 fi
 if want threads; then
     run "threads-${names[0]}" 150 env GDA_BENCH_SETS=sweep GDA_SWEEP_THREADS="1 4" GDA_SWEEP_QUEUES=64 \
         GDA_SWEEP=66x8 "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/threads-${names[0]}"
-    cat "$OUT/threads-${names[0]}/bench-sweep.csv" 2>/dev/null | sed 's/^/    /' | tee -a "$summary"
+    cat "$OUT/threads-${names[0]}/bench-sweep.csv" 2>/dev/null | sed 's/^/    /' | tee -a "$SUM"
 fi
 if want two; then
     run "two-${names[0]}" 200 env STREAM_PLUGIN_DIR="${dirs[0]}" OUT="$OUT/two-${names[0]}" \
         NVSHMEM_EFA_LOG="nvshmem_efa_gda=warn,nvshmem_efa_gda::mover=debug,nvshmem_efa_gda::stages=debug" \
         bash tests/gpu/stream_run.sh --only two,twonull,fabric --budget 190
     grep -hE "^    (put|get|amo|put_signal) |two-host" "$OUT/two-${names[0]}.console.txt" 2>/dev/null | head -60 |
-        sed 's/^/  /' | tee -a "$summary"
+        sed 's/^/  /' | tee -a "$SUM"
 fi
 say "done in $((SECONDS - T0)) s"
 exit $status

@@ -34,21 +34,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-OUT=${OUT:-$PWD/copy-kernel-out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-SUM=$OUT/summary.txt
-: >"$SUM"
-T0=$SECONDS
-left() { echo $((budget - (SECONDS - T0))); }
-want() { [[ ",$steps," == *",$1,"* ]]; }
-say() { echo "[copy_kernel_run] $*" | tee -a "$SUM"; }
-fits() {
-    if [ "$(left)" -lt "$2" ]; then
-        say "SKIPPED $1: needs $2 s, $(left) s left"
-        return 1
-    fi
-}
+# shellcheck source=tests/gpu/runner.sh
+source tests/gpu/runner.sh
+runner_init copy_kernel_run "$PWD/copy-kernel-out"
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 LIBFABRIC_HOME=${LIBFABRIC_HOME:-$PWD/.gpu/libfabric}
 say "start $(date -u +%FT%TZ) on $(uname -n), budget $budget s, steps $steps"

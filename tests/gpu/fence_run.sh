@@ -31,15 +31,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-OUT=${OUT:-$PWD/fence-out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-SUM=$OUT/summary.txt
-: >"$SUM"
-T0=$SECONDS
-left() { echo $((budget - (SECONDS - T0))); }
-want() { [[ ",$steps," == *",$1,"* ]]; }
-say() { echo "[fence_run] $*" | tee -a "$SUM"; }
+# shellcheck source=tests/gpu/runner.sh
+source tests/gpu/runner.sh
+runner_init fence_run "$PWD/fence-out"
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 BEFORE_DIR=${BEFORE_DIR:-$PWD/.gpu/plugin-b4fence/lib}
 OPS=${FENCE_OPS:-put_signal,amo,signal,put}
@@ -59,10 +53,7 @@ run() {
     quiet) vars+=(NVSHMEM_EFA_FENCE=quiet) ;;
     before) vars+=(STREAM_PLUGIN_DIR="$BEFORE_DIR") ;;
     esac
-    if [ "$(left)" -lt $((vbudget + 3)) ]; then
-        say "SKIPPED $layout $v (rep $rep): needs $((vbudget + 3)) s, $(left) s left"
-        return
-    fi
+    fits "$layout $v (rep $rep)" $((vbudget + 3)) || return
     env "${vars[@]}" OUT="$d" bash tests/gpu/stream_run.sh --quick --only "$only" --budget "$vbudget" \
         >"$d.log" 2>&1
     say "$layout, $v, rep $rep: exit status $? ($((SECONDS - T0)) s)"
