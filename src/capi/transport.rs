@@ -656,9 +656,15 @@ unsafe extern "C" fn amo<L: Layout, V: VerbArg>(
     })
 }
 
-/// `quiet` or `fence` (`fence`: ordered without a wait where the route allows,
-/// `transport::fence`) towards `pe` on endpoint `ep`; `pe < 0` means every PE.
-fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> c_int {
+/// `quiet` or `fence` (named `name`; `op` is the transport's, given `ep` and `pe`) towards `pe`
+/// on endpoint `ep`; `pe < 0` means every PE.
+fn quiet_common<L: Layout>(
+    name: &str,
+    t: *mut c_void,
+    pe: c_int,
+    ep: usize,
+    op: impl FnOnce(&Plugin, usize, i32) -> crate::nvshmem::transport::TResult<()>,
+) -> c_int {
     with::<L>(name, t, |tr| {
         // A PE out of range is still an error.
         let n = {
@@ -669,15 +675,17 @@ fn quiet_common<L: Layout>(name: &str, t: *mut c_void, pe: c_int, ep: usize) -> 
             tracing::error!("{name}: PE {pe} out of range (n_pes {n})");
             return INVALID;
         }
-        code(match name {
-            "fence" => tr.fence(ep, pe),
-            _ => tr.quiet_pe(ep, pe),
-        })
+        code(op(tr, ep, pe))
     })
 }
 
+/// `fence`: ordered without a wait where the route allows (`transport::fence`).
+fn fence_common<L: Layout>(t: *mut c_void, pe: c_int, ep: usize) -> c_int {
+    quiet_common::<L>("fence", t, pe, ep, |tr, ep, pe| tr.fence(ep, pe))
+}
+
 unsafe extern "C" fn fence_v3<L: Layout>(t: *mut c_void, pe: c_int, is_proxy: c_int) -> c_int {
-    quiet_common::<L>("fence", t, pe, L::endpoint(is_proxy))
+    fence_common::<L>(t, pe, L::endpoint(is_proxy))
 }
 
 unsafe extern "C" fn fence_qp<L: Layout>(
@@ -686,11 +694,13 @@ unsafe extern "C" fn fence_qp<L: Layout>(
     qp: c_int,
     _is_multi: c_int,
 ) -> c_int {
-    quiet_common::<L>("fence", t, pe, L::endpoint(qp))
+    fence_common::<L>(t, pe, L::endpoint(qp))
 }
 
 unsafe extern "C" fn quiet<L: Layout>(t: *mut c_void, pe: c_int, ep: c_int) -> c_int {
-    quiet_common::<L>("quiet", t, pe, L::endpoint(ep))
+    quiet_common::<L>("quiet", t, pe, L::endpoint(ep), |tr, ep, pe| {
+        tr.quiet_pe(ep, pe)
+    })
 }
 
 /// `put_signal` (ABI 4 on). A signal is a `uint64_t` word: a float flag on its verb (ABI 6 on) is
