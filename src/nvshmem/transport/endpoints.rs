@@ -16,7 +16,6 @@ use super::wire::{
     staging_window, AmMsg, Pending, AM_MAGIC, AM_RESP, AM_TRACED, RESP_PUT, STAGE_BYTES,
 };
 use super::{internal, invalid, Allgather, Connected, TResult, Transport, TransportError, NUM_EPS};
-use crate::config::GdaMode;
 use crate::cuda;
 use crate::fabric::{
     flags, AddressVector, CompletionQueue, Domain, Endpoint, FiAddr, MemKind, MemoryRegion,
@@ -245,7 +244,7 @@ impl EpState {
             }
             if let Some(a) = pe.and_then(|p| self.peer.get(p)) {
                 a.submitted.fetch_sub(1, Ordering::AcqRel);
-                if self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP) {
+                if self.is_op(ctx) {
                     a.raw_out.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -263,6 +262,12 @@ impl EpState {
                 self.ctxs.free(ctx);
             }
         }
+    }
+
+    /// Whether `ctx` is a provider operation (`TAG_OP`: RMA or atomic), which a peer's `raw_out`
+    /// counts.
+    fn is_op(&self, ctx: *mut c_void) -> bool {
+        self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP)
     }
 
     /// The target PE of a counted context.
@@ -292,7 +297,7 @@ impl EpState {
             // SAFETY: own context's scratch word.
             unsafe { *s.add(SCRATCH_PEER) = pe as u64 + 1 };
             a.submitted.fetch_add(1, Ordering::AcqRel);
-            if self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP) {
+            if self.is_op(ctx) {
                 a.raw_out.fetch_add(1, Ordering::AcqRel);
             }
             a.outstanding.lock().insert(token);
@@ -351,7 +356,7 @@ impl EpState {
             },
         }
         if let Some(a) = pe.and_then(|p| self.peer.get(p)) {
-            if self.ctxs.get(ctx).map(|(t, _)| t) == Some(TAG_OP) {
+            if self.is_op(ctx) {
                 a.raw_out.fetch_sub(1, Ordering::AcqRel);
             }
             a.completed.fetch_add(1, Ordering::AcqRel);
@@ -754,59 +759,6 @@ impl Transport {
         );
         self.setup_gda(my_pe, n_pes, allgather);
         Ok(())
-    }
-
-    pub(super) fn setup_gda(&self, my_pe: i32, n_pes: i32, allgather: &Allgather<'_>) {
-        if self.cfg.gda == GdaMode::Off {
-            return;
-        }
-        // Every PE takes part in the exchange even if its own GDA init failed (empty name), so the
-        // collective never hangs; a PE then simply has no GDA.
-        let local = match self.gda.init(&self.domain, &self.cfg) {
-            Ok(mode) => {
-                tracing::info!("GDA initialised on its own endpoint (mode {mode})");
-                let pm = super::gda_link::peer_memory(&self.mover);
-                if let Err(e) = self.gda.with(|g| g.set_peer_memory(Some(pm))) {
-                    tracing::warn!("GDA: same-host copies not available to the queue: {e}");
-                }
-                self.gda.with(|g| g.address()).unwrap_or_default()
-            }
-            Err(e) => {
-                if self.cfg.gda == GdaMode::Hw {
-                    tracing::error!("NVSHMEM_EFA_GDA=hw: {e}");
-                } else {
-                    tracing::warn!("GDA unavailable: {e}");
-                }
-                Vec::new()
-            }
-        };
-        let mut len = [0u8; 8];
-        let mut lens = vec![0u8; 8 * n_pes as usize];
-        len.copy_from_slice(&(local.len() as u64).to_le_bytes());
-        if allgather(&len, &mut lens).is_err() {
-            tracing::warn!("GDA address size exchange failed");
-            return;
-        }
-        // n_pes > 0 (checked by connect), so both bounds come from real sizes.
-        let (min, max) = lens
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
-            .fold((usize::MAX, 0), |(lo, hi), n| (lo.min(n), hi.max(n)));
-        if max == 0 {
-            return;
-        }
-        let mut mine = local.clone();
-        mine.resize(max, 0);
-        let mut all = vec![0u8; max * n_pes as usize];
-        if allgather(&mine, &mut all).is_err() || min != max {
-            tracing::warn!("GDA address exchange failed or some PE has no GDA: GDA disabled");
-            self.gda.shutdown();
-            return;
-        }
-        if let Err(e) = self.gda.with(|g| g.connect(my_pe, n_pes, &all, None)) {
-            tracing::warn!("GDA connect failed: {e}");
-            self.gda.shutdown();
-        }
     }
 
     /// Runs `take` until it yields, driving progress on `ep` in between; `timeout()` is the error
