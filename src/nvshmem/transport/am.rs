@@ -4,11 +4,11 @@ use std::collections::VecDeque;
 use std::ffi::c_void;
 
 use super::endpoints::{Claim, EpState, TAG_AM_RECV, TAG_AM_SEND, TAG_SLOT_SEND};
-use super::memory::{copy_any, copy_many, is_device, write_any};
+use super::memory::{copy_any, is_device, write_any};
 use super::rma::Transfer;
 use super::wire::{
-    mergeable_answer, resp_multi, resp_tokens, AM_PUT_MULTI, AM_RESP_MULTI, COALESCE_MAX,
-    RESP_TOKENS,
+    mergeable_answer, resp_multi, resp_tokens, AM_GET_DATA_MULTI, AM_GET_MULTI, AM_PUT_MULTI,
+    AM_RESP_MULTI, COALESCE_MAX, RESP_TOKENS,
 };
 use super::wire::{
     AmMsg, GetPrep, Pending, AM_BYTES, AM_GET, AM_GET_DATA, AM_GOODBYE, AM_MAGIC, AM_PING, AM_PONG,
@@ -139,7 +139,10 @@ impl Transport {
             }
             return;
         }
-        let carries_payload = matches!(m.kind, AM_PUT | AM_GET_DATA | AM_PUT_MULTI);
+        let carries_payload = matches!(
+            m.kind,
+            AM_PUT | AM_GET_DATA | AM_PUT_MULTI | AM_GET_MULTI | AM_GET_DATA_MULTI
+        );
         if carries_payload && (m.size as usize > STAGE_MAX || len < AM_BYTES + m.size as usize) {
             let msg = format!(
                 "endpoint {i}: staged message of {len} bytes announces {} payload bytes",
@@ -325,6 +328,17 @@ impl Transport {
                 stats.record(Stage::CopyIn, t, m.size as u64);
                 e.finish_claimed(w, error);
             }
+            AM_GET_MULTI => {
+                let src_pe = m.val as i64;
+                let Some(dest) = c.peer_addr(src_pe, i) else {
+                    tracing::error!("coalesced gets from out-of-range PE {src_pe} dropped");
+                    return;
+                };
+                // SAFETY: the payload lies inside the receive slot (length checked above).
+                let bytes = unsafe { std::slice::from_raw_parts(payload, m.size as usize) };
+                self.queue_get_multi(e, i, dest, &m, bytes);
+            }
+            AM_GET_DATA_MULTI => self.land_get_multi(e, i, &m, payload),
             AM_PING => {
                 let Some(dest) = c.peer_addr(m.val as i64, i) else {
                     tracing::error!("probe from out-of-range PE {}", m.val);
@@ -412,22 +426,14 @@ impl Transport {
         let e = &c.eps[i];
         let mut kept: VecDeque<Pending> = VecDeque::new();
         let mut blocked: Vec<FiAddr> = Vec::new();
-        let mut no_slot = false;
         loop {
             let Some(mut p) = e.am_pending.lock().pop_front() else {
                 break;
             };
-            let dest = match &p {
-                Pending::Msg(d, _) => *d,
-                Pending::GetData { dest, .. } => *dest,
-            };
+            let dest = p.dest();
             // A dropped answer gives its slot back.
-            let drop_it = |p: Pending| {
-                if let Pending::GetData {
-                    prep: Some(GetPrep { slot, .. }),
-                    ..
-                } = p
-                {
+            let drop_it = |mut p: Pending| {
+                if let Some(Some(GetPrep { slot, .. })) = p.prep_mut().map(|x| x.take()) {
                     e.send_free.lock().push(slot);
                 }
             };
@@ -440,17 +446,15 @@ impl Transport {
                 drop_it(p);
                 continue;
             }
-            let unprepared = matches!(p, Pending::GetData { prep: None, .. });
-            if blocked.contains(&dest) || (no_slot && unprepared) {
+            // A get answer without a send slot yet waits for the next round's
+            // `prepare_get_data` (answers to one peer need no order among themselves).
+            if blocked.contains(&dest) || p.prep_mut().is_some_and(|x| x.is_none()) {
                 kept.push_back(p);
                 continue;
             }
             // An answer whose data is still being copied out of GPU memory waits (and so do the
             // later messages to its peer); a failed copy is answered with its status.
-            if let Pending::GetData {
-                prep: Some(prep), ..
-            } = &mut p
-            {
+            if let Some(Some(prep)) = p.prep_mut() {
                 if let Some(ev) = &prep.copied {
                     match ev.done() {
                         Ok(false) => {
@@ -497,57 +501,18 @@ impl Transport {
                         }
                     }
                 }),
-                Pending::GetData {
-                    dest,
-                    token,
-                    addr,
-                    len,
-                    prep,
-                } => {
-                    let (slot, status) = match prep {
-                        Some(GetPrep { slot, status, .. }) => (*slot, *status),
-                        None => {
-                            let Some(slot) = e.send_free.lock().pop() else {
-                                no_slot = true;
-                                kept.push_back(p);
-                                continue;
-                            };
-                            // SAFETY: the payload area of the slot has STAGE_MAX >= len bytes.
-                            let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) };
-                            let stats = self.mover.stats();
-                            let t = stats.start();
-                            let status = self.copy_registered(
-                                payload,
-                                *addr as *const u8,
-                                *addr,
-                                *len,
-                                "staged get",
-                            );
-                            stats.record(Stage::TargetCopy, t, *len as u64);
-                            (slot, status)
-                        }
+                // A get answer with its slot (those without were kept above).
+                _ => {
+                    let Some(prep) = p.prep_mut().and_then(|x| x.clone()) else {
+                        kept.push_back(p);
+                        continue;
                     };
-                    let size = if status == 0 { *len } else { 0 };
-                    let hdr = AmMsg {
-                        magic: AM_MAGIC,
-                        kind: AM_GET_DATA,
-                        token: *token,
-                        size,
-                        status,
-                        ..Default::default()
-                    };
-                    let r = self.send_slot(e, pe, *dest, slot, hdr, 0, 0, false);
-                    if let (Err(err), Pending::GetData { prep, .. }) = (&r, &mut p) {
-                        if err.is_again() {
-                            // Kept with its data in the slot for the next round.
-                            *prep = Some(GetPrep {
-                                slot,
-                                status,
-                                copied: None,
-                            });
-                        } else {
-                            e.send_free.lock().push(slot);
-                        }
+                    let hdr = Self::get_answer_header(&p, &prep);
+                    let r = self.send_slot(e, pe, dest, prep.slot, hdr, 0, 0, false);
+                    // Kept with its data in the slot for the next round (EAGAIN), else done
+                    // with it.
+                    if r.as_ref().is_err_and(|err| !err.is_again()) {
+                        e.send_free.lock().push(prep.slot);
                     }
                     r
                 }
@@ -565,117 +530,6 @@ impl Transport {
             let mut q = e.am_pending.lock();
             while let Some(p) = kept.pop_back() {
                 q.push_front(p);
-            }
-        }
-    }
-
-    /// Takes send slots for the staged get answers endpoint `i` owes (as many as are free) and
-    /// copies their data in: host memory at once, GPU memory enqueued on the copy stream without a
-    /// wait and marked by one event for the batch (`GetPrep::copied`); `flush_am_pending` sends an
-    /// answer once its mark is done. The queue stays locked meanwhile (taken once per batch).
-    fn prepare_get_data(&self, c: &Connected, i: usize) {
-        let e = &c.eps[i];
-        let mut q = e.am_pending.lock();
-        // (queue index, slot payload, source, length, status so far, the source is GPU memory)
-        let mut taken: Vec<(usize, usize, u64, u64, usize, i32, bool)> = Vec::new();
-        for (k, p) in q.iter().enumerate() {
-            let Pending::GetData {
-                addr,
-                len,
-                prep: None,
-                ..
-            } = p
-            else {
-                continue;
-            };
-            let Some(slot) = e.send_free.lock().pop() else {
-                break;
-            };
-            let (status, device) = match self.find_registration(*addr, *len as u64) {
-                Some(r) => (0, r.device),
-                None => {
-                    tracing::error!("staged get: {addr:#x}+{len} is not registered here");
-                    (abi::status::INVALID_VALUE, false)
-                }
-            };
-            // SAFETY: the payload area of the slot has STAGE_MAX >= len bytes.
-            let payload = unsafe { e.send_slot_ptr(slot).add(AM_BYTES) } as u64;
-            taken.push((k, slot, payload, *addr, *len as usize, status, device));
-        }
-        if taken.is_empty() {
-            return;
-        }
-        let stats = self.mover.stats();
-        let t = stats.start();
-        let mut mark = None;
-        for device in [true, false] {
-            let copies: Vec<(u64, u64, usize)> = taken
-                .iter()
-                .filter(|x| x.5 == 0 && x.6 == device)
-                .map(|x| (x.2, x.3, x.4))
-                .collect();
-            if copies.is_empty() {
-                continue;
-            }
-            if !device {
-                if let Err(err) = copy_many(&copies, false) {
-                    tracing::error!("endpoint {i}: staged get data not copied: {}", err.message);
-                    for x in taken.iter_mut().filter(|x| x.5 == 0 && !x.6) {
-                        x.5 = err.status;
-                    }
-                }
-                continue;
-            }
-            // Small ones out of GPU memory: one launch of the copy kernel, waited for (about the
-            // time one copy-engine copy costs in driver calls alone); `mark` stays `None`: the
-            // data is in place.
-            if super::kstage::KStage::fits(&copies) {
-                if let Some(ks) = e.kstage.lock().as_mut() {
-                    // SAFETY: the slots are a mapped slab reserved for these answers, the
-                    // sources registered GPU memory of this PE; copy_now returns once the launch
-                    // is decided (a taken-over one never touches them).
-                    if unsafe { ks.copy_now(&copies) } {
-                        continue;
-                    }
-                }
-            }
-            // Out of GPU memory: enqueued without a wait and marked once; the answers leave when
-            // the mark is done (flush_am_pending), so this thread never waits for the copies.
-            for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6) {
-                // SAFETY: the slot stays reserved until its answer completes, after the mark; the
-                // source lies in a registration of this PE.
-                let r = unsafe {
-                    crate::cuda::memcpy_async(x.2 as *mut c_void, x.3 as *const c_void, x.4)
-                };
-                if let Err(err) = r {
-                    tracing::error!("endpoint {i}: staged get data not copied: {err}");
-                    x.5 = abi::status::INTERNAL;
-                }
-            }
-            match crate::cuda::copy_mark(0) {
-                Ok(ev) => mark = Some(std::sync::Arc::new(ev)),
-                Err(err) => {
-                    tracing::error!("endpoint {i}: staged get data not marked: {err}");
-                    for x in taken.iter_mut().filter(|x| x.5 == 0 && x.6) {
-                        x.5 = abi::status::INTERNAL;
-                    }
-                }
-            }
-        }
-        let bytes = taken.iter().map(|x| x.4 as u64).sum();
-        stats.record(Stage::TargetCopy, t, bytes);
-        for (k, slot, _, _, _, status, device) in taken {
-            if let Some(Pending::GetData { prep, .. }) = q.get_mut(k) {
-                let copied = if device && status == 0 {
-                    mark.clone()
-                } else {
-                    None
-                };
-                *prep = Some(GetPrep {
-                    slot,
-                    status,
-                    copied,
-                });
             }
         }
     }
@@ -780,7 +634,12 @@ impl Transport {
             }
             return self.stage_chunks(c, t, device);
         }
-        // Earlier puts to this peer leave first (a get after a fence then sees them).
+        // Small gets share a request (not those a blocking call waits for: it waits for each).
+        if len as usize <= COALESCE_MAX && super::group::current().is_none() {
+            return self.stage_get(c, t);
+        }
+        // Earlier puts and gets to this peer leave first (a get after a fence then sees them).
+        self.close_peer_gets(c, ep, pe as usize);
         self.close_peer(c, ep, pe as usize);
         self.post_staged(c, ep);
         let traced = self.mover.stats().sample(len);

@@ -120,6 +120,8 @@ pub(super) struct EpState {
     pub(super) send_free: Mutex<Vec<usize>>,
     /// Staged put messages being filled or copied in, waiting to be posted (`outbox`).
     pub(super) outbox: super::outbox::Outbox,
+    /// Staged get requests being filled (`gets`).
+    pub(super) getbox: super::gets::GetBox,
     /// Per-peer accounting and backlogs (index: PE).
     pub(super) peer: Vec<PeerAcct>,
     /// Operations waiting in any peer's backlog.
@@ -654,6 +656,7 @@ impl Transport {
                 send_slab,
                 send_free: Mutex::new((0..send_slots).rev().collect()),
                 outbox: Default::default(),
+                getbox: Default::default(),
                 send_slots,
                 recv_bufs,
                 peer: (0..n).map(|_| PeerAcct::default()).collect(),

@@ -49,6 +49,7 @@ mod endpoints;
 mod error;
 mod fence;
 mod gda_link;
+mod gets;
 mod group;
 mod kstage;
 mod lanes;

@@ -27,9 +27,9 @@ use super::{internal, Connected, TResult, Transport};
 use crate::cuda;
 use crate::mover::stats::Stage;
 
-/// How long an open coalesced message waits for more puts before progress closes it (a put that
-/// nobody quiets still leaves).
-const OPEN_FOR: Duration = Duration::from_micros(20);
+/// How long an open coalesced message waits for more puts (or a get request for more gets) before
+/// progress closes it (an operation that nobody quiets still leaves).
+pub(super) const OPEN_FOR: Duration = Duration::from_micros(20);
 
 /// Per endpoint: the open coalesced message of each peer and the messages waiting to be posted.
 /// The counts let progress, which looks at the outbox every round, pass an empty one without
@@ -217,6 +217,8 @@ impl Transport {
         fenced: bool,
         fill: impl FnOnce(&mut [u8], bool) -> TResult<Rec>,
     ) -> TResult<()> {
+        // Earlier gets to this peer leave first (the queue keeps the order they were issued in).
+        self.close_peer_gets(c, ep, pe);
         let r = self.place_record(c, ep, pe, need, traced, fenced, fill);
         if r.is_err() && fenced {
             self.fence_owed_again(c, ep, pe);
@@ -395,6 +397,7 @@ impl Transport {
         for (pe, o) in taken {
             self.close_open(c, ep, pe, o);
         }
+        self.close_all_gets(c, ep, stale_only);
         self.post_staged(c, ep);
     }
 
@@ -501,6 +504,21 @@ impl Transport {
                 queued,
             });
         }
+    }
+
+    /// Queues a message whose payload is in its send slot `slot` (a get request).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn queue_placed(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+        slot: usize,
+        hdr: AmMsg,
+        wait: u64,
+        traced: bool,
+    ) {
+        self.push_ready(c, ep, pe, vec![(slot, hdr, wait)], None, traced);
     }
 
     /// Posts the queued messages of endpoint `ep` whose payload is in place, in order per peer; a
@@ -627,8 +645,8 @@ impl Transport {
             e.outbox.queued.fetch_sub(1, Ordering::AcqRel);
             let msg = failed.expect("set above");
             tracing::error!("endpoint {ep}: {msg}");
+            self.fail_staged(e, r.slot, &r.hdr, r.wait, msg);
             e.send_free.lock().push(r.slot);
-            e.finish_wait(r.wait, Some(msg), "a staged put not sent");
         }
         posted
     }
@@ -642,7 +660,9 @@ impl Transport {
         let e = &c.eps[ep];
         let stats = self.mover.stats();
         let traced = stats.sample(len);
-        // Earlier small puts to this peer leave first; the first chunk carries a fence owed.
+        // Earlier small puts and gets to this peer leave first; the first chunk carries a fence
+        // owed.
+        self.close_peer_gets(c, ep, pe);
         self.close_peer(c, ep, pe);
         let mut fenced = self.fence_gate(c, ep, pe, Via::Message)?;
         let mut off = 0u64;

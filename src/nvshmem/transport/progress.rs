@@ -323,7 +323,12 @@ impl Transport {
                 }
                 if let Some(msg) = error {
                     tracing::error!("endpoint {i}: staged send failed: {msg}");
-                    self.fail_am_wait(e, wait, msg);
+                    // SAFETY: the slot stays reserved until it is freed below; send_slot wrote
+                    // the header at its start.
+                    let hdr = unsafe {
+                        std::ptr::read_unaligned(e.send_slot_ptr(data as usize) as *const AmMsg)
+                    };
+                    self.fail_staged(e, data as usize, &hdr, wait, msg);
                 }
                 e.send_free.lock().push(data as usize);
                 e.ctxs.free(ctx);

@@ -244,6 +244,112 @@ pub(super) fn parse_records(
     Ok(out)
 }
 
+/// Several staged gets of one PE from one peer in one request (`op`: how many, `size`: the payload
+/// bytes, `val`: the requesting PE): the payload is a run of [`GET_REQUEST`]-byte records (the
+/// token of the get's waiting context, the source address, the length). The target answers them
+/// all with one [`AM_GET_DATA_MULTI`]; the initiator bounds a request so that its answer fits one
+/// message ([`get_answer_fits`]).
+pub(super) const AM_GET_MULTI: u32 = 11;
+/// The answer to an [`AM_GET_MULTI`] (`op`: how many records, `size`: the payload bytes, `status`:
+/// non-zero when no record's data is valid): a run of records, each a [`GET_ANSWER`]-byte header
+/// (the token, the data length, the record's status) and the data, padded to 8 bytes.
+pub(super) const AM_GET_DATA_MULTI: u32 = 12;
+/// Bytes of a record of an [`AM_GET_MULTI`].
+pub(super) const GET_REQUEST: usize = 24;
+/// Bytes of a record's header in an [`AM_GET_DATA_MULTI`].
+pub(super) const GET_ANSWER: usize = 16;
+
+/// Bytes the answer to a get of `len` bytes takes in an [`AM_GET_DATA_MULTI`].
+pub(super) const fn get_answer_bytes(len: usize) -> usize {
+    GET_ANSWER + len.div_ceil(8) * 8
+}
+
+/// Whether a request of `used` payload bytes whose answer takes `answer` bytes has room for one
+/// more get of `len` bytes (both messages stay within one slot's payload, [`STAGE_MAX`]).
+pub(super) const fn get_answer_fits(used: usize, answer: usize, len: usize) -> bool {
+    used + GET_REQUEST <= STAGE_MAX && answer + get_answer_bytes(len) <= STAGE_MAX
+}
+
+/// Writes a get request record (`token`, `len` bytes at `addr`) at the start of `buf`.
+pub(super) fn write_get_request(buf: &mut [u8], token: u64, addr: u64, len: u32) {
+    buf[0..8].copy_from_slice(&token.to_le_bytes());
+    buf[8..16].copy_from_slice(&addr.to_le_bytes());
+    buf[16..20].copy_from_slice(&len.to_le_bytes());
+    buf[20..24].copy_from_slice(&0u32.to_le_bytes());
+}
+
+/// The records of an [`AM_GET_MULTI`]'s payload (`count` announced): token, source address and
+/// length of each; an error names what does not match (a record cut short, a length of 0 or
+/// above [`COALESCE_MAX`], a count that differs).
+pub(super) fn parse_get_requests(
+    payload: &[u8],
+    count: u32,
+) -> Result<Vec<(u64, u64, u32)>, String> {
+    if payload.len() % GET_REQUEST != 0 || payload.len() / GET_REQUEST != count as usize {
+        return Err(format!(
+            "{} payload bytes for {count} get records of {GET_REQUEST} bytes",
+            payload.len()
+        ));
+    }
+    payload
+        .chunks_exact(GET_REQUEST)
+        .enumerate()
+        .map(|(k, r)| {
+            let token = u64::from_le_bytes(r[0..8].try_into().expect("8 bytes"));
+            let addr = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(r[16..20].try_into().expect("4 bytes"));
+            if len == 0 || len as usize > COALESCE_MAX {
+                return Err(format!("get record {k}: {len} bytes"));
+            }
+            Ok((token, addr, len))
+        })
+        .collect()
+}
+
+/// Writes the header of a get answer record (`token`, `len` data bytes following, `status`) at the
+/// start of `buf`.
+pub(super) fn write_get_answer(buf: &mut [u8], token: u64, len: u32, status: i32) {
+    buf[0..8].copy_from_slice(&token.to_le_bytes());
+    buf[8..12].copy_from_slice(&len.to_le_bytes());
+    buf[12..16].copy_from_slice(&status.to_le_bytes());
+}
+
+/// The records of an [`AM_GET_DATA_MULTI`]'s payload (`count` announced): token, status, offset of
+/// the data in `payload` and its length; an error names the first record that does not fit or a
+/// count that does not match.
+pub(super) fn parse_get_answers(
+    payload: &[u8],
+    count: u32,
+) -> Result<Vec<(u64, i32, usize, usize)>, String> {
+    let mut out = Vec::with_capacity(count as usize);
+    let mut at = 0usize;
+    while at < payload.len() {
+        let Some(h) = payload.get(at..at + GET_ANSWER) else {
+            return Err(format!("get answer {} header cut at byte {at}", out.len()));
+        };
+        let token = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+        let status = i32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        let end = at + get_answer_bytes(len);
+        if end > payload.len() {
+            return Err(format!(
+                "get answer {} of {len} bytes at byte {at} exceeds the {}-byte payload",
+                out.len(),
+                payload.len()
+            ));
+        }
+        out.push((token, status, at + GET_ANSWER, len));
+        at = end;
+    }
+    if out.len() != count as usize {
+        return Err(format!(
+            "{} get answers where {count} were announced",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct AmMsg {
@@ -277,6 +383,31 @@ pub(super) enum Pending {
         /// (the active-message module's `prepare_get_data`).
         prep: Option<GetPrep>,
     },
+    /// Data for the gets of an [`AM_GET_MULTI`] (token, source address, length of each), sent in
+    /// one [`AM_GET_DATA_MULTI`].
+    GetMulti {
+        dest: FiAddr,
+        gets: Vec<(u64, u64, u32)>,
+        prep: Option<GetPrep>,
+    },
+}
+
+impl Pending {
+    /// The peer the message goes to.
+    pub(super) fn dest(&self) -> FiAddr {
+        match self {
+            Pending::Msg(d, _) => *d,
+            Pending::GetData { dest, .. } | Pending::GetMulti { dest, .. } => *dest,
+        }
+    }
+
+    /// The send slot of a get answer whose data is (being) copied in.
+    pub(super) fn prep_mut(&mut self) -> Option<&mut Option<GetPrep>> {
+        match self {
+            Pending::Msg(..) => None,
+            Pending::GetData { prep, .. } | Pending::GetMulti { prep, .. } => Some(prep),
+        }
+    }
 }
 
 /// A staged get's answer with its data (being) copied in: its send slot, the status to answer
@@ -285,6 +416,8 @@ pub(super) enum Pending {
 pub(super) struct GetPrep {
     pub(super) slot: usize,
     pub(super) status: i32,
+    /// Payload bytes of the answer (the data of a single get; the records of a coalesced one).
+    pub(super) size: u32,
     pub(super) copied: Option<std::sync::Arc<crate::cuda::stream::Event>>,
 }
 
@@ -349,6 +482,8 @@ mod tests {
             AM_PONG,
             AM_PUT_MULTI,
             AM_RESP_MULTI,
+            AM_GET_MULTI,
+            AM_GET_DATA_MULTI,
         ];
         for (i, a) in kinds.iter().enumerate() {
             assert!(!kinds[i + 1..].contains(a), "kind {a} twice");
@@ -473,6 +608,61 @@ mod tests {
         assert!(mib[..16].iter().all(|&n| n == c));
         assert_eq!(mib[16], (1 << 20) - 16 * c);
         assert!(mib.iter().all(|&n| n as usize <= STAGE_MAX));
+    }
+
+    #[test]
+    fn coalesced_get_requests_and_answers_round_trip_and_bad_ones_are_refused() {
+        let gets: [(u64, u64, u32); 3] = [(7, 0x1000, 8), (9, 0x2008, 13), (11, 0x3000, 4096)];
+        let mut req = vec![0u8; gets.len() * GET_REQUEST];
+        for (k, &(token, addr, len)) in gets.iter().enumerate() {
+            write_get_request(&mut req[k * GET_REQUEST..], token, addr, len);
+        }
+        assert_eq!(parse_get_requests(&req, 3).unwrap(), gets);
+        assert!(parse_get_requests(&req, 2).is_err());
+        assert!(parse_get_requests(&req[..req.len() - 1], 3).is_err());
+        let mut zero = req.clone();
+        zero[16..20].copy_from_slice(&0u32.to_le_bytes());
+        assert!(parse_get_requests(&zero, 3).is_err());
+        let mut big = req.clone();
+        big[16..20].copy_from_slice(&(COALESCE_MAX as u32 + 1).to_le_bytes());
+        assert!(parse_get_requests(&big, 3).is_err());
+
+        // The answer: each record's header, then its data padded to 8 bytes; a refused record
+        // keeps its data space (its status says the data is not valid).
+        let mut ans = Vec::new();
+        for &(token, addr, len) in &gets {
+            let at = ans.len();
+            ans.resize(at + get_answer_bytes(len as usize), 0);
+            let status = if token == 9 { -2 } else { 0 };
+            write_get_answer(&mut ans[at..], token, len, status);
+            for b in 0..len as usize {
+                ans[at + GET_ANSWER + b] = (addr as usize + b) as u8;
+            }
+        }
+        assert_eq!(get_answer_bytes(13), GET_ANSWER + 16);
+        let parsed = parse_get_answers(&ans, 3).unwrap();
+        assert_eq!(
+            parsed,
+            [
+                (7, 0, GET_ANSWER, 8),
+                (9, -2, 2 * GET_ANSWER + 8, 13),
+                (11, 0, 3 * GET_ANSWER + 24, 4096)
+            ]
+        );
+        let (_, _, off, len) = parsed[2];
+        assert_eq!(ans[off], 0x00);
+        assert_eq!(ans[off + len - 1], ((0x3000 + 4095) & 0xff) as u8);
+        assert!(parse_get_answers(&ans, 4).is_err());
+        assert!(parse_get_answers(&ans[..ans.len() - 8], 3).is_err());
+
+        // A request's answer always fits one message: 8-byte gets until the answer is full, and
+        // the largest coalesced get alone.
+        assert!(get_answer_fits(0, 0, COALESCE_MAX));
+        let n = (0..)
+            .take_while(|&k| get_answer_fits(k * GET_REQUEST, k * get_answer_bytes(8), 8))
+            .count();
+        assert_eq!(n, STAGE_MAX / GET_REQUEST);
+        assert!(n * get_answer_bytes(8) <= STAGE_MAX);
     }
 
     #[test]
