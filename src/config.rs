@@ -147,6 +147,10 @@ pub struct Config {
     /// chunks and get answers in flight (default 32, at most the provider's transmit queue
     /// depth); receive buffers are twice as many (at most the receive queue depth).
     pub stage_slots: usize,
+    /// `NVSHMEM_EFA_GET_WINDOW`: operations to one peer outstanding on an endpoint below which a
+    /// long staged get posts its next chunk's request (`None`, the default: the endpoint's receive
+    /// buffers, twice its send slots; `Some(0)`: no bound, every request at once).
+    pub get_window: Option<usize>,
     /// `NVSHMEM_EFA_SIGNAL_COPY`: signals (`SIGNAL`, `SIGNAL_SET`) to same-host GPU memory as one
     /// write on the copy queue behind the puts (default), or always through the provider's
     /// atomics (`0`).
@@ -316,6 +320,7 @@ impl Config {
             copy_batch: 64,
             copy_kernel: true,
             stage_slots: crate::nvshmem::transport::STAGE_SLOTS_DEFAULT,
+            get_window: None,
             signal_copy: true,
             fence: FenceMode::Order,
             amo_kernel: false,
@@ -435,6 +440,9 @@ impl Config {
         }
         if let Some(n) = vars.u64("NVSHMEM_EFA_STAGE_SLOTS", (8, 4096), any, "8 to 4096")? {
             c.stage_slots = n as usize;
+        }
+        if let Some(n) = vars.u64("NVSHMEM_EFA_GET_WINDOW", (0, 65536), any, "0 to 65536")? {
+            c.get_window = Some(n as usize);
         }
         if let Some(b) = vars.bool("NVSHMEM_EFA_SIGNAL_COPY")? {
             c.signal_copy = b;
@@ -695,6 +703,15 @@ mod tests {
         assert_eq!(
             cfg(&[("NVSHMEM_EFA_STAGE_SLOTS", "4")]).unwrap_err().var,
             "NVSHMEM_EFA_STAGE_SLOTS"
+        );
+        assert_eq!(cfg(&[]).unwrap().get_window, None);
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_GET_WINDOW", "0")]).unwrap().get_window,
+            Some(0)
+        );
+        assert_eq!(
+            cfg(&[("NVSHMEM_EFA_GET_WINDOW", "-1")]).unwrap_err().var,
+            "NVSHMEM_EFA_GET_WINDOW"
         );
         assert_eq!(
             cfg(&[("NVSHMEM_EFA_COPY_BATCH", "0")]).unwrap().copy_batch,

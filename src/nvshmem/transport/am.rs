@@ -666,7 +666,10 @@ impl Transport {
     fn get_window(&self, c: &Connected, ep: usize, pe: usize) -> TResult<()> {
         let e = &c.eps[ep];
         let a = &e.peer[pe];
-        let window = e.send_slots as u64;
+        let window = self.cfg.get_window.unwrap_or(e.recv_bufs) as u64;
+        if window == 0 {
+            return Ok(());
+        }
         self.wait_for(
             c,
             ep,
