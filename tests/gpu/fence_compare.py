@@ -17,7 +17,8 @@ import sys
 
 from stream_compare import library_rows
 
-NAME = re.compile(r"^(same|two)-(order|quiet|before)-(\d+)$")
+NAME = re.compile(r"^(same|two)-([A-Za-z0-9]+)-(\d+)$")
+# Shown in this order, then any other variant (fence_run.sh's VARIANT_ENV) by name.
 VARIANTS = ("before", "quiet", "order")
 
 
@@ -58,25 +59,27 @@ def main():
     if not rows:
         print(f"no <step>-<variant>-<rep>/stream-compare.csv in {a.dir}", file=sys.stderr)
         return 1
+    found = {r["variant"] for r in rows}
+    variants = [v for v in VARIANTS if v in found] + sorted(found - set(VARIANTS))
     best = {}
     for r in rows:
         key = (r["layout"], r["op"], r["blocks"], r["size_bytes"], r["variant"])
         if key not in best or r["library_mops"] > best[key]["library_mops"]:
             best[key] = r
     cells = sorted({k[:4] for k in best})
-    hdr = f"{'layout':9} {'op':10} {'blk':>3} {'size':>9} " + " ".join(f"{v:>11}" for v in VARIANTS)
+    hdr = f"{'layout':9} {'op':10} {'blk':>3} {'size':>9} " + " ".join(f"{v:>11}" for v in variants)
     print(hdr + f" {'ord/bef':>8} {'ord/qui':>8}")
     for layout, op, blk, size in cells:
         unit = "mops" if size <= 4096 else "gbps"
         u = "M" if unit == "mops" else "G"
         vals = {}
-        for v in VARIANTS:
+        for v in variants:
             r = best.get((layout, op, blk, size, v))
             vals[v] = r[f"library_{unit}"] if r else None
         line = f"{layout:9} {op:10} {blk:3d} {size:9d} "
-        line += " ".join(f"{vals[v]:10.4f}{u}" if vals[v] is not None else f"{'-':>11}" for v in VARIANTS)
+        line += " ".join(f"{vals[v]:10.4f}{u}" if vals[v] is not None else f"{'-':>11}" for v in variants)
         for ref in ("before", "quiet"):
-            o, b = vals["order"], vals[ref]
+            o, b = vals.get("order"), vals.get(ref)
             line += f" {o / b:8.2f}" if o is not None and b else f" {'-':>8}"
         print(line)
     bad = [r for r in rows if r["verified"] not in ("ok", "")]
@@ -107,7 +110,7 @@ def main():
                 for blk in (1, 8)
                 if any(k[0] == layout and k[1] == op and k[2] == blk and k[3] == 8 for k in best)
             ]
-            for i, v in enumerate(VARIANTS):
+            for i, v in enumerate(variants):
                 ys = []
                 for op, blk in cats:
                     r = best.get((layout, op, blk, 8, v))

@@ -17,6 +17,8 @@
 #   tar -C .gpu -xzf .gpu/fence.tgz
 #   NVSHMEM_DISABLE_NVLS=1 OUT=<dir> bash tests/gpu/fence_run.sh [--budget S]
 #       [--steps tests,same,two] [--variants "order quiet before"]   (REPS=<n>: interleaved reps)
+#   Other variants: this build with one setting changed, VARIANT_ENV="w32=NVSHMEM_EFA_GET_WINDOW=32
+#   ..." (variant w32); VBUDGET=<s> replaces each run's budget (85 s; --quick runs take ~12 s).
 # Writes $OUT/<step>-<variant>-<rep>/ (stream_run.sh's files) and $OUT/summary.txt; compare with
 # python3 tests/gpu/fence_compare.py $OUT.
 set -uo pipefail
@@ -52,7 +54,15 @@ run() {
     case $v in
     quiet) vars+=(NVSHMEM_EFA_FENCE=quiet) ;;
     before) vars+=(STREAM_PLUGIN_DIR="$BEFORE_DIR") ;;
+    *)
+        # VARIANT_ENV="name=VAR=value ...": a variant of this build with one setting changed.
+        local kv
+        for kv in ${VARIANT_ENV:-}; do
+            [ "${kv%%=*}" = "$v" ] && vars+=("${kv#*=}")
+        done
+        ;;
     esac
+    vbudget=${VBUDGET:-$vbudget}
     fits "$layout $v (rep $rep)" $((vbudget + 3)) || return
     env "${vars[@]}" OUT="$d" bash tests/gpu/stream_run.sh --quick --only "$only" --budget "$vbudget" \
         >"$d.log" 2>&1
