@@ -656,13 +656,13 @@ impl Transport {
     }
 
     /// Waits, driving progress, until fewer operations to `pe` on endpoint `ep` are outstanding
-    /// than the endpoint has send slots (the staging window), so that a long get's chunk requests
-    /// go out as its answers come back. Posted all at once, 16 gets of 1 MiB (256 requests, 16 MiB
-    /// of answers against 32 send slots at the target and 64 receive buffers here) ran at
-    /// 0.27-0.39 GB/s in 3 of 10 runs between two hosts with host memory on tcp, 1.7-2.3 in the
-    /// others; with the window, 1.6-2.8 in 10 of 10 (docs/staged-path.md, 19). A peer declared
-    /// gone ends the wait (its request then fails at once); so does the quiet timeout, with an
-    /// error.
+    /// than the get window (`NVSHMEM_EFA_GET_WINDOW`; default: the endpoint's receive buffers,
+    /// which the answers land in), so that a long get's chunk requests go out as its answers come
+    /// back. Posted all at once, 16 gets of 1 MiB (256 requests, 16 MiB of answers against 32 send
+    /// slots at the target and 64 receive buffers here) ran at 0.27-0.39 GB/s in 5 of 20 runs
+    /// between two hosts with host memory on tcp; with a window of 32 or 64, none of 30 did
+    /// (docs/staged-path.md, 19). A peer declared gone ends the wait (its request then fails at
+    /// once); so does the quiet timeout, with an error.
     fn get_window(&self, c: &Connected, ep: usize, pe: usize) -> TResult<()> {
         let e = &c.eps[ep];
         let a = &e.peer[pe];
