@@ -15,7 +15,9 @@ stream-compare.csv: one row per (layout, provider, op, blocks, size): layout,pro
 size_bytes,window,library_gbps,library_mops,library_usec_per_op,fabric_gbps,fabric_mops,
 fabric_memory,p2p_gbps,p2p_mops,null_gbps,null_mops,library_over_fabric,verified. GB/s = 10^9 B/s;
 fabric = fi_rma_bw (write for put and put_signal, read for get) with the same window, size and
-provider; p2p and null are the same op, blocks and size on NVSHMEM's P2P path and with the
+provider; fabric_dc_gbps: fi_rma_bw -o write -U (delivery complete: the window ends when the
+target has the data, as a quiet does; plain writes end when handed to the provider), with
+library_over_fabric_dc; p2p and null are the same op, blocks and size on NVSHMEM's P2P path and with the
 library's null completion (NVSHMEM_EFA_BENCH_NULL=1: NVSHMEM's proxy ceiling).
 """
 import csv
@@ -25,8 +27,12 @@ import sys
 
 COLS = ["layout", "provider", "op", "blocks", "size_bytes", "window", "library_gbps",
         "library_mops", "library_usec_per_op", "fabric_gbps", "fabric_mops", "fabric_memory",
-        "p2p_gbps", "p2p_mops", "null_gbps", "null_mops", "library_over_fabric", "verified"]
+        "p2p_gbps", "p2p_mops", "null_gbps", "null_mops", "library_over_fabric", "verified",
+        "fabric_dc_gbps", "library_over_fabric_dc"]
 FABRIC_OP = {"put": "write", "put_signal": "write", "get": "read"}
+# fi_rma_bw -U (FI_DELIVERY_COMPLETE): a window of writes completes once the target has the data,
+# as a quiet does; plain writes complete once handed to the provider (tcp: written to the socket).
+FABRIC_DC_OP = {"put": "write_dc", "put_signal": "write_dc"}
 
 
 def human(n):
@@ -97,6 +103,8 @@ def join(stream, provider, fabric):
             f = fabric.get((layout, prov, FABRIC_OP.get(op, ""), size, window))
             fg = float(f["mbps"]) / 1000 if f and f["mbps"] else None
             fm = fg * 1000 / size if fg is not None else None
+            dc = fabric.get((layout, prov, FABRIC_DC_OP.get(op, ""), size, window))
+            dg = float(dc["mbps"]) / 1000 if dc and dc["mbps"] else None
             lg, lm = float(r["gbps"]), float(r["mops"])
             pr, nr = p2p.get((op, blocks, size)), null.get((op, blocks, size))
             rows.append({
@@ -107,16 +115,19 @@ def join(stream, provider, fabric):
                 "p2p_gbps": pr["gbps"] if pr else "", "p2p_mops": pr["mops"] if pr else "",
                 "null_gbps": nr["gbps"] if nr else "", "null_mops": nr["mops"] if nr else "",
                 "library_over_fabric": fmt(lg / fg, 3) if fg else "", "verified": r["verified"],
+                "fabric_dc_gbps": fmt(dg, 4), "library_over_fabric_dc": fmt(lg / dg, 3) if dg else "",
             })
     return rows
 
 
 def table(rows):
     head = ["layout", "prov", "op", "blk", "size", "k", "lib GB/s", "lib Mop/s", "us/op",
-            "fabric GB/s", "(mem)", "lib/fabric", "p2p GB/s", "null Mop/s", "check"]
+            "fabric GB/s", "(mem)", "lib/fabric", "dc GB/s", "lib/dc", "p2p GB/s", "null Mop/s",
+            "check"]
     body = [[r["layout"], r["provider"], r["op"], str(r["blocks"]), human(r["size_bytes"]),
              str(r["window"]), r["library_gbps"], r["library_mops"], r["library_usec_per_op"],
              r["fabric_gbps"] or "-", r["fabric_memory"] or "-", r["library_over_fabric"] or "-",
+             r["fabric_dc_gbps"] or "-", r["library_over_fabric_dc"] or "-",
              r["p2p_gbps"] or "-", r["null_mops"] or "-", r["verified"]] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     out = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]

@@ -17,7 +17,8 @@
 # On the node (repo root, root user), carrying .gpu/stream-base.tgz and .gpu/py.tgz:
 #   OUT=<dir> bash tests/gpu/stream_run.sh [--quick] [--budget S] [--only STEPS] [--dry-run]
 # Writes $OUT/stream-compare.csv, stream-compare.txt, torch-compare.csv, every stream-*.csv,
-# fabric.csv, command.txt (how it was called, every command line), logs.tgz (all logs); and
+# fabric.csv (fi_rma_bw write, write with FI_DELIVERY_COMPLETE as op write_dc, and read), command.txt
+# (how it was called, every command line), logs.tgz (all logs); and
 # stream-compare.png when matplotlib imports (else: python3 tests/gpu/stream_compare.py DIR --png
 # FILE wherever it does).
 set -uo pipefail
@@ -246,7 +247,9 @@ fab() {
     port=$((30000 + RANDOM % 20000))
     local p=$prov
     [ "$p" = tcp ] && p="tcp;ofi_rxm"
-    local args=(-p "$p" -E="$port" -o "$op" -S "$size" -I "$iters" -w 4 -W "$k" -m)
+    # write_dc: writes with FI_DELIVERY_COMPLETE (-U), a window ending where a quiet ends.
+    local args=(-p "$p" -E="$port" -o "${op%_dc}" -S "$size" -I "$iters" -w 4 -W "$k" -m)
+    [ "$op" = write_dc ] && args+=(-U)
     local dev_s=() dev_c=()
     if [ "$mem" = cuda ]; then
         args+=(-D cuda)
@@ -300,7 +303,7 @@ if want fabric && fits "fi_rma_bw, same windows and providers (write, read)" 40;
         mem=$(hmem_of "$prov")
         say "fi_rma_bw $lay on $prov, $mem memory"
         first=1
-        for op in write read; do
+        for op in write write_dc read; do
             for s in $FAB_SIZES; do
                 [ "$(left)" -lt 12 ] && { say "fi_rma_bw: out of time at $lay $op $s"; break 3; }
                 if ! fab "$lay" "$prov" "$mem" "$op" "$s" && [ $first = 1 ] && [ "$mem" = cuda ]; then
