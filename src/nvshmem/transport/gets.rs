@@ -8,10 +8,7 @@
 //! own: on tcp between two hosts, posting one took 12.6 us, so 200 gets in flight ran at 0.048 M/s
 //! (results/gpu-2026-11-29c).
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
-
-use parking_lot::Mutex;
 
 use super::endpoints::EpState;
 use super::memory::{copy_any, copy_many, is_device};
@@ -30,16 +27,11 @@ pub(super) use super::outbox::OPEN_FOR;
 /// Scratch word of a get's waiting context that holds its length (checked against its answer).
 const SCRATCH_LEN: usize = 3;
 
-/// Per endpoint: the open get request of each peer. The count lets progress pass an endpoint
-/// without open requests without taking the lock.
-#[derive(Default)]
-pub(super) struct GetBox {
-    open: Mutex<Vec<Option<OpenGets>>>,
-    opened: AtomicUsize,
-}
+/// Per endpoint: the open get request of each peer.
+pub(super) type GetBox = super::outbox::PerPeer<OpenGets>;
 
 /// A get request being filled.
-struct OpenGets {
+pub(super) struct OpenGets {
     slot: usize,
     /// Payload bytes written (records).
     used: usize,
@@ -79,12 +71,10 @@ impl Transport {
         let scratch = [0, stats.stamp(), traced as u64, len as u64];
         let (_, wait) = self.alloc_wait(c, ep, pe, t.local, &scratch)?;
         loop {
-            {
-                let mut open = e.getbox.open.lock();
-                if open.len() <= pe {
-                    open.resize_with(pe + 1, || None);
-                }
-                if let Some(o) = open[pe].as_mut() {
+            // Written into the open request when it has room; else the full one is taken (or
+            // there is none) and a new one opened below.
+            let placed = e.getbox.with(pe, |open| {
+                if let Some(o) = open.as_mut() {
                     if get_answer_fits(o.used, o.answer, len as usize) {
                         // SAFETY: the record lies inside the slot's payload area (checked above);
                         // the slot is this open request's until it is posted.
@@ -102,12 +92,12 @@ impl Transport {
                         return Ok(());
                     }
                 }
-                // Full (or none): closed, and a new one opened below.
-                if let Some(o) = open[pe].take() {
-                    e.getbox.opened.fetch_sub(1, Ordering::AcqRel);
-                    drop(open);
-                    self.close_gets(c, ep, pe, o);
-                }
+                Err(open.take())
+            });
+            match placed {
+                Ok(()) => return Ok(()),
+                Err(Some(full)) => self.close_gets(c, ep, pe, full),
+                Err(None) => {}
             }
             // Earlier puts to this peer leave first (a get after a fence then sees them).
             self.close_peer(c, ep, pe);
@@ -127,38 +117,16 @@ impl Transport {
                 since: Instant::now(),
                 traced: false,
             };
-            let mut open = e.getbox.open.lock();
-            if open.len() <= pe {
-                open.resize_with(pe + 1, || None);
-            }
             // Another thread on this endpoint may have opened one meanwhile: it goes first.
-            match open[pe].replace(fresh) {
-                Some(o) => {
-                    drop(open);
-                    self.close_gets(c, ep, pe, o);
-                }
-                None => {
-                    e.getbox.opened.fetch_add(1, Ordering::AcqRel);
-                }
+            if let Some(o) = e.getbox.with(pe, |open| open.replace(fresh)) {
+                self.close_gets(c, ep, pe, o);
             }
         }
     }
 
     /// Queues peer `pe`'s open get request (if any) for posting.
     pub(super) fn close_peer_gets(&self, c: &Connected, ep: usize, pe: usize) {
-        let b = &c.eps[ep].getbox;
-        if b.opened.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let o = {
-            let mut open = b.open.lock();
-            let o = open.get_mut(pe).and_then(|o| o.take());
-            if o.is_some() {
-                b.opened.fetch_sub(1, Ordering::AcqRel);
-            }
-            o
-        };
-        if let Some(o) = o {
+        if let Some(o) = c.eps[ep].getbox.take(pe) {
             self.close_gets(c, ep, pe, o);
         }
     }
@@ -166,24 +134,9 @@ impl Transport {
     /// Queues every open get request of endpoint `ep` for posting (`stale_only`: those open
     /// longer than [`OPEN_FOR`]).
     pub(super) fn close_all_gets(&self, c: &Connected, ep: usize, stale_only: bool) {
-        let b = &c.eps[ep].getbox;
-        if b.opened.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let taken: Vec<(usize, OpenGets)> = {
-            let mut open = b.open.lock();
-            let taken: Vec<(usize, OpenGets)> = open
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, o)| {
-                    o.as_ref()
-                        .is_some_and(|o| !stale_only || o.since.elapsed() >= OPEN_FOR)
-                })
-                .filter_map(|(pe, o)| o.take().map(|o| (pe, o)))
-                .collect();
-            b.opened.fetch_sub(taken.len(), Ordering::AcqRel);
-            taken
-        };
+        let taken = c.eps[ep]
+            .getbox
+            .take_where(|_, o| !stale_only || o.since.elapsed() >= OPEN_FOR);
         for (pe, o) in taken {
             self.close_gets(c, ep, pe, o);
         }

@@ -36,12 +36,73 @@ pub(super) const OPEN_FOR: Duration = Duration::from_micros(20);
 /// taking its locks (which the thread issuing puts takes for each message).
 #[derive(Default)]
 pub(super) struct Outbox {
-    open: Mutex<Vec<Option<Open>>>,
+    open: PerPeer<Open>,
     ready: Mutex<VecDeque<Ready>>,
-    /// Open messages (changed under `open`'s lock).
-    opened: AtomicUsize,
     /// Entries of `ready` (changed under its lock).
     queued: AtomicUsize,
+}
+
+/// The message being filled for each peer (a coalesced put message, a get request), with the
+/// count of open ones, so that progress passes an endpoint without any without taking the lock.
+pub(super) struct PerPeer<T> {
+    open: Mutex<Vec<Option<T>>>,
+    /// Open messages (changed under `open`'s lock).
+    opened: AtomicUsize,
+}
+
+impl<T> Default for PerPeer<T> {
+    fn default() -> Self {
+        PerPeer {
+            open: Mutex::new(Vec::new()),
+            opened: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<T> PerPeer<T> {
+    /// Runs `f` on peer `pe`'s entry under the lock; the count follows what `f` leaves there.
+    pub(super) fn with<R>(&self, pe: usize, f: impl FnOnce(&mut Option<T>) -> R) -> R {
+        let mut open = self.open.lock();
+        if open.len() <= pe {
+            open.resize_with(pe + 1, || None);
+        }
+        let was = open[pe].is_some();
+        let r = f(&mut open[pe]);
+        match (was, open[pe].is_some()) {
+            (true, false) => {
+                self.opened.fetch_sub(1, Ordering::AcqRel);
+            }
+            (false, true) => {
+                self.opened.fetch_add(1, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+        r
+    }
+
+    /// Peer `pe`'s open message, taken (none without the lock when no message is open).
+    pub(super) fn take(&self, pe: usize) -> Option<T> {
+        if self.opened.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.with(pe, Option::take)
+    }
+
+    /// Every open message for which `pick` (peer, message) holds, taken.
+    pub(super) fn take_where(&self, pick: impl Fn(usize, &T) -> bool) -> Vec<(usize, T)> {
+        if self.opened.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut open = self.open.lock();
+        let taken: Vec<(usize, T)> = open
+            .iter_mut()
+            .enumerate()
+            .filter(|(pe, o)| o.as_ref().is_some_and(|o| pick(*pe, o)))
+            .filter_map(|(pe, o)| o.take().map(|o| (pe, o)))
+            .collect();
+        self.opened.fetch_sub(taken.len(), Ordering::AcqRel);
+        taken
+    }
 }
 
 /// A coalesced message being filled.
@@ -196,9 +257,11 @@ impl Transport {
 
     /// Marks peer `pe`'s open message as holding a signal (see `Open::urgent`).
     fn mark_urgent(&self, c: &Connected, ep: usize, pe: usize) {
-        if let Some(Some(o)) = c.eps[ep].outbox.open.lock().get_mut(pe) {
-            o.urgent = true;
-        }
+        c.eps[ep].outbox.open.with(pe, |o| {
+            if let Some(o) = o {
+                o.urgent = true;
+            }
+        });
     }
 
     /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
@@ -240,19 +303,20 @@ impl Transport {
         let e = &c.eps[ep];
         let mut fill = Some(fill);
         loop {
-            {
-                let mut open = e.outbox.open.lock();
-                if open.len() <= pe {
-                    open.resize_with(pe + 1, || None);
-                }
-                if let Some(o) = open[pe].as_mut() {
+            // Placed in the open message when it has room (or refused by `fill`); else the full
+            // one is taken (or there is none) and a new one opened below.
+            let placed = e.outbox.open.with(pe, |open| {
+                if let Some(o) = open.as_mut() {
                     if o.used + need <= STAGE_CHUNK {
                         // SAFETY: the record lies inside the slot's payload area (checked above).
                         let rec = unsafe { e.send_slot_ptr(o.slot).add(AM_BYTES + o.used) };
                         // SAFETY: as above; the slot is this open message's until it is posted.
                         let buf = unsafe { std::slice::from_raw_parts_mut(rec, need) };
                         let defer = o.deferred.is_some();
-                        let rec = (fill.take().expect("filled once"))(buf, defer)?;
+                        let rec = match (fill.take().expect("filled once"))(buf, defer) {
+                            Ok(rec) => rec,
+                            Err(err) => return Ok(Err(err)),
+                        };
                         o.used += need;
                         o.count += 1;
                         match rec {
@@ -274,15 +338,15 @@ impl Transport {
                         }
                         o.traced |= traced;
                         o.fenced |= fenced;
-                        return Ok(());
+                        return Ok(Ok(()));
                     }
                 }
-                // Full (or none): closed, and a new one opened below.
-                if let Some(o) = open[pe].take() {
-                    e.outbox.opened.fetch_sub(1, Ordering::AcqRel);
-                    drop(open);
-                    self.close_open(c, ep, pe, o);
-                }
+                Err(open.take())
+            });
+            match placed {
+                Ok(r) => return r,
+                Err(Some(full)) => self.close_open(c, ep, pe, full),
+                Err(None) => {}
             }
             let slot = self.alloc_slot(c, ep, pe)?;
             let wait = match self.alloc_wait(c, ep, pe, 0, &[]) {
@@ -306,19 +370,9 @@ impl Transport {
                 fenced: false,
                 urgent: false,
             };
-            let mut open = e.outbox.open.lock();
-            if open.len() <= pe {
-                open.resize_with(pe + 1, || None);
-            }
             // Another thread on this endpoint may have opened one meanwhile: it goes first.
-            match open[pe].replace(fresh) {
-                Some(o) => {
-                    drop(open);
-                    self.close_open(c, ep, pe, o);
-                }
-                None => {
-                    e.outbox.opened.fetch_add(1, Ordering::AcqRel);
-                }
+            if let Some(o) = e.outbox.open.with(pe, |open| open.replace(fresh)) {
+                self.close_open(c, ep, pe, o);
             }
         }
     }
@@ -354,19 +408,7 @@ impl Transport {
 
     /// Moves peer `pe`'s open message (if any) to the queue of messages to post.
     pub(super) fn close_peer(&self, c: &Connected, ep: usize, pe: usize) {
-        let outbox = &c.eps[ep].outbox;
-        if outbox.opened.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let o = {
-            let mut open = outbox.open.lock();
-            let o = open.get_mut(pe).and_then(|o| o.take());
-            if o.is_some() {
-                outbox.opened.fetch_sub(1, Ordering::AcqRel);
-            }
-            o
-        };
-        if let Some(o) = o {
+        if let Some(o) = c.eps[ep].outbox.open.take(pe) {
             self.close_open(c, ep, pe, o);
         }
     }
@@ -374,26 +416,11 @@ impl Transport {
     /// Closes every open message of endpoint `ep` (`stale_only`: only those open longer than
     /// [`OPEN_FOR`]) and posts what is ready.
     pub(super) fn close_all(&self, c: &Connected, ep: usize, stale_only: bool) {
-        let e = &c.eps[ep];
-        let taken: Vec<(usize, Open)> = if e.outbox.opened.load(Ordering::Acquire) == 0 {
-            Vec::new()
-        } else {
-            let mut open = e.outbox.open.lock();
-            let taken: Vec<(usize, Open)> = open
-                .iter_mut()
-                .enumerate()
-                .filter(|(pe, o)| {
-                    o.as_ref().is_some_and(|o| {
-                        !stale_only
-                            || o.since.elapsed() >= OPEN_FOR
-                            || (o.urgent && self.only_open_outstanding(c, ep, *pe))
-                    })
-                })
-                .filter_map(|(pe, o)| o.take().map(|o| (pe, o)))
-                .collect();
-            e.outbox.opened.fetch_sub(taken.len(), Ordering::AcqRel);
-            taken
-        };
+        let taken = c.eps[ep].outbox.open.take_where(|pe, o| {
+            !stale_only
+                || o.since.elapsed() >= OPEN_FOR
+                || (o.urgent && self.only_open_outstanding(c, ep, pe))
+        });
         for (pe, o) in taken {
             self.close_open(c, ep, pe, o);
         }
