@@ -640,7 +640,6 @@ impl Transport {
             return self.stage_get(c, t);
         }
         // Earlier puts and gets to this peer leave first (a get after a fence then sees them).
-        self.close_peer_gets(c, ep, pe as usize);
         self.close_peer(c, ep, pe as usize);
         self.post_staged(c, ep);
         let traced = self.mover.stats().sample(len);

@@ -406,8 +406,10 @@ impl Transport {
         Ok(())
     }
 
-    /// Moves peer `pe`'s open message (if any) to the queue of messages to post.
+    /// Moves peer `pe`'s open message (if any: a put message or a get request, never both, as
+    /// each closes the other before it opens) to the queue of messages to post.
     pub(super) fn close_peer(&self, c: &Connected, ep: usize, pe: usize) {
+        self.close_peer_gets(c, ep, pe);
         if let Some(o) = c.eps[ep].outbox.open.take(pe) {
             self.close_open(c, ep, pe, o);
         }
@@ -689,7 +691,6 @@ impl Transport {
         let traced = stats.sample(len);
         // Earlier small puts and gets to this peer leave first; the first chunk carries a fence
         // owed.
-        self.close_peer_gets(c, ep, pe);
         self.close_peer(c, ep, pe);
         let mut fenced = self.fence_gate(c, ep, pe, Via::Message)?;
         let mut off = 0u64;

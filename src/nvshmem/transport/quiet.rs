@@ -92,7 +92,7 @@ impl Transport {
         let deadline = Instant::now() + self.cfg.quiet_timeout;
         // Kernel atomics of the endpoint (to any PE; they need no peer to be decided) first.
         self.settle_kernel_amos(ep, Some(deadline))?;
-        // Staged puts to this PE still being coalesced leave now.
+        // Staged puts and gets to this PE still being coalesced leave now.
         self.close_peer(c, ep, pe as usize);
         self.post_staged(c, ep);
         let target = a.submitted.load(Ordering::Acquire);
