@@ -604,6 +604,37 @@ impl Mover {
         }
     }
 
+    /// Copies submitted on endpoint `ep` so far (held ones included): what
+    /// [`Mover::copies_done`] waits for, to let something follow them without a wait.
+    pub fn copies_submitted(&self, ep: usize) -> u64 {
+        self.queues
+            .get(ep)
+            .and_then(|q| q.lock().as_ref().map(|q| q.counts().0))
+            .unwrap_or(0)
+    }
+
+    /// Whether the first `upto` copies submitted on endpoint `ep` have completed, polled without
+    /// waiting for a thread that is submitting (`Ok(false)` then); an error when a copy failed
+    /// since the last quiet (what follows the copies must not announce them).
+    pub fn copies_done(&self, ep: usize, upto: u64) -> MResult<bool> {
+        let Some(q) = self.queues.get(ep) else {
+            return Ok(true);
+        };
+        let Some(mut g) = q.try_lock() else {
+            return Ok(false);
+        };
+        let Some(q) = g.as_mut() else {
+            return Ok(true);
+        };
+        if q.counts().1 < upto {
+            q.poll();
+        }
+        if let Some(e) = q.pending_error() {
+            return Err(e.clone());
+        }
+        Ok(q.counts().1 >= upto)
+    }
+
     /// Hands endpoint `ep`'s held copies to the copy engine now, so that a copy enqueued after
     /// this call runs after them (copies of one submission run in no order among themselves).
     pub fn flush(&self, ep: usize) -> MResult<()> {

@@ -397,6 +397,11 @@ impl<E: CopyEngine> CopyQueue<E> {
         (self.submitted, self.completed, self.marks)
     }
 
+    /// The error quiet will report (a copy failed since the last quiet), left in place.
+    pub fn pending_error(&self) -> Option<&MoverError> {
+        self.error.as_ref()
+    }
+
     /// Waits until every copy submitted before the call has completed, or `deadline` passes
     /// (error, the copies stay counted as outstanding). Returns the first error since the last
     /// quiet, once.

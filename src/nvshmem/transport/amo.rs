@@ -117,8 +117,17 @@ impl Transport {
             self.settle_kernel_amos(ep, Some(Instant::now() + self.cfg.quiet_timeout))?;
         }
         // Puts carried by same-host copies on this endpoint land before an AMO that may signal them
-        // (put-with-signal, barriers, flags): the AMO travels another way, so it waits for them.
-        self.wait_copies(ep, "amo: earlier puts")?;
+        // (put-with-signal, barriers, flags): the AMO travels another way, so it follows them. A
+        // non-fetching AMO on the staged path rides a message that leaves once they are complete
+        // (the outbox waits, not this thread); any other way waits for them here.
+        let staged = !fetch
+            && super::group::current().is_none()
+            && !self.rails.active()
+            && !self.route.provider_atomics;
+        let after_copies = self.mover.outstanding(ep) > 0;
+        if after_copies && !staged {
+            self.wait_copies(ep, "amo: earlier puts")?;
+        }
         // With rails, one rail at a time carries a peer's atomics (rail 0 until it fails towards
         // the peer): posted there already, or the transport's ways below under the peer's gate.
         let _gate = match self.rails_amo(c, pe as usize, opc, t, val, size, ep)? {
@@ -149,7 +158,8 @@ impl Transport {
         // A non-fetching AMO outside a blocking call shares its peer's open staged message.
         if !fetch && super::group::current().is_none() {
             let raddr = t.remote.ptr as u64;
-            return self.stage_amo(c, pe as usize, ep, opc, raddr, val, size as u32);
+            let follow = after_copies && staged;
+            return self.stage_amo(c, pe as usize, ep, opc, raddr, val, size as u32, follow);
         }
         self.amo_target(c, pe, opc, t, val, size, ep)
     }

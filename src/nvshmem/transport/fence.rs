@@ -158,6 +158,31 @@ impl Transport {
         }
     }
 
+    /// [`Transport::fence_gate`] for a staged message that follows the endpoint's same-host copies
+    /// by itself (the outbox posts it once they are complete: `Open::after_copies`): the fence to
+    /// carry, and whether the message must follow the copies issued before the fence, instead of
+    /// a wait here. Inside a blocking call, the wait of [`Via::Other`].
+    pub(super) fn fence_gate_deferred(
+        &self,
+        c: &Connected,
+        ep: usize,
+        pe: usize,
+    ) -> TResult<(bool, bool)> {
+        if super::group::current().is_some() {
+            return self
+                .fence_gate(c, ep, pe, Via::Message)
+                .map(|carry| (carry, false));
+        }
+        let Some(a) = c.eps[ep].peer.get(pe) else {
+            return Ok((false, false));
+        };
+        if a.fence.load(Ordering::Acquire) == 0 {
+            return Ok((false, false));
+        }
+        let bits = a.fence.swap(0, Ordering::AcqRel);
+        Ok((bits & FENCE_MSG != 0, bits & FENCE_COPY != 0))
+    }
+
     /// Owes peer `pe` the fence again: the message that was to carry it was not queued (an error
     /// the caller returns), so the next one carries it.
     pub(super) fn fence_owed_again(&self, c: &Connected, ep: usize, pe: usize) {

@@ -129,6 +129,10 @@ struct Open {
     /// Some record is a signal: someone waits for it, so the message closes as soon as nothing
     /// else to the peer is outstanding ([`Transport::close_all`]), not after [`OPEN_FOR`].
     urgent: bool,
+    /// Some record follows the endpoint's same-host copies (an AMO that may signal them, a
+    /// fence after them): the message leaves once the first this many copies submitted on the
+    /// endpoint are complete (0: no such record).
+    after_copies: u64,
 }
 
 /// A message whose payload is (being) copied into its send slot.
@@ -142,6 +146,8 @@ struct Ready {
     traced: bool,
     /// Done once the payload is in the slot; `None`: it is already.
     copied: Option<Copied>,
+    /// Posted once the first this many same-host copies of the endpoint are complete (0: at once).
+    after_copies: u64,
     queued: Option<Instant>,
 }
 
@@ -185,7 +191,7 @@ impl Transport {
             ep,
             pe,
             record_bytes(len),
-            traced,
+            (traced, 0),
             fenced,
             |buf, defer| {
                 write_record(buf, t.remote, len as u32, fenced);
@@ -207,7 +213,10 @@ impl Transport {
     /// the message at once when nothing else to the peer is outstanding (someone waits for it);
     /// else the message fills until an answer comes back, as Nagle's rule has a TCP segment wait
     /// (a stream of signals then shares messages: one batch of AMO words at the target for many);
-    /// other AMOs leave with the message.
+    /// other AMOs leave with the message. `follow_copies`: the AMO must land after the endpoint's
+    /// same-host copies issued before it (puts it may signal), and so must one after a fence that
+    /// found such copies outstanding: the message leaves once they are complete, and this thread
+    /// does not wait for them (a put-with-signal on one host waited 17 us for its put here).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_amo(
         &self,
@@ -218,14 +227,20 @@ impl Transport {
         addr: u64,
         val: u64,
         size: u32,
+        follow_copies: bool,
     ) -> TResult<()> {
-        let fenced = self.fence_gate(c, ep, pe, Via::Message)?;
+        let (fenced, fence_copies) = self.fence_gate_deferred(c, ep, pe)?;
+        let after_copies = if follow_copies || fence_copies {
+            self.mover.copies_submitted(ep)
+        } else {
+            0
+        };
         self.append_record(
             c,
             ep,
             pe,
             record_bytes(AMO_RECORD),
-            false,
+            (false, after_copies),
             fenced,
             |buf, _| {
                 write_amo_record(buf, addr, op, size, val, fenced);
@@ -267,8 +282,10 @@ impl Transport {
     /// Appends a record of `need` bytes to peer `pe`'s open message on endpoint `ep` (opened with
     /// a send slot and a waiting context when there is none or it is full); `fill` writes it
     /// (told whether a copy out of GPU memory is to be deferred to the message's close) and says
-    /// what it did about the payload. `fenced`: the record carries a fence (so does the message);
-    /// owed again when the record is not placed.
+    /// what it did about the payload. `(traced, after_copies)`: the record is on the debug
+    /// timeline; it follows the first `after_copies` same-host copies of the endpoint (0: none,
+    /// `Open::after_copies`). `fenced`: the record carries a fence (so does the message); owed
+    /// again when the record is not placed.
     #[allow(clippy::too_many_arguments)]
     fn append_record(
         &self,
@@ -276,13 +293,13 @@ impl Transport {
         ep: usize,
         pe: usize,
         need: usize,
-        traced: bool,
+        (traced, after_copies): (bool, u64),
         fenced: bool,
         fill: impl FnOnce(&mut [u8], bool) -> TResult<Rec>,
     ) -> TResult<()> {
         // Earlier gets to this peer leave first (the queue keeps the order they were issued in).
         self.close_peer_gets(c, ep, pe);
-        let r = self.place_record(c, ep, pe, need, traced, fenced, fill);
+        let r = self.place_record(c, ep, pe, need, (traced, after_copies), fenced, fill);
         if r.is_err() && fenced {
             self.fence_owed_again(c, ep, pe);
         }
@@ -296,7 +313,7 @@ impl Transport {
         ep: usize,
         pe: usize,
         need: usize,
-        traced: bool,
+        (traced, after_copies): (bool, u64),
         fenced: bool,
         fill: impl FnOnce(&mut [u8], bool) -> TResult<Rec>,
     ) -> TResult<()> {
@@ -338,6 +355,7 @@ impl Transport {
                         }
                         o.traced |= traced;
                         o.fenced |= fenced;
+                        o.after_copies = o.after_copies.max(after_copies);
                         return Ok(Ok(()));
                     }
                 }
@@ -369,6 +387,7 @@ impl Transport {
                 traced: false,
                 fenced: false,
                 urgent: false,
+                after_copies: 0,
             };
             // Another thread on this endpoint may have opened one meanwhile: it goes first.
             if let Some(o) = e.outbox.open.with(pe, |open| open.replace(fresh)) {
@@ -443,6 +462,7 @@ impl Transport {
             ..Default::default()
         };
         let msgs = vec![(o.slot, hdr, o.wait)];
+        let gate = (o.traced, o.after_copies);
         if let Some(copies) = o.deferred.filter(|d| !d.is_empty()) {
             // The records' copies out of GPU memory as one launch of the copy kernel, unless some
             // record's copy is on the copy stream already (the message then waits for one mark).
@@ -459,7 +479,7 @@ impl Transport {
                     .and_then(|ks| unsafe { ks.launch(&copies) })
             };
             if let Some(id) = launched {
-                self.push_ready(c, ep, pe, msgs, Some(Copied::Kernel(id)), o.traced);
+                self.push_ready(c, ep, pe, msgs, Some(Copied::Kernel(id)), gate);
                 return;
             }
             // Not launched (held after a take-over, no slot): the copy engine, on the copy stream
@@ -470,15 +490,16 @@ impl Transport {
                 e.finish_wait(o.wait, Some(msg), "a staged put not copied");
                 return;
             }
-            self.enqueue_ready(c, ep, pe, msgs, Some(o.cuda_ctx), o.traced);
+            self.enqueue_ready(c, ep, pe, msgs, Some(o.cuda_ctx), gate);
             return;
         }
         let device = o.device.then_some(o.cuda_ctx);
-        self.enqueue_ready(c, ep, pe, msgs, device, o.traced);
+        self.enqueue_ready(c, ep, pe, msgs, device, gate);
     }
 
     /// Queues messages whose payload copies were issued (`device`: on the copy stream of that
-    /// CUDA context, so they are marked by one event now; `None`: they are in place).
+    /// CUDA context, so they are marked by one event now; `None`: they are in place). `gate`:
+    /// traced, and the same-host copies they follow ([`Ready::after_copies`]).
     fn enqueue_ready(
         &self,
         c: &Connected,
@@ -486,7 +507,7 @@ impl Transport {
         pe: usize,
         msgs: Vec<(usize, AmMsg, u64)>,
         device: Option<usize>,
-        traced: bool,
+        gate: (bool, u64),
     ) {
         let e = &c.eps[ep];
         let copied = if let Some(ctx) = device {
@@ -505,10 +526,11 @@ impl Transport {
         } else {
             None
         };
-        self.push_ready(c, ep, pe, msgs, copied.map(Copied::Mark), traced);
+        self.push_ready(c, ep, pe, msgs, copied.map(Copied::Mark), gate);
     }
 
-    /// Queues messages whose payload gets into place by `copied` (`None`: it is).
+    /// Queues messages whose payload gets into place by `copied` (`None`: it is); `gate` as for
+    /// [`Transport::enqueue_ready`].
     fn push_ready(
         &self,
         c: &Connected,
@@ -516,7 +538,7 @@ impl Transport {
         pe: usize,
         msgs: Vec<(usize, AmMsg, u64)>,
         copied: Option<Copied>,
-        traced: bool,
+        (traced, after_copies): (bool, u64),
     ) {
         let e = &c.eps[ep];
         let queued = self.mover.stats().start();
@@ -530,6 +552,7 @@ impl Transport {
                 wait,
                 traced,
                 copied: copied.clone(),
+                after_copies,
                 queued,
             });
         }
@@ -547,7 +570,7 @@ impl Transport {
         wait: u64,
         traced: bool,
     ) {
-        self.push_ready(c, ep, pe, vec![(slot, hdr, wait)], None, traced);
+        self.push_ready(c, ep, pe, vec![(slot, hdr, wait)], None, (traced, 0));
     }
 
     /// Posts the queued messages of endpoint `ep` whose payload is in place, in order per peer; a
@@ -612,6 +635,23 @@ impl Transport {
                                 }
                             }
                         }
+                    }
+                }
+            }
+            // A message that follows the endpoint's same-host copies (an AMO that may signal
+            // them) leaves once they are complete; a failed one is not announced.
+            if failed.is_none() && q[k].after_copies > 0 {
+                match self.mover.copies_done(ep, q[k].after_copies) {
+                    Ok(true) => q[k].after_copies = 0,
+                    Ok(false) => {
+                        blocked.push(q[k].pe);
+                        k += 1;
+                        continue;
+                    }
+                    Err(err) => {
+                        failed = Some(format!(
+                            "staged message not sent: the same-host copies before it failed: {err}"
+                        ))
                     }
                 }
             }
@@ -750,7 +790,7 @@ impl Transport {
                 // What was copied in goes (its copies are enqueued); an error stops the rest.
                 if !msgs.is_empty() {
                     let ctx = device.then(cuda::current_context);
-                    self.enqueue_ready(c, ep, pe, msgs, ctx, traced);
+                    self.enqueue_ready(c, ep, pe, msgs, ctx, (traced, 0));
                 }
                 self.post_staged(c, ep);
                 result?;
