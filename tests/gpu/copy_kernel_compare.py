@@ -11,12 +11,11 @@ call), writes every row with its call and variant to --csv, and with matplotlib 
 gets per layout.
 """
 import argparse
-import csv
 import os
 import re
 import sys
 
-from stream_compare import library_rows
+from stream_compare import library_rows, pyplot, write_rows
 
 NAME = re.compile(r"^(c\d+)-(same|two)-(kernel|engine)(?:-([\w-]+))?\.csv$")
 
@@ -74,19 +73,10 @@ def main():
         x = k / v if v > 0 else float("nan")
         print(f"{call:5} {layout:9} {op:10} {blk:3d} {size:9d} {v:8.3f}{u[0]:>2} {k:8.3f}{u[0]:>2} {x:6.2f}")
     if a.csv:
-        with open(a.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {a.csv} ({len(rows)} rows)")
+        write_rows(a.csv, rows)
     if a.png:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("matplotlib not importable: no PNG", file=sys.stderr)
+        plt = pyplot()
+        if plt is None:
             return 0
         layouts = sorted({r["layout"] for r in rows})
         fig, axes = plt.subplots(1, len(layouts), figsize=(6 * len(layouts), 4.5), squeeze=False)

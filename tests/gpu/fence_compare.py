@@ -10,12 +10,11 @@ and order / quiet), writes every row with its variant and rep to --csv, and with
 of put_signal, amo and signal per layout.
 """
 import argparse
-import csv
 import os
 import re
 import sys
 
-from stream_compare import library_rows
+from stream_compare import library_rows, pyplot, write_rows
 
 NAME = re.compile(r"^(same|two)-([A-Za-z0-9]+)-(\d+)$")
 # Shown in this order, then any other variant (fence_run.sh's VARIANT_ENV) by name.
@@ -86,19 +85,10 @@ def main():
     for r in bad:
         print(f"NOT VERIFIED: {r}")
     if a.csv:
-        with open(a.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {a.csv} ({len(rows)} rows)")
+        write_rows(a.csv, rows)
     if a.png:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("matplotlib not importable: no PNG", file=sys.stderr)
+        plt = pyplot()
+        if plt is None:
             return 0
         layouts = sorted({r["layout"] for r in rows})
         fig, axes = plt.subplots(1, len(layouts), figsize=(6 * len(layouts), 4.5), squeeze=False)

@@ -86,6 +86,29 @@ def load(d):
     return stream, provider, fabric
 
 
+def write_rows(path, rows):
+    """Writes `rows` (dicts with the keys of the first) to the CSV file `path` and says so."""
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path} ({len(rows)} rows)")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (said on stderr) where matplotlib does not
+    import."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not importable: no PNG", file=sys.stderr)
+        return None
+    return plt
+
+
 def fmt(x, nd=3):
     return "" if x is None else f"{x:.{nd}f}"
 
