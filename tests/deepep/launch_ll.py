@@ -9,7 +9,18 @@ What differs from running the test file directly, and why (nothing else does):
   * the process group backend is gloo when ranks share a GPU (NCCL refuses two ranks on one device:
     "Duplicate GPU detected"), nccl otherwise; DEEPEP_PG_BACKEND overrides it;
   * with gloo, dist.all_gather_into_tensor into a (world, *shape) tensor is done as all_gather +
-    copy (torch 2.11's gloo rejects that output shape).
+    copy (torch 2.11's gloo rejects that output shape);
+  * DEEPEP_DUMP_AFTER=S: every rank writes every thread's Python stack to stderr every S seconds
+    (faulthandler), so that a run that hangs says where each rank waits;
+  * DEEPEP_TRACE_CALLS=N: every rank prints its first N low_latency_dispatch / low_latency_combine
+    calls (number, keyword arguments that select a kernel variant) as it makes them, so that a run
+    that hangs says which call it hangs in;
+  * DEEPEP_SYNC_CALLS=1: before every low_latency_dispatch / low_latency_combine call each rank waits
+    for its GPU and then for the other ranks (torch.cuda.synchronize, a process group barrier), so
+    that the ranks' kernels are launched together. For ranks sharing one GPU under MPS, where a
+    rank's kernel that waits for a peer whose kernel was launched later was seen to keep that
+    kernel from ever posting (results/gpu-2026-11-29e). The kernels, and DeepEP's per-kernel
+    timings, are unchanged; wall-clock figures of the test are not comparable.
 The test's kernels calls, data, correctness checks and timings are DeepEP's. The test code is read
 from $DEEPEP_TREE/tests/test_low_latency.py (or tests/legacy/ on DeepEP main) and executed in this
 module, so that torch.multiprocessing's spawned children find test_loop here.
@@ -71,6 +82,10 @@ def init_dist(local_rank: int, num_local_ranks: int):
     if backend == 'nccl' and 'device_id' in inspect.signature(dist.init_process_group).parameters:
         params['device_id'] = torch.device(f'cuda:{device}')
     torch.cuda.set_device(device)
+    dump_after = float(os.getenv('DEEPEP_DUMP_AFTER', '0') or 0)
+    if dump_after > 0:
+        import faulthandler
+        faulthandler.dump_traceback_later(dump_after, repeat=True, file=sys.stderr)
     dist.init_process_group(**params)
     if backend == 'gloo':
         dist.all_gather_into_tensor = _all_gather_into_tensor_compat(dist.all_gather_into_tensor)
@@ -85,6 +100,32 @@ def init_dist(local_rank: int, num_local_ranks: int):
 
 
 deepep_test_utils.init_dist = init_dist
+
+_trace_calls = int(os.getenv('DEEPEP_TRACE_CALLS', '0') or 0)
+_sync_calls = os.getenv('DEEPEP_SYNC_CALLS', '0') not in ('', '0')
+if _trace_calls > 0 or _sync_calls:
+    import deep_ep as _deep_ep
+    _calls = [0]
+
+    def _traced(name):
+        original = getattr(_deep_ep.Buffer, name)
+        keys = ('use_fp8', 'round_scale', 'use_ue8m0', 'use_logfmt', 'zero_copy', 'async_finish',
+                'return_recv_hook')
+
+        def call(self, *args, **kwargs):
+            _calls[0] += 1
+            if _calls[0] <= _trace_calls:
+                shown = ' '.join(f'{k}={kwargs[k]}' for k in keys if k in kwargs)
+                rank = dist.get_rank() if dist.is_initialized() else -1
+                print(f'[launch_ll] rank {rank} call {_calls[0]}: {name} {shown}', file=sys.stderr, flush=True)
+            if _sync_calls:
+                torch.cuda.synchronize()
+                dist.barrier()
+            return original(self, *args, **kwargs)
+        setattr(_deep_ep.Buffer, name, call)
+
+    _traced('low_latency_dispatch')
+    _traced('low_latency_combine')
 
 # --pressure-test loops over range(int(1e9)) seeds; DEEPEP_PRESSURE_SEEDS=N bounds that one loop to N
 # seeds (each seed still runs the test's own 1 + 20 hash-checked rounds). Only a range whose sole

@@ -4,7 +4,8 @@
 #   config,path,ranks,gpus,dispatch_us,combine_us,dispatch_combine_us,dispatch_send_us,combine_send_us
 #
 #   PLUGIN_DIR=.gpu/plugin/lib LIBFABRIC_HOME=.gpu/libfabric OUT=out \
-#       bash tests/deepep/ll_matrix.sh [--configs "T:H:E:K ..."] [--ranks N] [--seeds S] [--two-host] DEEPEP_TREE
+#       bash tests/deepep/ll_matrix.sh [--configs "T:H:E:K ..."] [--ranks N] [--seeds S] [--two-host]
+#       [--no-p2p-ref] [--no-gda] [--debug] DEEPEP_TREE   (the last three: run.sh's options)
 #
 # The tree is copied once per machine to $DEEPEP_WORK (default /tmp/deepep-ll/DeepEP) and built there
 # (tests/deepep/run.sh, SAVE_EXT=$OUT/deepep-ext.tgz when set), so that calls that follow each other on a
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --configs) configs=${2:?}; shift ;;
     --ranks) ranks=${2:?}; shift ;;
     --seeds) seeds=${2:?}; shift ;;
-    --no-p2p-ref | --no-gda | --two-host) extra+=("$1") ;;
+    --no-p2p-ref | --no-gda | --two-host | --debug) extra+=("$1") ;;
     -*) echo "ll_matrix.sh: unknown option $1" >&2; exit 2 ;;
     *) tree=$1 ;;
     esac

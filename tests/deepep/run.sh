@@ -8,7 +8,8 @@
 #   1. patches/deepep/apply.sh DEEPEP_TREE (in place; idempotent);
 #   2. builds DeepEP's extension in place (python setup.py build_ext --inplace, sm_90 only,
 #      MAX_JOBS = cores) with the torch venv's python, unless it is already built from these sources;
-#   3. with fewer GPUs than ranks: starts CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks)
+#   3. with fewer GPUs than ranks: starts CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks,
+#      or DEEPEP_MPS_PERCENT; DeepEP sizes its grids from the SMs a rank sees)
 #      and stops it at the end if this script started it;
 #   4. test_low_latency.py, 2 ranks, --disable-nvlink (DeepEP then sets NVSHMEM_DISABLE_P2P=1: every
 #      token goes through NVSHMEM's remote transport = this library, GDA software queue), the library
@@ -201,7 +202,7 @@ if [ "$ngpu" -lt "$ranks" ]; then
         nvidia-cuda-mps-control -d || die "could not start the CUDA MPS control daemon"
         mps_started=1
     fi
-    mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / ranks)))
+    mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${DEEPEP_MPS_PERCENT:-$((100 / ranks))})
     say "placement: $ranks ranks on $ngpu GPU(s), CUDA MPS (${mps_env[*]}), process group gloo"
 else
     say "placement: $ranks ranks on $ngpu GPUs, one per GPU, process group nccl"

@@ -27,7 +27,9 @@
 #   same     the stream benchmark, same-host layout, library on shm (tests/gpu/stream_run.sh --quick
 #            --only same)
 #   threads  the first build only: the GDA sweep at 66x8 posting warps, 64 queues, software-queue
-#            consumer threads 1 and 4 (GDA_SWEEP_THREADS)
+#            consumer threads 1 and 4 (GDA_SWEEP_THREADS); AB_SWEEP_POINTS, AB_SWEEP_QUEUES,
+#            AB_SWEEP_THREADS, AB_SWEEP_BUDGET_S (seconds per point) and AB_SWEEP_LIMIT (the step's
+#            limit, default 150 s) replace those
 #   two      the first build only: the stream benchmark in the two-host layout (library on tcp
 #            between two network namespaces, its null completion, fi_rma_bw between them), with the
 #            library's per-stage times in the log (nvshmem_efa_gda::stages=debug)
@@ -151,8 +153,10 @@ if want same; then
     done
 fi
 if want threads; then
-    run "threads-${names[0]}" 150 env GDA_BENCH_SETS=sweep GDA_SWEEP_THREADS="1 4" GDA_SWEEP_QUEUES=64 \
-        GDA_SWEEP=66x8 "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/threads-${names[0]}"
+    run "threads-${names[0]}" "${AB_SWEEP_LIMIT:-150}" env GDA_BENCH_SETS=sweep \
+        GDA_SWEEP_THREADS="${AB_SWEEP_THREADS:-1 4}" GDA_SWEEP_QUEUES="${AB_SWEEP_QUEUES:-64}" \
+        GDA_SWEEP="${AB_SWEEP_POINTS:-66x8}" GDA_SWEEP_BUDGET_S="${AB_SWEEP_BUDGET_S:-8}" \
+        "${gda[@]}" --plugin-dir "${dirs[0]}" --out "$OUT/threads-${names[0]}"
     cat "$OUT/threads-${names[0]}/bench-sweep.csv" 2>/dev/null | sed 's/^/    /' | tee -a "$SUM"
 fi
 if want two; then

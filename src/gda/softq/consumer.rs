@@ -544,7 +544,12 @@ impl Consumer {
         let done = word(OFF_DONE);
         let cq_ci = word(OFF_CQ_CI);
         let err_lock = word(OFF_FIRST_ERROR);
+        // Idle: nothing to report, except at debug level once after WQEs were taken (the totals
+        // once everything went quiet, e.g. when an application waits for a signal that every
+        // WQE taken has already delivered).
+        let took_since = ci > taken_before;
         if self.in_flight == 0
+            && !(took_since && tracing::enabled!(tracing::Level::DEBUG))
             && self.outbox.is_empty()
             && self.stalled.is_empty()
             && pending_wqes == 0

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# DeepEP's low-latency test with both ranks on one GPU under CUDA MPS, in variants that tell apart
+# why it stops there (results/gpu-2026-11-29e: both dispatches of the first round pass, then one
+# rank's first combine posts no WQE and both ranks wait for ever; DeepEP's kernels have no timeout).
+#
+#   PLUGIN_DIR=.gpu/plugin/lib LIBFABRIC_HOME=.gpu/libfabric NVSHMEM_DISABLE_NVLS=1 \
+#   LOAD_EXT=.gpu/deepep-ext-q.tgz OUT=<dir> bash tests/deepep/onegpu_probe.sh [--limit S] \
+#       [--config T:H:E:K] [--variants LIST] DEEPEP_TREE
+#
+# Variants (--variants, comma-separated; default all, in this order):
+#   mps50  the runner's placement (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks = 50)
+#   mps40  40 % each: DeepEP sizes its grids from the SMs it sees (52 instead of 66): combine grids
+#          of 43 blocks (64 at 50 %), 86 for both ranks, more than one rank's share
+#   mps25  25 % each (33 SMs seen): combine grids of 32 blocks, 64 for both: within the GPU and
+#          within the sum of the shares, not within one share. Passing here and not at 40 % would
+#          say that the two grids must fit the GPU; failing here too, that they must fit one share
+#   host   50 %, the software queue's host copy route (NVSHMEM_EFA_SOFT_IPC=host): no kernel of the
+#          library in either process
+#   sync   50 %, every dispatch / combine call made by both ranks together (DEEPEP_SYNC_CALLS=1)
+#   p2p    DeepEP's own NVLink path on NVSHMEM's P2P transport (no queue of the library), 50 %
+# Each variant is tests/deepep/ll_matrix.sh with one config (default 128:7168:32:8, a 32-expert one:
+# one warp group per SM), CASE_TIMEOUT=S (--limit, default 60; a pass takes about 35 s on two GPUs),
+# DEEPEP_TRACE_CALLS=8, the library's log at debug level (its idle report gives each PE's WQEs taken
+# and AMOs applied). Each runs in a session of its own (setsid), killed as a group 30 s after its
+# limit, and the MPS daemon is stopped after it, so that a hung variant does not take the next with
+# it (a killed client left in the MPS server makes it refuse new ones). No output goes through a pipe
+# (a process that outlives its runner would hold the pipe open).
+# Prints, and writes to $OUT/probe.txt, per variant: the runner's verdict, the last DeepEP call of
+# each rank, each PE's WQEs taken and AMOs applied, copy-kernel launches taken over. Logs: $OUT/<variant>/.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+limit=60
+config=128:7168:32:8
+variants=mps50,mps40,mps25,host,sync,p2p
+tree=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --limit) limit=${2:?--limit needs seconds}; shift ;;
+    --config) config=${2:?--config needs T:H:E:K}; shift ;;
+    --variants) variants=${2:?--variants needs a list}; shift ;;
+    -*) echo "onegpu_probe.sh: unknown option $1" >&2; exit 2 ;;
+    *) tree=$1 ;;
+    esac
+    shift
+done
+[ -d "$tree" ] || { echo "onegpu_probe.sh: DEEPEP_TREE missing" >&2; exit 2; }
+case $limit in '' | *[!0-9]*) echo "onegpu_probe.sh: --limit must be seconds" >&2; exit 2 ;; esac
+case $config in *:*:*:*) ;; *) echo "onegpu_probe.sh: --config must be T:H:E:K" >&2; exit 2 ;; esac
+for v in ${variants//,/ }; do
+    case $v in mps50 | mps40 | mps25 | host | sync | p2p) ;; *) echo "onegpu_probe.sh: unknown variant '$v' (mps50,mps40,mps25,host,sync,p2p)" >&2; exit 2 ;; esac
+done
+OUT=${OUT:-$PWD/onegpu-probe}
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+probe=$OUT/probe.txt
+: >"$probe"
+say() { echo "[onegpu probe] $*" | tee -a "$probe"; }
+export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps}
+export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
+stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 2; }
+
+summarize() { # summarize VARIANT DIR
+    local v=$1 d=$2 log verdict r
+    log=$(ls "$d"/*/gda.log "$d"/*/p2p.log 2>/dev/null | head -n 1)
+    verdict=$(grep -hE 'run (gda|p2p): (PASS|TIMEOUT|FAIL)' "$d/console.txt" 2>/dev/null | tail -n 1)
+    say "$v: ${verdict:-no verdict (killed by the probe after $((limit + 30)) s?)}"
+    [ -n "$log" ] || { say "$v:   no test log"; return; }
+    for r in 0 1; do
+        say "$v:   rank $r last call: $(grep -ao "rank $r call [0-9]*: [a-z_]*" "$log" | tail -n 1 | sed "s/rank $r call //")"
+    done
+    # The library's debug report: "software queue of PE P: ... ring R's doorbell D, T WQEs taken (...)
+    # ... AMO messages: A applied in B batches"; the last one per PE.
+    for r in 0 1; do
+        local line
+        line=$(grep -a "software queue of PE $r:" "$log" | tail -n 1)
+        [ -n "$line" ] || { say "$v:   PE $r: no report of the software queue"; continue; }
+        say "$v:   PE $r: $(echo "$line" | grep -o '[0-9]* WQEs taken (' | tr -d '(')total, $(echo "$line" | grep -o 'AMO messages: [0-9]* applied' | sed 's/AMO messages: //') AMOs"
+    done
+    say "$v:   copy-kernel launches taken over (warnings): $(grep -ac 'had not started after' "$log")"
+    grep -aE '^\[(Dispatch|Combine)|Dispatch \+ combine|passed' "$log" | head -n 6 | sed "s/^/[onegpu probe] $v:   /" | tee -a "$probe"
+}
+
+say "config $config, limit $limit s per variant, variants $variants"
+for v in ${variants//,/ }; do
+    d=$OUT/$v
+    mkdir -p "$d"
+    venv=(DEEPEP_TRACE_CALLS=8 CASE_TIMEOUT="$limit" OUT="$d")
+    vargs=(--no-p2p-ref --debug)
+    case $v in
+    mps40) venv+=(DEEPEP_MPS_PERCENT=40) ;;
+    mps25) venv+=(DEEPEP_MPS_PERCENT=25) ;;
+    host) venv+=(NVSHMEM_EFA_SOFT_IPC=host) ;;
+    sync) venv+=(DEEPEP_SYNC_CALLS=1) ;;
+    p2p) vargs=(--no-gda) ;;
+    esac
+    stop_mps
+    t0=$SECONDS
+    setsid env "${venv[@]}" bash "$here/ll_matrix.sh" "${vargs[@]}" --configs "$config" "$tree" \
+        >"$d/console.txt" 2>&1 </dev/null &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt $((limit + 30)) ]; do sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -9 -- "-$pid" 2>/dev/null
+        say "$v: killed after $((SECONDS - t0)) s"
+    fi
+    wait "$pid" 2>/dev/null
+    stop_mps
+    summarize "$v" "$d"
+done
+say "done"
