@@ -17,10 +17,10 @@ What differs from running the test file directly, and why (nothing else does):
     that hangs says which call it hangs in;
   * DEEPEP_SYNC_CALLS=1: before every low_latency_dispatch / low_latency_combine call each rank waits
     for its GPU and then for the other ranks (torch.cuda.synchronize, a process group barrier), so
-    that the ranks' kernels are launched together. For ranks sharing one GPU under MPS, where a
-    rank's kernel that waits for a peer whose kernel was launched later was seen to keep that
-    kernel from ever posting (results/gpu-2026-11-29e). The kernels, and DeepEP's per-kernel
-    timings, are unchanged; wall-clock figures of the test are not comparable.
+    that the ranks' kernels are launched together. A probe for ranks sharing one GPU under MPS,
+    where one rank's first combine kernel never posts (results/gpu-2026-11-29e; launching together
+    did not change that). The kernels, and DeepEP's per-kernel timings, are unchanged; wall-clock
+    figures of the test are not comparable.
 The test's kernels calls, data, correctness checks and timings are DeepEP's. The test code is read
 from $DEEPEP_TREE/tests/test_low_latency.py (or tests/legacy/ on DeepEP main) and executed in this
 module, so that torch.multiprocessing's spawned children find test_loop here.
