@@ -209,35 +209,61 @@ pub(super) fn parse_records(
     payload: &[u8],
     count: u32,
 ) -> Result<Vec<(u64, usize, usize, u32)>, String> {
+    walk_records(
+        payload,
+        count,
+        "record",
+        false,
+        |k, at, addr, len, flags, data| {
+            if flags & !(REC_AMO | REC_FENCED) != 0 || (flags & REC_AMO != 0 && len != AMO_RECORD) {
+                return Err(format!(
+                    "record {k} at byte {at}: flags {flags:#x} with {len} bytes"
+                ));
+            }
+            Ok((addr, data, len, flags))
+        },
+    )
+}
+
+/// Walks a run of records as both coalesced formats lay them out ([`AM_PUT_MULTI`]'s records,
+/// [`AM_GET_DATA_MULTI`]'s answers): each a 16-byte header (a u64, the data length as u32, a u32
+/// word) and its data, padded to 8 bytes. `what` names a record in errors; `empty`: whether a
+/// record may carry no data. `each` turns a record (its index, byte offset, u64, length, word and
+/// the offset of its data) into an entry, or refuses it before its length is checked. An error
+/// names the first record that does not fit, or a count other than `count`.
+fn walk_records<T>(
+    payload: &[u8],
+    count: u32,
+    what: &str,
+    empty: bool,
+    mut each: impl FnMut(usize, usize, u64, usize, u32, usize) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    const HEADER: usize = 16;
+    const _: () = assert!(PUT_RECORD == HEADER && GET_ANSWER == HEADER);
     let mut out = Vec::with_capacity(count as usize);
     let mut at = 0usize;
     while at < payload.len() {
-        let Some(h) = payload.get(at..at + PUT_RECORD) else {
-            return Err(format!("record {} header cut at byte {at}", out.len()));
+        let Some(h) = payload.get(at..at + HEADER) else {
+            return Err(format!("{what} {} header cut at byte {at}", out.len()));
         };
-        let addr = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
+        let head = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
-        let flags = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
-        if flags & !(REC_AMO | REC_FENCED) != 0 || (flags & REC_AMO != 0 && len != AMO_RECORD) {
+        let word = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        let entry = each(out.len(), at, head, len, word, at + HEADER)?;
+        let end = at + HEADER + len.div_ceil(8) * 8;
+        if (len == 0 && !empty) || end > payload.len() {
             return Err(format!(
-                "record {} at byte {at}: flags {flags:#x} with {len} bytes",
-                out.len()
-            ));
-        }
-        let end = at + record_bytes(len);
-        if len == 0 || end > payload.len() {
-            return Err(format!(
-                "record {} of {len} bytes at byte {at} exceeds the {}-byte payload",
+                "{what} {} of {len} bytes at byte {at} exceeds the {}-byte payload",
                 out.len(),
                 payload.len()
             ));
         }
-        out.push((addr, at + PUT_RECORD, len, flags));
+        out.push(entry);
         at = end;
     }
     if out.len() != count as usize {
         return Err(format!(
-            "{} records where {count} were announced",
+            "{} {what}s where {count} were announced",
             out.len()
         ));
     }
@@ -321,33 +347,13 @@ pub(super) fn parse_get_answers(
     payload: &[u8],
     count: u32,
 ) -> Result<Vec<(u64, i32, usize, usize)>, String> {
-    let mut out = Vec::with_capacity(count as usize);
-    let mut at = 0usize;
-    while at < payload.len() {
-        let Some(h) = payload.get(at..at + GET_ANSWER) else {
-            return Err(format!("get answer {} header cut at byte {at}", out.len()));
-        };
-        let token = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
-        let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
-        let status = i32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
-        let end = at + get_answer_bytes(len);
-        if end > payload.len() {
-            return Err(format!(
-                "get answer {} of {len} bytes at byte {at} exceeds the {}-byte payload",
-                out.len(),
-                payload.len()
-            ));
-        }
-        out.push((token, status, at + GET_ANSWER, len));
-        at = end;
-    }
-    if out.len() != count as usize {
-        return Err(format!(
-            "{} get answers where {count} were announced",
-            out.len()
-        ));
-    }
-    Ok(out)
+    walk_records(
+        payload,
+        count,
+        "get answer",
+        true,
+        |_, _, token, len, status, data| Ok((token, status as i32, data, len)),
+    )
 }
 
 #[repr(C)]
