@@ -1,37 +1,43 @@
 #!/usr/bin/env bash
 # DeepEP's low-latency test with both ranks on one GPU under CUDA MPS, in variants that tell apart
-# why it stops there (results/gpu-2026-11-29e: both dispatches of the first round pass, then one
-# rank's first combine posts no WQE and both ranks wait for ever; DeepEP's kernels have no timeout).
+# why it stops there. Found so far (results/gpu-2026-11-29e and -29f): at 50 % each, DeepEP's own P2P
+# path stops in the first combine as the library's path does (one rank's combine never posts); at 25 %
+# each the P2P path passes, and the library's path passes every correctness check and stops at the
+# start of the timed loop (dispatch / combine pairs launched back to back), one rank one phase behind
+# and nothing left in the library's queues.
 #
 #   PLUGIN_DIR=.gpu/plugin/lib LIBFABRIC_HOME=.gpu/libfabric NVSHMEM_DISABLE_NVLS=1 \
 #   LOAD_EXT=.gpu/deepep-ext-q.tgz OUT=<dir> bash tests/deepep/onegpu_probe.sh [--limit S] \
 #       [--config T:H:E:K] [--variants LIST] DEEPEP_TREE
 #
 # Variants (--variants, comma-separated; default all, in this order):
-#   mps50  the runner's placement (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks = 50)
-#   mps40  40 % each: DeepEP sizes its grids from the SMs it sees (52 instead of 66): combine grids
-#          of 43 blocks (64 at 50 %), 86 for both ranks, more than one rank's share
-#   mps25  25 % each (33 SMs seen): combine grids of 32 blocks, 64 for both: within the GPU and
-#          within the sum of the shares, not within one share. Passing here and not at 40 % would
-#          say that the two grids must fit the GPU; failing here too, that they must fit one share
-#   host   50 %, the software queue's host copy route (NVSHMEM_EFA_SOFT_IPC=host): no kernel of the
-#          library in either process
+#   host25 25 % each, the software queue's host copy route (NVSHMEM_EFA_SOFT_IPC=host): no kernel of
+#          the library in either process. Passing here, where mps25 stops, would put the stop on the
+#          copy kernel's launches competing with DeepEP's grids for a rank's SMs
+#   mps25  25 % each (32 SMs seen, the runner's placement): grids of 32 blocks
+#   p2p25  DeepEP's own NVLink path on NVSHMEM's P2P transport (no queue of the library), 25 %
+#   mps50  50 % each (NVSHMEM's 100 / ranks; 66 SMs seen): combine grids of 64 blocks
+#   mps40  40 % each (52 SMs seen): combine grids of 43 blocks
+#   host   50 %, the host copy route
 #   sync   50 %, every dispatch / combine call made by both ranks together (DEEPEP_SYNC_CALLS=1)
-#   p2p    DeepEP's own NVLink path on NVSHMEM's P2P transport (no queue of the library), 50 %
+#   p2p    DeepEP's own NVLink path, 50 %
 # Each variant is tests/deepep/ll_matrix.sh with one config (default 128:7168:32:8, a 32-expert one:
-# one warp group per SM), CASE_TIMEOUT=S (--limit, default 60; a pass takes about 35 s on two GPUs),
-# DEEPEP_TRACE_CALLS=8, the library's log at debug level (its idle report gives each PE's WQEs taken
-# and AMOs applied). Each runs in a session of its own (setsid), killed as a group 30 s after its
-# limit, and the MPS daemon is stopped after it, so that a hung variant does not take the next with
-# it (a killed client left in the MPS server makes it refuse new ones). No output goes through a pipe
-# (a process that outlives its runner would hold the pipe open).
+# one warp group per SM), CASE_TIMEOUT=S (--limit, default 150; a pass takes about 35 s on two GPUs
+# and 28 s on DeepEP's P2P path at 25 % on one GPU; the library's path is slower there),
+# DEEPEP_TRACE_CALLS=8 (or PROBE_TRACE_CALLS), Python stacks 20 s before the limit, the library's
+# log at debug level (its idle report gives each PE's WQEs taken and AMOs applied). Each runs in a
+# session of its own (setsid), killed as a whole session 30 s after its limit, and the MPS daemon is
+# stopped after it (tests/gpu/mps.sh mps_stop, which kills it when it does not quit), so that a hung
+# variant does not take the next with it (a killed client left in the MPS server makes it refuse
+# new ones). No output goes through a pipe (a process that outlives its runner would hold the pipe
+# open).
 # Prints, and writes to $OUT/probe.txt, per variant: the runner's verdict, the last DeepEP call of
 # each rank, each PE's WQEs taken and AMOs applied, copy-kernel launches taken over. Logs: $OUT/<variant>/.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-limit=60
+limit=150
 config=128:7168:32:8
-variants=mps50,mps40,mps25,host,sync,p2p
+variants=host25,mps25,p2p25,mps50,mps40,host,sync,p2p
 tree=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -47,7 +53,9 @@ done
 case $limit in '' | *[!0-9]*) echo "onegpu_probe.sh: --limit must be seconds" >&2; exit 2 ;; esac
 case $config in *:*:*:*) ;; *) echo "onegpu_probe.sh: --config must be T:H:E:K" >&2; exit 2 ;; esac
 for v in ${variants//,/ }; do
-    case $v in mps50 | mps40 | mps25 | host | sync | p2p) ;; *) echo "onegpu_probe.sh: unknown variant '$v' (mps50,mps40,mps25,host,sync,p2p)" >&2; exit 2 ;; esac
+    case $v in host25 | mps25 | p2p25 | mps50 | mps40 | host | sync | p2p) ;;
+    *) echo "onegpu_probe.sh: unknown variant '$v' (host25,mps25,p2p25,mps50,mps40,host,sync,p2p)" >&2; exit 2 ;;
+    esac
 done
 OUT=${OUT:-$PWD/onegpu-probe}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -56,7 +64,9 @@ probe=$OUT/probe.txt
 say() { echo "[onegpu probe] $*" | tee -a "$probe"; }
 export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps}
 export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
-stop_mps() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 2; }
+# shellcheck source=../gpu/mps.sh
+source "$here/../gpu/mps.sh"
+stop_mps() { mps_stop; }
 
 summarize() { # summarize VARIANT DIR
     local v=$1 d=$2 log verdict r
@@ -83,14 +93,18 @@ say "config $config, limit $limit s per variant, variants $variants"
 for v in ${variants//,/ }; do
     d=$OUT/$v
     mkdir -p "$d"
-    venv=(DEEPEP_TRACE_CALLS=8 CASE_TIMEOUT="$limit" OUT="$d")
+    venv=(DEEPEP_TRACE_CALLS="${PROBE_TRACE_CALLS:-8}" DEEPEP_DUMP_AFTER=$((limit > 40 ? limit - 20 : 20))
+        CASE_TIMEOUT="$limit" OUT="$d")
     vargs=(--no-p2p-ref --debug)
     case $v in
-    mps40) venv+=(DEEPEP_MPS_PERCENT=40) ;;
+    host25) venv+=(DEEPEP_MPS_PERCENT=25 NVSHMEM_EFA_SOFT_IPC=host) ;;
     mps25) venv+=(DEEPEP_MPS_PERCENT=25) ;;
-    host) venv+=(NVSHMEM_EFA_SOFT_IPC=host) ;;
-    sync) venv+=(DEEPEP_SYNC_CALLS=1) ;;
-    p2p) vargs=(--no-gda) ;;
+    p2p25) venv+=(DEEPEP_MPS_PERCENT=25); vargs=(--no-gda) ;;
+    mps50) venv+=(DEEPEP_MPS_PERCENT=50) ;;
+    mps40) venv+=(DEEPEP_MPS_PERCENT=40) ;;
+    host) venv+=(DEEPEP_MPS_PERCENT=50 NVSHMEM_EFA_SOFT_IPC=host) ;;
+    sync) venv+=(DEEPEP_MPS_PERCENT=50 DEEPEP_SYNC_CALLS=1) ;;
+    p2p) venv+=(DEEPEP_MPS_PERCENT=50); vargs=(--no-gda) ;;
     esac
     stop_mps
     t0=$SECONDS
@@ -99,11 +113,13 @@ for v in ${variants//,/ }; do
     pid=$!
     while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt $((limit + 30)) ]; do sleep 1; done
     if kill -0 "$pid" 2>/dev/null; then
+        # The whole session: timeout(1) in run.sh puts each test in a process group of its own.
         kill -9 -- "-$pid" 2>/dev/null
+        pkill -9 -s "$pid" 2>/dev/null
         say "$v: killed after $((SECONDS - t0)) s"
     fi
     wait "$pid" 2>/dev/null
-    stop_mps
     summarize "$v" "$d"
+    stop_mps
 done
 say "done"

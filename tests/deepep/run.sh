@@ -8,9 +8,12 @@
 #   1. patches/deepep/apply.sh DEEPEP_TREE (in place; idempotent);
 #   2. builds DeepEP's extension in place (python setup.py build_ext --inplace, sm_90 only,
 #      MAX_JOBS = cores) with the torch venv's python, unless it is already built from these sources;
-#   3. with fewer GPUs than ranks: starts CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks,
-#      or DEEPEP_MPS_PERCENT; DeepEP sizes its grids from the SMs a rank sees)
-#      and stops it at the end if this script started it;
+#   3. with fewer GPUs than ranks: starts CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 50 / ranks
+#      per GPU, or DEEPEP_MPS_PERCENT) and stops it at the end if this script started it. That is
+#      half of NVSHMEM's 100 / ranks per GPU: DeepEP sizes its cooperative grids from the SMs a rank
+#      sees, and at 50 % each its own P2P path, with no part of this library, stops in the first
+#      combine on an H200 (64-block grids, both ranks waiting); at 25 % each (32-block grids) it
+#      passes (results/gpu-2026-11-29f);
 #   4. test_low_latency.py, 2 ranks, --disable-nvlink (DeepEP then sets NVSHMEM_DISABLE_P2P=1: every
 #      token goes through NVSHMEM's remote transport = this library, GDA software queue), the library
 #      preloaded as nvshmem_transport_libfabric.so.3;
@@ -190,6 +193,8 @@ if [ -f "$tree/.nvshmem_efa_gda_torch" ] && [ "$(cat "$tree/.nvshmem_efa_gda_tor
 fi
 
 # 3. placement: GPUs, MPS
+# shellcheck source=../gpu/mps.sh
+source "$repo/tests/gpu/mps.sh"
 ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 [ "$ngpu" -ge 1 ] || die "no GPU visible"
 mps_started=0
@@ -198,11 +203,11 @@ if [ "$ngpu" -lt "$ranks" ]; then
     export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps}
     export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if ! pgrep -x nvidia-cuda-mps-control >/dev/null 2>&1; then
+    if ! mps_running; then
         nvidia-cuda-mps-control -d || die "could not start the CUDA MPS control daemon"
         mps_started=1
     fi
-    mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${DEEPEP_MPS_PERCENT:-$((100 / ranks))})
+    mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${DEEPEP_MPS_PERCENT:-$((50 / ((ranks + ngpu - 1) / ngpu)))})
     say "placement: $ranks ranks on $ngpu GPU(s), CUDA MPS (${mps_env[*]}), process group gloo"
 else
     say "placement: $ranks ranks on $ngpu GPUs, one per GPU, process group nccl"
@@ -219,7 +224,7 @@ if [ $two_host = 1 ] && [ $do_gda = 1 ]; then
     twohost_up dpp && twohost_check || die "the two-host layout cannot be made here (root, unshare, ip)"
     say "two-host: ${TH_HOST[0]} ${TH_ADDR[0]} | ${TH_HOST[1]} ${TH_ADDR[1]} over veth ${TH_IF[0]}"
 fi
-stop_mps() { [ $mps_started = 1 ] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; mps_started=0; }
+stop_mps() { [ $mps_started = 1 ] && mps_stop; mps_started=0; }
 trap 'stop_mps; if declare -F twohost_down >/dev/null; then twohost_down; fi' EXIT
 
 # NVSHMEM's host library by path too: an extension built elsewhere carries another rpath.
@@ -300,7 +305,6 @@ if [ $do_p2p = 1 ]; then
     # new clients ("MPS server is not ready"): start the daemon afresh between the runs.
     if [ $mps_started = 1 ] && [ $do_gda = 1 ]; then
         stop_mps
-        sleep 2
         nvidia-cuda-mps-control -d || die "could not restart the CUDA MPS control daemon"
         mps_started=1
         sleep 1

@@ -14,6 +14,10 @@
 #   gpu_placement NPES     sets GPU_COUNT, GPU_LAYOUT (words for logs) and the array GPU_ENV
 #                          (VAR=value entries every rank needs); returns 1 without a GPU
 #   gpu_placement_end      stops the MPS daemon if gpu_placement started it
+#   mps_stop               stops the MPS control daemon and server for good: asks them to quit,
+#                          waits up to 10 s, then kills them. A client killed while its kernel spun
+#                          (a hung run ended by timeout) stays in the server, and "quit" then waits
+#                          for it for ever (2026-11-29: a probe lost 390 s of a call to that).
 
 GPU_MPS_STARTED=0
 gpu_count() {
@@ -57,9 +61,26 @@ gpu_placement() {
     return 0
 }
 
+# The MPS daemon's and server's processes, by command line: their names are longer than the 15
+# characters the kernel keeps of a name, so pgrep -x nvidia-cuda-mps-control never matches.
+MPS_PROCS='(^|/)nvidia-cuda-mps-(control|server)( |$)'
+mps_running() { pgrep -f "$MPS_PROCS" >/dev/null 2>&1; }
+mps_stop() {
+    local i
+    echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        mps_running || return 0
+        sleep 1
+    done
+    echo "mps_stop: the MPS daemon did not quit within 10 s (clients of a killed run?): killing it" >&2
+    pkill -9 -f "$MPS_PROCS" 2>/dev/null
+    sleep 1
+    return 0
+}
+
 gpu_placement_end() {
     if [ "$GPU_MPS_STARTED" = 1 ]; then
-        echo quit | timeout 30 nvidia-cuda-mps-control >/dev/null 2>&1 || true
+        mps_stop
         GPU_MPS_STARTED=0
     fi
 }
