@@ -39,6 +39,7 @@ stage quickstart-sync bash .ci/quickstart-check.sh
 stage efa-golden-cuda bash tests/cuda/run_golden.sh
 stage gpu-tests-compile bash tests/gpu/run.sh --compile-only
 stage gda-tests-compile bash tests/gpu_gda/run.sh --compile-only
+stage mps-coop-compile env OUT="${TMPDIR:-/tmp}/mps-coop-ci" bash tests/gpu/mps_coop.sh --compile-only
 stage splice bash tests/splice/run.sh
 stage cxx-example bash tests/cxx/run.sh
 stage deepep-compile bash tests/deepep/ci_compile.sh
