@@ -41,7 +41,6 @@ constexpr int kMaxBlocks = 4096;
 struct Shared {
     unsigned arrived[kMaxProcs];   // processes that wrote their grid size (host side, before launch)
     unsigned grid[kMaxProcs];      // each process's grid size
-    unsigned done[kMaxProcs];      // processes whose grid finished (host side)
     unsigned sm[kMaxProcs][kMaxBlocks];    // SM + 1 of each block that started (0: not started)
     unsigned live[kMaxProcs][kMaxBlocks];  // 1 from a block's start until it gives up
 };
@@ -68,11 +67,10 @@ __device__ unsigned long long now_ns() {
 // every grid running at once (a block only leaves without clearing after such a scan).
 __global__ void coop_kernel(Shared *s, int me, int procs, unsigned long long timeout_ns,
                             unsigned *timed_out) {
-    extern __shared__ unsigned char smem[];
+    // The dynamic shared memory is held by the block from its launch, used or not.
     if (threadIdx.x == 0) {
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        smem[0] = 1;  // touch the shared memory so that it is not optimised away
         *(volatile unsigned *)&s->sm[me][blockIdx.x] = smid + 1u;
         *(volatile unsigned *)&s->live[me][blockIdx.x] = 1u;
         __threadfence_system();
@@ -224,7 +222,6 @@ int main(int argc, char **argv) {
     const double waited = wall_ms() - t0;
     unsigned to = 0;
     CK(cudaMemcpy(&to, timed_out, sizeof(unsigned), cudaMemcpyDeviceToHost));
-    __atomic_fetch_add(&h->done[me], 1u, __ATOMIC_SEQ_CST);
 
     // Blocks of each grid that started, and the SMs of this grid and of the others.
     std::string started;
