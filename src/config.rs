@@ -93,6 +93,10 @@ pub struct Config {
     /// undecided at once before the next round waits and gathers more copies (1 to 64, default
     /// 1).
     pub soft_kernel_ahead: usize,
+    /// `NVSHMEM_EFA_SOFT_WATCHDOG_MS`: a software-queue consumer thread that has not finished a
+    /// loop pass for this long is reported (warning; it is blocked inside a call: a CUDA copy or
+    /// wait, the provider), and again when it goes on. 0: no watchdog (default 5000).
+    pub soft_watchdog: Duration,
     /// `NVSHMEM_EFA_SOFT_THREADS`: consumer threads of the software queue (1 to 16, default 1):
     /// ring `r` is served by thread `r % T`; thread 0 alone uses the endpoint
     /// (docs/softq-threads.md).
@@ -328,6 +332,7 @@ impl Config {
             soft_kernel_stuck: Duration::from_millis(2),
             soft_kernel_host_delay: Duration::ZERO,
             soft_kernel_ahead: 1,
+            soft_watchdog: Duration::from_secs(5),
             soft_threads: 1,
             soft_null: false,
             bench_null: false,
@@ -499,6 +504,14 @@ impl Config {
         )? {
             c.soft_kernel_ahead = n as usize;
         }
+        if let Some(ms) = vars.u64(
+            "NVSHMEM_EFA_SOFT_WATCHDOG_MS",
+            (0, 3_600_000),
+            any,
+            "milliseconds, 0 (off) to 3600000",
+        )? {
+            c.soft_watchdog = Duration::from_millis(ms);
+        }
         if let Some(n) = vars.u64(
             "NVSHMEM_EFA_SOFT_THREADS",
             (1, crate::gda::softq::MAX_SOFT_THREADS as u64),
@@ -628,6 +641,13 @@ mod tests {
             assert_eq!(e.var, "NVSHMEM_EFA_SOFT_KERNEL_STUCK_US", "{bad}");
         }
         assert_eq!(cfg(&[]).unwrap().soft_kernel_ahead, 1);
+        assert_eq!(cfg(&[]).unwrap().soft_watchdog, Duration::from_secs(5));
+        let c = cfg(&[("NVSHMEM_EFA_SOFT_WATCHDOG_MS", "0")]).unwrap();
+        assert_eq!(c.soft_watchdog, Duration::ZERO);
+        for bad in ["-5", "never", "3600001"] {
+            let e = cfg(&[("NVSHMEM_EFA_SOFT_WATCHDOG_MS", bad)]).unwrap_err();
+            assert_eq!(e.var, "NVSHMEM_EFA_SOFT_WATCHDOG_MS", "{bad}");
+        }
         let c = cfg(&[("NVSHMEM_EFA_SOFT_KERNEL_AHEAD", "64")]).unwrap();
         assert_eq!(c.soft_kernel_ahead, 64);
         for bad in ["0", "65", "many"] {

@@ -168,6 +168,7 @@ fn soft_config(cfg: &Config, opts: &GdaOptions, domain: &Domain) -> SoftQueueCon
     c.kernel_stuck = cfg.soft_kernel_stuck;
     c.kernel_host_delay = cfg.soft_kernel_host_delay;
     c.kernel_ahead = cfg.soft_kernel_ahead;
+    c.watchdog = cfg.soft_watchdog;
     c.threads = cfg.soft_threads;
     c.copy_overlap = cfg.copy_overlap;
     c.null_consumer = cfg.soft_null;

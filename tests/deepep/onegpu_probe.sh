@@ -4,7 +4,7 @@
 # path stops in the first combine as the library's path does (one rank's combine never posts); at 25 %
 # each the P2P path passes, and the library's path passes every correctness check and stops at the
 # start of the timed loop (dispatch / combine pairs launched back to back), one rank one phase behind
-# and nothing left in the library's queues.
+# and nothing pending in the library's last report.
 #
 #   PLUGIN_DIR=.gpu/plugin/lib LIBFABRIC_HOME=.gpu/libfabric NVSHMEM_DISABLE_NVLS=1 \
 #   LOAD_EXT=.gpu/deepep-ext-q.tgz OUT=<dir> bash tests/deepep/onegpu_probe.sh [--limit S] \

@@ -304,6 +304,9 @@ impl Consumer {
                 }
             }
             self.heartbeat += 1;
+            self.inner.mail[self.id]
+                .beat
+                .store(self.heartbeat, Ordering::Relaxed);
             self.rounds.loops += 1;
             let endpoint = self.owns_endpoint();
             if endpoint {

@@ -256,6 +256,12 @@ impl Consumer {
             if pc == self.inner.panic_at.load(Ordering::Acquire) {
                 panic!("injected fault: consumer panic at WQE {pc}");
             }
+            #[cfg(feature = "test-support")]
+            if pc == self.inner.stall_at.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(
+                    self.inner.stall_ms.load(Ordering::Acquire),
+                ));
+            }
             let slot = (pc & u64::from(self.inner.sq_entries - 1)) as usize;
             let es = self.inner.sq_entry_size as usize;
             // SAFETY: the slot lies inside the ring's SQ.

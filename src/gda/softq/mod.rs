@@ -164,6 +164,7 @@ mod staging;
 mod tables;
 mod threads;
 mod trace;
+mod watchdog;
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -287,6 +288,9 @@ pub struct SoftQueueConfig {
     /// Launches of [`CopyRoute::Kernel`] undecided at once before the next round waits and
     /// gathers more copies (`NVSHMEM_EFA_SOFT_KERNEL_AHEAD`).
     pub kernel_ahead: usize,
+    /// A consumer thread that has not finished a loop pass for this long is reported
+    /// (`NVSHMEM_EFA_SOFT_WATCHDOG_MS`, `watchdog.rs`). Zero: no watchdog.
+    pub watchdog: Duration,
     /// Benchmark mode (`NVSHMEM_EFA_SOFT_NULL`): WQEs are completed with success after the request
     /// id and phase checks, nothing else is validated or executed.
     pub null_consumer: bool,
@@ -331,6 +335,7 @@ impl SoftQueueConfig {
             kernel_stuck: Duration::from_millis(2),
             kernel_host_delay: Duration::ZERO,
             kernel_ahead: 1,
+            watchdog: Duration::from_secs(5),
             null_consumer: false,
             unordered: Duration::ZERO,
             max_rings: DEFAULT_MAX_RINGS,
@@ -458,6 +463,12 @@ struct Inner {
     /// Test support: the producer count at which the consumer panics (`u64::MAX`: never).
     #[cfg(feature = "test-support")]
     panic_at: AtomicU64,
+    /// Test support: the producer count at which the consumer sleeps `stall_ms` inside its pass
+    /// (`u64::MAX`: never): a thread blocked inside a call, for the watchdog.
+    #[cfg(feature = "test-support")]
+    stall_at: AtomicU64,
+    #[cfg(feature = "test-support")]
+    stall_ms: AtomicU64,
     cq_data_wide: bool,
     virt_addr: bool,
     completed: AtomicU64,
@@ -575,6 +586,10 @@ impl SoftQueue {
             failure: Mutex::new(None),
             #[cfg(feature = "test-support")]
             panic_at: AtomicU64::new(u64::MAX),
+            #[cfg(feature = "test-support")]
+            stall_at: AtomicU64::new(u64::MAX),
+            #[cfg(feature = "test-support")]
+            stall_ms: AtomicU64::new(0),
             cq_data_wide: info.cq_data_size() >= 8,
             virt_addr: info.virt_addr(),
             completed: AtomicU64::new(0),
@@ -630,7 +645,8 @@ impl SoftQueue {
                 cfg.staging
             );
         }
-        let threads = start_consumers(&inner, cfg, slots0)?;
+        let mut threads = start_consumers(&inner, cfg, slots0)?;
+        threads.extend(watchdog::start(&inner, cfg.watchdog));
         tracing::info!(
             "software EFA queue: {sq_entries} x {} B WQE entries, max batch {}, CQ {cq_entries} x 16 B, RX \
              {rx_entries} x 32 B, rings in {} memory, control block in {} memory, provider {}, staging {:?}, \
@@ -972,6 +988,14 @@ impl SoftQueue {
     #[cfg(feature = "test-support")]
     pub fn inject_panic_at(&self, pc: u64) {
         self.inner.panic_at.store(pc, Ordering::Release);
+    }
+
+    /// Test support (fault injection): makes the consumer thread sleep `ms` milliseconds inside
+    /// its loop pass when it takes the WQE of producer count `pc` (a thread blocked inside a call).
+    #[cfg(feature = "test-support")]
+    pub fn inject_stall_at(&self, pc: u64, ms: u64) {
+        self.inner.stall_ms.store(ms, Ordering::Release);
+        self.inner.stall_at.store(pc, Ordering::Release);
     }
 
     /// Stops the consumer threads (bounded wait for in-flight operations) and joins them, thread 0

@@ -80,6 +80,8 @@ pub(super) struct Mailbox {
     /// The thread left (stopped, or died): what it handed over and thread 0 has not posted yet is
     /// dropped, not posted after its owner completed it as flushed.
     pub(super) gone: AtomicBool,
+    /// The thread's loop passes so far (`watchdog.rs` reports a thread whose count stops).
+    pub(super) beat: AtomicU64,
 }
 
 impl Mailbox {
