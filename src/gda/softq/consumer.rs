@@ -306,6 +306,7 @@ impl Consumer {
             self.heartbeat += 1;
             self.inner.mail[self.id]
                 .beat
+                .0
                 .store(self.heartbeat, Ordering::Relaxed);
             self.rounds.loops += 1;
             let endpoint = self.owns_endpoint();

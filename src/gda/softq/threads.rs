@@ -81,8 +81,14 @@ pub(super) struct Mailbox {
     /// dropped, not posted after its owner completed it as flushed.
     pub(super) gone: AtomicBool,
     /// The thread's loop passes so far (`watchdog.rs` reports a thread whose count stops).
-    pub(super) beat: AtomicU64,
+    pub(super) beat: Beat,
 }
+
+/// A pass count on a cache line of its own: its thread stores it every pass, and the mailbox's
+/// other words are written by the other threads.
+#[derive(Default)]
+#[repr(align(64))]
+pub(super) struct Beat(pub(super) AtomicU64);
 
 impl Mailbox {
     fn has_mail(&self) -> bool {

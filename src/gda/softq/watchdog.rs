@@ -49,7 +49,7 @@ fn watch(inner: &Inner, limit: Duration) {
     let start = Instant::now();
     // Per thread: the last beat seen, when it was first seen, whether a warning is out.
     let mut seen: Vec<(u64, Instant, bool)> = (0..n)
-        .map(|t| (inner.mail[t].beat.load(Ordering::Relaxed), start, false))
+        .map(|t| (inner.mail[t].beat.0.load(Ordering::Relaxed), start, false))
         .collect();
     let step = tick(limit);
     loop {
@@ -71,7 +71,7 @@ fn watch(inner: &Inner, limit: Duration) {
             if mail.gone.load(Ordering::Acquire) {
                 continue;
             }
-            let beat = mail.beat.load(Ordering::Relaxed);
+            let beat = mail.beat.0.load(Ordering::Relaxed);
             if beat != s.0 {
                 if s.2 {
                     tracing::info!(
