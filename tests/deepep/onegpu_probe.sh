@@ -32,7 +32,8 @@
 # new ones). No output goes through a pipe (a process that outlives its runner would hold the pipe
 # open).
 # Prints, and writes to $OUT/probe.txt, per variant: the runner's verdict, the last DeepEP call of
-# each rank, each PE's WQEs taken and AMOs applied, copy-kernel launches taken over. Logs: $OUT/<variant>/.
+# each rank, each PE's WQEs taken and AMOs applied, copy-kernel launches taken over, consumer
+# threads the software queue's watchdog found blocked. Logs: $OUT/<variant>/.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 limit=150
@@ -86,6 +87,9 @@ summarize() { # summarize VARIANT DIR
         say "$v:   PE $r: $(echo "$line" | grep -o '[0-9]* WQEs taken (' | tr -d '(')total, $(echo "$line" | grep -o 'AMO messages: [0-9]* applied' | sed 's/AMO messages: //') AMOs"
     done
     say "$v:   copy-kernel launches taken over (warnings): $(grep -ac 'had not started after' "$log")"
+    # The software queue's watchdog (NVSHMEM_EFA_SOFT_WATCHDOG_MS): a consumer thread blocked inside
+    # a call, which its own reports cannot show.
+    say "$v:   consumer threads reported blocked (watchdog): $(grep -ac 'has not finished a loop pass' "$log")"
     grep -aE '^\[(Dispatch|Combine)|Dispatch \+ combine|passed' "$log" | head -n 6 | sed "s/^/[onegpu probe] $v:   /" | tee -a "$probe"
 }
 
