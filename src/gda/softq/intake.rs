@@ -152,20 +152,16 @@ impl Consumer {
     /// are logged and remembered, and rejected when the consumer reaches them. Rate-limited (each
     /// ring every 50 us times the number of rings): the look costs up to B reads of ring memory.
     pub(super) fn check_written_ahead(&mut self) {
-        const EVERY: Duration = Duration::from_micros(50);
-        // Each ring every EVERY x rings: the look costs the same over all rings as for one.
-        let every = EVERY * self.rings.len() as u32;
+        const EVERY_NS: u64 = 50_000;
+        // Each ring every EVERY_NS x rings: the look costs the same over all rings as for one.
         // The pass's clock: one read per consumer pass, not one per ring (with hundreds of rings
-        // the reads were most of an idle pass).
-        let now = self.pass_now;
-        if self
-            .r()
-            .ahead_checked
-            .is_some_and(|t| now.saturating_duration_since(t) < every)
-        {
+        // the reads were most of an idle pass), and a u64 compare per ring.
+        let now = self.pass_ns;
+        if now < self.r().ahead_due {
             return;
         }
-        self.r().ahead_checked = Some(now);
+        let every = EVERY_NS * self.rings.len() as u64;
+        self.r().ahead_due = now + every;
         let n = u64::from(self.inner.sq_entries);
         let b = u64::from(self.inner.max_batch).min(n);
         if b >= n {

@@ -50,7 +50,9 @@ pub(super) struct RingState {
     pub(super) bad_doorbell: Option<u32>,
     /// Producer counts of WQEs seen written more than `max_batch` ahead of the doorbell.
     pub(super) ahead: std::collections::BTreeSet<u64>,
-    pub(super) ahead_checked: Option<Instant>,
+    /// When the written-ahead look is next due, in nanoseconds of the consumer's pass clock
+    /// (`Consumer::pass_ns`; 0: at once).
+    pub(super) ahead_due: u64,
 }
 
 impl RingState {
@@ -72,7 +74,7 @@ impl RingState {
             rejected: 0,
             bad_doorbell: None,
             ahead: Default::default(),
-            ahead_checked: None,
+            ahead_due: 0,
         }
     }
 
