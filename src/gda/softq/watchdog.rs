@@ -98,7 +98,7 @@ fn watch(inner: &Inner, limit: Duration) {
     }
 }
 
-/// This queue's PE, as the tables know it (-1 before they were set).
+/// This queue's PE, as the tables know it (0 before the queue was connected).
 fn pe(inner: &Inner) -> i32 {
     inner.tables.lock().my_pe
 }
