@@ -200,13 +200,8 @@ ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null
 mps_started=0
 mps_env=()
 if [ "$ngpu" -lt "$ranks" ]; then
-    export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps}
-    export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if ! mps_running; then
-        nvidia-cuda-mps-control -d || die "could not start the CUDA MPS control daemon"
-        mps_started=1
-    fi
+    mps_start || die "could not start the CUDA MPS control daemon"
+    mps_started=$MPS_STARTED
     mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${DEEPEP_MPS_PERCENT:-$((50 / ((ranks + ngpu - 1) / ngpu)))})
     say "placement: $ranks ranks on $ngpu GPU(s), CUDA MPS (${mps_env[*]}), process group gloo"
 else

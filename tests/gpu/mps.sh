@@ -14,6 +14,10 @@
 #   gpu_placement NPES     sets GPU_COUNT, GPU_LAYOUT (words for logs) and the array GPU_ENV
 #                          (VAR=value entries every rank needs); returns 1 without a GPU
 #   gpu_placement_end      stops the MPS daemon if gpu_placement started it
+#   mps_start              starts the MPS control daemon unless one runs (pipe and log folders:
+#                          CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY, exported, /tmp/mps and
+#                          /tmp/mps-log when unset); MPS_STARTED=1 when this call started it;
+#                          returns 1 when it could not
 #   mps_stop               stops the MPS control daemon and server for good: asks them to quit,
 #                          waits up to 10 s, then kills them. A client killed while its kernel spun
 #                          (a hung run ended by timeout) stays in the server, and "quit" then waits
@@ -65,6 +69,16 @@ gpu_placement() {
 # characters the kernel keeps of a name, so pgrep -x nvidia-cuda-mps-control never matches.
 MPS_PROCS='(^|/)nvidia-cuda-mps-(control|server)( |$)'
 mps_running() { pgrep -f "$MPS_PROCS" >/dev/null 2>&1; }
+mps_start() {
+    export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps}
+    export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    MPS_STARTED=0
+    mps_running && return 0
+    nvidia-cuda-mps-control -d || return 1
+    MPS_STARTED=1
+    sleep 1
+}
 mps_stop() {
     local i
     echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1

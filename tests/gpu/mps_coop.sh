@@ -64,15 +64,8 @@ if [ $compile_only = 1 ]; then
 fi
 [ "$(gpu_count)" -ge 1 ] || { say "no GPU"; exit 2; }
 
-export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps}
-export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-started=0
-if ! mps_running; then
-    nvidia-cuda-mps-control -d || { say "could not start the MPS daemon"; exit 2; }
-    started=1
-    sleep 1
-fi
+mps_start || { say "could not start the MPS daemon"; exit 2; }
+started=$MPS_STARTED
 trap '[ $started = 1 ] && mps_stop' EXIT
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 
