@@ -158,7 +158,37 @@ pub struct Applier {
     copies: Option<Option<crate::cuda::CopyBatch>>,
     /// `Some(Err)`: no page-locked memory could be had (pageable memory then, one copy at a time).
     words: Option<Result<crate::cuda::MappedHostBuffer, ()>>,
+    /// The last [`WATCH_WORDS`] distinct words batches wrote and their values, oldest first, when
+    /// watched ([`Applier::watch`]; `None`: not watched).
+    watched: Option<std::collections::VecDeque<WordValue>>,
 }
+
+/// A word an AMO batch wrote back, and the value it wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WordValue {
+    /// Host-usable address.
+    pub addr: u64,
+    /// 4 or 8 bytes.
+    pub size: u32,
+    /// GPU memory.
+    pub device: bool,
+    /// The value written (zero-extended).
+    pub value: u64,
+}
+
+impl WordValue {
+    /// The value as a signed integer of the word's size (counts such as DeepEP's are negative).
+    pub fn signed(&self, v: u64) -> i64 {
+        if self.size == 4 {
+            i64::from(v as u32 as i32)
+        } else {
+            v as i64
+        }
+    }
+}
+
+/// Words an [`Applier`] keeps watching: the last this many distinct words it wrote.
+pub const WATCH_WORDS: usize = 64;
 
 /// Page-locked bytes for one batch's GPU words (8 per distinct word: 4096 words; a batch with more
 /// uses pageable memory).
@@ -202,7 +232,52 @@ impl Applier {
             super::apply::Outcome::Rejected { why, .. } => Err(why),
             _ => Ok(()),
         };
-        batch.apply(&mut Words(io), scratch, &mut single)
+        let Some(watched) = self.watched.as_mut() else {
+            return batch.apply(&mut Words(io), scratch, &mut single);
+        };
+        let mut written = Vec::new();
+        let done = batch.apply_noting(&mut Words(io), scratch, &mut single, Some(&mut written));
+        for w in written {
+            watched.retain(|o| o.addr != w.addr);
+            if watched.len() == WATCH_WORDS {
+                watched.pop_front();
+            }
+            watched.push_back(w);
+        }
+        done
+    }
+
+    /// Starts (`true`) or stops keeping the last [`WATCH_WORDS`] words written, for
+    /// [`Applier::changed`] (a debug aid: an application that waits for a count this thread wrote
+    /// shows whether the count is still there).
+    pub fn watch(&mut self, on: bool) {
+        if on != self.watched.is_some() {
+            self.watched = on.then(Default::default);
+        }
+    }
+
+    /// Reads the watched words again: how many are watched, and each whose value is no longer the
+    /// one written, with its value now. GPU words are read with one batch of copies (none here
+    /// before the first GPU word was written: then none is watched).
+    pub fn changed(&mut self) -> Result<(usize, Vec<(WordValue, u64)>), String> {
+        let Some(watched) = self.watched.as_ref() else {
+            return Ok((0, Vec::new()));
+        };
+        let mut now = vec![0u64; watched.len()];
+        let mut io = Words(self.copies.as_mut().and_then(|c| c.as_mut()));
+        for (w, v) in watched.iter().zip(now.iter_mut()) {
+            // SAFETY: the word was written by a batch of this applier (a local heap word, which
+            // stays allocated while the queue lives); `now` is not moved until the wait returned.
+            unsafe { io.read(w.addr, w.size, w.device, (v as *mut u64).cast())? };
+        }
+        io.wait()?;
+        let changed = watched
+            .iter()
+            .zip(now)
+            .filter(|(w, v)| *v != w.value)
+            .map(|(w, v)| (*w, v))
+            .collect();
+        Ok((watched.len(), changed))
     }
 }
 
@@ -251,6 +326,18 @@ impl<T> AmoBatch<T> {
         io: &mut dyn WordIo,
         scratch: Option<&mut [u8]>,
         single: &mut dyn FnMut(&AmoMsg, u64, bool) -> Result<(), String>,
+    ) -> Applied<T> {
+        self.apply_noting(io, scratch, single, None)
+    }
+
+    /// [`AmoBatch::apply`], and where `written_out` is given, each word a batch wrote back with the
+    /// value it wrote (words the one-by-one path applies are not noted).
+    fn apply_noting(
+        &mut self,
+        io: &mut dyn WordIo,
+        scratch: Option<&mut [u8]>,
+        single: &mut dyn FnMut(&AmoMsg, u64, bool) -> Result<(), String>,
+        written_out: Option<&mut Vec<WordValue>>,
     ) -> Applied<T> {
         let ops = std::mem::take(&mut self.ops);
         if ops.is_empty() {
@@ -348,6 +435,18 @@ impl<T> AmoBatch<T> {
             }
             io.wait()
         })();
+        if let (Ok(()), Some(w)) = (&written, written_out) {
+            for (k, &(addr, size, device)) in words.iter().enumerate() {
+                let mut bytes = [0u8; 8];
+                bytes[..size as usize].copy_from_slice(&vals[loc[k]..loc[k] + size as usize]);
+                w.push(WordValue {
+                    addr,
+                    size,
+                    device,
+                    value: u64::from_le_bytes(bytes),
+                });
+            }
+        }
         let result = written.map_err(|why| format!("AMO batch write-back failed: {why}"));
         ops.into_iter()
             .map(|(m, _, _, tag)| (m, tag, result.clone()))
@@ -575,5 +674,69 @@ mod tests {
         assert_eq!(calls, 2);
         assert_eq!(w[1], 11, "applied exactly once each");
         assert!(done.iter().all(|d| d.2.is_ok()));
+    }
+
+    #[test]
+    fn watched_words_name_the_ones_changed_since_they_were_written() {
+        let mut mem = vec![0u64; 80];
+        let base = mem.as_mut_ptr() as u64;
+        let mut ap = Applier::default();
+        // Not watched: nothing kept.
+        let mut b = AmoBatch::default();
+        b.push(amo(AMO_OP_ADD, 8, 1), base + 16, false, 9usize);
+        ap.apply(&mut b, "test");
+        assert_eq!(ap.changed().unwrap(), (0, vec![]));
+        ap.watch(true);
+        b.push(
+            amo(AMO_OP_ADD, 4, (-5i32) as u32 as u64),
+            base,
+            false,
+            0usize,
+        );
+        b.push(amo(AMO_OP_ADD, 8, 7), base + 8, false, 1);
+        b.push(amo(AMO_OP_ADD, 4, 1), base, false, 2);
+        let done = ap.apply(&mut b, "test");
+        assert_eq!(done.len(), 3);
+        assert!(done.iter().all(|d| d.2.is_ok()));
+        assert_eq!(
+            ap.changed().unwrap(),
+            (2, vec![]),
+            "both words hold what was written"
+        );
+        // The application cleans the first word after the batch.
+        // SAFETY: the test's own memory.
+        unsafe { *(base as *mut u32) = 0 };
+        let (n, changed) = ap.changed().unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        let (w, now) = changed[0];
+        assert_eq!((w.addr, w.size, w.device), (base, 4, false));
+        assert_eq!(w.signed(w.value), -4, "-5 then +1");
+        assert_eq!(now, 0);
+        // The last WATCH_WORDS distinct words are kept, the oldest dropped first.
+        for i in 0..70u64 {
+            b.push(
+                amo(AMO_OP_SET, 8, i),
+                base + 8 * (i + 10) % (8 * 80),
+                false,
+                0,
+            );
+        }
+        ap.apply(&mut b, "test");
+        let (n, changed) = ap.changed().unwrap();
+        assert_eq!(n, WATCH_WORDS);
+        assert!(changed.is_empty(), "{changed:?}");
+        // SAFETY: as above; word 10 + 69 was the last written.
+        unsafe { *((base + 8 * 79) as *mut u64) = 1 };
+        unsafe { *((base + 8 * 10) as *mut u64) = 1234 };
+        let (_, changed) = ap.changed().unwrap();
+        assert_eq!(
+            changed.len(),
+            1,
+            "word 10 (written first of 70) is no longer watched: {changed:?}"
+        );
+        assert_eq!((changed[0].0.value, changed[0].1), (69, 1));
+        ap.watch(false);
+        assert_eq!(ap.changed().unwrap(), (0, vec![]));
     }
 }

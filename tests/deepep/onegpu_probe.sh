@@ -15,6 +15,8 @@
 #          the library in either process. Passing here, where mps25 stops, would put the stop on the
 #          copy kernel's launches competing with DeepEP's grids for a rank's SMs
 #   mps25  25 % each (32 SMs seen, the runner's placement): grids of 32 blocks
+#   sync25 25 % each, every dispatch / combine call made by both ranks together
+#          (DEEPEP_SYNC_CALLS=1): stopping here as well rules out one rank running a phase ahead
 #   p2p25  DeepEP's own NVLink path on NVSHMEM's P2P transport (no queue of the library), 25 %
 #   mps50  50 % each (NVSHMEM's 100 / ranks; 66 SMs seen): combine grids of 64 blocks
 #   mps40  40 % each (52 SMs seen): combine grids of 43 blocks
@@ -33,12 +35,14 @@
 # open).
 # Prints, and writes to $OUT/probe.txt, per variant: the runner's verdict, the last DeepEP call of
 # each rank, each PE's WQEs taken and AMOs applied, copy-kernel launches taken over, consumer
-# threads the software queue's watchdog found blocked. Logs: $OUT/<variant>/.
+# threads the software queue's watchdog found blocked, and from each PE's last report the rings whose
+# GPU side is not at the consumer and the AMO words changed since the consumer wrote them. Logs:
+# $OUT/<variant>/.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 limit=150
 config=128:7168:32:8
-variants=host25,mps25,p2p25,mps50,mps40,host,sync,p2p
+variants=host25,mps25,sync25,p2p25,mps50,mps40,host,sync,p2p
 tree=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -54,8 +58,8 @@ done
 case $limit in '' | *[!0-9]*) echo "onegpu_probe.sh: --limit must be seconds" >&2; exit 2 ;; esac
 case $config in *:*:*:*) ;; *) echo "onegpu_probe.sh: --config must be T:H:E:K" >&2; exit 2 ;; esac
 for v in ${variants//,/ }; do
-    case $v in host25 | mps25 | p2p25 | mps50 | mps40 | host | sync | p2p) ;;
-    *) echo "onegpu_probe.sh: unknown variant '$v' (host25,mps25,p2p25,mps50,mps40,host,sync,p2p)" >&2; exit 2 ;;
+    case $v in host25 | mps25 | sync25 | p2p25 | mps50 | mps40 | host | sync | p2p) ;;
+    *) echo "onegpu_probe.sh: unknown variant '$v' (host25,mps25,sync25,p2p25,mps50,mps40,host,sync,p2p)" >&2; exit 2 ;;
     esac
 done
 OUT=${OUT:-$PWD/onegpu-probe}
@@ -85,6 +89,10 @@ summarize() { # summarize VARIANT DIR
         line=$(grep -a "software queue of PE $r:" "$log" | tail -n 1)
         [ -n "$line" ] || { say "$v:   PE $r: no report of the software queue"; continue; }
         say "$v:   PE $r: $(echo "$line" | grep -o '[0-9]* WQEs taken (' | tr -d '(')total, $(echo "$line" | grep -o 'AMO messages: [0-9]* applied' | sed 's/AMO messages: //') AMOs"
+        # Rings whose GPU side is not at the consumer (a poster waiting for room or its turn) and
+        # AMO words changed since this PE's consumer wrote them (a count overwritten after
+        # delivery): the report's tail, at debug level.
+        say "$v:   PE $r: $(echo "$line" | grep -o '[0-9]* slots reserved and not taken.*' | cut -c1-1500)"
     done
     say "$v:   copy-kernel launches taken over (warnings): $(grep -ac 'had not started after' "$log")"
     # The software queue's watchdog (NVSHMEM_EFA_SOFT_WATCHDOG_MS): a consumer thread blocked inside
@@ -103,6 +111,7 @@ for v in ${variants//,/ }; do
     case $v in
     host25) venv+=(DEEPEP_MPS_PERCENT=25 NVSHMEM_EFA_SOFT_IPC=host) ;;
     mps25) venv+=(DEEPEP_MPS_PERCENT=25) ;;
+    sync25) venv+=(DEEPEP_MPS_PERCENT=25 DEEPEP_SYNC_CALLS=1) ;;
     p2p25) venv+=(DEEPEP_MPS_PERCENT=25); vargs=(--no-gda) ;;
     mps50) venv+=(DEEPEP_MPS_PERCENT=50) ;;
     mps40) venv+=(DEEPEP_MPS_PERCENT=40) ;;

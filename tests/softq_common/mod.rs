@@ -411,12 +411,17 @@ impl Capture {
 /// The process-wide log capture, installed as the global subscriber on first use (a test that reads
 /// logs calls it before anything logs, so no test's events depend on another's subscriber).
 pub fn capture() -> &'static Capture {
+    capture_at(tracing::Level::INFO)
+}
+
+/// [`capture`] at `level` and above (the first call of a test binary sets the level).
+pub fn capture_at(level: tracing::Level) -> &'static Capture {
     static LOG: OnceLock<Capture> = OnceLock::new();
     LOG.get_or_init(|| {
         let c = Capture::default();
         let c2 = c.clone();
         let sub = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
+            .with_max_level(level)
             .with_ansi(false)
             .with_writer(move || c2.clone())
             .finish();

@@ -228,7 +228,12 @@ impl Consumer {
             copies: None,
             rx_batch: Vec::new(),
             amo_batch: Default::default(),
-            amo_applier: Default::default(),
+            amo_applier: {
+                // At debug level the idle report names AMO words changed since written.
+                let mut a = crate::gda::amo_batch::Applier::default();
+                a.watch(tracing::enabled!(tracing::Level::DEBUG));
+                a
+            },
             stats: StageStats::default(),
             copyq: None,
             copyq_failed: false,
@@ -526,14 +531,34 @@ impl Consumer {
         // reserved and not taken.
         let mut pending_wqes = 0u64;
         let mut unclaimed = 0u64;
+        // At debug level, each ring whose GPU side is not where the consumer is (slots reserved
+        // and not taken, or not committed, or committed without a doorbell): a poster waiting
+        // for ring room or for its turn to commit shows here.
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
+        let mut odd_rings: Vec<String> = Vec::new();
+        let mut odd_count = 0usize;
         let saved = self.cur;
         for q in 0..self.rings.len() {
             self.cur = q;
             let db = self.doorbell();
             let r = &self.rings[q];
             pending_wqes += u64::from(db.wrapping_sub(r.ci as u32));
-            let resv = r.ctrl(&self.inner).read_u64(OFF_RESV).unwrap_or(u64::MAX);
+            let ctrl = r.ctrl(&self.inner);
+            let resv = ctrl.read_u64(OFF_RESV).unwrap_or(u64::MAX);
             unclaimed += resv.saturating_sub(r.ci);
+            if debug && (resv != r.ci || db != r.ci as u32) {
+                odd_count += 1;
+                if odd_rings.len() < ODD_RINGS_NAMED {
+                    let word = |off: usize| ctrl.read_u64(off).unwrap_or(u64::MAX);
+                    odd_rings.push(format!(
+                        "ring {}: {resv} reserved, {} committed, {} done, doorbell {db}, {} taken",
+                        r.id,
+                        word(OFF_READY),
+                        word(OFF_DONE),
+                        r.ci
+                    ));
+                }
+            }
         }
         // The GPU side of this thread's first ring (ring 0 on thread 0).
         let (first, db) = if self.rings.is_empty() {
@@ -574,7 +599,9 @@ impl Consumer {
         if !stalled && !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
-        let state = format!(
+        let watched = self.watched_words(debug);
+        let state =
+            format!(
             "GPU side (ring {first}): {resv} slots reserved, {ready} committed, {done} done, CQ \
              consumer {cq_ci}, first error {:#x}, CQ lock {}. Consumer thread {} of {} ({} rings, \
              {} WQEs handed over): ring {first}'s doorbell {db}, {} WQEs taken ({pending_wqes} \
@@ -583,7 +610,8 @@ impl Consumer {
              announce, {} TX completions written, {} receive completions waiting for ring space. \
              Staged path: {} messages sent, {} send completions, {} received ({} \
              acknowledgements), {} sends refused by the provider (try again){}, {} held for want \
-             of an operation context. AMO messages: {} applied in {} batches",
+             of an operation context. AMO messages: {} applied in {} batches. {unclaimed} slots \
+             reserved and not taken over this thread's rings{}{}",
             err_lock & 0xffff_ffff,
             err_lock >> 32,
             self.id,
@@ -613,6 +641,16 @@ impl Consumer {
             self.stats.no_ctx,
             self.stats.amo_batched,
             self.stats.amo_batches,
+            if odd_count > 0 {
+                format!(
+                    "; {odd_count} ring(s) not at their consumer: {}{}",
+                    odd_rings.join("; "),
+                    if odd_count > odd_rings.len() { "; ..." } else { "" }
+                )
+            } else {
+                String::new()
+            },
+            watched,
         );
         if stalled {
             tracing::warn!(
@@ -627,6 +665,49 @@ impl Consumer {
                 ci - taken_before,
                 period.as_secs_f64()
             );
+        }
+    }
+
+    /// At debug level, for the idle report: the AMO words this thread wrote last and any whose
+    /// value changed since (an application waiting for a count that is no longer there was
+    /// overwritten after delivery; one that is there waits for something else).
+    fn watched_words(&mut self, debug: bool) -> String {
+        if !debug {
+            return String::new();
+        }
+        match self.amo_applier.changed() {
+            Ok((0, _)) => String::new(),
+            Ok((n, changed)) if changed.is_empty() => {
+                format!(". The last {n} AMO words written hold the values written")
+            }
+            Ok((n, changed)) => {
+                let named: Vec<String> = changed
+                    .iter()
+                    .rev()
+                    .take(ODD_RINGS_NAMED)
+                    .map(|(w, now)| {
+                        format!(
+                            "{:#x} ({} B{}) wrote {}, now {}",
+                            w.addr,
+                            w.size,
+                            if w.device { ", GPU" } else { "" },
+                            w.signed(w.value),
+                            w.signed(*now)
+                        )
+                    })
+                    .collect();
+                format!(
+                    ". Of the last {n} AMO words written, {} changed since (newest first): {}{}",
+                    changed.len(),
+                    named.join("; "),
+                    if changed.len() > named.len() {
+                        "; ..."
+                    } else {
+                        ""
+                    }
+                )
+            }
+            Err(why) => format!(". The last AMO words written could not be read again: {why}"),
         }
     }
 

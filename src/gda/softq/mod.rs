@@ -232,6 +232,8 @@ const CTRL_REFRESH: Duration = Duration::from_micros(50);
 /// A consumer with work outstanding that makes no progress for this long logs its state (and
 /// again after each further period while the stall lasts).
 const STALL_REPORT: Duration = Duration::from_secs(5);
+/// Rings (and changed AMO words) the debug report names one by one; the rest are counted.
+const ODD_RINGS_NAMED: usize = 16;
 /// Rejections logged at warn level per queue before switching to debug.
 const WARN_REJECTS: u64 = 16;
 

@@ -52,8 +52,9 @@ impl Transport {
         let mut len = [0u8; 8];
         let mut lens = vec![0u8; 8 * n_pes as usize];
         len.copy_from_slice(&(local.len() as u64).to_le_bytes());
-        if allgather(&len, &mut lens).is_err() {
-            tracing::warn!("GDA address size exchange failed");
+        if let Err(e) = allgather(&len, &mut lens) {
+            tracing::warn!("GDA address size exchange failed ({e}): GDA disabled");
+            self.gda.shutdown();
             return;
         }
         // n_pes > 0 (checked by connect), so both bounds come from real sizes.
@@ -67,8 +68,25 @@ impl Transport {
         let mut mine = local.clone();
         mine.resize(max, 0);
         let mut all = vec![0u8; max * n_pes as usize];
-        if allgather(&mine, &mut all).is_err() || min != max {
-            tracing::warn!("GDA address exchange failed or some PE has no GDA: GDA disabled");
+        let why = match allgather(&mine, &mut all) {
+            Err(e) => Some(format!("GDA address exchange failed ({e})")),
+            // Every PE's address has the same size when each has GDA (an empty one: none).
+            Ok(()) if min != max => Some(format!(
+                "GDA addresses differ in size between PEs ({}; 0: that PE has no GDA, its \
+                 own log says why)",
+                lens.chunks(8)
+                    .enumerate()
+                    .map(|(pe, c)| format!(
+                        "PE {pe}: {} bytes",
+                        u64::from_le_bytes(c.try_into().unwrap())
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Ok(()) => None,
+        };
+        if let Some(why) = why {
+            tracing::warn!("{why}: GDA disabled");
             self.gda.shutdown();
             return;
         }
