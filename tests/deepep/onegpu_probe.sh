@@ -23,8 +23,9 @@
 #   host   50 %, the host copy route
 #   sync   50 %, every dispatch / combine call made by both ranks together (DEEPEP_SYNC_CALLS=1)
 #   p2p    DeepEP's own NVLink path, 50 %
-# Each variant is tests/deepep/ll_matrix.sh with one config (default 128:7168:32:8, a 32-expert one:
-# one warp group per SM), CASE_TIMEOUT=S (--limit, default 150; a pass takes about 35 s on two GPUs
+# Calls are not synchronized unless the variant says so (run.sh's default with ranks sharing a GPU
+# is to synchronize them; env's last assignment wins). Each variant is tests/deepep/ll_matrix.sh
+# with one config (default 128:7168:32:8, a 32-expert one: one warp group per SM), CASE_TIMEOUT=S (--limit, default 150; a pass takes about 35 s on two GPUs
 # and 28 s on DeepEP's P2P path at 25 % on one GPU; the library's path is slower there),
 # DEEPEP_TRACE_CALLS=8 (or PROBE_TRACE_CALLS), Python stacks 20 s before the limit, the library's
 # log at debug level (its idle report gives each PE's WQEs taken and AMOs applied). Each runs in a
@@ -106,7 +107,7 @@ for v in ${variants//,/ }; do
     d=$OUT/$v
     mkdir -p "$d"
     venv=(DEEPEP_TRACE_CALLS="${PROBE_TRACE_CALLS:-8}" DEEPEP_DUMP_AFTER=$((limit > 40 ? limit - 20 : 20))
-        CASE_TIMEOUT="$limit" OUT="$d")
+        CASE_TIMEOUT="$limit" OUT="$d" DEEPEP_SYNC_CALLS=0)
     vargs=(--no-p2p-ref --debug)
     case $v in
     host25) venv+=(DEEPEP_MPS_PERCENT=25 NVSHMEM_EFA_SOFT_IPC=host) ;;

@@ -13,7 +13,15 @@
 #      half of NVSHMEM's 100 / ranks per GPU: DeepEP sizes its cooperative grids from the SMs a rank
 #      sees, and at 50 % each its own P2P path, with no part of this library, stops in the first
 #      combine on an H200 (64-block grids, both ranks waiting); at 25 % each (32-block grids) it
-#      passes (results/gpu-2026-11-29f);
+#      passes (results/gpu-2026-11-29f). Two cooperative grids of one block per SM, 66 blocks
+#      each, do not run together at 50 % (tests/gpu/mps_coop.sh; they do at 40 and 25 %). Also
+#      with ranks sharing a GPU, every dispatch / combine call is made by the ranks together
+#      (DEEPEP_SYNC_CALLS=1 of launch_ll.py, unless DEEPEP_SYNC_CALLS is set): unsynchronized,
+#      the library's path stopped at 25 % too, at a different call each time, one rank's combine
+#      having posted its data and not its flags and nothing pending in the library; synchronized,
+#      every config passed (results/gpu-2026-11-29g). DeepEP's kernel times (kineto) are then
+#      its own; its wall-clock dispatch + combine (avg_t) holds the host synchronization and is
+#      not comparable;
 #   4. test_low_latency.py, 2 ranks, --disable-nvlink (DeepEP then sets NVSHMEM_DISABLE_P2P=1: every
 #      token goes through NVSHMEM's remote transport = this library, GDA software queue), the library
 #      preloaded as nvshmem_transport_libfabric.so.3;
@@ -202,7 +210,8 @@ mps_env=()
 if [ "$ngpu" -lt "$ranks" ]; then
     mps_start || die "could not start the CUDA MPS control daemon"
     mps_started=$MPS_STARTED
-    mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${DEEPEP_MPS_PERCENT:-$((50 / ((ranks + ngpu - 1) / ngpu)))})
+    mps_env=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${DEEPEP_MPS_PERCENT:-$((50 / ((ranks + ngpu - 1) / ngpu)))}
+        DEEPEP_SYNC_CALLS="${DEEPEP_SYNC_CALLS:-1}")
     say "placement: $ranks ranks on $ngpu GPU(s), CUDA MPS (${mps_env[*]}), process group gloo"
 else
     say "placement: $ranks ranks on $ngpu GPUs, one per GPU, process group nccl"
