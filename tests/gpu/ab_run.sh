@@ -84,7 +84,9 @@ BINS_GDA=${BINS_GDA:-/tmp/ab-bins-gda}
 gda=(bash tests/gpu_gda/run.sh --bin-dir "$BINS_GDA" --no-tests --no-sanitizer)
 export NVSHMEM_DISABLE_NVLS=1
 if { want count || want countvar || want exchange || want gdatests || want threads; } && ! [ -x "$BINS_GDA/gda_bench" ]; then
-    run build-gda 240 bash tests/gpu_gda/run.sh --no-tests --no-sanitizer --no-bench \
+    # About a minute on an H200 node (56 s, results/gpu-2026-11-29g); 150 s bounds it, so that a
+    # short budget still builds and runs a step.
+    run build-gda 150 bash tests/gpu_gda/run.sh --no-tests --no-sanitizer --no-bench \
         --plugin-dir "${dirs[0]}" --save-bins "$BINS_GDA" --out "$OUT/build-gda"
 fi
 if want count; then
