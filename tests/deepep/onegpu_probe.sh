@@ -16,7 +16,8 @@
 #          copy kernel's launches competing with DeepEP's grids for a rank's SMs
 #   mps25  25 % each (32 SMs seen, the runner's placement): grids of 32 blocks
 #   sync25 25 % each, every dispatch / combine call made by both ranks together
-#          (DEEPEP_SYNC_CALLS=1): stopping here as well rules out one rank running a phase ahead
+#          (DEEPEP_SYNC_CALLS=1; run.sh's default on a shared GPU): passes where mps25 stops
+#          (results/gpu-2026-11-29g)
 #   p2p25  DeepEP's own NVLink path on NVSHMEM's P2P transport (no queue of the library), 25 %
 #   mps50  50 % each (NVSHMEM's 100 / ranks; 66 SMs seen): combine grids of 64 blocks
 #   mps40  40 % each (52 SMs seen): combine grids of 43 blocks
@@ -25,8 +26,9 @@
 #   p2p    DeepEP's own NVLink path, 50 %
 # Calls are not synchronized unless the variant says so (run.sh's default with ranks sharing a GPU
 # is to synchronize them; env's last assignment wins). Each variant is tests/deepep/ll_matrix.sh
-# with one config (default 128:7168:32:8, a 32-expert one: one warp group per SM), CASE_TIMEOUT=S (--limit, default 150; a pass takes about 35 s on two GPUs
-# and 28 s on DeepEP's P2P path at 25 % on one GPU; the library's path is slower there),
+# with one config (default 128:7168:32:8, a 32-expert one: one warp group per SM), CASE_TIMEOUT=S
+# (--limit, default 150; a pass takes about 35 s on two GPUs, 28 s on DeepEP's P2P path at 25 % on
+# one GPU and 41 s on the library's path there, sync25),
 # DEEPEP_TRACE_CALLS=8 (or PROBE_TRACE_CALLS), Python stacks 20 s before the limit, the library's
 # log at debug level (its idle report gives each PE's WQEs taken and AMOs applied). Each runs in a
 # session of its own (setsid), killed as a whole session 30 s after its limit, and the MPS daemon is
