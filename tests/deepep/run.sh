@@ -309,9 +309,8 @@ if [ $do_p2p = 1 ]; then
     # new clients ("MPS server is not ready"): start the daemon afresh between the runs.
     if [ $mps_started = 1 ] && [ $do_gda = 1 ]; then
         stop_mps
-        nvidia-cuda-mps-control -d || die "could not restart the CUDA MPS control daemon"
-        mps_started=1
-        sleep 1
+        mps_start || die "could not restart the CUDA MPS control daemon"
+        mps_started=$MPS_STARTED
     fi
     # NVSHMEM's own P2P path; DeepEP links the library but never needs its queue here
     # (nvshmem_efa_gda_ibgda_setup returns 0 when every peer is P2P-mapped).

@@ -583,7 +583,7 @@ impl Consumer {
         // WQE taken has already delivered).
         let took_since = ci > taken_before;
         if self.in_flight == 0
-            && !(took_since && tracing::enabled!(tracing::Level::DEBUG))
+            && !(took_since && debug)
             && self.outbox.is_empty()
             && self.stalled.is_empty()
             && pending_wqes == 0
@@ -596,7 +596,7 @@ impl Consumer {
             return;
         }
         let stalled = quiet >= STALL_REPORT;
-        if !stalled && !tracing::enabled!(tracing::Level::DEBUG) {
+        if !stalled && !debug {
             return;
         }
         let watched = self.watched_words(debug);

@@ -250,7 +250,7 @@ fn walk_records<T>(
         let len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
         let word = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
         let entry = each(out.len(), at, head, len, word, at + HEADER)?;
-        let end = at + HEADER + len.div_ceil(8) * 8;
+        let end = at + record_bytes(len);
         if (len == 0 && !empty) || end > payload.len() {
             return Err(format!(
                 "{what} {} of {len} bytes at byte {at} exceeds the {}-byte payload",
