@@ -8,6 +8,8 @@
 #   bash tests/deepep/build_ext.sh wait S                  # wait up to S seconds; 0 = built, 1 = failed,
 #                                                          # 3 = still building
 #   bash tests/deepep/build_ext.sh status                  # one line
+#   bash tests/deepep/build_ext.sh state                   # one word: absent, building, built,
+#                                                          # failed or lost
 #
 # The work tree is the one tests/deepep/ll_matrix.sh uses ($DEEPEP_WORK, default
 # /tmp/deepep-ll/DeepEP), so a later ll_matrix.sh finds the extension built. The build is
@@ -70,6 +72,7 @@ wait)
     esac
     ;;
 status) say "$(state) ($work)" ;;
+state) state ;;
 *)
     sed -n '2,16p' "$0" >&2
     exit 2

@@ -50,6 +50,16 @@ if [ -n "${LOAD_EXT:-}" ] && [ -f "$LOAD_EXT" ] && ! ls "$work"/deep_ep_cpp*.so 
     tar xzf "$LOAD_EXT" -C "$work" && touch "$work"/deep_ep_cpp*.so
     echo "ll_matrix.sh: extension from $LOAD_EXT (built with torch $(cat "$work/.nvshmem_efa_gda_torch" 2>/dev/null))"
 fi
+# A build that tests/deepep/build_ext.sh started in this work tree is waited for (up to BUILD_WAIT_S,
+# default 900 s), never raced: on 2026-11-29 (h) a matrix started while that build ran began a
+# second build of the same tree, and the two took 615 s together where one takes about 316 s.
+if [ "$(DEEPEP_WORK=$work bash "$here/build_ext.sh" state)" = building ]; then
+    echo "ll_matrix.sh: build_ext.sh is building $work; waiting up to ${BUILD_WAIT_S:-900} s"
+    DEEPEP_WORK=$work bash "$here/build_ext.sh" wait "${BUILD_WAIT_S:-900}" || {
+        echo "ll_matrix.sh: that build did not finish (failed or still running); nothing run" >&2
+        exit 1
+    }
+fi
 summary=$OUT/summary.txt
 : >"$summary"
 status=0
