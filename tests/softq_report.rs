@@ -54,7 +54,18 @@ fn debug_report_names_a_changed_amo_word_and_a_ring_not_at_its_consumer() {
     assert_eq!(poster0.quiet().unwrap(), 0);
     // SAFETY: the first 8-byte word of PE 1's live heap, written by PE 1's consumer with atomics.
     let word = unsafe { AtomicU64::from_ptr(pes[1].heap.ptr() as *mut u64) };
-    assert_eq!(word.load(Ordering::Acquire), 5, "the AMO was applied");
+    // On tcp (the first provider that opens) the sender's quiet covers the SEND's delivery, not
+    // its application (SENDs are answered only on shm, docs/gda-amo-path.md): PE 1's consumer
+    // applies the AMO when it takes the message, so the word is awaited, bounded.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while word.load(Ordering::Acquire) != 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        word.load(Ordering::Acquire),
+        5,
+        "the AMO was applied within 10 s"
+    );
     // The application overwrites it (a clean after delivery); then PE 1 posts a write of its own,
     // so that its consumer reports once it is idle again.
     word.store(0, Ordering::Release);
