@@ -9,7 +9,8 @@
 #
 # The tree is copied once per machine to $DEEPEP_WORK (default /tmp/deepep-ll/DeepEP) and built there
 # (tests/deepep/run.sh, SAVE_EXT=$OUT/deepep-ext.tgz when set), so that calls that follow each other on a
-# warm node reuse the build. Configs: tokens:hidden:experts:topk (default: DeepEP's default, a hidden
+# warm node reuse the build; a build tests/deepep/build_ext.sh has running there is waited for
+# (BUILD_WAIT_S, default 900 s), not raced. Configs: tokens:hidden:experts:topk (default: DeepEP's default, a hidden
 # 4096 one and a 32-expert one). --seeds S adds DeepEP's --pressure-test bounded to S seeds (see
 # launch_ll.py: DEEPEP_PRESSURE_SEEDS). Figures per config and path: the mean over ranks of each rank's
 # avg_t (DeepEP's own bench and kineto timings); a run that failed writes no row and is named in
@@ -41,15 +42,6 @@ if [ ! -d "$work" ]; then
     mkdir -p "$(dirname "$work")"
     cp -a "$tree" "$work"
 fi
-# An extension carried in (SAVE_EXT of an earlier node) is unpacked into the work tree.
-# The kit is applied first: applying it rewrites DeepEP's sources, and run.sh rebuilds an extension
-# older than its sources (a carried tree without the kit cost a whole build on 2026-11-28 (d)).
-if [ -n "${LOAD_EXT:-}" ] && [ -f "$LOAD_EXT" ] && ! ls "$work"/deep_ep_cpp*.so >/dev/null 2>&1; then
-    bash "$here/../../patches/deepep/apply.sh" "$work" >/dev/null ||
-        { echo "ll_matrix.sh: the DeepEP kit does not apply to $work" >&2; exit 1; }
-    tar xzf "$LOAD_EXT" -C "$work" && touch "$work"/deep_ep_cpp*.so
-    echo "ll_matrix.sh: extension from $LOAD_EXT (built with torch $(cat "$work/.nvshmem_efa_gda_torch" 2>/dev/null))"
-fi
 # A build that tests/deepep/build_ext.sh started in this work tree is waited for (up to BUILD_WAIT_S,
 # default 900 s), never raced: on 2026-11-29 (h) a matrix started while that build ran began a
 # second build of the same tree, and the two took 615 s together where one takes about 316 s.
@@ -59,6 +51,15 @@ if [ "$(DEEPEP_WORK=$work bash "$here/build_ext.sh" state)" = building ]; then
         echo "ll_matrix.sh: that build did not finish (failed or still running); nothing run" >&2
         exit 1
     }
+fi
+# An extension carried in (SAVE_EXT of an earlier node) is unpacked into the work tree.
+# The kit is applied first: applying it rewrites DeepEP's sources, and run.sh rebuilds an extension
+# older than its sources (a carried tree without the kit cost a whole build on 2026-11-28 (d)).
+if [ -n "${LOAD_EXT:-}" ] && [ -f "$LOAD_EXT" ] && ! ls "$work"/deep_ep_cpp*.so >/dev/null 2>&1; then
+    bash "$here/../../patches/deepep/apply.sh" "$work" >/dev/null ||
+        { echo "ll_matrix.sh: the DeepEP kit does not apply to $work" >&2; exit 1; }
+    tar xzf "$LOAD_EXT" -C "$work" && touch "$work"/deep_ep_cpp*.so
+    echo "ll_matrix.sh: extension from $LOAD_EXT (built with torch $(cat "$work/.nvshmem_efa_gda_torch" 2>/dev/null))"
 fi
 summary=$OUT/summary.txt
 : >"$summary"
