@@ -43,8 +43,8 @@ if [ ! -d "$work" ]; then
     cp -a "$tree" "$work"
 fi
 # A build that tests/deepep/build_ext.sh started in this work tree is waited for (up to BUILD_WAIT_S,
-# default 900 s), never raced: on 2026-11-29 (h) a matrix started while that build ran began a
-# second build of the same tree, and the two took 615 s together where one takes about 316 s.
+# default 900 s), never raced: on 2026-11-29 (h) a matrix started while that build ran (346 s in)
+# began a second build of the same tree; the first finished at 615 s, the matrix ran out its time.
 if [ "$(DEEPEP_WORK=$work bash "$here/build_ext.sh" state)" = building ]; then
     echo "ll_matrix.sh: build_ext.sh is building $work; waiting up to ${BUILD_WAIT_S:-900} s"
     DEEPEP_WORK=$work bash "$here/build_ext.sh" wait "${BUILD_WAIT_S:-900}" || {
