@@ -6,24 +6,13 @@ mod softq_common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvshmem_efa_gda::efa::cqe::{self, CqStatus, QueueType, TX_CQE_SIZE};
 use nvshmem_efa_gda::efa::wqe::OpType;
 use nvshmem_efa_gda::gda::host_poster::HostPoster;
 use nvshmem_efa_gda::gda::wire;
 use softq_common::*;
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
 
 /// (producer count, status, raw CQE) as the observer saw it.
 type Completion = (u64, u8, [u8; TX_CQE_SIZE]);

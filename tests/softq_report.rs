@@ -57,15 +57,9 @@ fn debug_report_names_a_changed_amo_word_and_a_ring_not_at_its_consumer() {
     // On tcp (the first provider that opens) the sender's quiet covers the SEND's delivery, not
     // its application (SENDs are answered only on shm, docs/gda-amo-path.md): PE 1's consumer
     // applies the AMO when it takes the message, so the word is awaited, bounded.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while word.load(Ordering::Acquire) != 5 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_eq!(
-        word.load(Ordering::Acquire),
-        5,
-        "the AMO was applied within 10 s"
-    );
+    wait_until_within("PE 1 to apply the AMO (5)", Duration::from_secs(10), || {
+        word.load(Ordering::Acquire) == 5
+    });
     // The application overwrites it (a clean after delivery); then PE 1 posts a write of its own,
     // so that its consumer reports once it is idle again.
     word.store(0, Ordering::Release);

@@ -27,17 +27,6 @@ use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_AFTER_DATA, AMO_OP_ADD};
 use nvshmem_efa_gda::gda::PeerMemory;
 use softq_common::*;
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
 /// Statuses by producer count, as the poster's completion polling sees them.
 type Seen = Arc<Mutex<BTreeMap<u64, u8>>>;
 

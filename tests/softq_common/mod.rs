@@ -17,6 +17,20 @@ use nvshmem_efa_gda::gda::state::NvshmemEfaGdaPeer;
 use nvshmem_efa_gda::gda::wire::{AmoMsg, AMO_OP_ADD};
 use nvshmem_efa_gda::gda::{Gda, GdaOptions};
 
+/// Waits until `f` holds, for at most 30 s; fails the test naming `what` past that.
+pub fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_until_within(what, Duration::from_secs(30), f);
+}
+
+/// [`wait_until`] with its own bound.
+pub fn wait_until_within(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 /// Page-aligned zeroed host memory.
 pub struct HostBuf {
     ptr: *mut u8,
